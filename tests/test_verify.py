@@ -1,0 +1,179 @@
+"""Exactness of the tree verifiers: hand-built cases, the exact target law, the exit law."""
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from tev.flow import target_flow
+from tev.tree import DraftTree
+from tev.verify import VERIFIERS, TargetRows, verify
+from tests.helpers import ALPHA, chi_square_against, exact_block_law, power_against_shift, random_tree
+
+SAMPLERS = ("tev", "predraw", "sequential")
+
+
+def draws_for_power(law: dict, power: float = 0.9) -> int:
+    """The fewest draws (in steps of 10,000) at which a 1-point mass shift fails the test."""
+    for n in range(40_000, 200_001, 10_000):
+        if power_against_shift(law, n) >= power:
+            return n
+    raise AssertionError("case needs more than 200,000 draws; make it smaller")
+
+
+def case_horizon_and_zero_children():
+    """Random tree with horizon leaves (depth 3 = K) and children of zero target probability."""
+    generator = torch.Generator().manual_seed(11)
+    tree = random_tree(generator, vocab=4, budget=12, horizon=3, root_token=1)
+    probs = torch.softmax(1.5 * torch.randn(tree.num_nodes, 4, generator=generator, dtype=torch.float64), dim=-1)
+    for v in range(1, tree.num_nodes, 3):  # zero out some child tokens in their parent's row
+        probs[tree.parents[v], tree.tokens[v]] = 0.0
+    return tree, probs / probs.sum(1, keepdim=True)
+
+
+def case_children_cover_all_mass():
+    """The root's children carry all of p_root (rho(root) = 0); one inner row is one-hot."""
+    tree = DraftTree.from_paths(0, [[0, 0], [0, 2, 1], [1], [2, 2]])
+    probs = torch.tensor(
+        [
+            [0.5, 0.3, 0.2],  # root: children 0, 1, 2 cover everything
+            [0.3, 0.2, 0.5],
+            [0.2, 0.2, 0.6],
+            [1 / 3, 1 / 3, 1 / 3],
+            [0.0, 0.0, 1.0],  # one-hot onto its own child token 2
+            [0.1, 0.1, 0.8],
+            [0.6, 0.3, 0.1],
+            [0.4, 0.4, 0.2],
+        ],
+        dtype=torch.float64,
+    )
+    assert probs.shape[0] == tree.num_nodes
+    return tree, probs
+
+
+def case_bushy():
+    """A wider random tree over 5 tokens with peaked rows (long accepted paths)."""
+    generator = torch.Generator().manual_seed(23)
+    tree = random_tree(generator, vocab=4, budget=14, horizon=4, root_token=3)
+    probs = torch.softmax(3.0 * torch.randn(tree.num_nodes, 4, generator=generator, dtype=torch.float64), dim=-1)
+    return tree, probs
+
+
+CASES = {"horizon_and_zero_children": case_horizon_and_zero_children, "cover_all": case_children_cover_all_mass, "bushy": case_bushy}
+
+
+def draw_blocks(name, tree, probs, n, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return [verify(name, tree, probs, generator, validate=False) for _ in range(n)]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_output_block_matches_exact_target_law(name, case):
+    tree, probs = CASES[case]()
+    law = exact_block_law(tree, probs)
+    assert sum(law.values()) == pytest.approx(1.0)
+    # enough draws that moving 1 point of mass between the two largest cells fails (power >= 0.9)
+    draws = draws_for_power(law)
+    verdicts = draw_blocks(name, tree, probs, draws, seed=SAMPLERS.index(name) * 100 + list(CASES).index(case))
+    statistic, p_value, dof = chi_square_against(law, [tuple(v.block_tokens(tree)) for v in verdicts])
+    print(f"{name} on {case}: draws={draws} chi2={statistic:.1f} dof={dof} p={p_value:.3f}")
+    assert p_value > ALPHA, f"{name} on {case}: chi2={statistic:.1f}, dof={dof}, p={p_value:.2e}"
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_exit_law_and_coverage_bound(name, case):
+    tree, probs = CASES[case]()
+    flow = target_flow(tree, probs)
+    n = 20_000
+    verdicts = draw_blocks(name, tree, probs, n, seed=7 + VERIFIERS.index(name))
+    # exit-node frequencies follow w(v)
+    law = {v: float(flow.exit_weight[v]) for v in range(tree.num_nodes)}
+    _, p_value, _ = chi_square_against(law, [v.exit_node for v in verdicts])
+    assert p_value > ALPHA
+    # mean block length equals 1 + C(T) within 4 standard errors
+    lengths = torch.tensor([v.block_length for v in verdicts], dtype=torch.float64)
+    standard_error = lengths.std().item() / math.sqrt(n)
+    assert abs(lengths.mean().item() - flow.tau_bound) < 4 * standard_error + 1e-12
+    # every verdict is a valid path ending at the exit node, with a bonus outside its children
+    for verdict in verdicts[:500]:
+        assert verdict.path == tree.path_to(verdict.exit_node)
+        assert verdict.bonus_token not in {tree.tokens_list[u] for u in tree.children(verdict.exit_node)}
+
+
+def test_greedy_follows_argmax_and_agrees_with_samplers_on_one_hot_rows():
+    tree = DraftTree.from_paths(0, [[1, 2, 3], [1, 4], [2]])
+    # nodes: 0 root, 1 (1), 2 (2 under 1), 3 (3), 4 (4 under 1), 5 (2 under root)
+    best = [1, 4, 0, 0, 3, 1]  # root -> 1 -> 4, then 4's argmax 3 is not a child: exit at node 4, bonus 3
+    probs = torch.nn.functional.one_hot(torch.tensor(best), 5).double() * 0.9 + 0.02
+    greedy = verify("greedy", tree, probs)
+    assert greedy.path == [0, 1, 4] and greedy.exit_node == 4 and greedy.bonus_token == 3
+    exact = torch.nn.functional.one_hot(torch.tensor(best), 5).double()
+    for name in VERIFIERS:  # with one-hot rows every exact verifier is forced to the greedy verdict
+        verdict = verify(name, tree, exact, torch.Generator().manual_seed(0))
+        assert (verdict.path, verdict.bonus_token) == ([0, 1, 4], 3), name
+
+
+def test_leaf_exit_draws_bonus_from_the_full_row():
+    # a chain root -> 0 whose child row is the exit row at a leaf: the bonus follows p_leaf fully,
+    # including token 0, which is the leaf's own token (only children are removed)
+    tree = DraftTree.from_paths(0, [[0]])
+    probs = torch.tensor([[1.0, 0.0], [0.3, 0.7]], dtype=torch.float64)
+    for name in SAMPLERS:
+        verdicts = draw_blocks(name, tree, probs, 4000, seed=1)
+        assert all(v.exit_node == 1 for v in verdicts)  # the root's child holds all its mass
+        share = Counter(v.bonus_token for v in verdicts)[0] / 4000
+        assert abs(share - 0.3) < 4 * math.sqrt(0.3 * 0.7 / 4000), name
+
+
+def test_root_exit_bonus_excludes_child_tokens():
+    # the root has children 0 and 1; exiting at the root must draw the bonus from {2} only
+    tree = DraftTree.from_paths(0, [[0], [1]])
+    probs = torch.tensor([[0.2, 0.3, 0.5], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
+    for name in SAMPLERS:
+        verdicts = draw_blocks(name, tree, probs, 2000, seed=2)
+        assert {v.bonus_token for v in verdicts if v.exit_node == 0} == {2}
+
+
+@pytest.mark.parametrize("name", VERIFIERS)
+def test_same_seed_same_verdict(name):
+    tree, probs = case_bushy()
+    first = draw_blocks(name, tree, probs, 50, seed=99)
+    second = draw_blocks(name, tree, probs, 50, seed=99)
+    assert [(v.path, v.bonus_token) for v in first] == [(v.path, v.bonus_token) for v in second]
+
+
+def test_logits_with_temperature_give_the_same_law_as_probs():
+    tree, probs = case_bushy()
+    logits = torch.log(probs) * 0.5  # softmax(logits / 0.5) == probs
+    rows = TargetRows(logits=logits, temperature=0.5)
+    reference = target_flow(tree, probs)
+    flow = target_flow(tree, rows.all_rows())
+    assert torch.allclose(rows.edge_prob(tree).double(), reference.edge_prob, atol=1e-5)
+    assert torch.allclose(flow.exit_weight.double(), reference.exit_weight, atol=1e-5)
+    a = verify("tev", tree, logits=logits, temperature=0.5, generator=torch.Generator().manual_seed(4))
+    b = verify("tev", tree, logits=logits, temperature=0.5, generator=torch.Generator().manual_seed(4))
+    assert (a.path, a.bonus_token) == (b.path, b.bonus_token)
+    greedy = verify("greedy", tree, logits=logits, temperature=0.0)
+    assert greedy.path == verify("greedy", tree, probs).path
+
+
+def test_bad_input_is_refused():
+    tree = DraftTree.from_paths(0, [[1], [2]])
+    probs = torch.full((3, 3), 1 / 3)
+    with pytest.raises(ValueError, match="unknown verifier 'eagle'"):
+        verify("eagle", tree, probs)
+    with pytest.raises(ValueError, match="rows but the tree has 3 nodes"):
+        verify("tev", tree, probs[:2])
+    with pytest.raises(ValueError, match="sum to 1"):
+        verify("predraw", tree, probs * 2)
+    with pytest.raises(ValueError, match="temperature must be"):
+        verify("tev", tree, logits=torch.zeros(3, 3), temperature=-1.0)
+    with pytest.raises(ValueError, match="use the 'greedy' verifier"):
+        verify("tev", tree, logits=torch.zeros(3, 3), temperature=0.0)
+    with pytest.raises(ValueError, match="outside the target vocabulary"):
+        verify("tev", DraftTree.from_paths(0, [[7]]), torch.full((2, 3), 1 / 3))
+    with pytest.raises(ValueError, match="NaN"):
+        verify("tev", tree, logits=torch.tensor([[0.0, float("nan"), 0.0]] * 3))

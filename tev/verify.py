@@ -1,0 +1,248 @@
+"""Exact tree verifiers: TEV, predraw-and-follow, sequential residual, greedy.
+
+Notation: ``p`` is the **target** distribution (rows ``p_v``, one per tree node, temperature
+applied); ``q`` is the **draft** model, which only shaped the tree and never enters the
+verdict. Every sampling verifier here is exact: the output block (accepted draft tokens, then
+the bonus token) is distributed exactly as ``L`` tokens sampled from ``p``. The saturated ones
+(all three) attain ``E[L] = 1 + C(T)`` and share the exit law ``Pr(exit = v) = w(v)``.
+
+All verifiers take an explicit ``torch.Generator``: the same seed gives the same verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .flow import TargetFlow, check_probs, flow_from_edge_prob
+from .sampling import sample_rows
+from .tree import DraftTree
+
+__all__ = ["VERIFIERS", "Verdict", "TargetRows", "verify", "verify_rows"]
+
+VERIFIERS = ("tev", "predraw", "sequential", "greedy")
+
+
+@dataclass(frozen=True, eq=False)
+class Verdict:
+    """The outcome of verifying one tree.
+
+    Attributes:
+        path: accepted node indices, root first (``path[0] == 0``, ``path[-1] == exit_node``).
+        exit_node: the node where the target leaves the tree.
+        bonus_token: the token drawn from the target at the exit node.
+        verifier: the verifier's name.
+        flow: the target flow, when the verifier computed it (TEV does).
+    """
+
+    path: list[int]
+    exit_node: int
+    bonus_token: int
+    verifier: str
+    flow: TargetFlow | None = field(default=None, repr=False)
+
+    @property
+    def accepted_nodes(self) -> list[int]:
+        """Accepted non-root nodes, shallowest first."""
+        return self.path[1:]
+
+    @property
+    def block_length(self) -> int:
+        """``L``: accepted draft tokens + 1 bonus token."""
+        return len(self.path)
+
+    def accepted_tokens(self, tree: DraftTree) -> list[int]:
+        tokens = tree.tokens_list
+        return [tokens[v] for v in self.path[1:]]
+
+    def block_tokens(self, tree: DraftTree) -> list[int]:
+        """The output block: accepted draft tokens then the bonus token (length ``L``)."""
+        return self.accepted_tokens(tree) + [self.bonus_token]
+
+
+class TargetRows:
+    """The target rows ``p_v`` of one tree, given as probabilities or as logits.
+
+    From logits, rows are normalised lazily: TEV needs only the parent rows (for edge
+    probabilities) and the exit row, while predraw needs every row.
+
+    Args:
+        probs: `Tensor[N, V]` of normalised rows, or
+        logits: `Tensor[N, V]` with ``temperature > 0`` (``p_v = softmax(logits_v / T)``);
+            with ``temperature == 0`` only argmax is defined (greedy).
+    """
+
+    def __init__(self, probs: torch.Tensor | None = None, *, logits: torch.Tensor | None = None, temperature: float = 1.0):
+        if (probs is None) == (logits is None):
+            raise ValueError("give exactly one of probs or logits")
+        source = probs if probs is not None else logits
+        if source.dim() != 2:
+            raise ValueError(f"target rows must have shape [N, V], got {tuple(source.shape)}")
+        temperature = float(temperature)
+        if not temperature >= 0 or temperature == float("inf"):
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+        self.probs = probs
+        self.logits = logits
+        self.temperature = temperature
+        self.num_rows, self.vocab_size = source.shape
+        self.device = source.device
+
+    @property
+    def greedy_only(self) -> bool:
+        return self.logits is not None and self.temperature == 0
+
+    def _scaled(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.float() / self.temperature
+
+    def edge_prob(self, tree: DraftTree) -> torch.Tensor:
+        """`Tensor[N]`: ``p_pa(v)(x_v)`` (1 at the root); normalises only parent rows."""
+        n = tree.num_nodes
+        edge = torch.ones(n, dtype=torch.float32 if self.probs is None else self.probs.dtype, device=self.device)
+        if n == 1:
+            return edge
+        parents = tree.parents[1:].to(self.device)
+        tokens = tree.tokens[1:].to(self.device)
+        if self.probs is not None:
+            edge[1:] = self.probs[parents, tokens]
+            return edge
+        internal = torch.unique(tree.parents[1:]).to(self.device)  # rows that have children
+        log_norm = torch.zeros(n, dtype=torch.float32, device=self.device)
+        log_norm[internal] = torch.logsumexp(self._scaled(self.logits.index_select(0, internal)), dim=-1)
+        edge[1:] = torch.exp(self._scaled(self.logits[parents, tokens]) - log_norm[parents])
+        return edge
+
+    def rows_at(self, nodes: torch.Tensor) -> torch.Tensor:
+        """`Tensor[k, V]`: normalised rows ``p_v`` for node indices ``nodes`` (`LongTensor[k]`)."""
+        if self.probs is not None:
+            return self.probs.index_select(0, nodes)
+        return torch.softmax(self._scaled(self.logits.index_select(0, nodes)), dim=-1)
+
+    def all_rows(self) -> torch.Tensor:
+        """`Tensor[N, V]`: every row, normalised."""
+        if self.probs is not None:
+            return self.probs
+        return torch.softmax(self._scaled(self.logits), dim=-1)
+
+    def argmax_all(self) -> torch.Tensor:
+        """`LongTensor[N]`: ``argmax_a p_v(a)`` for every node."""
+        return (self.probs if self.probs is not None else self.logits).argmax(dim=-1)
+
+
+def _check_tree_fits(tree: DraftTree, rows: TargetRows) -> None:
+    if rows.num_rows != tree.num_nodes:
+        raise ValueError(f"target rows: got {rows.num_rows} rows but the tree has {tree.num_nodes} nodes (one row per node)")
+    if int(tree.tokens.max()) >= rows.vocab_size:
+        raise ValueError(f"tree token {int(tree.tokens.max())} is outside the target vocabulary of {rows.vocab_size}")
+
+
+def _walk(tree: DraftTree, choice: list[int]) -> list[int]:
+    """Follow from the root the child whose token equals ``choice[v]``; return the path."""
+    path = [0]
+    child_by_token = tree.child_by_token
+    while True:
+        child = child_by_token[path[-1]].get(choice[path[-1]])
+        if child is None:
+            return path
+        path.append(child)
+
+
+def _tev(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
+    # Level-parallel: the exit law for all nodes at once, one exit draw, one bonus draw.
+    flow = flow_from_edge_prob(tree, rows.edge_prob(tree))
+    exit_node = sample_rows(flow.exit_weight.unsqueeze(0), generator)  # [1]
+    row = rows.rows_at(exit_node)[0]  # p_V, [V]
+    parents = tree.parents[1:].to(rows.device)
+    tokens = tree.tokens[1:].to(rows.device)
+    # Residual at V: remove V's child tokens (a count per token, so repeated tokens elsewhere are safe).
+    is_child = (parents == exit_node).to(row.dtype)
+    child_count = torch.zeros_like(row).index_add_(0, tokens, is_child)
+    residual = torch.where(child_count > 0, torch.zeros_like(row), row)
+    # Not in the algorithm, but needed: if rounding left no residual mass, fall back to p_V.
+    residual = torch.where(residual.sum() > 0, residual, row)
+    bonus = sample_rows(residual.unsqueeze(0), generator)  # [1]
+    exit_value, bonus_value = torch.cat([exit_node, bonus]).tolist()  # the one host sync
+    return Verdict(tree.path_to(exit_value), exit_value, bonus_value, "tev", flow)
+
+
+def _predraw(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
+    # DDTree: one draw R_v ~ p_v at every node, follow matches, bonus = R_exit.
+    draws = sample_rows(rows.all_rows(), generator).tolist()
+    path = _walk(tree, draws)
+    return Verdict(path, path[-1], draws[path[-1]], "predraw")
+
+
+def _sequential(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
+    # EAGLE/SpecInfer style for a deterministic draft: at each node test the children in
+    # order, accepting x_j with probability g(x_j) of the current residual g; a rejection
+    # removes x_j from g and renormalises. This accepts child j with overall probability p_v(x_j).
+    path = [0]
+    tokens = tree.tokens_list
+    while True:
+        v = path[-1]
+        p_v = rows.rows_at(torch.tensor([v], device=rows.device))[0].double()
+        residual = p_v.clone()
+        accepted = None
+        for u in tree.children(v):
+            mass = float(residual.sum())
+            g_x = float(residual[tokens[u]]) / mass if mass > 0 else 0.0
+            if g_x > 0 and float(torch.rand((), generator=generator, device=rows.device)) < g_x:
+                accepted = u
+                break
+            residual[tokens[u]] = 0.0
+        if accepted is None:
+            if float(residual.sum()) <= 0:
+                residual = p_v  # Not in the algorithm: rounding removed all mass; keep p_v.
+            bonus = int(sample_rows(residual, generator))
+            return Verdict(path, v, bonus, "sequential")
+        path.append(accepted)
+
+
+def _greedy(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
+    # T = 0: follow argmax while it is a child; the bonus is the argmax at the exit node.
+    best = rows.argmax_all().tolist()
+    path = _walk(tree, best)
+    return Verdict(path, path[-1], best[path[-1]], "greedy")
+
+
+_IMPLEMENTATIONS = {"tev": _tev, "predraw": _predraw, "sequential": _sequential, "greedy": _greedy}
+
+
+def verify_rows(name: str, tree: DraftTree, rows: TargetRows, generator: torch.Generator | None = None) -> Verdict:
+    """Verify ``tree`` against target rows (probabilities or logits)."""
+    if name not in _IMPLEMENTATIONS:
+        raise ValueError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}")
+    _check_tree_fits(tree, rows)
+    if rows.greedy_only and name != "greedy":
+        raise ValueError(f"temperature 0 is deterministic: use the 'greedy' verifier, not {name!r}")
+    return _IMPLEMENTATIONS[name](tree, rows, generator)
+
+
+def verify(
+    name: str,
+    tree: DraftTree,
+    probs: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    *,
+    logits: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    validate: bool = True,
+) -> Verdict:
+    """Verify a draft tree with the named exact verifier.
+
+    Args:
+        name: one of ``VERIFIERS``.
+        tree: the draft tree, ``N`` nodes.
+        probs: `Tensor[N, V]`, row ``v`` is ``p_v`` (temperature already applied). Or
+        logits: `Tensor[N, V]` target logits, with ``temperature`` (0 means greedy only).
+        generator: the source of randomness (same seed, same verdict).
+        validate: check that ``probs`` rows are finite, non-negative and normalised.
+    """
+    if name not in _IMPLEMENTATIONS:
+        raise ValueError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}")
+    if probs is not None and validate:
+        check_probs(probs, tree.num_nodes)
+    if logits is not None and validate and (torch.isnan(logits).any() or (logits == float("inf")).any()):
+        raise ValueError("logits contain NaN or +infinity")
+    rows = TargetRows(probs, logits=logits, temperature=temperature)
+    return verify_rows(name, tree, rows, generator)
