@@ -6,12 +6,16 @@ import argparse
 import sys
 
 from .bench import add_bench_parser
+from .build import add_build_parser
+from .cli import add_generate_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tev", description="TEV Explorer: exact tree speculative decoding, made visible.")
     commands = parser.add_subparsers(dest="command", required=True)
+    add_generate_parser(commands)
     add_bench_parser(commands)
+    add_build_parser(commands)
     return parser
 
 
@@ -22,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -1,0 +1,95 @@
+"""``python -m tev generate``: speculative (or autoregressive) generation from the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tqdm import tqdm
+
+from .decode import GenerationConfig, GenerationSummary, autoregressive_generate, speculative_generate
+from .models import DRAFTER_KINDS, encode_prompt, load_bundle
+from .verify import VERIFIERS
+
+__all__ = ["add_model_arguments", "add_generate_parser"]
+
+
+def add_model_arguments(parser) -> None:
+    parser.add_argument("--target", help="target model: a local folder or a Hugging Face id (default: the embedded target)")
+    parser.add_argument("--draft", help="drafter: a block-drafter folder or a causal LM folder / HF id (default: embedded drafters)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    parser.add_argument("--device-map", default=None, help="'auto' to spread a large target over devices (accelerate)")
+    parser.add_argument("--allow-download", action="store_true", help="let Hugging Face ids download (default: offline, cache only)")
+
+
+def _run_generate(args) -> None:
+    bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download)
+    config = GenerationConfig(
+        budget=args.budget,
+        temperature=args.temperature,
+        verifier=args.verifier,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        stop_strings=tuple(args.stop or ()),
+    )
+    prompt_ids = encode_prompt(bundle.tokenizer, args.prompt, bundle.context_length)
+    if args.ar:
+        summary = autoregressive_generate(bundle.target, prompt_ids, config, bundle.tokenizer)
+        records = []
+    else:
+        drafter = bundle.drafter(args.drafter)
+        records = []
+        summary = None
+        bar = tqdm(total=config.max_new_tokens, desc=f"{drafter.name}+{config.effective_verifier}", unit="tok", disable=args.json or not sys.stderr.isatty())
+        for event in speculative_generate(bundle.target, drafter, prompt_ids, config, bundle.tokenizer):
+            if isinstance(event, GenerationSummary):
+                summary = event
+            else:
+                records.append(event)
+                bar.update(len(event.emitted))
+                if not args.json:
+                    print(event.text, end="", flush=True)
+        bar.close()
+    if args.json:
+        payload = summary.to_dict()
+        payload["rounds_detail"] = [
+            {
+                "round": r.index,
+                "block_length": r.block_length,
+                "coverage": r.flow.coverage,
+                "tau_bound": r.flow.tau_bound,
+                "budget": r.tree.budget,
+                "accepted": r.accepted_tokens,
+                "bonus": r.bonus_token,
+                "timings": r.timings,
+            }
+            for r in records
+        ]
+        print(json.dumps(payload, indent=2))
+        return
+    if args.ar:
+        print(summary.text, end="")
+    print()
+    print(
+        f"[{summary.method}] {len(summary.token_ids)} tokens in {summary.seconds:.2f}s "
+        f"({summary.tokens_per_second:.1f} tok/s), rounds {summary.rounds}, tau {summary.tau:.2f}, "
+        f"mean 1+C {summary.mean_tau_bound:.2f}, stop: {summary.stop_reason}",
+        file=sys.stderr,
+    )
+
+
+def add_generate_parser(commands) -> None:
+    parser = commands.add_parser("generate", help="generate text with tree speculation (or --ar)")
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--drafter", choices=DRAFTER_KINDS, default="block")
+    parser.add_argument("--verifier", choices=VERIFIERS, default="tev", help="at temperature 0 the greedy verifier is used")
+    parser.add_argument("--ar", action="store_true", help="plain autoregressive decoding (the baseline)")
+    parser.add_argument("--budget", type=int, default=16, help="draft-tree budget B (non-root nodes)")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stop", action="append", help="stop string (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print token ids, text, per-round block lengths, coverage and timings as JSON")
+    add_model_arguments(parser)
+    parser.set_defaults(func=_run_generate)

@@ -1,0 +1,366 @@
+"""The decode loop: draft -> tree build -> verify (target forward) -> decision -> commit.
+
+:func:`speculative_generate` is a generator: it yields one :class:`RoundRecord` per round and
+finally one :class:`GenerationSummary`. :func:`autoregressive_generate` is the baseline with
+the same sampling. ``p`` is the target, ``q`` the drafter.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from .drafters import DraftContext
+from .flow import TargetFlow, flow_from_edge_prob
+from .sampling import probs_from_logits, sample_rows
+from .session import CausalLMSession
+from .timing import StageTimer
+from .tree import DraftTree
+from .verify import VERIFIERS, TargetRows, Verdict, verify_rows
+
+__all__ = ["GenerationConfig", "RoundRecord", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "STAGES"]
+
+STAGES = ("draft", "tree_build", "verify", "verify_decision", "commit")
+MAX_BUDGET = 1024
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Sampling settings that travel together.
+
+    ``temperature == 0`` is greedy decoding (the ``greedy`` verifier, whatever ``verifier``
+    says). ``budget`` counts non-root draft nodes.
+    """
+
+    budget: int = 16
+    temperature: float = 1.0
+    verifier: str = "tev"
+    max_new_tokens: int = 64
+    seed: int = 0
+    stop_strings: tuple[str, ...] = ()
+    stop_at_eos: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_BUDGET:
+            raise ValueError(f"budget must be an integer from 0 to {MAX_BUDGET}, got {self.budget!r}")
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.verifier not in VERIFIERS:
+            raise ValueError(f"unknown verifier {self.verifier!r}; choose one of {', '.join(VERIFIERS)}")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
+
+    @property
+    def effective_verifier(self) -> str:
+        return "greedy" if self.temperature == 0 else self.verifier
+
+
+@dataclass(eq=False)
+class RoundRecord:
+    """Everything one round did, for the UI and the benchmarks.
+
+    Attributes:
+        index: round number (0-based).
+        position: tokens committed before the round (the root's position).
+        tree: the draft tree (root = last committed token).
+        flow: the target flow through it (reach, exit law, coverage).
+        verdict: accepted path, exit node, bonus token.
+        emitted: tokens this round added to the output (the block, cut at a stop).
+        text: the decoded text this round added.
+        timings: seconds per stage (``STAGES``).
+        drafter: the drafter's name; verifier: the verifier's name.
+    """
+
+    index: int
+    position: int
+    tree: DraftTree
+    flow: TargetFlow
+    verdict: Verdict
+    emitted: list[int]
+    text: str
+    timings: dict[str, float]
+    drafter: str
+    verifier: str
+
+    @property
+    def block_length(self) -> int:
+        return self.verdict.block_length
+
+    @property
+    def accepted_tokens(self) -> list[int]:
+        return self.verdict.accepted_tokens(self.tree)
+
+    @property
+    def bonus_token(self) -> int:
+        return self.verdict.bonus_token
+
+
+@dataclass(eq=False)
+class GenerationSummary:
+    """The whole generation: tokens, text, and the statistics the UI and benchmarks read."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    rounds: int
+    block_lengths: list[int]
+    tau_bounds: list[float]
+    seconds: float
+    prefill_seconds: float
+    time_to_first_token: float
+    stop_reason: str
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    method: str = ""
+
+    @property
+    def tau(self) -> float:
+        """Mean output-block length (accepted + bonus) over rounds."""
+        return sum(self.block_lengths) / len(self.block_lengths) if self.block_lengths else float("nan")
+
+    @property
+    def mean_tau_bound(self) -> float:
+        """Mean ``1 + C(T)`` over the same rounds (what a saturated verifier attains on average)."""
+        return sum(self.tau_bounds) / len(self.tau_bounds) if self.tau_bounds else float("nan")
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.token_ids) / self.seconds if self.seconds > 0 else float("nan")
+
+    def to_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "prompt_ids": self.prompt_ids,
+            "token_ids": self.token_ids,
+            "text": self.text,
+            "rounds": self.rounds,
+            "block_lengths": self.block_lengths,
+            "tau": self.tau,
+            "tau_bounds": self.tau_bounds,
+            "mean_tau_bound": self.mean_tau_bound,
+            "seconds": self.seconds,
+            "prefill_seconds": self.prefill_seconds,
+            "time_to_first_token": self.time_to_first_token,
+            "tokens_per_second": self.tokens_per_second,
+            "stop_reason": self.stop_reason,
+            "stage_seconds": self.stage_seconds,
+        }
+
+
+class _Output:
+    """Accumulates generated tokens and applies the stop rules (EOS, stop strings, length)."""
+
+    def __init__(self, tokenizer, config: GenerationConfig, eos_id: int | None):
+        self.tokenizer = tokenizer
+        self.config = config
+        self.eos_id = eos_id if config.stop_at_eos else None
+        self.tokens: list[int] = []
+        self.text = ""
+        self.stop_reason = ""
+
+    def _decode(self) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(self.tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def add(self, block: list[int]) -> tuple[list[int], str]:
+        """Append a block; returns (tokens kept, text added). Sets ``stop_reason`` on a stop."""
+        kept = []
+        before = self.text
+        for token in block:
+            if self.eos_id is not None and token == self.eos_id:
+                self.stop_reason = "eos"
+                break
+            kept.append(token)
+            self.tokens.append(token)
+            if self.config.stop_strings:
+                text = self._decode()
+                hits = [text.find(s, max(0, len(before) - len(s))) for s in self.config.stop_strings]
+                hits = [h for h in hits if h >= 0]
+                if hits:
+                    self.text = text[: min(hits)]
+                    self.stop_reason = "stop_string"
+                    return kept, self.text[len(before) :]
+            if len(self.tokens) >= self.config.max_new_tokens:
+                self.stop_reason = "max_new_tokens"
+                break
+        self.text = self._decode()
+        added = self.text[len(before) :] if self.text.startswith(before) else self.text
+        return kept, added
+
+
+def _check_prompt(prompt_ids, max_positions: int) -> list[int]:
+    ids = [int(t) for t in prompt_ids]
+    if not ids:
+        raise ValueError("the prompt is empty; give at least one token")
+    if len(ids) > max_positions:
+        raise ValueError(f"the prompt is {len(ids)} tokens long but the target's context is {max_positions}; shorten it")
+    return ids
+
+
+def speculative_generate(
+    target,
+    drafter,
+    prompt_ids,
+    config: GenerationConfig = GenerationConfig(),
+    tokenizer=None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Iterator[RoundRecord | GenerationSummary]:
+    """Generate with tree speculation; yields a RoundRecord per round, then the summary.
+
+    Args:
+        target: a transformers causal LM (``p``).
+        drafter: a :class:`~tev.drafters.BlockTreeDrafter` or :class:`~tev.drafters.ARTreeDrafter`.
+        prompt_ids: prompt token ids (BOS included where the model expects it).
+        config: sampling settings.
+        tokenizer: for text and EOS (optional; without it only token ids are produced).
+        should_stop: polled between rounds; returning True ends the generation ("cancelled").
+    """
+    start = time.perf_counter()
+    session = CausalLMSession(target, feature_layers=drafter.feature_layers)
+    prompt = _check_prompt(prompt_ids, session.max_positions)
+    verifier = config.effective_verifier
+    device = session.device
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    eos_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else getattr(target.config, "eos_token_id", None)
+    if isinstance(eos_id, (list, tuple)):
+        eos_id = eos_id[0] if eos_id else None
+    output = _Output(tokenizer, config, eos_id)
+    drafter_state = drafter.new_state()
+    committed = list(prompt)  # the root is committed[-1]
+    features = None
+    if len(prompt) > 1:
+        prefill = session.extend(prompt[:-1])
+        features = prefill.features
+    prefill_seconds = time.perf_counter() - start
+    totals = {stage: 0.0 for stage in STAGES}
+    block_lengths, tau_bounds = [], []
+    first_token_at = None
+    index = 0
+    while not output.stop_reason:
+        if should_stop is not None and should_stop():
+            output.stop_reason = "cancelled"
+            break
+        room = session.max_positions - 1 - session.length  # deepest node position allowed
+        if room < 0:
+            output.stop_reason = "context_limit"
+            break
+        timer = StageTimer(device)
+        context = DraftContext(committed, features, max_depth=room)
+        tree = drafter.propose(context, min(config.budget, MAX_BUDGET) if room > 0 else 0, drafter_state, timer)
+        with timer.stage("verify"):
+            out = session.forward_tree(tree)  # one target forward over every node
+        with timer.stage("verify_decision"):
+            rows = TargetRows(logits=out.logits, temperature=config.temperature)
+            verdict = verify_rows(verifier, tree, rows, generator)
+        with timer.stage("commit"):
+            session.commit(verdict.path)
+            if out.features is not None:
+                accepted = out.features[torch.as_tensor(verdict.path, device=out.features.device)]
+                features = accepted if features is None else torch.cat([features, accepted])
+        flow = verdict.flow or flow_from_edge_prob(tree, rows.edge_prob(tree) if config.temperature > 0 else _greedy_edges(tree, out.logits))
+        block = verdict.block_tokens(tree)
+        emitted, text = output.add(block)
+        committed.extend(block)
+        if first_token_at is None:
+            first_token_at = time.perf_counter() - start
+        block_lengths.append(verdict.block_length)
+        tau_bounds.append(flow.tau_bound)
+        for stage, seconds in timer.seconds.items():
+            totals[stage] = totals.get(stage, 0.0) + seconds
+        yield RoundRecord(index, session.length - len(verdict.path), tree, flow, verdict, emitted, text, dict(timer.seconds), drafter.name, verifier)
+        index += 1
+    seconds = time.perf_counter() - start
+    yield GenerationSummary(
+        prompt_ids=prompt,
+        token_ids=list(output.tokens),
+        text=output.text,
+        rounds=index,
+        block_lengths=block_lengths,
+        tau_bounds=tau_bounds,
+        seconds=seconds,
+        prefill_seconds=prefill_seconds,
+        time_to_first_token=first_token_at if first_token_at is not None else seconds,
+        stop_reason=output.stop_reason,
+        stage_seconds=totals,
+        method=f"{drafter.name}+{verifier}",
+    )
+
+
+def _greedy_edges(tree: DraftTree, logits: torch.Tensor) -> torch.Tensor:
+    """At T = 0 the target is a point mass on the argmax: edge probability 1 or 0."""
+    best = logits.argmax(dim=-1)
+    edge = torch.ones(tree.num_nodes, dtype=torch.float32, device=logits.device)
+    if tree.num_nodes > 1:
+        parents = tree.parents[1:].to(logits.device)
+        edge[1:] = (best[parents] == tree.tokens[1:].to(logits.device)).float()
+    return edge
+
+
+def autoregressive_generate(
+    target,
+    prompt_ids,
+    config: GenerationConfig = GenerationConfig(),
+    tokenizer=None,
+    should_stop: Callable[[], bool] | None = None,
+) -> GenerationSummary:
+    """Plain one-token-per-forward decoding with the same sampling and stop rules."""
+    start = time.perf_counter()
+    session = CausalLMSession(target)
+    prompt = _check_prompt(prompt_ids, session.max_positions)
+    generator = torch.Generator(device=session.device).manual_seed(config.seed)
+    eos_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else getattr(target.config, "eos_token_id", None)
+    if isinstance(eos_id, (list, tuple)):
+        eos_id = eos_id[0] if eos_id else None
+    output = _Output(tokenizer, config, eos_id)
+    logits = session.extend(prompt).logits[-1]
+    prefill_seconds = time.perf_counter() - start
+    first_token_at = None
+    steps = 0
+    while True:
+        if config.temperature == 0:
+            token = int(logits.argmax())
+        else:
+            token = int(sample_rows(probs_from_logits(logits, config.temperature), generator))
+        output.add([token])
+        steps += 1
+        if first_token_at is None:
+            first_token_at = time.perf_counter() - start
+        if output.stop_reason:
+            break
+        if should_stop is not None and should_stop():
+            output.stop_reason = "cancelled"
+            break
+        if session.length >= session.max_positions:
+            output.stop_reason = "context_limit"
+            break
+        logits = session.extend([token]).logits[-1]
+    seconds = time.perf_counter() - start
+    return GenerationSummary(
+        prompt_ids=prompt,
+        token_ids=list(output.tokens),
+        text=output.text,
+        rounds=steps,
+        block_lengths=[1] * steps,
+        tau_bounds=[1.0] * steps,
+        seconds=seconds,
+        prefill_seconds=prefill_seconds,
+        time_to_first_token=first_token_at if first_token_at is not None else seconds,
+        stop_reason=output.stop_reason,
+        method="autoregressive",
+    )
+
+
+def run_to_end(events) -> tuple[list[RoundRecord], GenerationSummary]:
+    """Drain a :func:`speculative_generate` generator: (round records, summary)."""
+    records = []
+    for event in events:
+        if isinstance(event, GenerationSummary):
+            return records, event
+        records.append(event)
+    raise RuntimeError("the generation ended without a summary")

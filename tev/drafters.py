@@ -1,0 +1,377 @@
+"""Drafters: who proposes the draft tree. ``q`` is the draft model, ``p`` the target.
+
+One interface for all of them::
+
+    state = drafter.new_state()                      # per generation (caches, if any)
+    tree = drafter.propose(context, budget, state, timer)
+
+- :class:`BlockTreeDrafter` (the default, the paper's setting): a :class:`BlockDrafter` reads
+  the target's hidden features at the last committed positions plus the root token and emits
+  K per-depth marginals ``q_d`` in ONE forward; the DDTree builder turns them into the tree.
+- :class:`ARTreeDrafter`: any small causal LM sharing the tokenizer grows a dynamic tree
+  best-first by conditional path score, depth by depth, one tree-attention forward per depth.
+- ``shape="chain"`` on either gives the classic linear draft (top-1 per depth).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .session import CausalLMSession
+from .timing import StageTimer
+from .tree import DraftTree
+
+__all__ = [
+    "DraftContext",
+    "BlockDrafterConfig",
+    "BlockDrafter",
+    "BlockTreeDrafter",
+    "ARTreeDrafter",
+    "DRAFTER_FILE",
+]
+
+DRAFTER_FILE = "drafter.safetensors"
+DRAFTER_CONFIG = "drafter_config.json"
+
+
+@dataclass
+class DraftContext:
+    """What a drafter may read at the start of a round.
+
+    Attributes:
+        token_ids: committed tokens (prompt and output so far); the last one is the root.
+        features: `Tensor[len(token_ids) - 1, F]`, the target's hidden features at every
+            committed position before the root (None when the drafter needs none).
+        max_depth: the deepest a node may go (room left in the target's context).
+    """
+
+    token_ids: list[int]
+    features: torch.Tensor | None
+    max_depth: int
+
+
+# --------------------------------------------------------------------------- block drafter
+@dataclass
+class BlockDrafterConfig:
+    """Shape of a :class:`BlockDrafter` and the target it was built for."""
+
+    vocab_size: int
+    target_hidden_size: int
+    feature_layers: list[int]  # indices into the target's ``hidden_states``
+    horizon: int = 8  # K: depths predicted in one pass
+    context_window: int = 16  # W: committed positions whose target features it reads
+    hidden_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 768
+    target_num_layers: int | None = None  # to refuse a drafter paired with another target
+    notes: dict = field(default_factory=dict)  # provenance (training recipe), not used by the model
+
+    @property
+    def feature_size(self) -> int:
+        return len(self.feature_layers) * self.target_hidden_size
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class _Block(nn.Module):
+    """Pre-norm transformer block for the draft slots; the target's context features enter
+    every block as extra keys and values (DFlash-style injection), so only the ``1 + K``
+    draft slots pay for queries and the MLP."""
+
+    def __init__(self, size: int, heads: int, intermediate: int):
+        super().__init__()
+        self.heads = heads
+        self.attn_norm = _RMSNorm(size)
+        self.context_norm = _RMSNorm(size)
+        self.q = nn.Linear(size, size, bias=False)
+        self.kv = nn.Linear(size, 2 * size, bias=False)
+        self.out = nn.Linear(size, size, bias=False)
+        self.mlp_norm = _RMSNorm(size)
+        self.up = nn.Linear(size, 2 * intermediate, bias=False)
+        self.down = nn.Linear(intermediate, size, bias=False)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, size = x.shape
+        return x.view(batch, length, self.heads, size // self.heads).transpose(1, 2)  # (B, heads, T, head)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+        """x: `[B, S, D]` draft slots; context: `[B, W, D]`; key_bias: `[B, 1, 1, W + S]`."""
+        h = self.attn_norm(x)
+        keys, values = self.kv(torch.cat([self.context_norm(context), h], dim=1)).chunk(2, dim=-1)
+        attended = F.scaled_dot_product_attention(self._heads(self.q(h)), self._heads(keys), self._heads(values), attn_mask=key_bias)
+        x = x + self.out(attended.transpose(1, 2).reshape(x.shape))
+        gate, up = self.up(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class BlockDrafter(nn.Module):
+    """One-pass block drafter (DFlash-style): K per-depth marginals from target features.
+
+    The draft slots are ``[root token | K mask slots]``; in every block they attend to each
+    other and to the ``W`` context slots (the target's features, projected); mask slot ``k`` is
+    read out as ``q_k``, the marginal of the token ``k`` steps after the root. The token embedding and the output head are the target's own,
+    shared and frozen (they are not part of this module's parameters or checkpoint).
+    """
+
+    def __init__(self, config: BlockDrafterConfig, target_embedding: torch.Tensor, target_head: torch.Tensor):
+        super().__init__()
+        self.config = config
+        size = config.hidden_size
+        self.feature_norm = _RMSNorm(config.feature_size)
+        self.feature_proj = nn.Linear(config.feature_size, size, bias=False)
+        self.root_proj = nn.Linear(config.target_hidden_size, size, bias=False)
+        self.mask_embed = nn.Parameter(torch.randn(config.horizon, size) * 0.02)
+        self.position_embed = nn.Parameter(torch.randn(config.context_window + 1 + config.horizon, size) * 0.02)
+        self.blocks = nn.ModuleList(_Block(size, config.num_heads, config.intermediate_size) for _ in range(config.num_layers))
+        self.out_norm = _RMSNorm(size)
+        self.out_proj = nn.Linear(size, config.target_hidden_size, bias=False)
+        # shared with the target, kept out of the parameter list and the checkpoint
+        self._shared = (target_embedding, target_head)
+
+    def forward(self, features: torch.Tensor, valid: torch.Tensor, root_ids: torch.Tensor) -> torch.Tensor:
+        """Per-depth draft logits.
+
+        Args:
+            features: `Tensor[B, W, F]` target features at the last ``W`` committed positions
+                before the root (left-padded).
+            valid: `BoolTensor[B, W]`, False on padding.
+            root_ids: `LongTensor[B]`, the root tokens.
+
+        Returns:
+            `Tensor[B, K, V]` logits of ``q_1 .. q_K``.
+        """
+        embedding, head = self._shared
+        batch = root_ids.shape[0]
+        width, horizon = self.config.context_window, self.config.horizon
+        dtype = self.feature_proj.weight.dtype
+        context = self.feature_proj(self.feature_norm(features.to(dtype))) + self.position_embed[:width]  # (B, W, D)
+        slots = torch.cat(
+            [
+                self.root_proj(embedding[root_ids].to(dtype)).unsqueeze(1),  # (B, 1, D)
+                self.mask_embed.unsqueeze(0).expand(batch, -1, -1),  # (B, K, D)
+            ],
+            dim=1,
+        ) + self.position_embed[width:]
+        visible = torch.cat([valid, torch.ones(batch, 1 + horizon, dtype=torch.bool, device=valid.device)], dim=1)
+        key_bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
+        key_bias = key_bias[:, None, None, :]  # (B, 1, 1, W + 1 + K): the same for every query and head
+        for block in self.blocks:
+            slots = block(slots, context, key_bias)
+        hidden = self.out_proj(self.out_norm(slots[:, 1:]))  # (B, K, H)
+        return F.linear(hidden.to(head.dtype), head).float()
+
+    def window(self, features: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last ``W`` rows of a feature history, left-padded: (`[1, W, F]`, `[1, W]`)."""
+        width, size = self.config.context_window, self.config.feature_size
+        device = self.mask_embed.device
+        window = torch.zeros(1, width, size, device=device)
+        valid = torch.zeros(1, width, dtype=torch.bool, device=device)
+        if features is not None and features.shape[0] > 0:
+            recent = features[-width:]
+            window[0, width - recent.shape[0] :] = recent.to(device=device, dtype=window.dtype)
+            valid[0, width - recent.shape[0] :] = True
+        return window, valid
+
+    @torch.no_grad()
+    def marginals(self, features: torch.Tensor | None, root_token: int) -> torch.Tensor:
+        """`Tensor[K, V]` log ``q_d`` for one context."""
+        window, valid = self.window(features)
+        root = torch.tensor([root_token], device=window.device)
+        return torch.log_softmax(self(window, valid, root)[0], dim=-1)
+
+    # ------------------------------------------------------------------ persistence
+    def save_pretrained(self, folder: str | Path) -> None:
+        """Write ``drafter_config.json`` and ``drafter.safetensors`` (own parameters only)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / DRAFTER_CONFIG).write_text(json.dumps(asdict(self.config), indent=2))
+        tensors = {name: tensor.detach().to(torch.bfloat16).contiguous().cpu() for name, tensor in self.state_dict().items()}
+        save_file(tensors, folder / DRAFTER_FILE, metadata={"format": "pt", "kind": "tev-block-drafter"})
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, target, dtype: torch.dtype | None = None) -> "BlockDrafter":
+        """Load a drafter saved by :meth:`save_pretrained` and bind it to ``target``."""
+        folder = Path(folder)
+        config_path, weights_path = folder / DRAFTER_CONFIG, folder / DRAFTER_FILE
+        if not config_path.is_file() or not weights_path.is_file():
+            raise FileNotFoundError(f"no block drafter in {folder}: expected {DRAFTER_CONFIG} and {DRAFTER_FILE}")
+        try:
+            config = BlockDrafterConfig(**json.loads(config_path.read_text()))
+        except (TypeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{config_path} is not a valid drafter config: {error}") from error
+        check_drafter_fits_target(config, target)
+        drafter = cls.for_target(config, target)
+        try:
+            state = load_file(weights_path)
+        except Exception as error:  # safetensors raises its own error types for corrupt files
+            raise ValueError(f"{weights_path} could not be read ({error}); rebuild it with `python -m tev build-assets`") from error
+        try:
+            drafter.load_state_dict({name: tensor.float() for name, tensor in state.items()}, strict=True)
+        except RuntimeError as error:
+            raise ValueError(f"{weights_path} does not match the block drafter architecture: {str(error).splitlines()[-1].strip()}") from error
+        device = next(target.parameters()).device
+        return drafter.to(device=device, dtype=dtype or torch.float32).eval()
+
+    @classmethod
+    def for_target(cls, config: BlockDrafterConfig, target) -> "BlockDrafter":
+        """A fresh drafter bound to ``target``'s embedding and output head."""
+        check_drafter_fits_target(config, target)
+        embedding = target.get_input_embeddings().weight.detach()
+        head = target.get_output_embeddings().weight.detach()
+        return cls(config, embedding, head).to(embedding.device)
+
+
+def check_drafter_fits_target(config: BlockDrafterConfig, target) -> None:
+    target_config = target.config
+    problems = []
+    if config.vocab_size != target.get_output_embeddings().weight.shape[0]:
+        problems.append(f"vocabulary {config.vocab_size} vs target {target.get_output_embeddings().weight.shape[0]}")
+    if config.target_hidden_size != target_config.hidden_size:
+        problems.append(f"hidden size {config.target_hidden_size} vs target {target_config.hidden_size}")
+    if config.target_num_layers is not None and config.target_num_layers != target_config.num_hidden_layers:
+        problems.append(f"built for a {config.target_num_layers}-layer target, this one has {target_config.num_hidden_layers}")
+    if problems:
+        raise ValueError("this block drafter was built for another target: " + "; ".join(problems))
+
+
+def default_feature_layers(num_layers: int) -> list[int]:
+    """Three evenly spaced hidden-state indices ending at the last layer (DFlash reads several)."""
+    picks = sorted({max(1, round(num_layers * i / 3)) for i in (1, 2, 3)})
+    return picks
+
+
+# --------------------------------------------------------------------------- drafter front ends
+class BlockTreeDrafter:
+    """Block drafter + DDTree builder (``shape="tree"``), or its top-1 chain (``"chain"``)."""
+
+    def __init__(self, model: BlockDrafter, shape: str = "tree", name: str | None = None, horizon: int | None = None):
+        if shape not in ("tree", "chain"):
+            raise ValueError(f"shape must be 'tree' or 'chain', got {shape!r}")
+        self.model = model
+        self.shape = shape
+        self.name = name or ("block" if shape == "tree" else "chain")
+        self.feature_layers = tuple(model.config.feature_layers)
+        self.horizon = min(horizon or model.config.horizon, model.config.horizon)  # deepest depth used
+
+    def new_state(self):
+        return None
+
+    def propose(self, context: DraftContext, budget: int, state=None, timer: StageTimer | None = None) -> DraftTree:
+        timer = timer or StageTimer()
+        depth = min(self.horizon, context.max_depth)
+        with timer.stage("draft"):
+            logq = self.model.marginals(context.features, context.token_ids[-1])[:depth].cpu()  # [K', V]
+        with timer.stage("tree_build"):
+            if self.shape == "chain":
+                length = min(budget, depth)
+                best = logq[:length].max(dim=-1)
+                return DraftTree.chain(context.token_ids[-1], best.indices.tolist(), best.values.tolist())
+            return DraftTree.from_marginals(logq, budget, root_token=context.token_ids[-1])
+
+
+class ARTreeDrafter:
+    """A small causal LM drafter that grows an EAGLE-2-style dynamic tree.
+
+    Per round: one forward for the root, then for each depth one tree-attention forward of
+    the ``width`` best frontier nodes (by path score ``sum log q``), each expanding its
+    ``width`` most likely children; finally the ``budget`` best nodes overall are kept (a
+    child never outscores its parent, so they form a tree). ``width`` grows with the budget.
+    """
+
+    def __init__(self, model, horizon: int = 8, shape: str = "tree", name: str | None = None):
+        if shape not in ("tree", "chain"):
+            raise ValueError(f"shape must be 'tree' or 'chain', got {shape!r}")
+        self.model = model
+        self.horizon = horizon
+        self.shape = shape
+        self.name = name or ("ar" if shape == "tree" else "ar-chain")
+        self.feature_layers: tuple[int, ...] = ()
+
+    def new_state(self) -> CausalLMSession:
+        return CausalLMSession(self.model)
+
+    def width_for(self, budget: int) -> int:
+        return 1 if self.shape == "chain" else min(16, max(2, math.ceil(math.sqrt(budget))))
+
+    def propose(self, context: DraftContext, budget: int, state: CausalLMSession, timer: StageTimer | None = None) -> DraftTree:
+        timer = timer or StageTimer()
+        root = context.token_ids[-1]
+        horizon = min(self.horizon, context.max_depth, state.max_positions - len(context.token_ids))
+        if self.shape == "chain":
+            horizon = min(horizon, budget)
+        if budget == 0 or horizon <= 0:
+            return DraftTree.from_parents([root], [-1])
+        width = self.width_for(budget)
+        with timer.stage("draft"):
+            # catch up on tokens committed since the last round, then the root
+            committed = len(context.token_ids) - 1
+            if state.length > committed:
+                state.rollback(committed)
+            pending = context.token_ids[state.length :]
+            base = committed
+            out = state.extend(pending)
+            node_logq = {0: torch.log_softmax(out.logits[-1], dim=-1)}
+            tokens, parents, scores, logprobs, depths = [root], [-1], [0.0], [0.0], [0]
+            slot = {0: base}  # cache slot of each forwarded node
+            frontier = self._expand(0, node_logq[0], width, tokens, parents, scores, logprobs, depths)
+            for depth in range(1, horizon):
+                chosen = sorted(frontier, key=lambda v: (-scores[v], v))[:width]
+                chosen = [v for v in chosen if scores[v] > float("-inf")]
+                if not chosen:
+                    break
+                visible = torch.zeros(len(chosen), state.length + len(chosen), dtype=torch.bool)
+                visible[:, :base] = True
+                for row, v in enumerate(chosen):
+                    u = parents[v]
+                    while u != -1:
+                        visible[row, slot[u]] = True
+                        u = parents[u]
+                    visible[row, state.length + row] = True
+                start = state.length
+                out = state.forward_masked([tokens[v] for v in chosen], [base + depth] * len(chosen), visible)
+                frontier = []
+                for row, v in enumerate(chosen):
+                    slot[v] = start + row
+                    frontier += self._expand(v, torch.log_softmax(out.logits[row], dim=-1), width, tokens, parents, scores, logprobs, depths)
+            state.rollback(committed)  # the round's speculative entries leave the cache
+        with timer.stage("tree_build"):
+            ranked = sorted(range(1, len(tokens)), key=lambda v: (-scores[v], v))[:budget]
+            keep = sorted(ranked)  # creation order: parents first
+            new_index = {0: 0, **{v: i + 1 for i, v in enumerate(keep)}}
+            return DraftTree.from_parents(
+                [root] + [tokens[v] for v in keep],
+                [-1] + [new_index[parents[v]] for v in keep],
+                [0.0] + [logprobs[v] for v in keep],
+            )
+
+    @staticmethod
+    def _expand(v, logq, width, tokens, parents, scores, logprobs, depths) -> list[int]:
+        top = torch.topk(logq, min(width, logq.numel()))
+        created = []
+        for value, token in zip(top.values.tolist(), top.indices.tolist()):
+            if value == float("-inf"):
+                continue
+            created.append(len(tokens))
+            tokens.append(token)
+            parents.append(v)
+            scores.append(scores[v] + value)
+            logprobs.append(value)
+            depths.append(depths[v] + 1)
+        return created

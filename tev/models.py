@@ -1,0 +1,242 @@
+"""Loading the target ``p`` and the drafters ``q``: embedded assets, local folders, HF ids.
+
+Rules: ``from_pretrained`` with safetensors only (no pickle) and never ``trust_remote_code``;
+offline unless the caller allows downloads; the device is CUDA when present, else CPU; the
+dtype is bfloat16 on CUDA and float32 on CPU unless overridden. A target and a drafter must
+share a tokenizer: a mismatched pair is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .drafters import DRAFTER_FILE, ARTreeDrafter, BlockDrafter, BlockTreeDrafter
+
+__all__ = [
+    "ASSETS_MODELS",
+    "ModelLoadError",
+    "resolve_device",
+    "resolve_dtype",
+    "load_tokenizer",
+    "load_causal_lm",
+    "load_block_drafter",
+    "load_drafter",
+    "check_same_tokenizer",
+    "encode_prompt",
+    "EMBEDDED",
+    "DRAFTER_KINDS",
+    "ModelBundle",
+    "load_bundle",
+]
+
+ASSETS_MODELS = Path(__file__).resolve().parent.parent / "assets" / "models"
+_HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer could not be loaded; the message says what to do."""
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("CUDA was asked for but no CUDA device is available; use --device cpu")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(names)}")
+    return names[dtype]
+
+
+def _source(source: str | Path, allow_download: bool) -> tuple[str, bool]:
+    """(what to pass to from_pretrained, local_files_only)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return str(path), True
+    text = str(source)
+    if path.exists():
+        raise ModelLoadError(f"{text} is a file; give the model's folder")
+    if text.startswith((".", "/", "~")) or "\\" in text or not _HF_ID.match(text):
+        raise ModelLoadError(f"model folder {text!r} does not exist (and it is not a Hugging Face id like 'org/name')")
+    return text, not allow_download
+
+
+def _explain(what: str, source: str, local_only: bool, error: Exception) -> ModelLoadError:
+    if Path(source).is_dir():
+        return ModelLoadError(f"could not load the {what} from folder {source}: {error}")
+    hint = (
+        f"it is not in the local Hugging Face cache; download it first with `hf download {source}` "
+        "(or allow downloads), or pass a local folder"
+        if local_only
+        else "check the id and your network"
+    )
+    return ModelLoadError(f"could not load the {what} {source!r}: {hint}. ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
+
+
+def load_tokenizer(source: str | Path, allow_download: bool = False):
+    from transformers import AutoTokenizer
+
+    where, local_only = _source(source, allow_download)
+    try:
+        return AutoTokenizer.from_pretrained(where, local_files_only=local_only, trust_remote_code=False)
+    except Exception as error:
+        raise _explain("tokenizer", where, local_only, error) from error
+
+
+def load_causal_lm(
+    source: str | Path,
+    device: str | torch.device | None = "auto",
+    dtype: str | torch.dtype | None = "auto",
+    device_map: str | None = None,
+    allow_download: bool = False,
+):
+    """A transformers causal LM in eval mode, from a folder or a Hugging Face id.
+
+    ``device_map="auto"`` spreads a large model over the available devices (accelerate).
+    """
+    from transformers import AutoModelForCausalLM
+
+    where, local_only = _source(source, allow_download)
+    device = resolve_device(device)
+    kwargs = dict(dtype=resolve_dtype(dtype, device), local_files_only=local_only, trust_remote_code=False, use_safetensors=True)
+    if device_map:
+        kwargs["device_map"] = device_map
+    try:
+        model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+    except Exception as error:
+        raise _explain("model", where, local_only, error) from error
+    if not device_map:
+        model = model.to(device)
+    return model.eval()
+
+
+def check_same_tokenizer(tokenizer_a, tokenizer_b, names: tuple[str, str] = ("target", "drafter")) -> None:
+    """Refuse a pair whose tokenizers differ (a token id must mean the same to both)."""
+    if tokenizer_a.get_vocab() != tokenizer_b.get_vocab() or tokenizer_a.eos_token_id != tokenizer_b.eos_token_id:
+        raise ModelLoadError(
+            f"the {names[0]} and the {names[1]} use different tokenizers ({len(tokenizer_a)} vs {len(tokenizer_b)} tokens); "
+            "speculative decoding needs one shared vocabulary"
+        )
+
+
+def load_block_drafter(source: str | Path, target, shape: str = "tree", name: str | None = None) -> BlockTreeDrafter:
+    folder = Path(source).expanduser()
+    if not (folder / DRAFTER_FILE).is_file():
+        raise ModelLoadError(f"no block drafter in {folder} (expected {DRAFTER_FILE}); build one with `python -m tev build-assets`")
+    try:
+        model = BlockDrafter.from_pretrained(folder, target)
+    except (ValueError, FileNotFoundError) as error:
+        raise ModelLoadError(str(error)) from error
+    return BlockTreeDrafter(model, shape=shape, name=name)
+
+
+def load_drafter(source: str | Path, target, target_tokenizer, shape: str = "tree", device="auto", dtype="auto", allow_download: bool = False, name: str | None = None):
+    """A block drafter folder (``drafter.safetensors``) or any causal LM (AR drafter)."""
+    folder = Path(source).expanduser()
+    if folder.is_dir() and (folder / DRAFTER_FILE).is_file():
+        return load_block_drafter(folder, target, shape=shape, name=name)
+    draft_tokenizer = load_tokenizer(source, allow_download)
+    check_same_tokenizer(target_tokenizer, draft_tokenizer)
+    model = load_causal_lm(source, device=device, dtype=dtype, allow_download=allow_download)
+    return ARTreeDrafter(model, shape=shape, name=name)
+
+
+def encode_prompt(tokenizer, text: str, max_tokens: int | None = None) -> list[int]:
+    """Token ids of a prompt, starting with the BOS token when the tokenizer has one.
+
+    Raises ``ValueError`` for an empty prompt or one longer than ``max_tokens``.
+    """
+    if not isinstance(text, str) or text == "":
+        raise ValueError("the prompt is empty; type some text to continue")
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    bos = tokenizer.bos_token_id
+    if bos is not None and (not ids or ids[0] != bos):
+        ids = [bos] + ids
+    if len(ids) == 0 or (bos is not None and len(ids) == 1):
+        raise ValueError("the prompt produced no tokens; type some text to continue")
+    if max_tokens is not None and len(ids) > max_tokens:
+        raise ValueError(f"the prompt is {len(ids)} tokens long but the target's context is {max_tokens}; shorten it")
+    return ids
+
+
+# --------------------------------------------------------------------------- the embedded pair
+EMBEDDED = {
+    "target": ASSETS_MODELS / "target",
+    "block": ASSETS_MODELS / "drafter-base",
+    "exittrain": ASSETS_MODELS / "drafter-exittrain",
+    "ar": ASSETS_MODELS / "ar-drafter",
+}
+DRAFTER_KINDS = ("block", "exittrain", "chain", "ar")
+
+
+@dataclass
+class ModelBundle:
+    """A target, its tokenizer and the drafters that can pair with it."""
+
+    target: object
+    tokenizer: object
+    drafters: dict
+    target_source: str
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.target.config, "max_position_embeddings", 1 << 30))
+
+    def drafter(self, kind: str):
+        if kind not in self.drafters:
+            available = ", ".join(self.drafters) or "none"
+            raise ValueError(f"drafter {kind!r} is not available here (available: {available}); pass --draft to add one")
+        return self.drafters[kind]
+
+
+def load_bundle(
+    target: str | Path | None = None,
+    draft: str | Path | None = None,
+    device="auto",
+    dtype="auto",
+    device_map: str | None = None,
+    allow_download: bool = False,
+) -> ModelBundle:
+    """Load a target and every drafter that fits it.
+
+    With no ``target`` the embedded assets are used: the base block drafter (``block``, and
+    its top-1 ``chain``), the ExitTrain drafter (``exittrain``) and the AR drafter (``ar``),
+    each when present. ``draft`` adds (or replaces) a drafter: a block-drafter folder gives
+    ``block``/``chain``, a causal LM gives ``ar``.
+    """
+    embedded = target is None
+    target_source = str(EMBEDDED["target"]) if embedded else str(target)
+    if embedded and not (EMBEDDED["target"] / "config.json").is_file():
+        raise ModelLoadError(f"the embedded target is missing from {EMBEDDED['target']}; rebuild it with `python -m tev build-assets`")
+    tokenizer = load_tokenizer(target_source, allow_download)
+    model = load_causal_lm(target_source, device=device, dtype=dtype, device_map=device_map, allow_download=allow_download)
+    drafters: dict = {}
+    if embedded:
+        if (EMBEDDED["block"] / DRAFTER_FILE).is_file():
+            drafters["block"] = load_block_drafter(EMBEDDED["block"], model, name="block")
+        if (EMBEDDED["exittrain"] / DRAFTER_FILE).is_file():
+            drafters["exittrain"] = load_block_drafter(EMBEDDED["exittrain"], model, name="exittrain")
+        if (EMBEDDED["ar"] / "config.json").is_file():
+            drafters["ar"] = load_drafter(EMBEDDED["ar"], model, tokenizer, device=device, dtype=dtype, name="ar")
+    if draft is not None:
+        extra = load_drafter(draft, model, tokenizer, device=device, dtype=dtype, allow_download=allow_download)
+        drafters["ar" if isinstance(extra, ARTreeDrafter) else "block"] = extra
+        extra.name = "ar" if isinstance(extra, ARTreeDrafter) else "block"
+    if "block" in drafters:
+        drafters["chain"] = BlockTreeDrafter(drafters["block"].model, shape="chain", name="chain")
+    elif "ar" in drafters:
+        drafters["chain"] = ARTreeDrafter(drafters["ar"].model, shape="chain", name="chain")
+    return ModelBundle(model, tokenizer, drafters, target_source)

