@@ -8,6 +8,7 @@ import sys
 from .bench import add_bench_parser
 from .build import add_build_parser
 from .cli import add_generate_parser
+from .exittrain import add_exittrain_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_parser(commands)
     add_bench_parser(commands)
     add_build_parser(commands)
+    add_exittrain_parser(commands)
     return parser
 
 

@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from .drafters import BlockDrafter
 from .sampling import probs_from_logits, sample_rows
 
-__all__ = ["DistillData", "sample_continuations", "target_features", "make_distill_data", "anchor_batch", "train_block_drafter", "IGNORE"]
+__all__ = ["DistillData", "sample_continuations", "target_features", "regenerate_sequences", "make_distill_data", "anchor_batch", "train_block_drafter", "IGNORE"]
 
 IGNORE = -100
 
@@ -83,6 +83,36 @@ class DistillData:
         return self.sequences.shape[0] * (self.sequences.shape[1] - 1 - self.first_anchor)
 
 
+def regenerate_sequences(
+    target,
+    stream: torch.Tensor,
+    num_sequences: int,
+    context_length: int,
+    new_tokens: int,
+    seed: int,
+    greedy_share: float = 0.5,
+    progress: bool = True,
+    desc: str = "target continuations",
+) -> torch.Tensor:
+    """Target-regenerated sequences: contexts at random offsets of ``stream``, continued by the
+    target; a ``greedy_share`` of them greedily (what T = 0 decoding meets), the rest sampled at
+    T = 1. Returns `LongTensor[num_sequences, context_length + new_tokens]`."""
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, stream.numel() - context_length, (num_sequences,), generator=generator)
+    contexts = torch.stack([stream[s : s + context_length] for s in starts.tolist()])
+    greedy_count = int(round(num_sequences * greedy_share))
+    parts = []
+    chunk = 64
+    bar = tqdm(total=num_sequences, desc=desc, unit="seq", disable=not progress)
+    for start in range(0, num_sequences, chunk):
+        block = contexts[start : start + chunk]
+        temperature = 0.0 if start < greedy_count else 1.0
+        parts.append(sample_continuations(target, block, new_tokens, temperature, generator))
+        bar.update(block.shape[0])
+    bar.close()
+    return torch.cat(parts)
+
+
 def make_distill_data(
     target,
     stream: torch.Tensor,
@@ -94,22 +124,8 @@ def make_distill_data(
     greedy_share: float = 0.5,
     progress: bool = True,
 ) -> DistillData:
-    """Contexts at random offsets of ``stream``; a ``greedy_share`` of them continued greedily
-    (what T = 0 decoding meets), the rest sampled at T = 1."""
-    generator = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, stream.numel() - context_length, (num_sequences,), generator=generator)
-    contexts = torch.stack([stream[s : s + context_length] for s in starts.tolist()])
-    greedy_count = int(round(num_sequences * greedy_share))
-    parts = []
-    chunk = 64
-    bar = tqdm(total=num_sequences, desc="target continuations", unit="seq", disable=not progress)
-    for start in range(0, num_sequences, chunk):
-        block = contexts[start : start + chunk]
-        temperature = 0.0 if start < greedy_count else 1.0
-        parts.append(sample_continuations(target, block, new_tokens, temperature, generator))
-        bar.update(block.shape[0])
-    bar.close()
-    sequences = torch.cat(parts)
+    """Target-regenerated sequences (see :func:`regenerate_sequences`) with their features."""
+    sequences = regenerate_sequences(target, stream, num_sequences, context_length, new_tokens, seed, greedy_share, progress)
     features = target_features(target, sequences, layers)
     return DistillData(sequences, features, first_anchor=context_length - 1)
 

@@ -1,0 +1,251 @@
+"""The live engine on real transformers models: tree attention, losslessness, bad input."""
+
+import itertools
+import json
+import math
+
+import pytest
+import torch
+
+from tev.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from tev.drafters import BlockTreeDrafter
+from tev.models import ModelLoadError, encode_prompt, load_bundle, load_drafter, load_tokenizer
+from tev.session import CausalLMSession
+from tev.tree import DraftTree
+from tests.helpers import ALPHA, chi_square_against
+from tests.tiny import OracleDrafter, save_pair, tiny_ar_drafter, tiny_block_drafter, tiny_target
+
+VOCAB = 48
+
+
+@pytest.fixture(scope="module")
+def pair_folders(tmp_path_factory):
+    return save_pair(tmp_path_factory.mktemp("pair"))
+
+
+# ------------------------------------------------------------------ tree attention
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_tree_attention_matches_sequential_forwards(arch):
+    target = tiny_target(VOCAB, arch=arch)
+    context = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(0))
+    tree = DraftTree.from_paths(int(context[-1]), [[1, 2, 3, 4], [1, 2, 5], [1, 6], [7, 8], [9]])
+    session = CausalLMSession(target)
+    session.extend(context[:-1])
+    tree_logits = session.forward_tree(tree).logits
+    worst = 0.0
+    for v in range(tree.num_nodes):
+        sequence = torch.cat([context, torch.tensor(tree.path_tokens(v), dtype=torch.long)])
+        reference = target(input_ids=sequence[None]).logits[0, -1]
+        worst = max(worst, (reference - tree_logits[v]).abs().max().item())
+    assert worst < 1e-4
+    # keep the path to node 3 (tokens 1, 2, 3), then continue: identical to a fresh forward
+    session.commit(tree.path_to(3))
+    assert session.length == context.numel() + 3 and session.cache.get_seq_length() == session.length
+    continued = session.extend([11, 12]).logits
+    sequence = torch.cat([context, torch.tensor([1, 2, 3, 11, 12])])
+    fresh = target(input_ids=sequence[None]).logits[0, -2:]
+    assert (continued - fresh).abs().max().item() < 1e-4
+
+
+# ------------------------------------------------------------------ greedy equivalence
+def greedy_reference(target, prompt, max_new_tokens, eos=True):
+    config = GenerationConfig(temperature=0.0, max_new_tokens=max_new_tokens, stop_at_eos=eos)
+    return autoregressive_generate(target, prompt, config)
+
+
+@pytest.mark.parametrize("kind", ["block", "chain", "ar"])
+@pytest.mark.parametrize("budget", [1, 4, 16, 64])
+def test_greedy_speculation_equals_greedy_decoding(kind, budget):
+    target = tiny_target(VOCAB, scale=3.0)
+    drafters = {
+        "block": lambda: tiny_block_drafter(target),
+        "chain": lambda: BlockTreeDrafter(tiny_block_drafter(target).model, shape="chain"),
+        "ar": lambda: tiny_ar_drafter(VOCAB),
+    }
+    drafter = drafters[kind]()
+    for seed in range(3):
+        prompt = torch.randint(1, VOCAB, (5 + seed,), generator=torch.Generator().manual_seed(seed)).tolist()
+        reference = greedy_reference(target, prompt, 40, eos=False)
+        config = GenerationConfig(budget=budget, temperature=0.0, max_new_tokens=40, stop_at_eos=False)
+        records, summary = run_to_end(speculative_generate(target, drafter, prompt, config))
+        assert summary.token_ids == reference.token_ids, (kind, budget, seed)
+        assert sum(len(r.emitted) for r in records) == 40 and summary.stop_reason == "max_new_tokens"
+
+
+def test_eos_in_the_middle_of_a_block_stops_exactly_like_greedy_decoding():
+    target = tiny_target(VOCAB, scale=3.0)
+    prompt = [5, 17, 3, 22]
+    free_run = greedy_reference(target, prompt, 30, eos=False).token_ids
+    eos = free_run[9]  # a token greedy decoding meets at step 10
+    target.config.eos_token_id = eos
+    reference = greedy_reference(target, prompt, 30)
+    assert reference.stop_reason == "eos" and reference.token_ids == free_run[: free_run.index(eos)]
+    oracle = OracleDrafter(prompt + free_run, len(prompt), VOCAB, depth=6)
+    records, summary = run_to_end(speculative_generate(target, oracle, prompt, GenerationConfig(budget=16, temperature=0.0, max_new_tokens=30)))
+    assert summary.token_ids == reference.token_ids and summary.stop_reason == "eos"
+    last = records[-1]
+    assert eos in last.verdict.block_tokens(last.tree)[:-1] or last.bonus_token == eos
+    assert len(last.emitted) < last.block_length  # the block was cut at EOS
+
+
+def test_max_new_tokens_is_never_overshot():
+    target = tiny_target(VOCAB, scale=3.0)
+    prompt = [4, 9, 13]
+    free_run = greedy_reference(target, prompt, 20, eos=False).token_ids
+    oracle = OracleDrafter(prompt + free_run + [0] * 10, len(prompt), VOCAB, depth=6)
+    for limit in (1, 2, 5, 7, 13):
+        _, summary = run_to_end(speculative_generate(target, oracle, prompt, GenerationConfig(budget=16, temperature=0.0, max_new_tokens=limit, stop_at_eos=False)))
+        assert summary.token_ids == free_run[:limit]
+
+
+# ------------------------------------------------------------------ lossless sampling
+SMALL_VOCAB = 4
+
+
+def exact_first_tokens_law(target, prompt, length=3):
+    """Enumerate p(x1, x2, x3 | prompt) exactly from the target."""
+    law = {}
+    for sequence in itertools.product(range(SMALL_VOCAB), repeat=length):
+        ids = torch.tensor(prompt + list(sequence))
+        with torch.no_grad():
+            logp = torch.log_softmax(target(input_ids=ids[None]).logits[0].double(), dim=-1)
+        law[sequence] = math.exp(sum(logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(sequence)))
+    return law
+
+
+class FullTreeDrafter:
+    """Every token at depth 1 and 2 (4 + 16 nodes): accepts deep, exercises every branch."""
+
+    name = "full"
+    feature_layers: tuple[int, ...] = ()
+
+    def new_state(self):
+        return None
+
+    def propose(self, context, budget, state=None, timer=None):
+        depth = min(2, context.max_depth)
+        paths = [list(p) for p in itertools.product(range(SMALL_VOCAB), repeat=depth)]
+        return DraftTree.from_paths(context.token_ids[-1], paths)
+
+
+@pytest.fixture(scope="module")
+def small_target():
+    torch.manual_seed(0)
+    return tiny_target(SMALL_VOCAB, scale=0.5, eos_token_id=SMALL_VOCAB + 7)  # eos outside the vocab: never stops early
+
+
+@pytest.mark.parametrize("method", ["tev", "predraw", "sequential", "ar-baseline", "tev-block"])
+def test_sampling_is_lossless(small_target, method):
+    prompt = [1, 2, 0]
+    law = exact_first_tokens_law(small_target, prompt)
+    draws, samples, lengths, bounds = 2500, [], [], []
+    drafter = tiny_block_drafter(small_target) if method == "tev-block" else FullTreeDrafter()
+    verifier = "tev" if method in ("ar-baseline", "tev-block") else method
+    for seed in range(draws):
+        budget = 6 if method == "tev-block" else 20  # a partial tree for the block drafter
+        config = GenerationConfig(budget=budget, temperature=1.0, verifier=verifier, max_new_tokens=3, seed=seed, stop_at_eos=False)
+        if method == "ar-baseline":
+            summary = autoregressive_generate(small_target, prompt, config)
+        else:
+            records, summary = run_to_end(speculative_generate(small_target, drafter, prompt, config))
+            lengths += [r.block_length for r in records[:1]]
+            bounds += [r.flow.tau_bound for r in records[:1]]
+        samples.append(tuple(summary.token_ids))
+    statistic, p_value, dof = chi_square_against(law, samples)
+    print(f"{method}: draws={draws} chi2={statistic:.1f} dof={dof} p={p_value:.3f}")
+    assert p_value > ALPHA
+    if lengths:
+        # first rounds only (all see the same tree): empirical tau vs 1 + C within 4 standard errors
+        mean = sum(lengths) / len(lengths)
+        se = math.sqrt(sum((x - mean) ** 2 for x in lengths) / (len(lengths) - 1) / len(lengths))
+        assert abs(mean - sum(bounds) / len(bounds)) < 4 * se + 1e-6
+
+
+def test_tau_matches_mean_coverage_bound_over_many_rounds():
+    target = tiny_target(VOCAB, scale=2.0)
+    drafter = tiny_block_drafter(target)
+    lengths, bounds = [], []
+    for seed in range(30):
+        prompt = torch.randint(1, VOCAB, (6,), generator=torch.Generator().manual_seed(100 + seed)).tolist()
+        config = GenerationConfig(budget=32, temperature=1.0, max_new_tokens=40, seed=seed, stop_at_eos=False)
+        records, summary = run_to_end(speculative_generate(target, drafter, prompt, config))
+        lengths += summary.block_lengths
+        bounds += summary.tau_bounds
+    n = len(lengths)
+    mean = sum(lengths) / n
+    # Var(L_i) summed over rounds bounds the error of the mean; bounds vary by round, so compare sums
+    se = math.sqrt(sum((x - mean) ** 2 for x in lengths) / (n - 1) / n)
+    assert abs(mean - sum(bounds) / n) < 4 * se
+
+
+# ------------------------------------------------------------------ context limit and bad input
+def test_prompt_near_the_context_limit_stops_cleanly():
+    target = tiny_target(VOCAB, context=32)
+    drafter = tiny_block_drafter(target)
+    for length in (28, 31, 32):
+        prompt = [1 + (i % 40) for i in range(length)]
+        records, summary = run_to_end(speculative_generate(target, drafter, prompt, GenerationConfig(budget=16, temperature=0.0, max_new_tokens=50, stop_at_eos=False)))
+        assert summary.stop_reason == "context_limit"
+        assert len(prompt) + len(summary.token_ids) == 33  # positions 0..31 processed, plus the last prediction
+        assert all(r.position + r.tree.max_depth <= 31 for r in records)
+        reference = greedy_reference(target, prompt, 50, eos=False)
+        assert summary.token_ids == reference.token_ids and reference.stop_reason == "context_limit"
+
+
+def test_bad_input_is_refused_clearly(pair_folders):
+    target = tiny_target(VOCAB, context=32)
+    drafter = tiny_block_drafter(target)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        next(speculative_generate(target, drafter, []))
+    with pytest.raises(ValueError, match="context is 32"):
+        next(speculative_generate(target, drafter, list(range(1, 40))))
+    with pytest.raises(ValueError, match="budget must be"):
+        GenerationConfig(budget=-1)
+    with pytest.raises(ValueError, match="temperature must be"):
+        GenerationConfig(temperature=-0.5)
+    with pytest.raises(ValueError, match="temperature must be"):
+        GenerationConfig(temperature=float("nan"))
+    with pytest.raises(ValueError, match="unknown verifier"):
+        GenerationConfig(verifier="medusa")
+    bundle = load_bundle(pair_folders["target"], pair_folders["block"])
+    with pytest.raises(ValueError, match="drafter 'exittrain' is not available"):
+        bundle.drafter("exittrain")
+    tokenizer = load_tokenizer(pair_folders["target"])
+    with pytest.raises(ValueError, match="prompt is empty"):
+        encode_prompt(tokenizer, "")
+    assert load_tokenizer(pair_folders["other_ar"]).get_vocab() != tokenizer.get_vocab()
+    with pytest.raises(ModelLoadError, match="different tokenizers"):
+        load_drafter(pair_folders["other_ar"], bundle.target, tokenizer)
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_bundle(pair_folders["target"].parent / "no-such-model")
+    empty = pair_folders["target"].parent / "empty"
+    empty.mkdir(exist_ok=True)
+    with pytest.raises(ModelLoadError, match="could not load the tokenizer from folder"):
+        load_bundle(empty)
+
+
+def test_bundle_loads_every_drafter_kind(pair_folders):
+    bundle = load_bundle(pair_folders["target"], pair_folders["block"])
+    assert set(bundle.drafters) == {"block", "chain"}
+    ar_bundle = load_bundle(pair_folders["target"], pair_folders["ar"])
+    assert set(ar_bundle.drafters) == {"ar", "chain"}
+    prompt = encode_prompt(bundle.tokenizer, "def add(a, b):", bundle.context_length)
+    assert prompt[0] == bundle.tokenizer.bos_token_id
+    for b, kind in ((bundle, "block"), (bundle, "chain"), (ar_bundle, "ar"), (ar_bundle, "chain")):
+        records, summary = run_to_end(speculative_generate(b.target, b.drafter(kind), prompt, GenerationConfig(budget=8, max_new_tokens=12, seed=1), b.tokenizer))
+        assert summary.text == b.tokenizer.decode(summary.token_ids) or summary.stop_reason == "eos"
+        assert records and all(set(r.timings) >= {"draft", "tree_build", "verify", "verify_decision", "commit"} for r in records)
+
+
+def test_generate_command_line_json(pair_folders, capsys):
+    from tev.__main__ import main
+
+    code = main(["generate", "--prompt", "def add(a, b):", "--target", str(pair_folders["target"]), "--draft", str(pair_folders["block"]),
+                 "--budget", "8", "--temperature", "1", "--max-new-tokens", "10", "--seed", "3", "--json"])
+    assert code == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert len(payload["token_ids"]) <= 10 and payload["rounds"] == len(payload["rounds_detail"])
+    assert all(r["block_length"] >= 1 and 0 <= r["coverage"] <= r["budget"] for r in payload["rounds_detail"])
+    assert {"draft", "verify", "verify_decision", "commit"} <= set(payload["stage_seconds"])
+    code = main(["generate", "--prompt", "", "--target", str(pair_folders["target"]), "--draft", str(pair_folders["block"])])
+    assert code == 2 and "prompt is empty" in capsys.readouterr().err

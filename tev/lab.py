@@ -1,0 +1,95 @@
+"""The verifier lab: one fixed tree, every exact verifier run many times.
+
+Shows fixed-tree equivalence: all saturated exact verifiers share the exit law
+``Pr(exit = v) = w(v)`` and the mean block length ``1 + C(T)``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .drafters import DraftContext
+from .flow import TargetFlow, flow_from_edge_prob, target_flow
+from .session import CausalLMSession
+from .tree import DraftTree
+from .verify import TargetRows, verify_rows
+
+__all__ = ["LabTree", "LabResult", "tree_from_prompt", "synthetic_tree", "run_lab"]
+
+
+@dataclass(eq=False)
+class LabTree:
+    """A tree with its target rows and flow."""
+
+    tree: DraftTree
+    rows: TargetRows
+    flow: TargetFlow
+    source: str
+
+
+@dataclass(eq=False)
+class LabResult:
+    """Per verifier: exit-node frequencies (`list[N]`), mean block length, its standard
+    error, median decision time (seconds); ``draws`` per verifier."""
+
+    frequencies: dict[str, list[float]]
+    mean_lengths: dict[str, float]
+    length_se: dict[str, float]
+    seconds: dict[str, float]
+    draws: int
+
+
+def tree_from_prompt(target, drafter, prompt_ids: list[int], budget: int, temperature: float) -> LabTree:
+    """The first speculation round's tree for a prompt, with the target's rows on it."""
+    if temperature <= 0:
+        raise ValueError("the verifier lab samples: use a temperature > 0")
+    session = CausalLMSession(target, feature_layers=drafter.feature_layers)
+    features = session.extend(prompt_ids[:-1]).features if len(prompt_ids) > 1 else None
+    room = session.max_positions - 1 - session.length
+    if room < 1:
+        raise ValueError("the prompt fills the target's context; shorten it")
+    tree = drafter.propose(DraftContext(list(prompt_ids), features, max_depth=room), budget, drafter.new_state())
+    logits = session.forward_tree(tree).logits
+    rows = TargetRows(logits=logits, temperature=temperature)
+    return LabTree(tree, rows, flow_from_edge_prob(tree, rows.edge_prob(tree)), "prompt")
+
+
+def synthetic_tree() -> LabTree:
+    """A small hand-made tree over an 8-token vocabulary (no model needed)."""
+    tree = DraftTree.from_paths(0, [[1, 2, 3], [1, 2, 4], [1, 5], [6, 7], [2]])
+    generator = torch.Generator().manual_seed(7)
+    probs = torch.softmax(2.5 * torch.randn(tree.num_nodes, 8, generator=generator), dim=-1)
+    # make the drafted tokens likely, as a good drafter would
+    for v in range(1, tree.num_nodes):
+        probs[tree.parents[v], tree.tokens[v]] += 0.35
+    probs = probs / probs.sum(dim=1, keepdim=True)
+    return LabTree(tree, TargetRows(probs), target_flow(tree, probs), "synthetic")
+
+
+def run_lab(lab: LabTree, verifiers=("tev", "predraw", "sequential"), draws: int = 2000, seed: int = 0, should_stop=None) -> LabResult:
+    """Run each verifier ``draws`` times on the same tree (same seed for each)."""
+    n = lab.tree.num_nodes
+    frequencies, means, errors, seconds = {}, {}, {}, {}
+    for name in verifiers:
+        generator = torch.Generator(device=lab.rows.device).manual_seed(seed)
+        counts = [0] * n
+        lengths = []
+        times = []
+        for _ in range(draws):
+            if should_stop is not None and should_stop():
+                break
+            start = time.perf_counter()
+            verdict = verify_rows(name, lab.tree, lab.rows, generator)
+            times.append(time.perf_counter() - start)
+            counts[verdict.exit_node] += 1
+            lengths.append(verdict.block_length)
+        done = max(1, len(lengths))
+        frequencies[name] = [c / done for c in counts]
+        mean = sum(lengths) / done
+        means[name] = mean
+        errors[name] = (sum((x - mean) ** 2 for x in lengths) / max(1, done - 1) / done) ** 0.5
+        seconds[name] = sorted(times)[len(times) // 2] if times else float("nan")
+    return LabResult(frequencies, means, errors, seconds, draws)
