@@ -20,4 +20,5 @@ run: $(VENV)/.runtime
 	$(PY) app.py
 
 test: $(VENV)/.dev
+	bash scripts/ensure-chromium.sh
 	$(PY) -m pytest

@@ -1,5 +1,433 @@
-"""TEV Explorer web app (Gradio). The interactive app is built on top of the `tev` library;
-until it lands this entry point explains what is available."""
+"""TEV Explorer: watch tree speculative decoding, see where draft trees lose target mass.
+
+UI wiring only: every computation lives in ``tev/`` and every figure in ``visual/``.
+Run ``python app.py`` (127.0.0.1:7860; GRADIO_SERVER_NAME / GRADIO_SERVER_PORT respected).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import gradio as gr
+
+from tev.bench import evaluate_drafter, fit_prompt
+from tev.decode import GenerationConfig, GenerationSummary
+from tev.drafters import BlockDrafter, BlockTreeDrafter
+from tev.exittrain import LIVE_CONFIG, ExitTrainConfig, ExitTrainer, load_live_data
+from tev.lab import run_lab, synthetic_tree, tree_from_prompt
+from tev.paths import embedded
+from tev.prompts import load_prompt_set
+from tev.service import LIMITS, ExitTrainSlot, ModelService, UserInputError, check_prompt, check_settings, records_to_json
+from visual.figures import (
+    before_after_figure,
+    mass_by_depth_figure,
+    text_view_html,
+    timeline_figure,
+    training_figure,
+    tree_figure,
+    verifier_lab_figure,
+)
+
+SERVICE = ModelService(target=os.environ.get("TEV_TARGET") or None, draft=os.environ.get("TEV_DRAFT") or None)
+EXITTRAIN_SLOT = ExitTrainSlot()
+DRAFTER_LABELS = {"block": "block (base)", "exittrain": "block (ExitTrain)", "chain": "chain (top-1)", "ar": "AR drafter"}
+
+
+def _examples() -> list[str]:
+    try:
+        heldout = load_prompt_set("heldout")
+        humaneval = load_prompt_set("humaneval")
+    except FileNotFoundError:
+        return ["def fib(n):\n    "]
+    return [p["text"] for p in heldout[3:40:6]] + [p["text"] for p in humaneval[:3]]
+
+
+def _user_error(error: Exception) -> gr.Error:
+    return gr.Error(str(error))
+
+
+# ----------------------------------------------------------------------------------- Live
+def _stats_markdown(records, summary: GenerationSummary | None, ar_tps: float | None) -> str:
+    if not records:
+        return "No rounds yet."
+    lengths = [r.block_length for r in records]
+    bounds = [r.flow.tau_bound for r in records]
+    tokens = sum(len(r.emitted) for r in records)
+    seconds = summary.seconds if summary else sum(sum(r.timings.values()) for r in records)
+    tps = summary.tokens_per_second if summary else tokens / max(seconds, 1e-9)
+    lines = [
+        f"**rounds** {len(records)} · **tokens** {tokens} · **tau** (mean block length) {sum(lengths) / len(lengths):.2f} · "
+        f"**mean 1 + C** {sum(bounds) / len(bounds):.2f} · **tokens/s** {tps:.1f}"
+    ]
+    if summary is not None:
+        lines.append(f"stopped: {summary.stop_reason} · time to first token {1e3 * summary.time_to_first_token:.0f} ms")
+        if ar_tps:
+            lines.append(f"autoregressive run of the same prompt: {ar_tps:.1f} tokens/s → **speedup {summary.tokens_per_second / ar_tps:.2f}x**")
+    return "\n\n".join(lines)
+
+
+def _round_figures(records, index: int):
+    record = records[index]
+    text = SERVICE.token_text
+    title = f"round {record.index + 1} of {len(records)} · drafter {record.drafter} · verifier {record.verifier}"
+    return tree_figure(record.tree, record.flow, record.verdict, token_text=text, title=title), mass_by_depth_figure(record.flow)
+
+
+def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar):
+    """Stream a generation: text, current tree, mass by depth, stats; then the timeline."""
+    try:
+        bundle = SERVICE.bundle()
+        check_prompt(prompt)
+        config = check_settings(drafter, verifier, budget, temperature, max_new_tokens, seed, list(bundle.drafters))
+        SERVICE.encode(prompt, config.max_new_tokens)
+    except (UserInputError, ValueError) as error:
+        raise _user_error(error) from None
+    records, summary = [], None
+    text = SERVICE.token_text
+    last_draw = 0.0
+    for event in SERVICE.generate(prompt, drafter, config):
+        if isinstance(event, GenerationSummary):
+            summary = event
+            break
+        records.append(event)
+        now = time.perf_counter()
+        if len(records) == 1 or now - last_draw > 0.25:  # redraw at most 4 times a second
+            last_draw = now
+            tree, mass = _round_figures(records, len(records) - 1)
+            yield (text_view_html(records, token_text=text, prompt_text=prompt), tree, mass, gr.skip(), _stats_markdown(records, None, None), gr.skip(), {"records": records, "summary": None})
+    ar_tps = None
+    if compare_ar and summary is not None:
+        ar_tps = SERVICE.autoregressive(prompt, config).tokens_per_second
+    state = {"records": records, "summary": summary, "settings": {"prompt": prompt, "drafter": drafter, **config.__dict__}}
+    if not records:
+        yield ("", None, None, None, "The generation produced no rounds.", gr.update(maximum=1, value=1), state)
+        return
+    tree, mass = _round_figures(records, len(records) - 1)
+    yield (
+        text_view_html(records, token_text=text, prompt_text=prompt),
+        tree,
+        mass,
+        timeline_figure(records),
+        _stats_markdown(records, summary, ar_tps),
+        gr.update(minimum=1, maximum=len(records), value=len(records), step=1, interactive=True),
+        state,
+    )
+
+
+def browse_round(round_number, state):
+    records = (state or {}).get("records") or []
+    if not records:
+        raise gr.Error("generate first: there are no rounds to browse yet")
+    try:
+        index = int(round_number) - 1
+    except (TypeError, ValueError):
+        raise gr.Error("round must be a whole number") from None
+    index = min(max(index, 0), len(records) - 1)
+    tree, mass = _round_figures(records, index)
+    record = records[index]
+    info = (
+        f"round {index + 1}: budget {record.tree.budget}, coverage C = {record.flow.coverage:.3f}, 1 + C = {record.flow.tau_bound:.3f}, "
+        f"block length L = {record.block_length} (accepted {len(record.accepted_tokens)} + bonus), exit node {record.verdict.exit_node} "
+        f"at depth {int(record.tree.depths[record.verdict.exit_node])}"
+    )
+    return tree, mass, info
+
+
+def step_round(round_number, delta, state):
+    records = (state or {}).get("records") or []
+    if not records:
+        raise gr.Error("generate first: there are no rounds to browse yet")
+    value = min(max(int(round_number or 1) + delta, 1), len(records))
+    return gr.update(value=value)
+
+
+def export_run(state):
+    records = (state or {}).get("records") or []
+    if not records:
+        raise gr.Error("generate first: there is no run to export yet")
+    return records_to_json(records, state.get("summary"), state.get("settings", {}))
+
+
+# ----------------------------------------------------------------------------------- Verifier lab
+def run_verifier_lab(source, prompt, drafter, budget, temperature, draws, seed, progress=gr.Progress()):
+    try:
+        draws = int(_check_range("draws", draws, 100, LIMITS.max_lab_draws))
+        seed = int(_check_range("seed", seed, 0, LIMITS.max_seed))
+        if source == "synthetic example":
+            lab = synthetic_tree()
+            token_text = str
+        else:
+            bundle = SERVICE.bundle()
+            budget = int(_check_range("budget", budget, 1, 64))
+            temperature = float(_check_range("temperature", temperature, 0.05, LIMITS.max_temperature))
+            if drafter not in bundle.drafters:
+                raise UserInputError(f"unknown drafter {drafter!r}")
+            ids = SERVICE.encode(check_prompt(prompt), 1)
+            with SERVICE.compute:
+                lab = tree_from_prompt(bundle.target, bundle.drafter(drafter), ids, budget, temperature)
+            token_text = SERVICE.token_text
+    except (UserInputError, ValueError) as error:
+        raise _user_error(error) from None
+    progress(0.1, desc=f"running each verifier {draws} times")
+    with SERVICE.compute:
+        result = run_lab(lab, draws=draws, seed=seed)
+    figure = verifier_lab_figure(lab.tree, lab.flow, result.frequencies, result.mean_lengths)
+    tree = tree_figure(lab.tree, lab.flow, None, token_text=token_text, title=f"the fixed tree ({lab.source}), budget {lab.tree.budget}")
+    rows = [
+        "| verifier | mean block length (± s.e.) | 1 + C | median decision time |",
+        "|---|---|---|---|",
+    ]
+    for name in result.mean_lengths:
+        rows.append(f"| {name} | {result.mean_lengths[name]:.3f} ± {result.length_se[name]:.3f} | {lab.flow.tau_bound:.3f} | {1e6 * result.seconds[name]:.0f} µs |")
+    note = (
+        f"{draws} draws per verifier on the same tree. All three are exact and saturated: their exit frequencies follow the exit "
+        "law w(v) and their mean block length is 1 + C(T) up to sampling error, whatever the verifier."
+    )
+    return figure, tree, "\n".join(rows) + "\n\n" + note
+
+
+def _check_range(name, value, low, high):
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UserInputError(f"{name} must be a number from {low} to {high}") from None
+    if not (low <= number <= high):
+        raise UserInputError(f"{name} must be from {low} to {high}, got {value}")
+    return number
+
+
+# ----------------------------------------------------------------------------------- ExitTrain
+def run_exittrain(weights, steps, lambda_exit, request: gr.Request, progress=gr.Progress()):
+    """A short live fine-tune of the base drafter; then base vs trained on held-out prompts."""
+    owner = getattr(request, "session_hash", None) or "anonymous"
+    try:
+        steps = int(_check_range("steps", steps, 5, 400))
+        lambda_exit = float(_check_range("lambda", lambda_exit, 0, 100))
+        config = ExitTrainConfig(**{**LIVE_CONFIG.__dict__, "weights": weights, "steps": steps, "lambda_exit": lambda_exit})
+        train, heldout, first_anchor = load_live_data()
+        bundle = SERVICE.bundle()
+        if "block" not in bundle.drafters:
+            raise UserInputError("ExitTrain needs the block drafter, which is not loaded")
+    except (UserInputError, ValueError, FileNotFoundError) as error:
+        raise _user_error(error) from None
+    if not EXITTRAIN_SLOT.acquire(owner):
+        raise gr.Error("another ExitTrain run is in progress on this server; wait for it to finish, then start again")
+    try:
+        drafter = BlockDrafter.from_pretrained(embedded("block"), bundle.target)
+        trainer = ExitTrainer(config, bundle.target, drafter, train, heldout=heldout, first_anchor=first_anchor)
+        EXITTRAIN_SLOT.trainer = trainer
+        with SERVICE.compute:
+            before = trainer.heldout_expected_tau()
+        history = [{"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_exit": float("nan"), "expected_tau": before, "heldout_expected_tau": before}]
+        events = trainer.run()
+        while True:
+            with SERVICE.compute:
+                event = next(events, None)
+            if event is None:
+                break
+            history.append(event.__dict__)
+            progress(event.step / config.steps, desc=f"step {event.step}/{config.steps} · loss {event.loss:.3f}")
+            if event.step % 5 == 0 or event.step == config.steps:
+                yield training_figure(history), f"step {event.step}/{config.steps} · batch 1 + C {event.expected_tau:.3f}", gr.skip(), gr.skip()
+        status = "cancelled" if trainer.cancelled else "finished"
+        trained = trainer.accelerator.unwrap_model(trainer.drafter).eval()
+        yield training_figure(history), f"{status} after {trainer.step} steps; comparing on held-out prompts…", gr.skip(), gr.skip()
+        rows, table = _compare(bundle, {"base": BlockTreeDrafter(BlockDrafter.from_pretrained(embedded("block"), bundle.target), name="base"), f"ExitTrain ({weights}, live)": BlockTreeDrafter(trained, name="live")})
+        yield training_figure(history), f"{status} after {trainer.step} steps", before_after_figure(rows), table
+    finally:
+        EXITTRAIN_SLOT.release()
+
+
+def cancel_exittrain(request: gr.Request):
+    owner = getattr(request, "session_hash", None) or "anonymous"
+    return "cancelling after this step…" if EXITTRAIN_SLOT.cancel(owner) else "no ExitTrain run of yours is in progress"
+
+
+def compare_shipped(progress=gr.Progress()):
+    bundle = SERVICE.bundle()
+    if "exittrain" not in bundle.drafters:
+        raise gr.Error("no shipped ExitTrain drafter in assets/models; run `python -m tev exittrain --install` first")
+    rows, table = _compare(bundle, {"base": bundle.drafter("block"), "ExitTrain (shipped)": bundle.drafter("exittrain")})
+    prompt = fit_prompt(bundle.tokenizer, load_prompt_set("heldout")[5], bundle.context_length - 8)
+    trees = []
+    for name in ("block", "exittrain"):
+        with SERVICE.compute:
+            lab = tree_from_prompt(bundle.target, bundle.drafter(name), prompt, 32, 1.0)
+        trees.append(tree_figure(lab.tree, lab.flow, None, token_text=SERVICE.token_text, title=f"{name} drafter, same prompt: 1 + C = {lab.flow.tau_bound:.3f}"))
+    return before_after_figure(rows), table, trees[0], trees[1]
+
+
+def _compare(bundle, drafters: dict):
+    prompts = load_prompt_set("heldout")[1::8][:6]
+    rows, lines = [], ["| drafter | T | tau | 1 + C | per-prompt tau q25-q75 |", "|---|---|---|---|---|"]
+    for name, drafter in drafters.items():
+        with SERVICE.compute:
+            measured = evaluate_drafter(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(32,), temperatures=(0.0, 1.0), max_new_tokens=48, progress=False)
+        for row in measured:
+            rows.append({"drafter": name, "temperature": row["temperature"], "tau": row["tau"], "tau_q25": row["prompt_tau_q25"], "tau_q75": row["prompt_tau_q75"]})
+            lines.append(f"| {name} | {row['temperature']:g} | {row['tau']:.3f} | {row['tau_bound']:.3f} | {row['prompt_tau_q25']:.2f}-{row['prompt_tau_q75']:.2f} |")
+    return rows, "\n".join(lines) + f"\n\nB = 32, {len(prompts)} held-out prompts, 48 new tokens each, TEV (greedy at T = 0)."
+
+
+# ----------------------------------------------------------------------------------- page
+LEARN = r"""
+### Speculative decoding with a draft tree
+
+A small **draft model `q`** proposes a tree of possible next tokens; the **target model `p`** scores every node of
+the tree in **one** forward pass (tree attention); a **verifier** keeps a path of the tree and adds one **bonus token**
+drawn from the target. The output is distributed exactly as if the target had generated it alone.
+
+**Reach.** With $p_v$ the target's next-token distribution at node $v$: $P(r) = 1$, $P(v) = P(\mathrm{pa}(v))\, p_{\mathrm{pa}(v)}(x_v)$,
+the probability that plain sampling from $p$ walks to $v$. *Live tab: node colour.*
+
+**Exit law (missing mass).** $\rho(v) = 1 - \sum_{u \in \mathrm{Ch}(v)} p_v(x_u)$ and $w(v) = P(v)\,\rho(v)$: the target mass that
+**leaves the tree at $v$**. The $w(v)$ sum to 1. Adding a child with token $a$ under $v$ raises coverage by $P(v)\,p_v(a)$. *Live tab: node ring; mass-by-depth chart.*
+
+**Coverage bound.** $C(T) = \sum_{v \ne r} P(v)$. Every exact verifier has expected block length $E[L] \le 1 + C(T)$.
+*Live tab: the timeline plots each round's $L$ against $1 + C$.*
+
+**TEV (Tree Exit Verification).** Draw the exit node $V \sim w$ in one step, then the bonus $Y$ from the residual
+$p_V^{\mathrm{res}}(a) \propto p_V(a)\,[a \notin \mathrm{Ch}(V)]$. It attains the bound, needs only the parent rows normalised, and one
+host sync. Predraw-and-follow and sequential residual verification reach the same law by other routes.
+*Verifier lab: all three match $w(v)$ and $1 + C$ on one fixed tree.*
+
+**ExitTrain.** Fine-tune the drafter on the trees inference actually builds:
+$\mathcal{L} = \mathcal{L}_{tok} + \lambda\,\mathcal{L}_{exit}$ with
+$\mathcal{L}_{exit} = -\sum_i \sum_{v \ne r} w_i(v) \log q_{\theta, d(v)}(x_v \mid c_i) / \sum_i (|V_i| - 1)$:
+probability moves toward the nodes where target mass exits. *ExitTrain tab.*
+"""
+
+CSS = """
+.tev-text { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 13px; line-height: 1.5; }
+"""
+
+
+def _device_markdown() -> str:
+    try:
+        info = SERVICE.info()
+    except Exception as error:  # a missing or broken asset must show, not crash the page
+        return f"**Models could not be loaded:** {error}"
+    sizes = ", ".join(f"{name} {count / 1e6:.2f}M" for name, count in info["parameters"].items())
+    return (
+        f"**device** {info['device']} · **dtype** {info['dtype']} · **threads** {info['threads']} · **context** {info['context']} tokens · "
+        f"**vocabulary** {info['vocab']} · **parameters** {sizes}"
+    )
+
+
+def build_app() -> gr.Blocks:
+    examples = _examples()
+    with gr.Blocks(title="TEV Explorer") as demo:
+        gr.Markdown(
+            "# 🌳 TEV Explorer\nTree speculative decoding, made visible and exact: each round a drafter `q` proposes a tree, the target `p` "
+            "scores it in one forward, and **TEV** keeps a path plus a bonus token. Node colour is the target's **reach P(v)**, the ring is "
+            "the **missing mass w(v)** that leaves the tree there."
+        )
+        device_info = gr.Markdown("loading models…")
+        with gr.Tab("Live"):
+            with gr.Row():
+                with gr.Column(scale=3):
+                    prompt = gr.Textbox(label="prompt (Python code to continue)", value=examples[0], lines=8, max_lines=20, max_length=LIMITS.max_prompt_chars)
+                    gr.Examples(examples=[[e] for e in examples], inputs=[prompt], label="held-out stdlib functions and HumanEval prompts")
+                with gr.Column(scale=2):
+                    drafter = gr.Radio(list(DRAFTER_LABELS), value="block", label="drafter q", info=" · ".join(f"{k}: {v}" for k, v in DRAFTER_LABELS.items()))
+                    verifier = gr.Radio(["tev", "predraw", "sequential", "greedy"], value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
+                    budget = gr.Slider(1, LIMITS.max_budget, value=32, step=1, label="budget B (draft nodes per round)")
+                    temperature = gr.Slider(0.0, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
+                    max_new_tokens = gr.Slider(1, LIMITS.max_new_tokens, value=96, step=1, label="max new tokens")
+                    with gr.Row():
+                        seed = gr.Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed")
+                        compare_ar = gr.Checkbox(value=True, label="also time an autoregressive run (speedup)")
+                    with gr.Row():
+                        generate = gr.Button("Generate", variant="primary", elem_id="generate-button")
+                        stop = gr.Button("Stop")
+            stats = gr.Markdown("Press **Generate**.", elem_id="live-stats")
+            text_view = gr.HTML(elem_id="text-view", elem_classes="tev-text")
+            with gr.Row():
+                tree_plot = gr.Plot(label="draft tree of the round", elem_id="tree-plot")
+            with gr.Row():
+                mass_plot = gr.Plot(label="where the tree loses target mass")
+                timeline_plot = gr.Plot(label="rounds")
+            with gr.Row():
+                round_slider = gr.Slider(1, 2, value=1, step=1, label="browse rounds", interactive=False)
+                previous_round = gr.Button("◀ previous", scale=0)
+                next_round = gr.Button("next ▶", scale=0)
+            round_info = gr.Markdown()
+            with gr.Row():
+                export = gr.Button("Export rounds as JSON", scale=0)
+                export_file = gr.File(label="rounds JSON", interactive=False)
+            run_state = gr.State({"records": [], "summary": None})
+
+        with gr.Tab("Verifier lab"):
+            gr.Markdown("Fix **one** tree and run each exact verifier many times: the exit-node frequencies follow the exit law w(v) and the mean block length is 1 + C(T), for TEV, predraw and sequential alike (fixed-tree equivalence).")
+            with gr.Row():
+                lab_source = gr.Radio(["prompt", "synthetic example"], value="prompt", label="tree from")
+                lab_drafter = gr.Radio(["block", "exittrain", "chain"], value="block", label="drafter")
+                lab_budget = gr.Slider(1, 64, value=16, step=1, label="budget B")
+                lab_temperature = gr.Slider(0.05, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
+                lab_draws = gr.Slider(100, LIMITS.max_lab_draws, value=3000, step=100, label="draws per verifier")
+                lab_seed = gr.Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed")
+            lab_prompt = gr.Textbox(label="prompt", value=examples[1] if len(examples) > 1 else examples[0], lines=4, max_length=LIMITS.max_prompt_chars)
+            lab_run = gr.Button("Run the verifiers", variant="primary")
+            lab_table = gr.Markdown()
+            lab_plot = gr.Plot(label="exit law vs empirical exit frequencies")
+            lab_tree = gr.Plot(label="the fixed tree")
+
+        with gr.Tab("ExitTrain"):
+            gr.Markdown(
+                "Fine-tune the base block drafter for a minute or two with **ExitTrain**: the frozen target scores the trees the drafter "
+                "actually builds, and the loss pushes draft probability toward nodes where target mass exits. One run at a time per server."
+            )
+            with gr.Row():
+                et_weights = gr.Radio(["exit", "prefix", "none"], value="exit", label="weights (exit: the method; prefix, none: controls)")
+                et_steps = gr.Slider(5, 400, value=LIVE_CONFIG.steps, step=5, label="steps")
+                et_lambda = gr.Slider(0, 100, value=LIVE_CONFIG.lambda_exit, step=1, label="lambda (weight of L_exit)")
+            with gr.Row():
+                et_start = gr.Button("Start fine-tune", variant="primary")
+                et_cancel = gr.Button("Cancel")
+                et_shipped = gr.Button("Compare the shipped ExitTrain drafter instead")
+            et_status = gr.Markdown()
+            et_curve = gr.Plot(label="training")
+            et_compare = gr.Plot(label="tau before / after")
+            et_table = gr.Markdown()
+            with gr.Row():
+                et_tree_base = gr.Plot(label="base drafter's tree")
+                et_tree_trained = gr.Plot(label="ExitTrain drafter's tree")
+
+        with gr.Tab("Learn"):
+            gr.Markdown(LEARN, latex_delimiters=[{"left": "$", "right": "$", "display": False}])
+
+        # ------------------------------------------------------------------ events
+        demo.load(_device_markdown, outputs=device_info, api_name=False)
+        live_outputs = [text_view, tree_plot, mass_plot, timeline_plot, stats, round_slider, run_state]
+        generate_event = generate.click(
+            run_live, [prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar], live_outputs, api_name="generate", concurrency_limit=2, concurrency_id="compute"
+        )
+        stop.click(None, cancels=[generate_event], api_name=False)
+        round_slider.release(browse_round, [round_slider, run_state], [tree_plot, mass_plot, round_info], api_name="browse_round")
+        previous_round.click(step_round, [round_slider, gr.State(-1), run_state], round_slider, api_name=False).then(browse_round, [round_slider, run_state], [tree_plot, mass_plot, round_info], api_name=False)
+        next_round.click(step_round, [round_slider, gr.State(1), run_state], round_slider, api_name=False).then(browse_round, [round_slider, run_state], [tree_plot, mass_plot, round_info], api_name=False)
+        export.click(export_run, run_state, export_file, api_name="export")
+        lab_run.click(run_verifier_lab, [lab_source, lab_prompt, lab_drafter, lab_budget, lab_temperature, lab_draws, lab_seed], [lab_plot, lab_tree, lab_table], api_name="verifier_lab", concurrency_limit=2, concurrency_id="compute")
+        et_start.click(run_exittrain, [et_weights, et_steps, et_lambda], [et_curve, et_status, et_compare, et_table], api_name="exittrain", concurrency_limit=2, concurrency_id="compute")
+        et_cancel.click(cancel_exittrain, None, et_status, api_name="exittrain_cancel")
+        et_shipped.click(compare_shipped, None, [et_compare, et_table, et_tree_base, et_tree_trained], api_name="compare_shipped", concurrency_limit=2, concurrency_id="compute")
+    return demo
+
+
+def main() -> None:
+    demo = build_app()
+    threading.Thread(target=SERVICE.bundle, daemon=True).start()  # warm up while the page loads
+    demo.queue(max_size=32, default_concurrency_limit=2).launch(
+        server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+        share=False,
+        max_file_size="1mb",
+        css=CSS,
+        theme=gr.themes.Soft(),
+    )
+
 
 if __name__ == "__main__":
-    print("The TEV Explorer app is not built yet. The library is usable: `python -m tev --help`.")
+    main()

@@ -5,3 +5,27 @@ import torch
 # Tiny models run fastest on one thread (and tests then do not fight over cores).
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def quick_assets_dir(tmp_path_factory):
+    """Miniature assets built by `python -m tev build-assets --quick` (once per test run)."""
+    from tests.appserver import quick_assets
+
+    return quick_assets(tmp_path_factory.mktemp("quick") / "assets")
+
+
+@pytest.fixture(scope="session")
+def app_server(quick_assets_dir, tmp_path_factory):
+    """The real app (`python app.py`) serving the quick assets on a free port."""
+    from tests.appserver import AppServer
+
+    server = AppServer(quick_assets_dir, tmp_path_factory.mktemp("app") / "app.log")
+    try:
+        server.ready_seconds = server.wait_ready()
+        yield server
+    finally:
+        server.stop()

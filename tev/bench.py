@@ -144,6 +144,10 @@ def add_bench_parser(subparsers) -> None:
     add_model_arguments(e2e)
     e2e.set_defaults(func=_run_e2e)
 
+    from .report import add_report_parser
+
+    add_report_parser(kinds)
+
 
 # --------------------------------------------------------------------------- decoding benchmarks
 def fit_prompt(tokenizer, prompt: dict, limit: int) -> list[int]:

@@ -31,7 +31,6 @@ from .corpus import load_split
 __all__ = ["BuildConfig", "QUICK_BUILD", "build_tokenizer", "train_target", "train_drafter", "atomic_folder"]
 
 EOS_TOKEN = "<|endoftext|>"
-ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 
 
 @dataclass(frozen=True)
@@ -65,6 +64,11 @@ class BuildConfig:
     drafter_steps: int = 3000
     drafter_batch: int = 256
     drafter_lr: float = 1e-3
+    # live ExitTrain data shipped for the app
+    live_train_sequences: int = 256
+    live_heldout_sequences: int = 32
+    live_context: int = 96
+    live_new_tokens: int = 64
 
 
 QUICK_BUILD = BuildConfig(
@@ -90,6 +94,10 @@ QUICK_BUILD = BuildConfig(
     distill_new_tokens=16,
     drafter_steps=20,
     drafter_batch=32,
+    live_train_sequences=8,
+    live_heldout_sequences=4,
+    live_context=16,
+    live_new_tokens=16,
 )
 
 
@@ -389,6 +397,40 @@ def build_prompts(work: Path, config: BuildConfig, log=print) -> Path:
     return folder
 
 
+# ---------------------------------------------------------------------- live ExitTrain data
+def build_live_data(work: Path, config: BuildConfig, log=print) -> Path:
+    """Target-regenerated sequences for the app's live ExitTrain mode (train + held-out)."""
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from .distill import regenerate_sequences
+
+    folder = work / "live-data"
+    target_marker = json.loads((work / "target" / "stage.json").read_text())
+    context, new_tokens = config.live_context, config.live_new_tokens
+    key = {**config_key(config, "seed", "live_train_sequences", "live_heldout_sequences", "live_context", "live_new_tokens"), "target": target_marker["config"]}
+    if _stage_ready(folder, key):
+        log(f"live data: reusing {folder}")
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(work / "target", local_files_only=True)
+    target = LlamaForCausalLM.from_pretrained(work / "target", dtype=torch.float32, local_files_only=True).eval()
+    train_stream, _ = encode_corpus(tokenizer, "train", config)
+    heldout_stream, _ = encode_corpus(tokenizer, "heldout", config)
+    train = regenerate_sequences(target, train_stream, config.live_train_sequences, context, new_tokens, seed=config.seed + 5, desc="live train sequences")
+    heldout = regenerate_sequences(target, heldout_stream, config.live_heldout_sequences, context, new_tokens, seed=config.seed + 6, desc="live held-out sequences")
+    with atomic_folder(folder) as tmp:
+        save_file(
+            {"train": train.to(torch.int16 if len(tokenizer) < 2**15 else torch.int32), "heldout": heldout.to(torch.int16 if len(tokenizer) < 2**15 else torch.int32),
+             "first_anchor": torch.tensor([context - 1])},
+            tmp / "exittrain-data.safetensors",
+            metadata={"source": "contexts from the corpus (train / held-out splits), continuations sampled from the target"},
+        )
+        _write_marker(tmp, key)
+    log(f"live data: {train.shape[0]} train and {heldout.shape[0]} held-out sequences of {context + new_tokens} tokens")
+    return folder
+
+
 # ---------------------------------------------------------------------- evaluation for the card
 def evaluate_assets(work: Path, config: BuildConfig, quick: bool, log=print) -> dict:
     """Measure what the model card reports, on the built files (never on training data)."""
@@ -403,7 +445,7 @@ def evaluate_assets(work: Path, config: BuildConfig, quick: bool, log=print) -> 
     target = LlamaForCausalLM.from_pretrained(work / "target", dtype=torch.float32, local_files_only=True).eval()
     drafter = load_block_drafter(work / "drafter", target, name="block")
     heldout = json.loads((work / "prompts" / "heldout.json").read_text())["prompts"]
-    count, new_tokens = (4, 16) if quick else (24, 64)
+    count, new_tokens = (2, 12) if quick else (24, 64)
     prompts = heldout[:: max(1, len(heldout) // count)][:count]
     start = time.time()
     samples = []
@@ -411,10 +453,10 @@ def evaluate_assets(work: Path, config: BuildConfig, quick: bool, log=print) -> 
         ids = fit_prompt(tokenizer, prompt, config.context_length - new_tokens)
         summary = autoregressive_generate(target, ids, GenerationConfig(temperature=0.0, max_new_tokens=new_tokens), tokenizer)
         samples.append({"id": prompt["id"], "prompt": prompt["text"], "continuation": summary.text})
-    budgets = (8, 16) if quick else (8, 16, 32, 64)
+    budgets = (8,) if quick else (8, 16, 32, 64)
     tau_rows = evaluate_drafter(target, tokenizer, drafter, prompts, budgets=budgets, temperatures=(0.0, 1.0), max_new_tokens=new_tokens, desc="card: tau")
     horizons = []
-    for horizon in sorted({max(1, drafter.horizon // 2), max(1, (3 * drafter.horizon) // 4), drafter.horizon}):
+    for horizon in [drafter.horizon] if quick else sorted({drafter.horizon // 2, (3 * drafter.horizon) // 4, drafter.horizon}):
         capped = BlockTreeDrafter(drafter.model, name="block", horizon=horizon)
         row = evaluate_drafter(target, tokenizer, capped, prompts, budgets=(16,), temperatures=(0.0,), max_new_tokens=new_tokens, desc=f"card: horizon {horizon}", progress=False)[0]
         horizons.append({"horizon": horizon, **row})
@@ -423,7 +465,7 @@ def evaluate_assets(work: Path, config: BuildConfig, quick: bool, log=print) -> 
     if humaneval_path.is_file():
         humaneval = json.loads(humaneval_path.read_text())["prompts"]
         subset = humaneval[:: max(1, len(humaneval) // count)][:count]
-        humaneval_rows = evaluate_drafter(target, tokenizer, drafter, subset, budgets=(16, 32) if not quick else (8,), temperatures=(0.0, 1.0), max_new_tokens=new_tokens, desc="card: humaneval")
+        humaneval_rows = evaluate_drafter(target, tokenizer, drafter, subset, budgets=(8,) if quick else (16, 32), temperatures=(1.0,) if quick else (0.0, 1.0), max_new_tokens=new_tokens, desc="card: humaneval")
     result = {
         "samples": samples,
         "tau": tau_rows,
@@ -467,6 +509,7 @@ def install_assets(work: Path, out: Path, report: dict, log=print) -> None:
         (models / "drafter-exittrain").mkdir()
         for name in ("drafter_config.json", "drafter.safetensors"):
             shutil.copy2(work / "exittrain" / name, models / "drafter-exittrain" / name)
+    shutil.copy2(work / "live-data" / "exittrain-data.safetensors", models / "exittrain-data.safetensors")
     (models / "build.json").write_text(json.dumps(report, indent=2) + "\n")
     prompts = staging / "prompts"
     prompts.mkdir()
@@ -584,7 +627,7 @@ def run_build(config: BuildConfig, work: Path, out: Path, quick: bool, fresh: bo
         shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    stages = [("tokenizer", 1), ("target", config.target_steps * 2.3 / 60), ("prompts", 0.3), ("drafter", 4 + config.drafter_steps * 0.45 / 60), ("evaluation", 6)]
+    stages = [("tokenizer", 1), ("target", config.target_steps * 2.3 / 60), ("prompts", 0.3), ("drafter", 4 + config.drafter_steps * 0.45 / 60), ("live data", 1), ("evaluation", 6)]
     if quick:
         log("quick build: a miniature pipeline (seconds)")
     else:
@@ -593,6 +636,7 @@ def run_build(config: BuildConfig, work: Path, out: Path, quick: bool, fresh: bo
     train_target(work, config, log)
     build_prompts(work, config, log)
     train_drafter(work, config, log)
+    build_live_data(work, config, log)
     evaluation = evaluate_assets(work, config, quick, log)
     target_marker = json.loads((work / "target" / "stage.json").read_text())
     drafter_marker = json.loads((work / "drafter" / "stage.json").read_text())
@@ -616,7 +660,7 @@ def run_build(config: BuildConfig, work: Path, out: Path, quick: bool, fresh: bo
 def add_build_parser(commands) -> None:
     parser = commands.add_parser("build-assets", help="rebuild the embedded tokenizer, target, drafter, prompts and model card")
     parser.add_argument("--quick", action="store_true", help="a miniature build in seconds (for tests)")
-    parser.add_argument("--out", default=str(ASSETS_DIR), help="assets folder to install into (default: the repo's assets/)")
+    parser.add_argument("--out", default=None, help="assets folder to install into (default: the repo's assets/, or $TEV_ASSETS_DIR)")
     parser.add_argument("--work-dir", default=None, help="stage cache (default: runs/build-assets, or runs/build-assets-quick)")
     parser.add_argument("--fresh", action="store_true", help="ignore cached stages")
     parser.set_defaults(func=_run_build)
@@ -629,4 +673,6 @@ def _run_build(args) -> None:
     root = Path(__file__).resolve().parent.parent
     work = Path(args.work_dir) if args.work_dir else root / "runs" / ("build-assets-quick" if args.quick else "build-assets")
     command = "python -m tev build-assets" + (" --quick" if args.quick else "")
-    run_build(config, work, Path(args.out), args.quick, args.fresh, command)
+    from .paths import assets_dir
+
+    run_build(config, work, Path(args.out) if args.out else assets_dir(), args.quick, args.fresh, command)

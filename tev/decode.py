@@ -241,6 +241,7 @@ def speculative_generate(
     totals = {stage: 0.0 for stage in STAGES}
     block_lengths, tau_bounds = [], []
     first_token_at = None
+    paused = 0.0
     index = 0
     while not output.stop_reason:
         if should_stop is not None and should_stop():
@@ -273,9 +274,11 @@ def speculative_generate(
         tau_bounds.append(flow.tau_bound)
         for stage, seconds in timer.seconds.items():
             totals[stage] = totals.get(stage, 0.0) + seconds
+        suspended_at = time.perf_counter()
         yield RoundRecord(index, session.length - len(verdict.path), tree, flow, verdict, emitted, text, dict(timer.seconds), drafter.name, verifier)
+        paused += time.perf_counter() - suspended_at  # the consumer's time is not generation time
         index += 1
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start - paused
     yield GenerationSummary(
         prompt_ids=prompt,
         token_ids=list(output.tokens),

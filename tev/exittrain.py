@@ -578,7 +578,8 @@ def add_exittrain_parser(commands) -> None:
 def _run_exittrain(args) -> None:
     from tqdm import tqdm
 
-    from .models import EMBEDDED, load_bundle
+    from .models import load_bundle
+    from .paths import embedded
 
     config = config_from_args(args)
     root = Path(__file__).resolve().parent.parent
@@ -589,7 +590,7 @@ def _run_exittrain(args) -> None:
     if args.resume and not (out / "checkpoint").is_dir():
         raise FileNotFoundError(f"--resume: no checkpoint in {out}")
     bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download)
-    base = Path(args.base) if args.base else EMBEDDED["block"]
+    base = Path(args.base) if args.base else embedded("block")
     drafter = BlockDrafter.from_pretrained(base, bundle.target)
     cache_dir = root / "runs" / "exittrain-data"
     train = training_sequences(bundle.target, bundle.tokenizer, "train", args.data_sequences, args.context_length, args.new_tokens, seed=config.seed + 7, cache_dir=cache_dir)
@@ -630,5 +631,20 @@ def _run_exittrain(args) -> None:
     if args.install:
         if trainer.step < config.steps:
             raise ValueError("the run did not finish; not installing a partial drafter")
-        install_drafter(trained, EMBEDDED["exittrain"])
-        print(f"installed as {EMBEDDED['exittrain']}")
+        install_drafter(trained, embedded("exittrain"))
+        print(f"installed as {embedded('exittrain')}")
+
+
+# --------------------------------------------------------------------------- live mode (the app)
+LIVE_CONFIG = ExitTrainConfig(steps=60, budget=32, lambda_exit=16.0, lr=1e-3, warmup=5, sequences_per_step=2, anchors_per_sequence=8, eval_every=20, save_every=0)
+
+
+def load_live_data(path: Path | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(train sequences, held-out sequences, first anchor) shipped for the live mode."""
+    from .paths import models_dir
+
+    path = Path(path or models_dir() / "exittrain-data.safetensors")
+    if not path.is_file():
+        raise FileNotFoundError(f"the live ExitTrain data is missing ({path}); rebuild it with `python -m tev build-assets`")
+    tensors = load_file(path)
+    return tensors["train"].long(), tensors["heldout"].long(), int(tensors["first_anchor"].item())

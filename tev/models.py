@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from .drafters import DRAFTER_FILE, ARTreeDrafter, BlockDrafter, BlockTreeDrafter
+from .paths import embedded
 
 __all__ = [
-    "ASSETS_MODELS",
     "ModelLoadError",
     "resolve_device",
     "resolve_dtype",
@@ -27,13 +27,11 @@ __all__ = [
     "load_drafter",
     "check_same_tokenizer",
     "encode_prompt",
-    "EMBEDDED",
     "DRAFTER_KINDS",
     "ModelBundle",
     "load_bundle",
 ]
 
-ASSETS_MODELS = Path(__file__).resolve().parent.parent / "assets" / "models"
 _HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 
 
@@ -173,12 +171,6 @@ def encode_prompt(tokenizer, text: str, max_tokens: int | None = None) -> list[i
 
 
 # --------------------------------------------------------------------------- the embedded pair
-EMBEDDED = {
-    "target": ASSETS_MODELS / "target",
-    "block": ASSETS_MODELS / "drafter-base",
-    "exittrain": ASSETS_MODELS / "drafter-exittrain",
-    "ar": ASSETS_MODELS / "ar-drafter",
-}
 DRAFTER_KINDS = ("block", "exittrain", "chain", "ar")
 
 
@@ -217,20 +209,20 @@ def load_bundle(
     each when present. ``draft`` adds (or replaces) a drafter: a block-drafter folder gives
     ``block``/``chain``, a causal LM gives ``ar``.
     """
-    embedded = target is None
-    target_source = str(EMBEDDED["target"]) if embedded else str(target)
-    if embedded and not (EMBEDDED["target"] / "config.json").is_file():
-        raise ModelLoadError(f"the embedded target is missing from {EMBEDDED['target']}; rebuild it with `python -m tev build-assets`")
+    use_embedded = target is None
+    target_source = str(embedded("target")) if use_embedded else str(target)
+    if use_embedded and not (embedded("target") / "config.json").is_file():
+        raise ModelLoadError(f"the embedded target is missing from {embedded('target')}; rebuild it with `python -m tev build-assets`")
     tokenizer = load_tokenizer(target_source, allow_download)
     model = load_causal_lm(target_source, device=device, dtype=dtype, device_map=device_map, allow_download=allow_download)
     drafters: dict = {}
-    if embedded:
-        if (EMBEDDED["block"] / DRAFTER_FILE).is_file():
-            drafters["block"] = load_block_drafter(EMBEDDED["block"], model, name="block")
-        if (EMBEDDED["exittrain"] / DRAFTER_FILE).is_file():
-            drafters["exittrain"] = load_block_drafter(EMBEDDED["exittrain"], model, name="exittrain")
-        if (EMBEDDED["ar"] / "config.json").is_file():
-            drafters["ar"] = load_drafter(EMBEDDED["ar"], model, tokenizer, device=device, dtype=dtype, name="ar")
+    if use_embedded:
+        if (embedded("block") / DRAFTER_FILE).is_file():
+            drafters["block"] = load_block_drafter(embedded("block"), model, name="block")
+        if (embedded("exittrain") / DRAFTER_FILE).is_file():
+            drafters["exittrain"] = load_block_drafter(embedded("exittrain"), model, name="exittrain")
+        if (embedded("ar") / "config.json").is_file():
+            drafters["ar"] = load_drafter(embedded("ar"), model, tokenizer, device=device, dtype=dtype, name="ar")
     if draft is not None:
         extra = load_drafter(draft, model, tokenizer, device=device, dtype=dtype, allow_download=allow_download)
         drafters["ar" if isinstance(extra, ARTreeDrafter) else "block"] = extra

@@ -11,10 +11,10 @@ import textwrap
 from pathlib import Path
 
 from .corpus import load_split
+from .paths import prompts_dir
 
-__all__ = ["heldout_function_prompts", "humaneval_prompts", "load_prompt_set", "PROMPTS_DIR"]
+__all__ = ["heldout_function_prompts", "humaneval_prompts", "load_prompt_set"]
 
-PROMPTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
 
 
 def _function_prompt(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
@@ -71,7 +71,7 @@ def humaneval_prompts() -> dict:
 
 def load_prompt_set(name: str, folder: Path | None = None) -> list[dict]:
     """The prompts of ``assets/prompts/<name>.json`` as ``[{"id", "text"}, ...]``."""
-    path = (folder or PROMPTS_DIR) / f"{name}.json"
+    path = (folder or prompts_dir()) / f"{name}.json"
     if not path.is_file():
         raise FileNotFoundError(f"no prompt set {name!r} at {path}; rebuild it with `python -m tev build-assets`")
     return json.loads(path.read_text())["prompts"]

@@ -1,0 +1,100 @@
+"""The app's API through gradio_client against a real server started by the test."""
+
+import json
+
+import pytest
+from gradio_client import Client
+
+SHORT_PROMPT = "def add(a, b):\n    "
+
+
+@pytest.fixture(scope="module")
+def client(app_server):
+    return Client(app_server.url, verbose=False)
+
+
+def generate(client, prompt=SHORT_PROMPT, drafter="block", verifier="tev", budget=8, temperature=1.0, max_new=16, seed=0, compare_ar=False):
+    return client.predict(prompt, drafter, verifier, budget, temperature, max_new, seed, compare_ar, api_name="/generate")
+
+
+def test_api_lists_the_documented_endpoints(client):
+    endpoints = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
+    assert {"/generate", "/browse_round", "/export", "/verifier_lab", "/exittrain", "/exittrain_cancel", "/compare_shipped"} <= endpoints
+
+
+def test_generate_streams_rounds_and_is_reproducible(client):
+    job = client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 16, 7, True, api_name="/generate")
+    final = job.result()
+    streamed = job.outputs()
+    assert len(streamed) >= 2  # at least the first round and the final update
+    text_html, tree, mass, timeline, stats, rounds = final  # the per-session state is not an API output
+    assert "rounds" in stats and "speedup" in stats
+    assert "tev-" in text_html and "bonus" in text_html
+    assert tree is not None and timeline is not None and mass is not None
+    again = client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 16, 7, True, api_name="/generate").result()
+    assert again[0] == text_html  # same seed, same text and the same round colouring
+    other = client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 16, 8, False, api_name="/generate").result()
+    assert other[0] != text_html or other[4] != stats
+
+
+@pytest.mark.parametrize("drafter,verifier,temperature", [("chain", "predraw", 0.7), ("block", "sequential", 1.3), ("block", "greedy", 0.0)])
+def test_every_drafter_and_verifier_runs(client, drafter, verifier, temperature):
+    stats = generate(client, drafter=drafter, verifier=verifier, temperature=temperature, max_new=8)[4]
+    assert "rounds" in stats
+
+
+def test_browse_rounds_and_export(client):
+    job = client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 12, 3, False, api_name="/generate")
+    job.result()
+    # browse and export act on this session's state: the same client session keeps it
+    tree, mass, info = client.predict(1, api_name="/browse_round")
+    assert "round 1" in info and "1 + C" in info
+    path = client.predict(api_name="/export")
+    with open(path) as handle:
+        payload = json.load(handle)
+    assert payload["rounds"] and payload["rounds"][0]["round"] == 0
+    first = payload["rounds"][0]
+    assert abs(sum(first["exit_weight"]) - 1.0) < 1e-3 and first["path"][0] == 0
+
+
+def test_verifier_lab_synthetic_and_prompt(client):
+    figure, tree, table = client.predict("synthetic example", SHORT_PROMPT, "block", 16, 1.0, 500, 0, api_name="/verifier_lab")
+    assert "| tev |" in table and "| predraw |" in table and "| sequential |" in table
+    figure, tree, table = client.predict("prompt", SHORT_PROMPT, "block", 8, 1.0, 300, 1, api_name="/verifier_lab")
+    assert "1 + C" in table
+
+
+def test_tiny_exittrain_run(client):
+    job = client.submit("exit", 5, 16, api_name="/exittrain")
+    curve, status, compare, table = job.result()
+    assert "finished after 5 steps" in status
+    assert "| base |" in table and "ExitTrain" in table
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (dict(prompt=""), "prompt is empty"),
+        (dict(prompt="   \n\t "), "prompt is empty"),
+        (dict(budget=0), "budget must be"),
+        (dict(budget=10_000), "budget must be"),
+        (dict(temperature=9.0), "temperature must be"),
+        (dict(max_new=0), "max new tokens must be"),
+        (dict(seed=-5), "seed must be"),
+        (dict(drafter="medusa"), "unknown drafter"),
+        (dict(verifier="eagle"), "unknown verifier"),
+        (dict(verifier="greedy", temperature=1.0), "greedy verifier needs temperature 0"),
+        (dict(prompt="x" * 5000), "shorten it"),
+        (dict(prompt="def f():\n" * 200), "context"),
+    ],
+)
+def test_bad_inputs_get_clear_errors(client, args, message):
+    with pytest.raises(Exception) as caught:
+        generate(client, **args)
+    assert message in str(caught.value)
+
+
+def test_browse_before_generating_is_a_clear_error(app_server):
+    fresh = Client(app_server.url, verbose=False)
+    with pytest.raises(Exception, match="generate first"):
+        fresh.predict(1, api_name="/browse_round")

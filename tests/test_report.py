@@ -1,0 +1,132 @@
+"""``python -m tev bench report`` on tiny models: the report is produced and well-formed."""
+
+import json
+import math
+import re
+
+import pytest
+import torch
+
+from tev.__main__ import main
+from tev.models import load_bundle
+from tev import verify
+from tev.report import QUICK, build_report, check_coverage_bound, check_exit_law, real_trees, run_labs
+from tests.tiny import save_pair
+
+# The tiny target's context is 96 tokens: short snippets only.
+PROMPTS = [
+    {"id": "add", "text": "def add(a, b):\n    return a + b\n"},
+    {"id": "loop", "text": "for i in range(10):\n    print(i)\n"},
+    {"id": "class", "text": "class A:\n    pass\n\ndef add(a,"},
+]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+HOLDS = {"yes", "no", "n/a"}
+
+# Fake ExitTrain ablation rows (as `python -m tev bench exittrain` writes them): exit beats
+# none beats base, prefix below exit; the mean exit/base gain is (2.2/2.0 + 3.3/3.0) / 2 - 1 = 0.10.
+EXITTRAIN = {
+    "rows": [
+        {"drafter": "base", "budget": 32, "temperature": 0.0, "tau": 2.0, "tau_bound": 2.0},
+        {"drafter": "none", "budget": 32, "temperature": 0.0, "tau": 2.1, "tau_bound": 2.1},
+        {"drafter": "prefix", "budget": 32, "temperature": 0.0, "tau": 2.05, "tau_bound": 2.05},
+        {"drafter": "exit", "budget": 32, "temperature": 0.0, "tau": 2.2, "tau_bound": 2.2},
+        {"drafter": "base", "budget": 32, "temperature": 1.0, "tau": 3.0, "tau_bound": 3.1},
+        {"drafter": "none", "budget": 32, "temperature": 1.0, "tau": 3.1, "tau_bound": 3.2},
+        {"drafter": "prefix", "budget": 32, "temperature": 1.0, "tau": 3.2, "tau_bound": 3.3},
+        {"drafter": "exit", "budget": 32, "temperature": 1.0, "tau": 3.3, "tau_bound": 3.4},
+    ]
+}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return save_pair(tmp_path_factory.mktemp("report-pair"))
+
+
+def claims_rows(markdown: str) -> list[list[str]]:
+    """The cells of the claims table: the first table after '## Claims'."""
+    table = markdown.split("## Claims", 1)[1].strip().split("\n\n", 1)[0].splitlines()
+    assert table[0].startswith("| # | claim |") and all(line.startswith("|") for line in table)
+    rows = [[cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]] for line in table[2:]]
+    assert all(len(row) == 5 for row in rows), rows
+    return rows
+
+
+def check_report(out, expect_exittrain: bool) -> dict:
+    markdown = (out / "report.md").read_text()
+    rows = claims_rows(markdown)
+    assert [row[0] for row in rows] == [str(i) for i in range(1, 8)], rows
+    holds = [row[-1].strip("*") for row in rows]
+    assert all(h in HOLDS for h in holds), holds
+
+    report = json.loads((out / "report.json").read_text())
+    claims = report["claims"]
+    assert [c["id"] for c in claims] == list(range(1, 8))
+    assert [c["holds"] for c in claims] == holds  # markdown and JSON agree
+    for claim in claims:
+        assert claim["rule"] and claim["paper"] and claim["this_run"]
+        if claim["holds"] != "n/a":
+            assert isinstance(claim["value"], (int, float)) and math.isfinite(claim["value"]), claim
+            assert all(isinstance(v, (int, float)) for v in claim["figures"].values()), claim
+    # Exact math on real trees: these hold on any correct implementation, tiny models included.
+    assert [c["holds"] for c in claims[:3]] == ["yes", "yes", "yes"], [c["this_run"] for c in claims[:3]]
+    exit_law = claims[0]["figures"]
+    assert exit_law["sum_error"] < 1e-5 and exit_law["conservation_error"] < 1e-5 and exit_law["draws"] > 0
+    assert claims[1]["figures"]["chain_mean_length"] < claims[1]["figures"]["mean_tau_bound"]
+    if expect_exittrain:
+        assert claims[4]["holds"] == "yes" and claims[4]["value"] == pytest.approx(0.10)
+    else:
+        assert claims[4]["holds"] == "n/a" and "not run (pass --exittrain-results)" in claims[4]["this_run"]
+    assert set(report["measurements"]) >= {"exit_law", "coverage", "latency", "sweep", "e2e"}
+    assert {r["budget"] for r in report["measurements"]["sweep"]["rows"]} == set(QUICK.sweep_budgets)
+    assert report["measurements"]["latency"]["synthetic"] is None  # skipped in --quick
+
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", markdown)
+    assert len(images) == 5
+    for image in images:
+        assert (out / image).read_bytes()[:8] == PNG_MAGIC, image
+    for plot in report["plots"].values():
+        html = (out / plot["html"]).read_text()
+        assert "cdn.plot.ly" in html and "<html>" in html
+    return report
+
+
+def test_build_report_quick(pair, tmp_path):
+    bundle = load_bundle(pair["target"], pair["block"], device="cpu")
+    out = tmp_path / "report"
+    report = build_report(bundle, out, quick=True, prompts=PROMPTS[:2], seed=0, exittrain_results=EXITTRAIN, progress=False)
+    check_report(out, expect_exittrain=True)
+    assert report["prompts"][0]["id"] == "add" and report["quick"] is True
+
+
+def test_report_command(pair, tmp_path, capsys):
+    prompts_file = tmp_path / "prompts.json"
+    prompts_file.write_text(json.dumps(PROMPTS[:2]))
+    out = tmp_path / "cli-report"
+    code = main(["bench", "report", "--quick", "--target", str(pair["target"]), "--draft", str(pair["block"]), "--device", "cpu",
+                 "--prompts-file", str(prompts_file), "--seed", "1", "--out", str(out)])
+    assert code == 0
+    report = check_report(out, expect_exittrain=False)
+    assert "--quick" in report["command"] and "--seed 1" in report["command"]
+    printed = capsys.readouterr().out
+    assert "| # | claim |" in printed and len(re.findall(r"^\| [1-7] \|", printed, flags=re.M)) == 7  # the claims table, printed
+
+
+def test_the_exit_law_and_coverage_checks_catch_a_biased_verifier(pair, monkeypatch):
+    """A 'TEV' that exits at a uniformly random node is exact in form but wrong in law:
+    claims 1 and 2 must say no."""
+    bundle = load_bundle(pair["target"], pair["block"], device="cpu")
+    encoded = [(p["id"], bundle.tokenizer(p["text"])["input_ids"]) for p in PROMPTS]
+    trees = real_trees(bundle, bundle.drafter("block"), encoded, QUICK, progress=False)
+
+    def uniform_exit(tree, rows, generator):
+        exit_node = int(torch.randint(tree.num_nodes, (1,), generator=generator))
+        return verify.Verdict(tree.path_to(exit_node), exit_node, 0, "tev")
+
+    monkeypatch.setitem(verify._IMPLEMENTATIONS, "tev", uniform_exit)
+    results = run_labs(trees, QUICK.draws, seed=0, progress=False)
+    exit_law, _ = check_exit_law(trees, results)
+    coverage, _ = check_coverage_bound(trees, results, QUICK.draws, seed=0)
+    assert exit_law["holds"] == "no" and exit_law["figures"]["chi2_p_value"] < 1e-6
+    assert exit_law["figures"]["sum_error"] < 1e-5  # the flow itself is still right
+    assert coverage["holds"] == "no"

@@ -1,0 +1,32 @@
+"""Where the embedded assets live: ``assets/`` in the repository, or ``$TEV_ASSETS_DIR``.
+
+Read at call time, so a test or a load test can point a server at another (e.g. quick-built)
+assets folder without touching the shipped files.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["REPO_ROOT", "assets_dir", "models_dir", "prompts_dir", "embedded"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def assets_dir() -> Path:
+    return Path(os.environ.get("TEV_ASSETS_DIR") or REPO_ROOT / "assets")
+
+
+def models_dir() -> Path:
+    return assets_dir() / "models"
+
+
+def prompts_dir() -> Path:
+    return assets_dir() / "prompts"
+
+
+def embedded(name: str) -> Path:
+    """Folder of an embedded model: ``target``, ``block``, ``exittrain`` or ``ar``."""
+    folders = {"target": "target", "block": "drafter-base", "exittrain": "drafter-exittrain", "ar": "ar-drafter"}
+    return models_dir() / folders[name]
