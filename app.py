@@ -11,6 +11,7 @@ import threading
 import time
 
 import gradio as gr
+import torch
 
 from tev.bench import evaluate_drafter, fit_prompt
 from tev.decode import GenerationConfig, GenerationSummary
@@ -215,7 +216,7 @@ def run_exittrain(weights, steps, lambda_exit, request: gr.Request, progress=gr.
     if not EXITTRAIN_SLOT.acquire(owner):
         raise gr.Error("another ExitTrain run is in progress on this server; wait for it to finish, then start again")
     try:
-        drafter = BlockDrafter.from_pretrained(embedded("block"), bundle.target)
+        drafter = BlockDrafter.from_pretrained(embedded("block"), bundle.target, dtype=torch.float32)
         trainer = ExitTrainer(config, bundle.target, drafter, train, heldout=heldout, first_anchor=first_anchor)
         EXITTRAIN_SLOT.trainer = trainer
         with SERVICE.compute:
@@ -232,7 +233,7 @@ def run_exittrain(weights, steps, lambda_exit, request: gr.Request, progress=gr.
             if event.step % 5 == 0 or event.step == config.steps:
                 yield training_figure(history), f"step {event.step}/{config.steps} · batch 1 + C {event.expected_tau:.3f}", gr.skip(), gr.skip()
         status = "cancelled" if trainer.cancelled else "finished"
-        trained = trainer.accelerator.unwrap_model(trainer.drafter).eval()
+        trained = trainer.accelerator.unwrap_model(trainer.drafter).eval().to(torch.bfloat16)  # served like the shipped drafters
         yield training_figure(history), f"{status} after {trainer.step} steps; comparing on held-out prompts…", gr.skip(), gr.skip()
         rows, table = _compare(bundle, {"base": BlockTreeDrafter(BlockDrafter.from_pretrained(embedded("block"), bundle.target), name="base"), f"ExitTrain ({weights}, live)": BlockTreeDrafter(trained, name="live")})
         yield training_figure(history), f"{status} after {trainer.step} steps", before_after_figure(rows), table

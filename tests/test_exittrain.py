@@ -72,14 +72,13 @@ def test_tree_attention_target_quantities_equal_sequential_forwards():
 
 
 def make_trainer(steps=20, weights="exit", seed=0, **overrides):
-    target = tiny_target(VOCAB, scale=3.0)
+    # a peaked target and sampled continuations: what the drafter learns shows up in the T = 1 coverage
+    target = tiny_target(VOCAB, scale=10.0)
     drafter = tiny_block_drafter(target, horizon=4)
     stream = torch.randint(1, VOCAB, (4000,), generator=torch.Generator().manual_seed(1))
-    sequences = regenerate_sequences(target, stream, 24, 12, 20, seed=2, progress=False)
-    config = ExitTrainConfig(
-        weights=weights, steps=steps, budget=8, lr=5e-3, warmup=2, sequences_per_step=3, anchors_per_sequence=4,
-        eval_every=0, save_every=overrides.pop("save_every", 0), seed=seed, **overrides,
-    )
+    sequences = regenerate_sequences(target, stream, 24, 12, 20, seed=2, progress=False, greedy_share=0.0)
+    settings = dict(weights=weights, steps=steps, budget=8, lr=5e-3, warmup=2, sequences_per_step=3, anchors_per_sequence=4, eval_every=0, save_every=0, seed=seed)
+    config = ExitTrainConfig(**{**settings, **overrides})
     return target, ExitTrainer(config, target, drafter.model, sequences, heldout=sequences[:8], first_anchor=11)
 
 

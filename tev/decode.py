@@ -20,7 +20,7 @@ from .sampling import probs_from_logits, sample_rows
 from .session import CausalLMSession
 from .timing import StageTimer
 from .tree import DraftTree
-from .verify import VERIFIERS, TargetRows, Verdict, verify_rows
+from .verify import VERIFIERS, Verdict, verify_rows
 
 __all__ = ["GenerationConfig", "RoundRecord", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "STAGES"]
 
@@ -257,14 +257,14 @@ def speculative_generate(
         with timer.stage("verify"):
             out = session.forward_tree(tree)  # one target forward over every node
         with timer.stage("verify_decision"):
-            rows = TargetRows(logits=out.logits, temperature=config.temperature)
+            rows = out.rows(config.temperature)
             verdict = verify_rows(verifier, tree, rows, generator)
         with timer.stage("commit"):
             session.commit(verdict.path)
             if out.features is not None:
                 accepted = out.features[torch.as_tensor(verdict.path, device=out.features.device)]
                 features = accepted if features is None else torch.cat([features, accepted])
-        flow = verdict.flow or flow_from_edge_prob(tree, rows.edge_prob(tree) if config.temperature > 0 else _greedy_edges(tree, out.logits))
+        flow = verdict.flow or flow_from_edge_prob(tree, rows.edge_prob(tree))
         block = verdict.block_tokens(tree)
         emitted, text = output.add(block)
         committed.extend(block)
@@ -295,16 +295,6 @@ def speculative_generate(
     )
 
 
-def _greedy_edges(tree: DraftTree, logits: torch.Tensor) -> torch.Tensor:
-    """At T = 0 the target is a point mass on the argmax: edge probability 1 or 0."""
-    best = logits.argmax(dim=-1)
-    edge = torch.ones(tree.num_nodes, dtype=torch.float32, device=logits.device)
-    if tree.num_nodes > 1:
-        parents = tree.parents[1:].to(logits.device)
-        edge[1:] = (best[parents] == tree.tokens[1:].to(logits.device)).float()
-    return edge
-
-
 def autoregressive_generate(
     target,
     prompt_ids,
@@ -321,7 +311,7 @@ def autoregressive_generate(
     if isinstance(eos_id, (list, tuple)):
         eos_id = eos_id[0] if eos_id else None
     output = _Output(tokenizer, config, eos_id)
-    logits = session.extend(prompt).logits[-1]
+    logits = session.extend(prompt).last_logits()
     prefill_seconds = time.perf_counter() - start
     first_token_at = None
     steps = 0
@@ -342,7 +332,7 @@ def autoregressive_generate(
         if session.length >= session.max_positions:
             output.stop_reason = "context_limit"
             break
-        logits = session.extend([token]).logits[-1]
+        logits = session.extend([token]).last_logits()
     seconds = time.perf_counter() - start
     return GenerationSummary(
         prompt_ids=prompt,

@@ -144,6 +144,7 @@ class BlockDrafter(nn.Module):
         self.out_proj = nn.Linear(size, config.target_hidden_size, bias=False)
         # shared with the target, kept out of the parameter list and the checkpoint
         self._shared = (target_embedding, target_head)
+        self._head_copies: dict[torch.dtype, torch.Tensor] = {}
 
     def forward(self, features: torch.Tensor, valid: torch.Tensor, root_ids: torch.Tensor) -> torch.Tensor:
         """Per-depth draft logits.
@@ -161,6 +162,10 @@ class BlockDrafter(nn.Module):
         batch = root_ids.shape[0]
         width, horizon = self.config.context_window, self.config.horizon
         dtype = self.feature_proj.weight.dtype
+        if head.dtype != dtype:  # a low-precision drafter reads a matching copy of the head (half the bytes)
+            if dtype not in self._head_copies:
+                self._head_copies[dtype] = head.to(dtype)
+            head = self._head_copies[dtype]
         context = self.feature_proj(self.feature_norm(features.to(dtype))) + self.position_embed[:width]  # (B, W, D)
         slots = torch.cat(
             [
@@ -207,7 +212,12 @@ class BlockDrafter(nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, target, dtype: torch.dtype | None = None) -> "BlockDrafter":
-        """Load a drafter saved by :meth:`save_pretrained` and bind it to ``target``."""
+        """Load a drafter saved by :meth:`save_pretrained` and bind it to ``target``.
+
+        ``dtype`` defaults to bfloat16, the precision it is stored in: the drafter's weights
+        and its copy of the head are then read at half the bytes (on CPUs with bf16
+        instructions and on GPUs, about 3x faster). Pass float32 to train it.
+        """
         folder = Path(folder)
         config_path, weights_path = folder / DRAFTER_CONFIG, folder / DRAFTER_FILE
         if not config_path.is_file() or not weights_path.is_file():
@@ -227,7 +237,7 @@ class BlockDrafter(nn.Module):
         except RuntimeError as error:
             raise ValueError(f"{weights_path} does not match the block drafter architecture: {str(error).splitlines()[-1].strip()}") from error
         device = next(target.parameters()).device
-        return drafter.to(device=device, dtype=dtype or torch.float32).eval()
+        return drafter.to(device=device, dtype=dtype or torch.bfloat16).eval()
 
     @classmethod
     def for_target(cls, config: BlockDrafterConfig, target) -> "BlockDrafter":
@@ -327,7 +337,7 @@ class ARTreeDrafter:
             pending = context.token_ids[state.length :]
             base = committed
             out = state.extend(pending)
-            node_logq = {0: torch.log_softmax(out.logits[-1], dim=-1)}
+            node_logq = {0: torch.log_softmax(out.last_logits(), dim=-1)}
             tokens, parents, scores, logprobs, depths = [root], [-1], [0.0], [0.0], [0]
             slot = {0: base}  # cache slot of each forwarded node
             frontier = self._expand(0, node_logq[0], width, tokens, parents, scores, logprobs, depths)

@@ -591,7 +591,7 @@ def _run_exittrain(args) -> None:
         raise FileNotFoundError(f"--resume: no checkpoint in {out}")
     bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download)
     base = Path(args.base) if args.base else embedded("block")
-    drafter = BlockDrafter.from_pretrained(base, bundle.target)
+    drafter = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
     cache_dir = root / "runs" / "exittrain-data"
     train = training_sequences(bundle.target, bundle.tokenizer, "train", args.data_sequences, args.context_length, args.new_tokens, seed=config.seed + 7, cache_dir=cache_dir)
     heldout = training_sequences(bundle.target, bundle.tokenizer, "heldout", args.heldout_sequences, args.context_length, args.new_tokens, seed=config.seed + 8, cache_dir=cache_dir)
@@ -622,7 +622,7 @@ def _run_exittrain(args) -> None:
         prompts = load_prompt_set("heldout")[:: max(1, 64 // args.eval_prompts)][: args.eval_prompts]
         original = BlockDrafter.from_pretrained(base, bundle.target)
         rows = {}
-        for name, model in (("before", original), ("after", trained.eval())):
+        for name, model in (("before", original), ("after", trained.eval().to(torch.bfloat16))):
             rows[name] = evaluate_drafter(bundle.target, bundle.tokenizer, BlockTreeDrafter(model, name=name), prompts, budgets=(32,), temperatures=(0.0, 1.0), desc=f"tau {name}")
             print(f"{name}:\n" + format_tau_table(rows[name]))
         report["tau"] = rows

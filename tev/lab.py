@@ -52,8 +52,7 @@ def tree_from_prompt(target, drafter, prompt_ids: list[int], budget: int, temper
     if room < 1:
         raise ValueError("the prompt fills the target's context; shorten it")
     tree = drafter.propose(DraftContext(list(prompt_ids), features, max_depth=room), budget, drafter.new_state())
-    logits = session.forward_tree(tree).logits
-    rows = TargetRows(logits=logits, temperature=temperature)
+    rows = session.forward_tree(tree).rows(temperature)
     return LabTree(tree, rows, flow_from_edge_prob(tree, rows.edge_prob(tree)), "prompt")
 
 

@@ -241,7 +241,9 @@ def first_child_chain(lab: LabTree) -> LabTree:
         nodes.append(lab.tree.children(nodes[-1])[0])
     tree = DraftTree.from_parents([lab.tree.tokens_list[v] for v in nodes], [-1] + list(range(len(nodes) - 1)))
     index = torch.tensor(nodes, device=lab.rows.device)
-    if lab.rows.logits is not None:
+    if lab.rows.hidden is not None:
+        rows = TargetRows(hidden=lab.rows.hidden.index_select(0, index), head=lab.rows.head, temperature=lab.rows.temperature)
+    elif lab.rows.logits is not None:
         rows = TargetRows(logits=lab.rows.logits.index_select(0, index), temperature=lab.rows.temperature)
     else:
         rows = TargetRows(lab.rows.probs.index_select(0, index))
@@ -319,9 +321,9 @@ def commit_case(target, drafter, ids: list[int], budget: int, temperature: float
     features = session.extend(ids[:-1]).features if len(ids) > 1 else None
     room = session.max_positions - 1 - session.length
     tree = drafter.propose(DraftContext(list(ids), features, max_depth=room), budget, drafter.new_state())
-    logits = session.forward_tree(tree).logits
+    rows = session.forward_tree(tree).rows(temperature)  # the head runs inside the decision stage, as in decoding
     snapshot = [(layer.keys.clone(), layer.values.clone()) for layer in session.cache.layers]
-    return CommitCase(session, tree, TargetRows(logits=logits, temperature=temperature), snapshot, session.length)
+    return CommitCase(session, tree, rows, snapshot, session.length)
 
 
 def time_stage(case: CommitCase, name: str, generator: torch.Generator, device) -> tuple[float, float]:

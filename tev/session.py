@@ -19,17 +19,48 @@ from .tree import DraftTree
 __all__ = ["CausalLMSession", "ForwardOutput"]
 
 
-@dataclass(frozen=True, eq=False)
+# Architectures whose logits are exactly ``lm_head(final hidden state)`` (no scaling or capping),
+# so the head can be applied later, to the rows that are needed only.
+_PLAIN_HEAD = {"llama", "qwen2", "qwen3", "mistral"}
+
+
+@dataclass(eq=False)
 class ForwardOutput:
-    """Logits and (optionally) hidden features of one forward.
+    """One forward's outputs. Logits are computed on demand from the final hidden states
+    when the architecture allows it (see :meth:`rows`, :meth:`last_logits`).
 
     Attributes:
-        logits: `Tensor[T, V]` float32, one row per input token.
+        hidden: `Tensor[T, H]` final (normed) hidden states, or None when ``logits`` came
+            straight from the model.
+        head: `Tensor[V, H]` the output head for ``hidden``.
         features: `Tensor[T, F]` the concatenated hidden states of the requested layers, or None.
     """
 
-    logits: torch.Tensor
+    hidden: torch.Tensor | None
+    head: torch.Tensor | None
     features: torch.Tensor | None
+    _logits: torch.Tensor | None = None
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """`Tensor[T, V]` float32 logits of every token (computed once when lazy)."""
+        if self._logits is None:
+            self._logits = torch.nn.functional.linear(self.hidden, self.head).float()
+        return self._logits
+
+    def last_logits(self) -> torch.Tensor:
+        """`Tensor[V]` float32 logits of the last token only."""
+        if self._logits is not None:
+            return self._logits[-1]
+        return torch.nn.functional.linear(self.hidden[-1], self.head).float()
+
+    def rows(self, temperature: float):
+        """The target rows of a tree forward, projected through the head lazily."""
+        from .verify import TargetRows
+
+        if self._logits is not None:
+            return TargetRows(logits=self._logits, temperature=temperature)
+        return TargetRows(hidden=self.hidden, head=self.head, temperature=temperature)
 
 
 class CausalLMSession:
@@ -50,22 +81,31 @@ class CausalLMSession:
         self.cache = DynamicCache(config=model.config)
         self.length = 0  # tokens held in the cache
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        head = model.get_output_embeddings()
+        self.lazy_head = getattr(model.config, "model_type", None) in _PLAIN_HEAD and head is not None and getattr(head, "bias", None) is None
+        self.head = head.weight if self.lazy_head else None
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor) -> ForwardOutput:
         want_hidden = bool(self.feature_layers)
+        kwargs = dict(
+            input_ids=input_ids.to(self.device)[None],
+            position_ids=position_ids.to(self.device)[None],
+            attention_mask=attention_mask,
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=want_hidden,
+        )
         with torch.no_grad():
-            out = self.model(
-                input_ids=input_ids.to(self.device)[None],
-                position_ids=position_ids.to(self.device)[None],
-                attention_mask=attention_mask,
-                cache=self.cache,
-                use_cache=True,
-                output_hidden_states=want_hidden,
-            )
+            if self.lazy_head:  # the trunk only; the head runs later on the rows that need it
+                out = self.model.model(**kwargs)
+                hidden, logits = out.last_hidden_state[0], None
+            else:
+                out = self.model(**kwargs)
+                hidden, logits = None, out.logits[0].float()
         features = None
         if want_hidden:
             features = torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
-        return ForwardOutput(out.logits[0].float(), features)
+        return ForwardOutput(hidden, self.head, features, logits)
 
     def extend(self, token_ids) -> ForwardOutput:
         """Append tokens causally (prefill, or catching up); returns their logits/features."""

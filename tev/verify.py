@@ -62,71 +62,112 @@ class Verdict:
 
 
 class TargetRows:
-    """The target rows ``p_v`` of one tree, given as probabilities or as logits.
+    """The target rows ``p_v`` of one tree: probabilities, logits, or hidden states + head.
 
-    From logits, rows are normalised lazily: TEV needs only the parent rows (for edge
-    probabilities) and the exit row, while predraw needs every row.
+    Rows are normalised lazily: TEV needs only the parent rows (for edge probabilities) and
+    the exit row, while predraw needs every row. Given final hidden states and the output
+    head, even the logits are computed only for the rows asked for (the head is the
+    largest matrix of a small model, and of every model with a large vocabulary).
 
     Args:
         probs: `Tensor[N, V]` of normalised rows, or
-        logits: `Tensor[N, V]` with ``temperature > 0`` (``p_v = softmax(logits_v / T)``);
-            with ``temperature == 0`` only argmax is defined (greedy).
+        logits: `Tensor[N, V]`, or
+        hidden: `Tensor[N, H]` final hidden states with ``head``: `Tensor[V, H]`
+            (``logits = hidden @ head.T``);
+        temperature: ``p_v = softmax(logits_v / T)``; with ``T == 0`` only argmax is defined.
     """
 
-    def __init__(self, probs: torch.Tensor | None = None, *, logits: torch.Tensor | None = None, temperature: float = 1.0):
-        if (probs is None) == (logits is None):
-            raise ValueError("give exactly one of probs or logits")
-        source = probs if probs is not None else logits
+    def __init__(
+        self,
+        probs: torch.Tensor | None = None,
+        *,
+        logits: torch.Tensor | None = None,
+        hidden: torch.Tensor | None = None,
+        head: torch.Tensor | None = None,
+        temperature: float = 1.0,
+    ):
+        if sum(x is not None for x in (probs, logits, hidden)) != 1 or (hidden is None) != (head is None):
+            raise ValueError("give exactly one of probs, logits, or hidden with head")
+        source = next(x for x in (probs, logits, hidden) if x is not None)
         if source.dim() != 2:
-            raise ValueError(f"target rows must have shape [N, V], got {tuple(source.shape)}")
+            raise ValueError(f"target rows must have shape [N, V] (or [N, H] hidden states), got {tuple(source.shape)}")
         temperature = float(temperature)
         if not temperature >= 0 or temperature == float("inf"):
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
         self.probs = probs
         self.logits = logits
+        self.hidden = hidden
+        self.head = head
         self.temperature = temperature
-        self.num_rows, self.vocab_size = source.shape
+        self.num_rows = source.shape[0]
+        self.vocab_size = head.shape[0] if head is not None else source.shape[1]
         self.device = source.device
 
     @property
     def greedy_only(self) -> bool:
-        return self.logits is not None and self.temperature == 0
+        return self.probs is None and self.temperature == 0
+
+    def logits_at(self, nodes: torch.Tensor) -> torch.Tensor:
+        """`Tensor[k, V]` float32 logits of rows ``nodes`` (`LongTensor[k]`)."""
+        if self.logits is not None:
+            return self.logits.index_select(0, nodes).float()
+        return torch.nn.functional.linear(self.hidden.index_select(0, nodes), self.head).float()
+
+    def all_logits(self) -> torch.Tensor:
+        if self.logits is not None:
+            return self.logits.float()
+        return torch.nn.functional.linear(self.hidden, self.head).float()
 
     def _scaled(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits.float() / self.temperature
+        return logits / self.temperature
+
+    def parent_rows(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rows of the nodes that have children, computed once per tree.
+
+        Returns (``internal``: `LongTensor[k]` node indices, ``slot``: `LongTensor[N - 1]` the
+        row of each non-root node's parent, ``rows``: `Tensor[k, V]` logits, or probabilities
+        when the rows were given as probabilities).
+        """
+        cached = getattr(self, "_parent_rows", None)
+        if cached is not None and cached[0] is tree:
+            return cached[1:]
+        internal, slot = torch.unique(tree.parents[1:], return_inverse=True)
+        internal, slot = internal.to(self.device), slot.to(self.device)
+        rows = self.probs.index_select(0, internal) if self.probs is not None else self.logits_at(internal)
+        self._parent_rows = (tree, internal, slot, rows)
+        return internal, slot, rows
 
     def edge_prob(self, tree: DraftTree) -> torch.Tensor:
-        """`Tensor[N]`: ``p_pa(v)(x_v)`` (1 at the root); normalises only parent rows."""
+        """`Tensor[N]`: ``p_pa(v)(x_v)`` (1 at the root); touches only parent rows.
+
+        At ``T == 0`` the target is a point mass on the argmax: edge probabilities are 1 or 0.
+        """
         n = tree.num_nodes
         edge = torch.ones(n, dtype=torch.float32 if self.probs is None else self.probs.dtype, device=self.device)
         if n == 1:
             return edge
-        parents = tree.parents[1:].to(self.device)
         tokens = tree.tokens[1:].to(self.device)
+        _, slot, parent_rows = self.parent_rows(tree)
         if self.probs is not None:
-            edge[1:] = self.probs[parents, tokens]
-            return edge
-        internal = torch.unique(tree.parents[1:]).to(self.device)  # rows that have children
-        log_norm = torch.zeros(n, dtype=torch.float32, device=self.device)
-        log_norm[internal] = torch.logsumexp(self._scaled(self.logits.index_select(0, internal)), dim=-1)
-        edge[1:] = torch.exp(self._scaled(self.logits[parents, tokens]) - log_norm[parents])
+            edge[1:] = parent_rows[slot, tokens]
+        elif self.temperature == 0:
+            edge[1:] = (parent_rows.argmax(dim=-1)[slot] == tokens).float()
+        else:
+            log_norm = torch.logsumexp(self._scaled(parent_rows), dim=-1)  # [k]
+            edge[1:] = torch.exp(self._scaled(parent_rows[slot, tokens]) - log_norm[slot])
         return edge
 
     def rows_at(self, nodes: torch.Tensor) -> torch.Tensor:
         """`Tensor[k, V]`: normalised rows ``p_v`` for node indices ``nodes`` (`LongTensor[k]`)."""
         if self.probs is not None:
             return self.probs.index_select(0, nodes)
-        return torch.softmax(self._scaled(self.logits.index_select(0, nodes)), dim=-1)
+        return torch.softmax(self._scaled(self.logits_at(nodes)), dim=-1)
 
     def all_rows(self) -> torch.Tensor:
         """`Tensor[N, V]`: every row, normalised."""
         if self.probs is not None:
             return self.probs
-        return torch.softmax(self._scaled(self.logits), dim=-1)
-
-    def argmax_all(self) -> torch.Tensor:
-        """`LongTensor[N]`: ``argmax_a p_v(a)`` for every node."""
-        return (self.probs if self.probs is not None else self.logits).argmax(dim=-1)
+        return torch.softmax(self._scaled(self.all_logits()), dim=-1)
 
 
 def _check_tree_fits(tree: DraftTree, rows: TargetRows) -> None:
@@ -200,9 +241,19 @@ def _sequential(tree: DraftTree, rows: TargetRows, generator: torch.Generator | 
 
 def _greedy(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
     # T = 0: follow argmax while it is a child; the bonus is the argmax at the exit node.
-    best = rows.argmax_all().tolist()
-    path = _walk(tree, best)
-    return Verdict(path, path[-1], best[path[-1]], "greedy")
+    # Only parent rows can continue the walk, so only they (and a leaf exit's row) are needed.
+    best = {}
+    if tree.num_nodes > 1:
+        internal, _, parent_rows = rows.parent_rows(tree)
+        best = dict(zip(internal.tolist(), parent_rows.argmax(dim=-1).tolist()))
+    path = [0]
+    child_by_token = tree.child_by_token
+    while path[-1] in best and best[path[-1]] in child_by_token[path[-1]]:
+        path.append(child_by_token[path[-1]][best[path[-1]]])
+    exit_node = path[-1]
+    if exit_node not in best:  # a leaf: its row is needed for the bonus
+        best[exit_node] = int(rows.logits_at(torch.tensor([exit_node], device=rows.device)).argmax()) if rows.probs is None else int(rows.probs[exit_node].argmax())
+    return Verdict(path, exit_node, best[exit_node], "greedy")
 
 
 _IMPLEMENTATIONS = {"tev": _tev, "predraw": _predraw, "sequential": _sequential, "greedy": _greedy}
