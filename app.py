@@ -6,11 +6,14 @@ Run ``python app.py`` (127.0.0.1:7860; GRADIO_SERVER_NAME / GRADIO_SERVER_PORT r
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 import threading
 import time
 
 import gradio as gr
+import gradio.component_meta
 import torch
 
 from tev.bench import evaluate_drafter, fit_prompt
@@ -31,6 +34,11 @@ from visual.figures import (
     verifier_lab_figure,
 )
 
+# Gradio keeps every session's state and last component values in memory (about 1.5 MB per
+# session here); bound how many sessions it keeps (least recently used go first) and how long a
+# finished run's rounds stay browsable. Measured in docs/reliability.md.
+SESSION_CAPACITY = int(os.environ.get("TEV_SESSION_CAPACITY") or 256)
+RUN_STATE_SECONDS = 3600
 SERVICE = ModelService(target=os.environ.get("TEV_TARGET") or None, draft=os.environ.get("TEV_DRAFT") or None)
 EXITTRAIN_SLOT = ExitTrainSlot()
 DRAFTER_LABELS = {"block": "block (base)", "exittrain": "block (ExitTrain)", "chain": "chain (top-1)", "ar": "AR drafter"}
@@ -46,7 +54,42 @@ def _examples() -> list[str]:
 
 
 def _user_error(error: Exception) -> gr.Error:
-    return gr.Error(str(error))
+    return gr.Error(str(error), print_exception=False)  # the user's mistake, not a server fault
+
+
+def _finite_number(component, payload):
+    """Refuse an API value that is not a finite number (a string, None, NaN, a bool) with a
+    clear message; Gradio's own range check would crash on it with an opaque error."""
+    if isinstance(payload, bool) or not isinstance(payload, (int, float)) or not math.isfinite(payload):
+        raise gr.Error(f"{component.label} must be a number from {component.minimum} to {component.maximum}, got {payload!r}", print_exception=False)
+    return payload
+
+
+# Gradio's component metaclass writes a ``.pyi`` stub beside the module that defines a
+# component subclass (a custom-component development aid); the app must not write into its
+# own folder (nor fail where that folder is read-only), so the two subclasses are made with
+# that writer switched off.
+_write_stub = gradio.component_meta.create_or_modify_pyi
+gradio.component_meta.create_or_modify_pyi = lambda *args, **kwargs: None
+try:
+    class Slider(gr.Slider):
+        """``gr.Slider`` (same front end) whose input check refuses non-numbers clearly."""
+
+        is_template = True
+
+        def preprocess(self, payload):
+            return super().preprocess(_finite_number(self, payload))
+
+    class Number(gr.Number):
+        """``gr.Number`` (same front end) whose input check refuses non-numbers clearly; an empty
+        field (None) goes on to the handler, which names the missing value."""
+
+        is_template = True
+
+        def preprocess(self, payload):
+            return super().preprocess(payload if payload is None else _finite_number(self, payload))
+finally:
+    gradio.component_meta.create_or_modify_pyi = _write_stub
 
 
 # ----------------------------------------------------------------------------------- Live
@@ -88,22 +131,29 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
     records, summary = [], None
     text = SERVICE.token_text
     last_draw = 0.0
-    for event in SERVICE.generate(prompt, drafter, config):
-        if isinstance(event, GenerationSummary):
-            summary = event
-            break
-        records.append(event)
-        now = time.perf_counter()
-        if len(records) == 1 or now - last_draw > 0.25:  # redraw at most 4 times a second
-            last_draw = now
-            tree, mass = _round_figures(records, len(records) - 1)
-            yield (text_view_html(records, token_text=text, prompt_text=prompt), tree, mass, gr.skip(), _stats_markdown(records, None, None), gr.skip(), {"records": records, "summary": None})
+    events = SERVICE.generate(prompt, drafter, config)
+    try:  # Gradio closes this generator when the client cancels or leaves: stop generating then
+        for event in events:
+            if isinstance(event, GenerationSummary):
+                summary = event
+                break
+            records.append(event)
+            now = time.perf_counter()
+            if len(records) == 1 or now - last_draw > 0.25:  # redraw at most 4 times a second
+                last_draw = now
+                tree, mass = _round_figures(records, len(records) - 1)
+                yield (text_view_html(records, token_text=text, prompt_text=prompt), tree, mass, gr.skip(), _stats_markdown(records, None, None), gr.skip(), {"records": records, "summary": None})
+    finally:
+        events.close()
     ar_tps = None
     if compare_ar and summary is not None:
-        ar_tps = SERVICE.autoregressive(prompt, config).tokens_per_second
+        waiting = (gr.skip(),) * 4 + (_stats_markdown(records, summary, None) + "\n\ntiming an autoregressive run of the same prompt…", gr.skip(), gr.skip())
+        yield waiting
+        ar = yield from _in_worker(lambda stop: SERVICE.autoregressive(prompt, config, should_stop=stop), tick=(gr.skip(),) * 7)
+        ar_tps = ar.tokens_per_second
     state = {"records": records, "summary": summary, "settings": {"prompt": prompt, "drafter": drafter, **config.__dict__}}
     if not records:
-        yield ("", None, None, None, "The generation produced no rounds.", gr.update(maximum=1, value=1), state)
+        yield ("", None, None, None, "The generation produced no rounds.", gr.update(minimum=1, maximum=2, value=1, interactive=False), state)
         return
     tree, mass = _round_figures(records, len(records) - 1)
     yield (
@@ -112,19 +162,50 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
         mass,
         timeline_figure(records),
         _stats_markdown(records, summary, ar_tps),
-        gr.update(minimum=1, maximum=len(records), value=len(records), step=1, interactive=True),
+        gr.update(minimum=1, maximum=max(2, len(records)), value=len(records), step=1, interactive=len(records) > 1),  # a slider needs min < max
         state,
     )
+
+
+def _in_worker(work, tick, poll: float = 0.25):
+    """Run ``work(should_stop)`` in a worker thread, yielding ``tick`` every ``poll`` seconds
+    while it runs; returns its result (use with ``yield from``).
+
+    A long call inside a generator handler would hold the request's slot, and keep computing,
+    after its client cancelled or left: Gradio can only close the generator between yields.
+    Here closing it sets the stop flag that ``work`` polls, so the work ends within a step.
+    """
+    stop = threading.Event()
+    box = {}
+
+    def target():
+        try:
+            box["value"] = work(stop.is_set)
+        except BaseException as error:  # re-raised in the request's own thread below
+            box["error"] = error
+
+    worker = threading.Thread(target=target, name="tev-worker", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(poll)
+            if worker.is_alive():
+                yield tick
+    finally:
+        stop.set()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def browse_round(round_number, state):
     records = (state or {}).get("records") or []
     if not records:
-        raise gr.Error("generate first: there are no rounds to browse yet")
+        raise gr.Error("generate first: there are no rounds to browse yet", print_exception=False)
     try:
         index = int(round_number) - 1
     except (TypeError, ValueError):
-        raise gr.Error("round must be a whole number") from None
+        raise gr.Error("round must be a whole number", print_exception=False) from None
     index = min(max(index, 0), len(records) - 1)
     tree, mass = _round_figures(records, index)
     record = records[index]
@@ -139,7 +220,7 @@ def browse_round(round_number, state):
 def step_round(round_number, delta, state):
     records = (state or {}).get("records") or []
     if not records:
-        raise gr.Error("generate first: there are no rounds to browse yet")
+        raise gr.Error("generate first: there are no rounds to browse yet", print_exception=False)
     value = min(max(int(round_number or 1) + delta, 1), len(records))
     return gr.update(value=value)
 
@@ -147,7 +228,7 @@ def step_round(round_number, delta, state):
 def export_run(state):
     records = (state or {}).get("records") or []
     if not records:
-        raise gr.Error("generate first: there is no run to export yet")
+        raise gr.Error("generate first: there is no run to export yet", print_exception=False)
     return records_to_json(records, state.get("summary"), state.get("settings", {}))
 
 
@@ -214,7 +295,7 @@ def run_exittrain(weights, steps, lambda_exit, request: gr.Request, progress=gr.
     except (UserInputError, ValueError, FileNotFoundError) as error:
         raise _user_error(error) from None
     if not EXITTRAIN_SLOT.acquire(owner):
-        raise gr.Error("another ExitTrain run is in progress on this server; wait for it to finish, then start again")
+        raise gr.Error("another ExitTrain run is in progress on this server; wait for it to finish, then start again", print_exception=False)
     try:
         drafter = BlockDrafter.from_pretrained(embedded("block"), bundle.target, dtype=torch.float32)
         trainer = ExitTrainer(config, bundle.target, drafter, train, heldout=heldout, first_anchor=first_anchor)
@@ -247,9 +328,12 @@ def cancel_exittrain(request: gr.Request):
 
 
 def compare_shipped(progress=gr.Progress()):
-    bundle = SERVICE.bundle()
+    try:
+        bundle = SERVICE.bundle()
+    except ValueError as error:  # the models could not be loaded: say why
+        raise _user_error(error) from None
     if "exittrain" not in bundle.drafters:
-        raise gr.Error("no shipped ExitTrain drafter in assets/models; run `python -m tev exittrain --install` first")
+        raise gr.Error("no shipped ExitTrain drafter in assets/models; run `python -m tev exittrain --install` first", print_exception=False)
     rows, table = _compare(bundle, {"base": bundle.drafter("block"), "ExitTrain (shipped)": bundle.drafter("exittrain")})
     prompt = fit_prompt(bundle.tokenizer, load_prompt_set("heldout")[5], bundle.context_length - 8)
     trees = []
@@ -334,11 +418,11 @@ def build_app() -> gr.Blocks:
                 with gr.Column(scale=2):
                     drafter = gr.Radio(list(DRAFTER_LABELS), value="block", label="drafter q", info=" · ".join(f"{k}: {v}" for k, v in DRAFTER_LABELS.items()))
                     verifier = gr.Radio(["tev", "predraw", "sequential", "greedy"], value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
-                    budget = gr.Slider(1, LIMITS.max_budget, value=32, step=1, label="budget B (draft nodes per round)")
-                    temperature = gr.Slider(0.0, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
-                    max_new_tokens = gr.Slider(1, LIMITS.max_new_tokens, value=96, step=1, label="max new tokens")
+                    budget = Slider(1, LIMITS.max_budget, value=32, step=1, label="budget B (draft nodes per round)")
+                    temperature = Slider(0.0, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
+                    max_new_tokens = Slider(1, LIMITS.max_new_tokens, value=96, step=1, label="max new tokens")
                     with gr.Row():
-                        seed = gr.Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed")
+                        seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed")
                         compare_ar = gr.Checkbox(value=True, label="also time an autoregressive run (speedup)")
                     with gr.Row():
                         generate = gr.Button("Generate", variant="primary", elem_id="generate-button")
@@ -351,24 +435,24 @@ def build_app() -> gr.Blocks:
                 mass_plot = gr.Plot(label="where the tree loses target mass")
                 timeline_plot = gr.Plot(label="rounds")
             with gr.Row():
-                round_slider = gr.Slider(1, 2, value=1, step=1, label="browse rounds", interactive=False)
+                round_slider = Slider(1, 2, value=1, step=1, label="browse rounds", interactive=False)
                 previous_round = gr.Button("◀ previous", scale=0)
                 next_round = gr.Button("next ▶", scale=0)
             round_info = gr.Markdown()
             with gr.Row():
                 export = gr.Button("Export rounds as JSON", scale=0)
                 export_file = gr.File(label="rounds JSON", interactive=False)
-            run_state = gr.State({"records": [], "summary": None})
+            run_state = gr.State({"records": [], "summary": None}, time_to_live=RUN_STATE_SECONDS)
 
         with gr.Tab("Verifier lab"):
             gr.Markdown("Fix **one** tree and run each exact verifier many times: the exit-node frequencies follow the exit law w(v) and the mean block length is 1 + C(T), for TEV, predraw and sequential alike (fixed-tree equivalence).")
             with gr.Row():
                 lab_source = gr.Radio(["prompt", "synthetic example"], value="prompt", label="tree from")
                 lab_drafter = gr.Radio(["block", "exittrain", "chain"], value="block", label="drafter")
-                lab_budget = gr.Slider(1, 64, value=16, step=1, label="budget B")
-                lab_temperature = gr.Slider(0.05, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
-                lab_draws = gr.Slider(100, LIMITS.max_lab_draws, value=3000, step=100, label="draws per verifier")
-                lab_seed = gr.Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed")
+                lab_budget = Slider(1, 64, value=16, step=1, label="budget B")
+                lab_temperature = Slider(0.05, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
+                lab_draws = Slider(100, LIMITS.max_lab_draws, value=3000, step=100, label="draws per verifier")
+                lab_seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed")
             lab_prompt = gr.Textbox(label="prompt", value=examples[1] if len(examples) > 1 else examples[0], lines=4, max_length=LIMITS.max_prompt_chars)
             lab_run = gr.Button("Run the verifiers", variant="primary")
             lab_table = gr.Markdown()
@@ -382,8 +466,8 @@ def build_app() -> gr.Blocks:
             )
             with gr.Row():
                 et_weights = gr.Radio(["exit", "prefix", "none"], value="exit", label="weights (exit: the method; prefix, none: controls)")
-                et_steps = gr.Slider(5, 400, value=LIVE_CONFIG.steps, step=5, label="steps")
-                et_lambda = gr.Slider(0, 100, value=LIVE_CONFIG.lambda_exit, step=1, label="lambda (weight of L_exit)")
+                et_steps = Slider(5, 400, value=LIVE_CONFIG.steps, step=5, label="steps")
+                et_lambda = Slider(0, 100, value=LIVE_CONFIG.lambda_exit, step=1, label="lambda (weight of L_exit)")
             with gr.Row():
                 et_start = gr.Button("Start fine-tune", variant="primary")
                 et_cancel = gr.Button("Cancel")
@@ -417,14 +501,24 @@ def build_app() -> gr.Blocks:
     return demo
 
 
+def _warm_up() -> None:
+    """Load the models in the background; a failure is reported here in one line, and again
+    on the page and to every request (they retry the load), never as a crash."""
+    try:
+        SERVICE.bundle()
+    except Exception as error:  # noqa: BLE001 - shown, not raised, in a background thread
+        print(f"TEV Explorer: models could not be loaded: {error}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     demo = build_app()
-    threading.Thread(target=SERVICE.bundle, daemon=True).start()  # warm up while the page loads
+    threading.Thread(target=_warm_up, daemon=True).start()  # load the models while the page loads
     demo.queue(max_size=32, default_concurrency_limit=2).launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
         share=False,
         max_file_size="1mb",
+        state_session_capacity=SESSION_CAPACITY,
         css=CSS,
         theme=gr.themes.Soft(),
     )

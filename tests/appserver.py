@@ -45,6 +45,16 @@ class AppServer:
                 time.sleep(0.3)
         raise TimeoutError(f"the app did not answer within {timeout}s; see {self.log.name}")
 
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: no clean-up runs), and wait for it to be gone."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=15)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
@@ -52,7 +62,9 @@ class AppServer:
                 self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
-        self.log.close()
+                self.process.wait(timeout=15)
+        if not self.log.closed:
+            self.log.close()
 
 
 def quick_assets(folder: Path) -> Path:

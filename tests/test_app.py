@@ -1,6 +1,7 @@
 """The app's API through gradio_client against a real server started by the test."""
 
 import json
+import re
 
 import pytest
 from gradio_client import Client
@@ -71,18 +72,24 @@ def test_tiny_exittrain_run(client):
     assert "| base |" in table and "ExitTrain" in table
 
 
+# Out-of-range numbers and unknown choices are stopped by the component itself ("Value 0 is less than minimum
+# value 1."), before our own check; both name the bound to respect.
+RANGE = r"minimum value|maximum value"
+CHOICE = r"not in the list of choices"  # the radio's own check, same idea
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
         (dict(prompt=""), "prompt is empty"),
         (dict(prompt="   \n\t "), "prompt is empty"),
-        (dict(budget=0), "budget must be"),
-        (dict(budget=10_000), "budget must be"),
-        (dict(temperature=9.0), "temperature must be"),
-        (dict(max_new=0), "max new tokens must be"),
-        (dict(seed=-5), "seed must be"),
-        (dict(drafter="medusa"), "unknown drafter"),
-        (dict(verifier="eagle"), "unknown verifier"),
+        (dict(budget=0), RANGE),
+        (dict(budget=10_000), RANGE),
+        (dict(temperature=9.0), RANGE),
+        (dict(max_new=0), RANGE),
+        (dict(seed=-5), RANGE),
+        (dict(drafter="medusa"), CHOICE),
+        (dict(verifier="eagle"), CHOICE),
         (dict(verifier="greedy", temperature=1.0), "greedy verifier needs temperature 0"),
         (dict(prompt="x" * 5000), "shorten it"),
         (dict(prompt="def f():\n" * 200), "context"),
@@ -91,7 +98,7 @@ def test_tiny_exittrain_run(client):
 def test_bad_inputs_get_clear_errors(client, args, message):
     with pytest.raises(Exception) as caught:
         generate(client, **args)
-    assert message in str(caught.value)
+    assert re.search(message, str(caught.value)), str(caught.value)
 
 
 def test_browse_before_generating_is_a_clear_error(app_server):

@@ -7,7 +7,7 @@ import sys
 
 from tqdm import tqdm
 
-from .decode import GenerationConfig, GenerationSummary, autoregressive_generate, speculative_generate
+from .decode import MIN_TEMPERATURE, GenerationConfig, GenerationSummary, autoregressive_generate, speculative_generate
 from .models import DRAFTER_KINDS, encode_prompt, load_bundle
 from .verify import VERIFIERS
 
@@ -23,9 +23,28 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--allow-download", action="store_true", help="let Hugging Face ids download (default: offline, cache only)")
 
 
+
+
+def check_prompt_text(prompt: str) -> str:
+    """The command line's prompt checks (raises ``ValueError`` with what to change)."""
+    if not prompt.strip():
+        raise ValueError("the prompt is empty; give some text to continue with --prompt")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
+        raise ValueError("the prompt is not valid UTF-8 text; check the terminal's encoding") from None
+    if "\x00" in prompt:
+        raise ValueError("the prompt contains a NUL character; remove it")
+    return prompt
+
+
 def _run_generate(args) -> None:
-    bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download)
-    config = GenerationConfig(
+    check_prompt_text(args.prompt)
+    if 0 < args.temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {args.temperature!r}")
+    if any(not stop for stop in args.stop or ()):
+        raise ValueError("--stop needs a non-empty string")
+    config = GenerationConfig(  # checked before the models load: a bad flag fails at once
         budget=args.budget,
         temperature=args.temperature,
         verifier=args.verifier,
@@ -33,6 +52,7 @@ def _run_generate(args) -> None:
         seed=args.seed,
         stop_strings=tuple(args.stop or ()),
     )
+    bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download)
     prompt_ids = encode_prompt(bundle.tokenizer, args.prompt, bundle.context_length)
     if args.ar:
         summary = autoregressive_generate(bundle.target, prompt_ids, config, bundle.tokenizer)

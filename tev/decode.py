@@ -28,6 +28,9 @@ STAGES = ("draft", "tree_build", "verify", "verify_decision", "commit")
 MAX_BUDGET = 1024
 
 
+MIN_TEMPERATURE = 0.01  # a positive T below it overflows logits / T in float32; T = 0 is greedy
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """Sampling settings that travel together.
@@ -49,6 +52,8 @@ class GenerationConfig:
             raise ValueError(f"budget must be an integer from 0 to {MAX_BUDGET}, got {self.budget!r}")
         if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {self.temperature!r}")
         if self.verifier not in VERIFIERS:
             raise ValueError(f"unknown verifier {self.verifier!r}; choose one of {', '.join(VERIFIERS)}")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:

@@ -42,7 +42,10 @@ class ModelLoadError(ValueError):
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ModelLoadError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("CUDA was asked for but no CUDA device is available; use --device cpu")
     return device
@@ -72,16 +75,36 @@ def _source(source: str | Path, allow_download: bool) -> tuple[str, bool]:
     return text, not allow_download
 
 
+def _first_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def _folder_problem(folder: Path, what: str) -> str | None:
+    """What a model folder visibly lacks, in words (None when nothing obvious is missing)."""
+    names = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    if not names:
+        return "the folder is empty"
+    if what == "tokenizer" and not names & {"tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model"}:
+        return "it holds no tokenizer files (tokenizer.json, tokenizer_config.json)"
+    if what == "model" and "config.json" not in names:
+        return "it has no config.json, so it is not a transformers model folder"
+    if what == "model" and not any(name.endswith(".safetensors") for name in names):
+        return "it has no .safetensors weights (only safetensors load here, never pickle files such as pytorch_model.bin)"
+    return None
+
+
 def _explain(what: str, source: str, local_only: bool, error: Exception) -> ModelLoadError:
+    """A one-line :class:`ModelLoadError` naming the folder or id and the cause."""
     if Path(source).is_dir():
-        return ModelLoadError(f"could not load the {what} from folder {source}: {error}")
+        return ModelLoadError(f"could not load the {what} from folder {source}: {_folder_problem(Path(source), what) or _first_line(error)}")
     hint = (
         f"it is not in the local Hugging Face cache; download it first with `hf download {source}` "
         "(or allow downloads), or pass a local folder"
         if local_only
         else "check the id and your network"
     )
-    return ModelLoadError(f"could not load the {what} {source!r}: {hint}. ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
+    return ModelLoadError(f"could not load the {what} {source!r}: {hint}. ({_first_line(error)})")
 
 
 def load_tokenizer(source: str | Path, allow_download: bool = False):
@@ -118,7 +141,7 @@ def load_causal_lm(
         raise _explain("model", where, local_only, error) from error
     if not device_map:
         model = model.to(device)
-    return model.eval()
+    return model.eval().requires_grad_(False)  # inference only: no autograd graph kept on outputs
 
 
 def check_same_tokenizer(tokenizer_a, tokenizer_b, names: tuple[str, str] = ("target", "drafter")) -> None:
@@ -136,9 +159,12 @@ def load_block_drafter(source: str | Path, target, shape: str = "tree", name: st
         raise ModelLoadError(f"no block drafter in {folder} (expected {DRAFTER_FILE}); build one with `python -m tev build-assets`")
     try:
         model = BlockDrafter.from_pretrained(folder, target)
-    except (ValueError, FileNotFoundError) as error:
-        raise ModelLoadError(str(error)) from error
-    return BlockTreeDrafter(model, shape=shape, name=name)
+    except ModelLoadError:
+        raise
+    except (ValueError, OSError, RuntimeError, KeyError) as error:  # named after the file at fault where it can
+        message = _first_line(error) if not isinstance(error, (ValueError, FileNotFoundError)) else str(error).splitlines()[0]
+        raise ModelLoadError(message if str(folder) in message else f"could not load the block drafter from folder {folder}: {message}") from error
+    return BlockTreeDrafter(model.requires_grad_(False), shape=shape, name=name)  # trainers load their own copy
 
 
 def load_drafter(source: str | Path, target, target_tokenizer, shape: str = "tree", device="auto", dtype="auto", allow_download: bool = False, name: str | None = None):

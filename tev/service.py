@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .decode import MAX_BUDGET, GenerationConfig, GenerationSummary, RoundRecord, autoregressive_generate, speculative_generate
+from .decode import MAX_BUDGET, MIN_TEMPERATURE, GenerationConfig, GenerationSummary, RoundRecord, autoregressive_generate, speculative_generate
 from .models import ModelBundle, encode_prompt, load_bundle
 from .verify import VERIFIERS
 
@@ -36,6 +36,7 @@ class Limits:
     max_budget: int = 256
     max_new_tokens: int = 256
     max_temperature: float = 2.0
+    min_temperature: float = MIN_TEMPERATURE  # a positive T below it overflows logits / T; 0 is greedy
     max_seed: int = 2**31 - 1
     max_lab_draws: int = 20000
 
@@ -87,6 +88,8 @@ def check_settings(drafter: str, verifier: str, budget, temperature, max_new_tok
     temperature = _number("temperature", temperature, 0.0, LIMITS.max_temperature, integer=False)
     max_new_tokens = _number("max new tokens", max_new_tokens, 1, LIMITS.max_new_tokens, integer=True)
     seed = _number("seed", seed, 0, LIMITS.max_seed, integer=True)
+    if 0 < temperature < LIMITS.min_temperature:
+        raise UserInputError(f"temperature must be 0 (greedy) or from {LIMITS.min_temperature} to {LIMITS.max_temperature}, got {temperature!r}")
     if verifier == "greedy" and temperature > 0:
         raise UserInputError("the greedy verifier needs temperature 0; set temperature to 0 or pick tev, predraw or sequential")
     return GenerationConfig(budget=budget, temperature=temperature, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed)
@@ -158,11 +161,12 @@ class ModelService:
                 return
             yield event
 
-    def autoregressive(self, prompt: str, config: GenerationConfig) -> GenerationSummary:
+    def autoregressive(self, prompt: str, config: GenerationConfig, should_stop=None) -> GenerationSummary:
+        """The autoregressive baseline; ``should_stop`` is polled after every token."""
         bundle = self.bundle()
         ids = self.encode(prompt, config.max_new_tokens)
         with self.compute:
-            return autoregressive_generate(bundle.target, ids, config, bundle.tokenizer)
+            return autoregressive_generate(bundle.target, ids, config, bundle.tokenizer, should_stop=should_stop)
 
     def token_text(self, token: int) -> str:
         return self.bundle().tokenizer.decode([token], clean_up_tokenization_spaces=False)

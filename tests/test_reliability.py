@@ -1,0 +1,646 @@
+"""Reliability and security, the short versions of docs/reliability.md: load, faults, bad
+input (the UI API and the command line), security settings.
+
+Every server here is the real app (``python app.py``) on the quick assets; the ones that are
+killed, or that serve a broken or slow model, are this module's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from gradio_client import Client
+
+from tests.appserver import REPO, AppServer
+
+_spec = importlib.util.spec_from_file_location("loadtest", REPO / "scripts" / "loadtest.py")
+loadtest = sys.modules.setdefault("loadtest", importlib.util.module_from_spec(_spec))  # dataclasses look it up there
+_spec.loader.exec_module(loadtest)
+Settings, run_one, cpu_seconds, new_client = loadtest.Settings, loadtest.run_one, loadtest.cpu_seconds, loadtest.new_client
+
+PROMPT = "def add(a, b):\n    "
+RANGE = r"minimum value|maximum value"  # the component's own range check
+NOT_A_NUMBER = r"must be a number from"
+OK = "ok"  # a sane result (or clamp), no error
+
+
+def cpu_used(pid: int, seconds: float) -> float:
+    """CPU seconds the process burns over the next ``seconds``."""
+    start = cpu_seconds(pid)
+    time.sleep(seconds)
+    return cpu_seconds(pid) - start
+
+
+def sha256_tree(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def leave_after(url: str, settings: Settings, until: str = "first", api: str = "/generate") -> subprocess.Popen:
+    """A client in its own process that submits, then exits abruptly (a closed tab) once it
+    sees its first streamed output, or an output whose stats contain ``until``."""
+    code = f"""
+import os, sys, time
+from gradio_client import Client
+job = Client({url!r}, verbose=False).submit(*{settings.args()!r}, api_name={api!r})
+deadline = time.time() + 120
+while time.time() < deadline and not job.done():
+    outs = job.outputs()
+    if outs and ({until!r} == "first" or {until!r} in str(outs[-1][4])):
+        print("left", flush=True)
+        os._exit(0)
+    time.sleep(0.01)
+print("never saw it", flush=True)
+os._exit(1)
+"""
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+
+# =============================================================================== load
+def test_short_load_test(app_server, tmp_path):
+    """4 users for 20 s: no errors, identical seeds identical, own outputs, queue full refused."""
+    command = [
+        sys.executable, str(REPO / "scripts" / "loadtest.py"), "--url", app_server.url, "--pid", str(app_server.pid),
+        "--users", "4", "--seconds", "20", "--identical-copies", "3", "--rerun-sample", "6", "--queue-extra", "16", "--out", str(tmp_path),
+    ]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    report = json.loads((tmp_path / "loadtest.json").read_text())
+    level = report["levels"][0]
+    assert level["errors"] == 0 and level["hung_users"] == 0, level["errors_by_kind"]
+    assert level["served"] >= 8
+    assert level["latency_p95_s"] < 30 and level["queue_wait_p50_s"] < 10
+    assert level["rss_growth_after_warmup"] is not None and level["rss_growth_after_warmup"] < loadtest.MEMORY_GOAL
+    assert report["identical_seeds"]["passed"], report["identical_seeds"]
+    assert report["own_outputs"]["passed"], report["own_outputs"]
+    queue = report["queue_full"]
+    assert queue["refused"] > 0 and queue["refusal_messages"] == ["Queue is full! Please try again."], queue
+    assert queue["served_right_after"] and not queue["other_errors"]
+    assert report["server_alive_at_end"] and report["passed"] and done.returncode == 0, done.stdout[-3000:]
+    assert (tmp_path / "loadtest.md").read_text().count("| 4 |") == 1
+
+
+# =============================================================================== faults: clients that leave
+@pytest.fixture(scope="module")
+def slow_server(quick_assets_dir, tmp_path_factory):
+    """The app serving a slow target (a random 6-layer, 384-wide model with a 2048 context, made
+    here) with the quick target as its AR drafter (TEV_TARGET / TEV_DRAFT), and room for only
+    four sessions (TEV_SESSION_CAPACITY): long generations to walk away from."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    source = quick_assets_dir / "models" / "target"
+    folder = tmp_path_factory.mktemp("slow") / "target"
+    config = json.loads((source / "config.json").read_text())
+    config.update(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=6, head_dim=64, max_position_embeddings=2048)
+    for key in ("architectures", "transformers_version"):
+        config.pop(key, None)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**config)).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(source / name, folder / name)
+    env = {"TEV_TARGET": str(folder), "TEV_DRAFT": str(source), "TEV_SESSION_CAPACITY": "4"}
+    server = AppServer(quick_assets_dir, folder.parent / "app.log", extra_env=env)
+    try:
+        server.wait_ready()
+        run_one(new_client(server.url), Settings(PROMPT, drafter="chain", verifier="greedy", budget=4, temperature=0.0, max_new_tokens=4), 0)  # models loaded
+        yield server
+    finally:
+        server.stop()
+
+
+LONG = Settings(PROMPT, drafter="chain", verifier="greedy", budget=4, temperature=0.0, max_new_tokens=256, seed=0)
+
+
+def test_clients_that_leave_free_their_slots_and_stop_generating(slow_server):
+    """Two long generations take both slots (concurrency limit 2); one client cancels, the other
+    vanishes, right after its first streamed output: a new request starts at once and the
+    server goes idle (a generation left running would burn a core for seconds)."""
+    gone = leave_after(slow_server.url, LONG)
+    job = new_client(slow_server.url).submit(*LONG.args(), api_name="/generate")
+    wait_for_output(job)
+    job.cancel()
+    assert gone.wait(timeout=120) == 0
+    fresh = run_one(new_client(slow_server.url), Settings(PROMPT, drafter="chain", verifier="greedy", budget=4, temperature=0.0, max_new_tokens=8, seed=1), 0)
+    assert fresh.outcome == "ok" and fresh.queue_wait < 2.0, (fresh.outcome, fresh.message, fresh.queue_wait)
+    time.sleep(0.5)
+    assert cpu_used(slow_server.pid, 2.0) < 0.6  # idle is ~0.1 s per 2 s
+
+
+def test_leaving_during_the_autoregressive_comparison_stops_it(slow_server):
+    """The speedup's autoregressive run is one long call: it now runs in a worker that a closed
+    generator stops. A client that vanishes there leaves the server idle, and a cancel there
+    returns at once (before the fix: ~5 s more of CPU, and a /cancel that timed out)."""
+    settings = Settings(**{**LONG.__dict__, "max_new_tokens": 192, "compare_ar": True})
+    gone = leave_after(slow_server.url, settings, until="timing an autoregressive run")
+    assert gone.wait(timeout=120) == 0, gone.stdout.read()
+    time.sleep(0.5)
+    assert cpu_used(slow_server.pid, 3.0) < 0.9
+    job = new_client(slow_server.url).submit(*settings.args(), api_name="/generate")
+    while not (job.outputs() and "timing an autoregressive run" in str(job.outputs()[-1][4])):
+        assert not job.done(), "the run ended before its autoregressive comparison"
+        time.sleep(0.01)
+    start = time.perf_counter()
+    job.cancel()
+    assert time.perf_counter() - start < 2.5
+    time.sleep(0.5)
+    assert cpu_used(slow_server.pid, 2.0) < 0.6
+
+
+def test_old_sessions_are_dropped_beyond_the_session_capacity(slow_server):
+    """Gradio keeps each session's state in memory; TEV_SESSION_CAPACITY (4 here) bounds it:
+    the oldest session's rounds are gone (a clear "generate first"), the newest still browse."""
+    clients = [new_client(slow_server.url) for _ in range(6)]
+    short = Settings(PROMPT, drafter="chain", verifier="greedy", budget=4, temperature=0.0, max_new_tokens=4)
+    for client in clients:
+        assert run_one(client, short, 0).outcome == "ok"
+    with pytest.raises(Exception, match="generate first"):
+        clients[0].predict(1, api_name="/browse_round")
+    assert "round 1" in clients[-1].predict(1, api_name="/browse_round")[2]
+
+
+# =============================================================================== faults: ExitTrain
+@pytest.fixture(scope="module")
+def exittrain_assets(quick_assets_dir, tmp_path_factory):
+    """A private copy of the quick assets, with the sha256 of every file before any server ran."""
+    folder = tmp_path_factory.mktemp("et") / "assets"
+    shutil.copytree(quick_assets_dir, folder)
+    return folder, sha256_tree(folder)
+
+
+@pytest.fixture(scope="module")
+def exittrain_server(exittrain_assets):
+    folder, _ = exittrain_assets
+    server = AppServer(folder, folder.parent / "app.log")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def wait_for_output(job, timeout: float = 60.0):
+    deadline = time.time() + timeout
+    while not job.outputs():
+        assert not job.done() and time.time() < deadline, "no streamed output"
+        time.sleep(0.05)
+
+
+def test_exittrain_one_run_at_a_time_only_the_owner_cancels(exittrain_server):
+    owner, other = new_client(exittrain_server.url), new_client(exittrain_server.url)
+    job = owner.submit("exit", 400, 16, api_name="/exittrain")
+    wait_for_output(job)
+    assert other.predict(api_name="/exittrain_cancel") == "no ExitTrain run of yours is in progress"
+    with pytest.raises(Exception, match="another ExitTrain run is in progress"):
+        other.predict("exit", 5, 16, api_name="/exittrain")
+    assert owner.predict(api_name="/exittrain_cancel") == "cancelling after this step…"
+    status = job.result(timeout=120)[1]
+    steps = int(re.fullmatch(r"cancelled after (\d+) steps", status).group(1))
+    assert 5 <= steps < 400
+
+
+def test_exittrain_owner_leaving_frees_the_slot(exittrain_server):
+    code = f"""
+import os, time
+from gradio_client import Client
+job = Client({exittrain_server.url!r}, verbose=False).submit("exit", 400, 16, api_name="/exittrain")
+while not job.outputs():
+    time.sleep(0.05)
+os._exit(0)
+"""
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+    client, deadline = new_client(exittrain_server.url), time.time() + 30
+    while True:  # the abandoned run stops at its next yield (every 5 steps) and frees the slot
+        try:
+            status = client.predict("exit", 5, 16, api_name="/exittrain")[1]
+            break
+        except Exception as error:  # noqa: BLE001
+            assert "in progress" in str(error) and time.time() < deadline, str(error)
+            time.sleep(0.5)
+    assert status == "finished after 5 steps"
+
+
+def test_killing_the_server_mid_exittrain_leaves_the_assets_intact(exittrain_server, exittrain_assets):
+    folder, before = exittrain_assets
+    job = new_client(exittrain_server.url).submit("exit", 400, 16, api_name="/exittrain")
+    wait_for_output(job)
+    exittrain_server.kill()
+    assert exittrain_server.process.returncode == -9
+    assert sha256_tree(folder) == before  # same files, same bytes: no checkpoint, no stray file
+    restarted = AppServer(folder, folder.parent / "app-restarted.log")
+    try:
+        restarted.wait_ready()
+        served = run_one(new_client(restarted.url), Settings(PROMPT, budget=8, max_new_tokens=16), 0)
+        assert served.outcome == "ok", served.message
+    finally:
+        restarted.stop()
+    assert sha256_tree(folder) == before
+
+
+# =============================================================================== faults: broken model folders
+def _truncate(path: Path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _wrong_shape(path: Path, key: str, value):
+    config = json.loads(path.read_text())
+    config[key] = value
+    path.write_text(json.dumps(config))
+
+
+BROKEN = {  # name: (which folder is broken, how)
+    "target folder missing": ("target", None),
+    "target folder empty": ("target", lambda d: [p.unlink() for p in d.iterdir()]),
+    "target weights truncated": ("target", lambda d: _truncate(d / "model.safetensors")),
+    "target weights random bytes": ("target", lambda d: (d / "model.safetensors").write_bytes(os.urandom(200_000))),
+    "target config.json random bytes": ("target", lambda d: (d / "config.json").write_bytes(os.urandom(300))),
+    "target config.json without model_type": ("target", lambda d: (d / "config.json").write_text("{}")),
+    "target config.json wrong shapes": ("target", lambda d: _wrong_shape(d / "config.json", "hidden_size", 128)),
+    "target pickle weights only": ("target", lambda d: (torch.save({}, d / "pytorch_model.bin"), (d / "model.safetensors").unlink())),
+    "target tokenizer.json corrupt": ("target", lambda d: (d / "tokenizer.json").write_text("{not json")),
+    "drafter weights truncated": ("draft", lambda d: _truncate(d / "drafter.safetensors")),
+    "drafter config corrupt": ("draft", lambda d: (d / "drafter_config.json").write_text("garbage")),
+    "drafter config wrong shapes": ("draft", lambda d: _wrong_shape(d / "drafter_config.json", "hidden_size", 48)),
+}
+
+
+@pytest.fixture(scope="module")
+def broken_models(quick_assets_dir, tmp_path_factory):
+    """name -> (target folder, draft folder or None), one broken copy of the quick models each."""
+    root, models = tmp_path_factory.mktemp("broken"), quick_assets_dir / "models"
+    made = {}
+    for index, (name, (which, breaks)) in enumerate(BROKEN.items()):
+        source = models / ("target" if which == "target" else "drafter-base")
+        folder = root / f"{index}-{which}"
+        if breaks is not None:
+            shutil.copytree(source, folder)
+            breaks(folder)
+        made[name] = (folder, None) if which == "target" else (models / "target", folder)
+    return made
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_a_broken_model_folder_is_a_clear_load_error(broken_models, name):
+    from tev.models import ModelLoadError, load_bundle
+
+    target, draft = broken_models[name]
+    with pytest.raises(ModelLoadError) as caught:
+        load_bundle(target=str(target), draft=str(draft) if draft else None)
+    message = str(caught.value)
+    assert str(draft or target) in message and "\n" not in message, message
+
+
+@pytest.fixture(scope="module")
+def broken_server(quick_assets_dir, broken_models, tmp_path_factory):
+    target, _ = broken_models["target weights truncated"]
+    server = AppServer(quick_assets_dir, tmp_path_factory.mktemp("broken-app") / "app.log", extra_env={"TEV_TARGET": str(target)})
+    try:
+        server.wait_ready()
+        yield server, target
+    finally:
+        server.stop()
+
+
+def test_the_app_with_a_broken_target_says_so_and_keeps_serving(broken_server):
+    server, target = broken_server
+    client = new_client(server.url)
+    expected = f"could not load the model from folder {target}: SafetensorError"
+    for api, args in (("/generate", Settings(PROMPT).args()), ("/verifier_lab", ("prompt", PROMPT, "block", 8, 1.0, 300, 0)), ("/exittrain", ("exit", 5, 16)), ("/compare_shipped", ())):
+        with pytest.raises(Exception, match=re.escape(expected)):
+            client.predict(*args, api_name=api)
+    figure, tree, table = client.predict("synthetic example", PROMPT, "block", 8, 1.0, 300, 0, api_name="/verifier_lab")  # needs no model
+    assert "| tev |" in table
+    assert server.process.poll() is None
+    log = Path(server.log.name).read_text()
+    assert f"models could not be loaded: {expected}" in log and "Traceback" not in log
+
+
+@pytest.mark.browser
+def test_the_page_shows_why_the_models_did_not_load(broken_server):
+    if os.environ.get("TEV_SKIP_BROWSER") == "1":
+        pytest.skip("TEV_SKIP_BROWSER=1 was set explicitly")
+    from playwright.sync_api import sync_playwright
+
+    server, target = broken_server
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium", headless=True, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.goto(server.url)
+            line = page.locator("p", has_text="Models could not be loaded")
+            line.wait_for(timeout=60_000)
+            assert str(target) in line.inner_text()
+        finally:
+            browser.close()
+
+
+# =============================================================================== bad input: the UI API
+def gen(**changes) -> tuple:
+    values = dict(prompt=PROMPT, drafter="block", verifier="tev", budget=8, temperature=1.0, max_new=16, seed=0, compare_ar=False)
+    values.update(changes)
+    return ("/generate", tuple(values.values()))
+
+
+def lab(**changes) -> tuple:
+    values = dict(source="prompt", prompt=PROMPT, drafter="block", budget=8, temperature=1.0, draws=300, seed=0)
+    values.update(changes)
+    return ("/verifier_lab", tuple(values.values()))
+
+
+def exittrain(**changes) -> tuple:
+    values = dict(weights="exit", steps=5, lambda_exit=16)
+    values.update(changes)
+    return ("/exittrain", tuple(values.values()))
+
+
+# (what is tried, (endpoint, inputs), what must happen: a regex of the error, or OK)
+API_CASES = [
+    ("empty prompt", gen(prompt=""), "prompt is empty"),
+    ("whitespace-only prompt", gen(prompt="  \n\t "), "prompt is empty"),
+    ("prompt of 4,001 characters", gen(prompt="x" * 4001), "shorten it to at most 4000"),
+    ("prompt of 1,000,000 characters", gen(prompt="x" * 1_000_000), "shorten it to at most 4000"),
+    ("prompt longer than the model's context", gen(prompt="def f():\n" * 200), "context"),
+    ("NUL character in the prompt", gen(prompt="a\x00b"), "NUL character"),
+    ("prompt that tokenizes to nothing (only the BOS token text)", gen(prompt="<|endoftext|>"), "produced no tokens"),
+    ("control characters and an ANSI escape", gen(prompt="\x01\x02\x1b[31mdef f():\n"), OK),
+    ("zero-width space and right-to-left override", gen(prompt="\u200b\u202edef f():"), OK),
+    ("emoji", gen(prompt="def 😀():\n"), OK),
+    ("HTML/script prompt (shown escaped)", gen(prompt="<script>alert(1)</script>\n"), OK),
+    ("prompt is not text (null)", gen(prompt=None), "prompt must be text"),
+    ("budget 0", gen(budget=0), RANGE),
+    ("budget 10,000", gen(budget=10_000), RANGE),
+    ("budget 3.5", gen(budget=3.5), "whole number"),
+    ("budget 'abc'", gen(budget="abc"), NOT_A_NUMBER),
+    ("budget null", gen(budget=None), NOT_A_NUMBER),
+    ("temperature -1", gen(temperature=-1), RANGE),
+    ("temperature 9", gen(temperature=9.0), RANGE),
+    ("temperature 1e-300 (would overflow logits / T)", gen(temperature=1e-300), r"0 \(greedy\) or from 0.01"),
+    ("temperature 'hot'", gen(temperature="hot"), NOT_A_NUMBER),
+    ("max new tokens 0", gen(max_new=0), RANGE),
+    ("max new tokens 10^9", gen(max_new=10**9), RANGE),
+    ("max new tokens 2.5", gen(max_new=2.5), "whole number"),
+    ("max new tokens 1 (one round)", gen(max_new=1), OK),
+    ("seed -5", gen(seed=-5), RANGE),
+    ("seed 2^31", gen(seed=2**31), RANGE),
+    ("seed 2^64", gen(seed=2**64), RANGE),
+    ("seed 1e30", gen(seed=1e30), RANGE),
+    ("seed 'x'", gen(seed="x"), NOT_A_NUMBER),
+    ("seed null", gen(seed=None), "seed is missing"),
+    ("seed 1.5 (rounded to 2 by the field)", gen(seed=1.5), OK),
+    ("drafter 'medusa'", gen(drafter="medusa"), "not in the list of choices"),
+    ("drafter '../../etc/passwd'", gen(drafter="../../etc/passwd"), "not in the list of choices"),
+    ("drafter not shipped in these assets ('exittrain')", gen(drafter="exittrain"), "unknown drafter 'exittrain'"),
+    ("verifier 'eagle'", gen(verifier="eagle"), "not in the list of choices"),
+    ("verifier null", gen(verifier=None), "unknown verifier"),
+    ("greedy verifier at T = 1", gen(verifier="greedy", temperature=1.0), "greedy verifier needs temperature 0"),
+    ("lab draws 0", lab(draws=0), RANGE),
+    ("lab draws 10^9", lab(draws=10**9), RANGE),
+    ("lab draws 'many'", lab(draws="many"), NOT_A_NUMBER),
+    ("lab seed -1", lab(seed=-1), RANGE),
+    ("lab budget 0", lab(budget=0), RANGE),
+    ("lab temperature 0", lab(temperature=0), RANGE),
+    ("lab tree source 'bogus'", lab(source="bogus"), "not in the list of choices"),
+    ("lab empty prompt", lab(prompt=""), "prompt is empty"),
+    ("ExitTrain steps 0", exittrain(steps=0), RANGE),
+    ("ExitTrain steps 10^6", exittrain(steps=10**6), RANGE),
+    ("ExitTrain steps 'many'", exittrain(steps="many"), NOT_A_NUMBER),
+    ("ExitTrain lambda -1", exittrain(lambda_exit=-1), RANGE),
+    ("ExitTrain lambda 1000", exittrain(lambda_exit=1000), RANGE),
+    ("ExitTrain weights 'bogus'", exittrain(weights="bogus"), "not in the list of choices"),
+    ("browse round 'abc'", ("/browse_round", ("abc",)), NOT_A_NUMBER),
+]
+
+
+@pytest.fixture(scope="module")
+def api(app_server):
+    return Client(app_server.url, verbose=False)
+
+
+@pytest.mark.parametrize("what,call,expected", API_CASES, ids=[c[0] for c in API_CASES])
+def test_bad_input_through_the_api(api, what, call, expected):
+    endpoint, args = call
+    if expected == OK:
+        outputs = api.predict(*args, api_name=endpoint)
+        assert "rounds" in outputs[4]
+        assert "<script>" not in outputs[0]  # the prompt is shown escaped
+        return
+    with pytest.raises(Exception) as caught:
+        api.predict(*args, api_name=endpoint)
+    assert re.search(expected, str(caught.value)), str(caught.value)
+
+
+# JSON a client library would refuse to send, posted raw: (what, body, expected error)
+RAW_CASES = [
+    ("lone surrogate in the prompt (JSON \\ud800)", '["def f():\\ud800", "block", "tev", 8, 1.0, 16, 0, false]', "invalid Unicode"),
+    ("budget NaN", f'[{json.dumps(PROMPT)}, "block", "tev", NaN, 1.0, 16, 0, false]', NOT_A_NUMBER + ".*got nan"),
+    ("temperature Infinity", f'[{json.dumps(PROMPT)}, "block", "tev", 8, Infinity, 16, 0, false]', NOT_A_NUMBER + ".*got inf"),
+    ("max new tokens -Infinity", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, -Infinity, 0, false]', NOT_A_NUMBER),
+    ("seed NaN", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, 16, NaN, false]', NOT_A_NUMBER + ".*got nan"),
+    ("seed as a string", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, 16, "7", false]', NOT_A_NUMBER),
+]
+
+
+def post_raw(url: str, api_name: str, data: str) -> str:
+    """POST inputs as raw JSON to the HTTP API; returns the final event of the answer."""
+    base = url.rstrip("/")
+    answer = httpx.post(f"{base}/gradio_api/call/{api_name}", content=('{"data": ' + data + "}").encode(), headers={"content-type": "application/json"}, timeout=30)
+    answer.raise_for_status()
+    return httpx.get(f"{base}/gradio_api/call/{api_name}/{answer.json()['event_id']}", timeout=60).text
+
+
+@pytest.mark.parametrize("what,data,expected", RAW_CASES, ids=[c[0] for c in RAW_CASES])
+def test_bad_input_as_raw_json(app_server, what, data, expected):
+    events = post_raw(app_server.url, "generate", data)
+    assert "event: error" in events and re.search(expected, events), events[-400:]
+
+
+def test_malformed_requests_are_refused_and_the_server_carries_on(app_server):
+    """Protocol-level garbage gets Gradio's own refusal (not our message), and no harm."""
+    base = app_server.url.rstrip("/")
+    assert httpx.post(f"{base}/gradio_api/call/generate", content=b"hello", headers={"content-type": "application/json"}).status_code == 422
+    assert httpx.post(f"{base}/gradio_api/call/generate", json={"data": 5}).status_code == 422
+    assert "event: error" in post_raw(app_server.url, "generate", json.dumps([PROMPT]))  # too few inputs
+    assert run_one(new_client(app_server.url), Settings(PROMPT, max_new_tokens=4), 0).outcome == "ok"
+
+
+EXPECTED_IN_LOG = (  # what Gradio itself logs, with a traceback, for input it refuses
+    r"gradio\.exceptions\.Error: ",  # its own range / choice checks
+    r"ValueError: An event handler \(run_live\) didn't receive enough input values",  # the malformed request above
+)
+
+
+def test_user_errors_leave_no_server_traceback(app_server, api):
+    """After the bad inputs above, the server log holds no exception but Gradio's own input
+    checks; ours (user errors) are logged as nothing at all, and nothing crashed in our code."""
+    with pytest.raises(Exception):
+        api.predict(*gen(budget="abc")[1], api_name="/generate")
+    log = Path(app_server.log.name).read_text()
+    raised = [line for line in re.findall(r"^[A-Za-z_][\w.]*(?:Error|Exception)(?:: .*)?$", log, flags=re.M) if not any(re.match(p, line) for p in EXPECTED_IN_LOG)]
+    assert not raised, raised[:5]
+    assert "must be a number from" not in log and "prompt is empty" not in log
+
+
+# =============================================================================== bad input: the command line
+CLI_CASES = [  # (argv, what must happen: a regex of the one error line, or OK)
+    (["generate"], "the following arguments are required: --prompt"),
+    (["generate", "--prompt", ""], "the prompt is empty"),
+    (["generate", "--prompt", "   "], "the prompt is empty"),
+    (["generate", "--prompt", "<|endoftext|>"], "produced no tokens"),
+    (["generate", "--prompt", "x" * 20_000], "context is 128; shorten it"),
+    (["generate", "--prompt", "a\udcff\udcfeb"], "not valid UTF-8"),  # what Python makes of undecodable argv bytes
+    (["generate", "--prompt", "a\x00b"], "NUL character"),
+    (["generate", "--prompt", "\x01\x1b[31mdef f():", "--max-new-tokens", "4"], OK),
+    (["generate", "--prompt", PROMPT, "--budget", "abc"], "argument --budget: invalid int value"),
+    (["generate", "--prompt", PROMPT, "--budget", "-1"], "budget must be an integer from 0 to 1024"),
+    (["generate", "--prompt", PROMPT, "--budget", "100000"], "budget must be an integer from 0 to 1024"),
+    (["generate", "--prompt", PROMPT, "--temperature", "nan"], "temperature must be a finite number"),
+    (["generate", "--prompt", PROMPT, "--temperature", "inf"], "temperature must be a finite number"),
+    (["generate", "--prompt", PROMPT, "--temperature", "-1"], "temperature must be a finite number >= 0"),
+    (["generate", "--prompt", PROMPT, "--temperature", "1e-300"], r"temperature must be 0 \(greedy\) or at least 0.01"),
+    (["generate", "--prompt", PROMPT, "--temperature", "hot"], "argument --temperature: invalid float value"),
+    (["generate", "--prompt", PROMPT, "--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
+    (["generate", "--prompt", PROMPT, "--max-new-tokens", "1000000000"], OK),  # stops at the context limit
+    (["generate", "--prompt", PROMPT, "--seed", "-1"], "seed must be an integer from 0"),
+    (["generate", "--prompt", PROMPT, "--seed", "99999999999999999999999"], "seed must be an integer from 0"),
+    (["generate", "--prompt", PROMPT, "--seed", "1.5"], "argument --seed: invalid int value"),
+    (["generate", "--prompt", PROMPT, "--drafter", "medusa"], "argument --drafter: invalid choice"),
+    (["generate", "--prompt", PROMPT, "--drafter", "exittrain"], "drafter 'exittrain' is not available here"),
+    (["generate", "--prompt", PROMPT, "--verifier", "eagle"], "argument --verifier: invalid choice"),
+    (["generate", "--prompt", PROMPT, "--stop", ""], "--stop needs a non-empty string"),
+    (["generate", "--prompt", PROMPT, "--target", "../"], "could not load the tokenizer from folder ..: it holds no tokenizer files"),
+    (["generate", "--prompt", PROMPT, "--target", "/etc"], "could not load the tokenizer from folder /etc: it holds no tokenizer files"),
+    (["generate", "--prompt", PROMPT, "--target", "/etc/passwd"], "/etc/passwd is a file; give the model's folder"),
+    (["generate", "--prompt", PROMPT, "--target", "{symlink}"], "could not load the tokenizer from folder .*link-to-etc: it holds no tokenizer files"),
+    (["generate", "--prompt", PROMPT, "--draft", "/etc"], "could not load the tokenizer from folder /etc"),
+    (["generate", "--prompt", PROMPT, "--target", "org/na me"], "not a Hugging Face id"),
+    (["generate", "--prompt", PROMPT, "--target", "org/name;rm -rf /"], "not a Hugging Face id"),
+    (["generate", "--prompt", PROMPT, "--target", "a/b/c"], "not a Hugging Face id"),
+    (["generate", "--prompt", PROMPT, "--target", "no-such-org/no-such-model"], "not in the local Hugging Face cache"),
+    (["generate", "--prompt", PROMPT, "--device", "foo"], "unknown device 'foo'"),
+    (["generate", "--prompt", PROMPT, "--dtype", "foo"], "unknown dtype 'foo'"),
+    (["exittrain", "--steps", "0"], "steps must be an integer >= 1, got 0"),
+    (["exittrain", "--steps", "-5"], "steps must be an integer >= 1, got -5"),
+    (["exittrain", "--steps", "abc"], "argument --steps: invalid int value"),
+    (["exittrain", "--lambda", "nan"], "lambda_exit must be a finite number"),
+    (["exittrain", "--lambda", "inf"], "lambda_exit must be a finite number"),
+    (["exittrain", "--lambda", "-1"], "lambda_exit must be a finite number >= 0"),
+    (["exittrain", "--weights", "bogus"], "argument --weights: invalid choice"),
+    (["exittrain", "--budget", "0"], "budget must be an integer >= 1"),
+    (["exittrain", "--lr", "0"], "lr must be a finite number > 0"),
+    (["exittrain", "--temperature", "0"], "temperature must be > 0"),
+    (["exittrain", "--out", "{repo}/assets/models/x", "--resume"], "is inside assets/"),
+    (["exittrain", "--out", "{tmp}/none", "--resume"], "--resume: no checkpoint in"),
+    (["exittrain", "--target", "/etc", "--out", "{tmp}/out"], "could not load the tokenizer from folder /etc"),
+    (["exittrain", "--data-sequences", "0"], "--data-sequences must be at least 1, got 0"),
+    (["exittrain", "--context-length", "-3"], "--context-length must be at least 1, got -3"),
+    (["exittrain", "--eval-prompts", "-1"], "--eval-prompts must be 0"),
+]
+
+
+def _cli_id(case) -> str:
+    argv, _ = case
+    return " ".join(a if len(a) < 30 else a[:12] + "…" for a in argv).encode("ascii", "backslashreplace").decode()
+
+
+@pytest.mark.parametrize("argv,expected", CLI_CASES, ids=[_cli_id(c) for c in CLI_CASES])
+def test_bad_command_line_flags(argv, expected, quick_assets_dir, tmp_path, monkeypatch, capsys):
+    """Exit code 2 and one ``error: ...`` line (argparse's usage line may precede it), never a
+    traceback; an exception escaping ``main`` fails this test as it would crash the command."""
+    from tev.__main__ import main
+
+    monkeypatch.setenv("TEV_ASSETS_DIR", str(quick_assets_dir))
+    (tmp_path / "link-to-etc").symlink_to("/etc")
+    argv = [a.replace("{symlink}", str(tmp_path / "link-to-etc")).replace("{repo}", str(REPO)).replace("{tmp}", str(tmp_path)) for a in argv]
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse
+        code = exit_.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and "Loading weights" not in line]
+    if expected == OK:
+        assert code == 0, err[-2000:]
+        return
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert re.match(r"^(python -m tev \w+: )?error: ", lines[-1]) and re.search(expected, lines[-1]), lines[-1]
+    assert sum("error:" in line for line in lines) == 1
+
+
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        ([b"generate", b"--prompt", b"a\xff\xfeb"], "not valid UTF-8"),
+        ([b"generate", b"--prompt", b"x", b"--budget", b"many"], "invalid int value"),
+        ([b"generate", b"--prompt", b"x", b"--target", b"{broken}"], "could not load the model from folder .*SafetensorError"),
+    ],
+    ids=["undecodable bytes", "argparse", "truncated weights"],
+)
+def test_the_real_command_exits_2_with_one_line(argv, expected, quick_assets_dir, broken_models):
+    broken = str(broken_models["target weights truncated"][0]).encode()
+    argv = [a.replace(b"{broken}", broken) for a in argv]
+    done = subprocess.run([sys.executable.encode(), b"-m", b"tev", *argv], cwd=REPO, capture_output=True, env={**os.environ, "TEV_ASSETS_DIR": str(quick_assets_dir)}, timeout=120)
+    err = done.stderr.decode("utf-8", "replace")
+    last = [line for line in err.splitlines() if line.strip()][-1]
+    assert done.returncode == 2 and "Traceback" not in err, err[-2000:]
+    assert "error: " in last and re.search(expected, last), last
+
+
+# =============================================================================== security
+SOURCES = [p for p in [REPO / "app.py", *sorted((REPO / "tev").glob("*.py")), *sorted((REPO / "visual").glob("*.py")), *sorted((REPO / "scripts").glob("*.py"))] if p.is_file()]
+
+
+def test_no_remote_code_and_no_pickle_anywhere():
+    for path in SOURCES:
+        text = path.read_text()
+        assert not re.search(r"trust_remote_code\s*=\s*True", text), path
+        assert not re.search(r"\bimport pickle\b|\bpickle\.load|torch\.load\(|weights_only\s*=\s*False", text), path
+    models = (REPO / "tev" / "models.py").read_text()
+    assert "use_safetensors=True" in models and "trust_remote_code=False" in models
+
+
+def test_the_app_listens_on_loopback_only_with_uploads_capped(app_server):
+    port = f"{app_server.port:04X}"
+    listening = [line.split()[1] for line in Path("/proc/net/tcp").read_text().splitlines()[1:] if line.split()[1].endswith(":" + port) and line.split()[3] == "0A"]
+    assert listening == [f"0100007F:{port}"]  # 127.0.0.1 only, not 0.0.0.0
+    source = (REPO / "app.py").read_text()
+    assert "share=False" in source and 'os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1")' in source
+    answer = httpx.post(app_server.url.rstrip("/") + "/gradio_api/upload", files={"files": ("big.bin", b"\0" * 2_000_000)}, timeout=30)
+    assert answer.status_code == 413, (answer.status_code, answer.text[:200])
+
+
+def test_the_app_writes_nothing_beside_itself(app_server):
+    """Gradio writes a ``.pyi`` stub beside a module that defines a component subclass; the
+    app's two subclasses are made with that switched off."""
+    assert not (REPO / "app.pyi").exists()
+
+
+def test_the_ui_takes_no_paths_model_ids_or_uploads(app_server):
+    config = httpx.get(app_server.url.rstrip("/") + "/config", timeout=30).json()
+    inputs = [c for c in config["components"] if c.get("props", {}).get("interactive") is not False]
+    kinds = {c["type"] for c in inputs}
+    assert not kinds & {"file", "uploadbutton", "image", "audio", "video", "model3d", "dataframe", "fileexplorer"}, kinds
+    textboxes = [c["props"].get("label") for c in config["components"] if c["type"] == "textbox"]
+    assert textboxes == ["prompt (Python code to continue)", "prompt"]
+
+
+def test_served_models_keep_no_autograd_graph(quick_assets_dir, monkeypatch):
+    """Inference-only models: a round's tensors hold no autograd graph (before, every record a
+    session kept in its state also kept the target's activations alive: ~4 MB per session)."""
+    from tev.decode import GenerationConfig, run_to_end, speculative_generate
+    from tev.models import encode_prompt, load_bundle
+
+    monkeypatch.setenv("TEV_ASSETS_DIR", str(quick_assets_dir))
+    bundle = load_bundle()
+    assert not any(p.requires_grad for p in bundle.target.parameters())
+    assert not any(p.requires_grad for p in bundle.drafter("block").model.parameters())
+    records, _ = run_to_end(speculative_generate(bundle.target, bundle.drafter("block"), encode_prompt(bundle.tokenizer, PROMPT), GenerationConfig(budget=8, max_new_tokens=8), bundle.tokenizer))
+    assert not records[0].flow.reach.requires_grad and not records[0].tree.draft_logprob.requires_grad
