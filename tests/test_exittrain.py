@@ -153,3 +153,37 @@ def test_missing_data_is_refused():
         ExitTrainer(ExitTrainConfig(), target, drafter.model, torch.zeros(0, dtype=torch.long), first_anchor=0)
     with pytest.raises(ValueError, match="room for anchors"):
         ExitTrainer(ExitTrainConfig(), target, drafter.model, torch.zeros(4, 5, dtype=torch.long), first_anchor=4)
+
+
+def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_assets_dir, tmp_path, monkeypatch):
+    """`bench exittrain --install`: every mode trained from one base; the shipped drafter is
+    the evaluated exit drafter byte for byte, with its card entry; other assets untouched."""
+    import json
+    import shutil
+
+    from tev.exittrain import install_from_ablation, run_ablation
+    from tev.models import load_bundle
+    from tev.paths import embedded
+    from tev.prompts import load_prompt_set
+
+    assets = tmp_path / "assets"
+    shutil.copytree(quick_assets_dir, assets)
+    monkeypatch.setenv("TEV_ASSETS_DIR", str(assets))
+    target_bytes = (assets / "models" / "target" / "model.safetensors").read_bytes()
+    bundle = load_bundle(dtype="float32")
+    config = ExitTrainConfig(steps=2, budget=8, sequences_per_step=2, anchors_per_sequence=2, eval_every=0, save_every=0)
+    prompts = load_prompt_set("heldout")[:2]
+    result = run_ablation(bundle, embedded("block"), config=config, data_sequences=4, context_length=24, new_tokens=8, prompts=prompts, budgets=(8,), temperatures=(0.0, 1.0), max_new_tokens=6, out=tmp_path / "eval", progress=False, cache_dir=None)
+    assert sorted({row["drafter"] for row in result["rows"]}) == ["base", "exit", "none", "prefix"]
+    assert len(result["rows"]) == 4 * 2 and all(row["tau"] >= 1 for row in result["rows"])
+    assert set(result["training"]) == {"none", "prefix", "exit"} and result["base_heldout_expected_tau"] >= 1
+    result["command"] = "python -m tev bench exittrain --install"
+    install_from_ablation(result, tmp_path / "eval", bundle.target)
+    shipped = embedded("exittrain")
+    assert (shipped / "drafter.safetensors").read_bytes() == (tmp_path / "eval" / "drafter-exit" / "drafter.safetensors").read_bytes()
+    entry = json.loads((shipped / "exittrain.json").read_text())
+    assert entry["config"]["weights"] == "exit" and "| exit |" in entry["ablation"]
+    card = (assets / "README.md").read_text()
+    assert "## ExitTrain drafter" in card and "python -m tev bench exittrain --install" in card
+    assert (assets / "models" / "target" / "model.safetensors").read_bytes() == target_bytes
+    assert not [p.name for p in (assets / "models").iterdir() if p.name.startswith(".")]  # no staging left

@@ -144,8 +144,10 @@ def add_bench_parser(subparsers) -> None:
     add_model_arguments(e2e)
     e2e.set_defaults(func=_run_e2e)
 
+    from .exittrain import add_ablation_parser
     from .report import add_report_parser
 
+    add_ablation_parser(kinds)
     add_report_parser(kinds)
 
 

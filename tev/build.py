@@ -612,12 +612,45 @@ def render_card(report: dict) -> str:
 
 
 def _exittrain_card_lines(entry: dict) -> list[str]:
-    return [
-        "## ExitTrain drafter",
+    """The card's ExitTrain section, from the report ``python -m tev exittrain --install`` writes."""
+    from .bench import format_tau_table
+
+    config = entry["config"]
+    lines = [
+        "## ExitTrain drafter `q` (fine-tuned from the base drafter)",
         "",
-        entry.get("summary", ""),
+        "Trained by:",
+        "",
+        "```bash",
+        entry.get("command", "python -m tev exittrain --install"),
+        "```",
+        "",
+        f"Exit-weighted loss `L_tok + {config['lambda_exit']:g} L_exit` ({config['weights']} weights), training trees of budget "
+        f"{config['budget']} scored by the frozen target at T = {config['temperature']:g}; {entry['steps_done']} steps x "
+        f"{config['sequences_per_step'] * config['anchors_per_sequence']} anchors ({config['sequences_per_step']} target-regenerated sequences x "
+        f"{config['anchors_per_sequence']} anchors), lr {config['lr']:g}; {entry['seconds'] / 60:.1f} min on CPU.",
+        f"Held-out expected `1 + C` (T = {config['temperature']:g}, fixed held-out anchors): {entry['heldout_expected_tau_before']:.3f} before, "
+        f"{entry['heldout_expected_tau_after']:.3f} after.",
         "",
     ]
+    for name, title in (("before", "base drafter"), ("after", "ExitTrain drafter")):
+        if entry.get("tau", {}).get(name) and not entry.get("ablation"):  # the ablation table holds both
+            lines += [f"Decoding `tau` on held-out prompts, {title}:", "", format_tau_table(entry["tau"][name]), ""]
+    if entry.get("ablation"):
+        lines += ["Ablation from the same run (equal data, steps and seed; TEV decoding `tau` on held-out prompts):", "", entry["ablation"], ""]
+    return lines
+
+
+def refresh_card(assets: Path) -> None:
+    """Re-render ``assets/README.md`` from ``models/build.json`` and, when present, the
+    installed ExitTrain drafter's ``exittrain.json``."""
+    report = json.loads((assets / "models" / "build.json").read_text())
+    exittrain = assets / "models" / "drafter-exittrain" / "exittrain.json"
+    if exittrain.is_file():
+        report["exittrain"] = json.loads(exittrain.read_text())
+    temporary = assets / f".README.md.tmp-{os.getpid()}"
+    temporary.write_text(render_card(report))
+    os.replace(temporary, assets / "README.md")
 
 
 def run_build(config: BuildConfig, work: Path, out: Path, quick: bool, fresh: bool, command: str, log=print) -> dict:

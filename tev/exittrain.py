@@ -22,6 +22,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -532,13 +533,15 @@ def _fingerprint(model) -> str:
     return digest.hexdigest()[:12]
 
 
-def install_drafter(drafter: BlockDrafter, destination: Path) -> None:
-    """Save ``drafter`` into a staging folder, then swap it in for ``destination``."""
+def install_drafter(drafter: BlockDrafter, destination: Path, extra_files: dict[str, str] | None = None) -> None:
+    """Save ``drafter`` (and ``extra_files``) into a staging folder, then swap it in for ``destination``."""
     destination = Path(destination)
     staged = destination.with_name(f".{destination.name}.new-{os.getpid()}")
     retired = destination.with_name(f".{destination.name}.old-{os.getpid()}")
     shutil.rmtree(staged, ignore_errors=True)
     drafter.save_pretrained(staged)
+    for name, text in (extra_files or {}).items():
+        (staged / name).write_text(text)
     if destination.exists():
         os.replace(destination, retired)
     os.replace(staged, destination)
@@ -581,6 +584,11 @@ def _run_exittrain(args) -> None:
     from .models import load_bundle
     from .paths import embedded
 
+    for flag in ("data_sequences", "heldout_sequences", "context_length", "new_tokens"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if args.eval_prompts < 0:
+        raise ValueError(f"--eval-prompts must be 0 (skip) or more, got {args.eval_prompts}")
     config = config_from_args(args)
     root = Path(__file__).resolve().parent.parent
     out = Path(args.out) if args.out else root / "runs" / "exittrain" / f"{config.weights}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -631,8 +639,13 @@ def _run_exittrain(args) -> None:
     if args.install:
         if trainer.step < config.steps:
             raise ValueError("the run did not finish; not installing a partial drafter")
-        install_drafter(trained, embedded("exittrain"))
-        print(f"installed as {embedded('exittrain')}")
+        from .build import refresh_card
+        from .paths import assets_dir
+
+        report["command"] = "python -m tev " + " ".join(sys.argv[1:])
+        install_drafter(trained, embedded("exittrain"), extra_files={"exittrain.json": json.dumps(report, indent=1)})
+        refresh_card(assets_dir())
+        print(f"installed as {embedded('exittrain')}; model card updated")
 
 
 # --------------------------------------------------------------------------- live mode (the app)
@@ -648,3 +661,179 @@ def load_live_data(path: Path | None = None) -> tuple[torch.Tensor, torch.Tensor
         raise FileNotFoundError(f"the live ExitTrain data is missing ({path}); rebuild it with `python -m tev build-assets`")
     tensors = load_file(path)
     return tensors["train"].long(), tensors["heldout"].long(), int(tensors["first_anchor"].item())
+
+
+# --------------------------------------------------------------------------- evaluation: the ablation
+def run_ablation(
+    bundle,
+    base: Path,
+    modes=("none", "prefix", "exit"),
+    config: ExitTrainConfig = ExitTrainConfig(),
+    data_sequences: int = 1024,
+    context_length: int = 128,
+    new_tokens: int = 96,
+    prompts: list[dict] | None = None,
+    budgets=(16, 32, 64),
+    temperatures=(0.0, 1.0),
+    max_new_tokens: int = 64,
+    out: Path | None = None,
+    progress: bool = True,
+    cache_dir: Path | None = Path(__file__).resolve().parent.parent / "runs" / "exittrain-data",
+) -> dict:
+    """Train one drafter per weight mode from the same base, data, seed and steps; then
+    measure decoding ``tau`` (TEV) and mean ``1 + C`` for the base and every variant.
+
+    The training sequences are cached in ``cache_dir`` (None: no cache); with ``out`` each
+    trained drafter is saved as ``out/drafter-<mode>``.
+    """
+    from tqdm import tqdm
+
+    from .bench import evaluate_drafter
+    from .drafters import BlockTreeDrafter
+
+    train = training_sequences(bundle.target, bundle.tokenizer, "train", data_sequences, context_length, new_tokens, seed=config.seed + 7, cache_dir=cache_dir, progress=progress)
+    heldout = training_sequences(bundle.target, bundle.tokenizer, "heldout", 48, context_length, new_tokens, seed=config.seed + 8, cache_dir=cache_dir, progress=progress)
+    drafters = {"base": BlockDrafter.from_pretrained(base, bundle.target)}
+    training = {}
+    base_heldout_tau = None
+    for mode in modes:
+        variant = ExitTrainConfig(**{**asdict(config), "weights": mode, "save_every": 0})
+        drafter = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
+        trainer = ExitTrainer(variant, bundle.target, drafter, train, heldout=heldout, first_anchor=context_length - 1)
+        if base_heldout_tau is None:  # same held-out anchors and temperature for every mode
+            base_heldout_tau = trainer.heldout_expected_tau()
+        start = time.time()
+        bar = tqdm(total=variant.steps, desc=f"train [{mode}]", disable=not progress)
+        for event in trainer.run():
+            bar.set_postfix(loss=f"{event.loss:.3f}", tau_bound=f"{event.expected_tau:.3f}")
+            bar.update(1)
+        bar.close()
+        trained = trainer.accelerator.unwrap_model(trainer.drafter).eval()
+        training[mode] = {"seconds": time.time() - start, "heldout_expected_tau": trainer.heldout_expected_tau(), "history": trainer.history}
+        if out is not None:
+            trained.save_pretrained(Path(out) / f"drafter-{mode}")
+        drafters[mode] = trained.to(torch.bfloat16)
+    rows = []
+    for name, model in drafters.items():
+        measured = evaluate_drafter(bundle.target, bundle.tokenizer, BlockTreeDrafter(model, name=name), prompts, budgets=budgets, temperatures=temperatures, max_new_tokens=max_new_tokens, desc=f"tau [{name}]", progress=progress)
+        rows += [{"drafter": name, **row} for row in measured]
+    return {"config": asdict(config), "data_sequences": data_sequences, "prompts": len(prompts), "rows": rows, "training": training, "base_heldout_expected_tau": base_heldout_tau}
+
+
+def format_ablation(result: dict) -> str:
+    rows = result["rows"]
+    base = {(r["budget"], r["temperature"]): r["tau"] for r in rows if r["drafter"] == "base"}
+    lines = ["| T | B | drafter | tau (+- s.e.) | vs base | mean 1 + C |", "|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["temperature"], r["budget"], ["base", "none", "prefix", "exit"].index(r["drafter"]) if r["drafter"] in ("base", "none", "prefix", "exit") else 9)):
+        change = r["tau"] / base[(r["budget"], r["temperature"])] - 1
+        lines.append(f"| {r['temperature']:g} | {r['budget']} | {r['drafter']} | {r['tau']:.3f} +- {r['tau_se']:.3f} | {100 * change:+.1f}% | {r['tau_bound']:.3f} |")
+    return "\n".join(lines)
+
+
+def add_ablation_parser(kinds) -> None:
+    from .cli import add_model_arguments
+
+    parser = kinds.add_parser("exittrain", help="ExitTrain evaluation: base vs token-only vs prefix vs exit weights, equal steps and data")
+    defaults = ExitTrainConfig()
+    parser.add_argument("--modes", nargs="+", choices=WEIGHT_MODES, default=["none", "prefix", "exit"])
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--budget", type=int, default=defaults.budget, help="training-tree budget")
+    parser.add_argument("--lambda", dest="lambda_exit", type=float, default=defaults.lambda_exit)
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--data-sequences", type=int, default=1024)
+    parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64])
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--base", help="drafter folder to start from (default: the embedded base drafter)")
+    parser.add_argument("--out", help="folder for the trained drafters and exittrain-eval.json (default: runs/exittrain-eval-<time>)")
+    parser.add_argument("--live", action="store_true", help="instead: the app's 1-2 minute live mode, once per --live-seeds, tau change at B=32")
+    parser.add_argument("--live-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--install", action="store_true", help="ship the exit-weighted drafter of this run as assets/models/drafter-exittrain (with its evaluation)")
+    add_model_arguments(parser)
+    parser.set_defaults(func=_run_ablation)
+
+
+def _run_ablation(args) -> None:
+    from .models import load_bundle
+    from .paths import embedded
+    from .prompts import load_prompt_set
+
+    root = Path(__file__).resolve().parent.parent
+    out = Path(args.out) if args.out else root / "runs" / f"exittrain-eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download)
+    config = ExitTrainConfig(**{**asdict(ExitTrainConfig()), "steps": args.steps, "budget": args.budget, "lambda_exit": args.lambda_exit, "lr": args.lr, "seed": args.seed, "eval_every": 0, "save_every": 0})
+    prompts = load_prompt_set("heldout")[:: max(1, 64 // args.num_prompts)][: args.num_prompts]
+    if args.live:
+        result = run_live_check(bundle, args.live_seeds, prompts, max_new_tokens=args.max_new_tokens)
+        (out / "exittrain-live.json").write_text(json.dumps(result, indent=1))
+        for key, change in result["tau_change"].items():
+            print(f"live mode ({result['config']['steps']} steps, {sum(r['train_seconds'] for r in result['runs']) / len(result['runs']):.0f}s of training): {key}: "
+                  f"tau {change['base_tau']:.3f} -> change mean {100 * change['mean']:+.1f}% (min {100 * change['min']:+.1f}%, max {100 * change['max']:+.1f}%) over seeds {args.live_seeds}")
+        print(f"wrote {out / 'exittrain-live.json'}")
+        return
+    if args.install and "exit" not in args.modes:
+        raise ValueError("--install ships the exit-weighted drafter: keep exit in --modes")
+    result = run_ablation(bundle, Path(args.base) if args.base else embedded("block"), args.modes, config, args.data_sequences, prompts=prompts, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, out=out)
+    result["command"] = "python -m tev " + " ".join(sys.argv[1:])
+    (out / "exittrain-eval.json").write_text(json.dumps(result, indent=1))
+    print(format_ablation(result))
+    print(f"wrote {out / 'exittrain-eval.json'}")
+    if args.install:
+        install_from_ablation(result, out, bundle.target)
+
+
+def install_from_ablation(result: dict, out: Path, target) -> None:
+    """Ship the ablation's exit-weighted drafter, so the shipped drafter is the one the
+    evaluation measured; its card entry has the same fields ``exittrain --install`` writes."""
+    from .build import refresh_card
+    from .paths import assets_dir, embedded
+
+    config = {**result["config"], "weights": "exit"}
+    training = result["training"]["exit"]
+    entry = {
+        "config": config,
+        "steps_done": config["steps"],
+        "seconds": training["seconds"],
+        "heldout_expected_tau_before": result["base_heldout_expected_tau"],
+        "heldout_expected_tau_after": training["heldout_expected_tau"],
+        "history": training["history"],
+        "tau": {name: [row for row in result["rows"] if row["drafter"] == drafter] for name, drafter in (("before", "base"), ("after", "exit"))},
+        "ablation": format_ablation(result),
+        "command": result["command"],
+    }
+    trained = BlockDrafter.from_pretrained(out / "drafter-exit", target)
+    trained.config.notes = {**trained.config.notes, "exittrain": config, "trained_by": result["command"]}
+    install_drafter(trained, embedded("exittrain"), extra_files={"exittrain.json": json.dumps(entry, indent=1)})
+    refresh_card(assets_dir())
+    print(f"installed the exit-weighted drafter as {embedded('exittrain')}; model card updated")
+
+
+def run_live_check(bundle, seeds=(0, 1, 2), prompts: list[dict] | None = None, budget: int = 32, max_new_tokens: int = 64, progress: bool = True) -> dict:
+    """The app's live mode (``LIVE_CONFIG`` on the shipped live data) from the base drafter,
+    once per seed: wall time and the decoding ``tau`` change on held-out prompts."""
+    from .bench import evaluate_drafter
+    from .drafters import BlockTreeDrafter
+    from .paths import embedded
+
+    train, heldout, first_anchor = load_live_data()
+    base = BlockTreeDrafter(BlockDrafter.from_pretrained(embedded("block"), bundle.target), name="base")
+    reference = evaluate_drafter(bundle.target, bundle.tokenizer, base, prompts, budgets=(budget,), max_new_tokens=max_new_tokens, desc="tau [base]", progress=progress)
+    runs = []
+    for seed in seeds:
+        config = ExitTrainConfig(**{**asdict(LIVE_CONFIG), "seed": seed})
+        trainer = ExitTrainer(config, bundle.target, BlockDrafter.from_pretrained(embedded("block"), bundle.target, dtype=torch.float32), train, heldout=heldout, first_anchor=first_anchor)
+        start = time.time()
+        for _ in trainer.run():
+            pass
+        seconds = time.time() - start
+        trained = BlockTreeDrafter(trainer.accelerator.unwrap_model(trainer.drafter).eval().to(torch.bfloat16), name=f"live-{seed}")
+        rows = evaluate_drafter(bundle.target, bundle.tokenizer, trained, prompts, budgets=(budget,), max_new_tokens=max_new_tokens, desc=f"tau [live seed {seed}]", progress=progress)
+        runs.append({"seed": seed, "train_seconds": seconds, "rows": rows})
+    changes = {}
+    for i, base_row in enumerate(reference):
+        values = [run["rows"][i]["tau"] / base_row["tau"] - 1 for run in runs]
+        changes[f"T={base_row['temperature']:g}"] = {"base_tau": base_row["tau"], "relative_changes": values, "mean": sum(values) / len(values), "min": min(values), "max": max(values)}
+    return {"config": asdict(LIVE_CONFIG), "budget": budget, "prompts": len(prompts), "base": reference, "runs": runs, "tau_change": changes}
