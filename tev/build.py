@@ -629,7 +629,7 @@ def _exittrain_card_lines(entry: dict) -> list[str]:
         f"{config['budget']} scored by the frozen target at T = {config['temperature']:g}; {entry['steps_done']} steps x "
         f"{config['sequences_per_step'] * config['anchors_per_sequence']} anchors ({config['sequences_per_step']} target-regenerated sequences x "
         f"{config['anchors_per_sequence']} anchors), lr {config['lr']:g}; {entry['seconds'] / 60:.1f} min on CPU.",
-        f"Held-out expected `1 + C` (T = {config['temperature']:g}, fixed held-out anchors): {entry['heldout_expected_tau_before']:.3f} before, "
+        f"Held-out expected `1 + C` (T = {config['temperature']:g}, fixed anchors in held-out target-regenerated text, half greedy and half sampled): {entry['heldout_expected_tau_before']:.3f} before, "
         f"{entry['heldout_expected_tau_after']:.3f} after.",
         "",
     ]
