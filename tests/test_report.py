@@ -20,7 +20,7 @@ PROMPTS = [
     {"id": "class", "text": "class A:\n    pass\n\ndef add(a,"},
 ]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-HOLDS = {"yes", "no", "n/a"}
+HOLDS = {"yes", "partly", "no", "n/a"}
 
 # Fake ExitTrain ablation rows (as `python -m tev bench exittrain` writes them): exit beats
 # none beats base, prefix below exit; the mean exit/base gain is (2.2/2.0 + 3.3/3.0) / 2 - 1 = 0.10.
@@ -130,3 +130,16 @@ def test_the_exit_law_and_coverage_checks_catch_a_biased_verifier(pair, monkeypa
     assert exit_law["holds"] == "no" and exit_law["figures"]["chi2_p_value"] < 1e-6
     assert exit_law["figures"]["sum_error"] < 1e-5  # the flow itself is still right
     assert coverage["holds"] == "no"
+
+
+def test_a_small_exittrain_gain_holds_only_partly():
+    """Right order but a gain far below the paper's +13%: the row says partly, not yes."""
+    from tev.report import check_exittrain, exittrain_from_results
+
+    base = [row for row in EXITTRAIN["rows"] if row["drafter"] == "base"]
+    small = {"rows": [{**row, "drafter": name, "tau": row["tau"] * factor} for row in base for name, factor in (("base", 1.0), ("none", 1.01), ("prefix", 0.999), ("exit", 1.02))]}
+    claim = check_exittrain(exittrain_from_results(small))
+    assert claim["holds"] == "partly" and claim["value"] == pytest.approx(0.02)
+    assert "exit beats none in 2 and prefix in 2 of 2 settings" in claim["this_run"]
+    backwards = {"rows": [{**row, "tau": 1.0 if row["drafter"] == "exit" else row["tau"]} for row in EXITTRAIN["rows"]]}
+    assert check_exittrain(exittrain_from_results(backwards))["holds"] == "no"
