@@ -1,0 +1,70 @@
+"""Take the README screenshot from the real app: `python scripts/screenshot.py [--out assets/screenshot.png]`.
+
+Starts `python app.py` on the embedded assets, drives Debian Chromium with Playwright (Generate
+on a held-out prompt), and saves a PNG of the Live tab. `--all DIR` also saves the other tabs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.appserver import AppServer  # noqa: E402
+from tev.paths import assets_dir  # noqa: E402
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=str(REPO / "assets" / "screenshot.png"))
+    parser.add_argument("--all", help="also save every tab as PNG into this folder")
+    parser.add_argument("--prompt", default='def is_prime(n):\n    """Return True if n is a prime number."""\n')
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    log = Path(tempfile.mkdtemp()) / "app.log"
+    server = AppServer(assets_dir(), log)
+    try:
+        print(f"app ready in {server.wait_ready():.1f}s")
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000}, device_scale_factor=1)
+            page.goto(server.url, wait_until="domcontentloaded")
+            page.wait_for_selector("#generate-button", timeout=60_000)
+            page.wait_for_function("!document.body.innerText.includes('loading models')", timeout=60_000)
+            page.get_by_label("prompt (Python code to continue)").fill(args.prompt)
+            page.get_by_role("spinbutton", name="number input for temperature T").fill("0")
+            page.keyboard.press("Enter")
+            page.click("#generate-button")
+            page.wait_for_function("document.querySelector('#live-stats').innerText.includes('stopped')", timeout=120_000)
+            page.wait_for_timeout(1500)
+            print("stats:", " | ".join(page.locator("#live-stats").inner_text().split("\n")))
+            page.locator("#text-view").scroll_into_view_if_needed()
+            page.screenshot(path=args.out, clip={"x": 0, "y": 0, "width": 1400, "height": 2100}, full_page=True)
+            print(f"saved {args.out}")
+            if args.all:
+                folder = Path(args.all)
+                folder.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(folder / "live-full.png"), full_page=True)
+                for tab, button in (("lab", "Run the verifiers"), ("exittrain", "Compare the shipped ExitTrain drafter instead")):
+                    page.get_by_role("tab", name={"lab": "Verifier lab", "exittrain": "ExitTrain"}[tab]).click()
+                    page.get_by_role("button", name=button).click()
+                    page.wait_for_timeout(30_000)
+                    page.screenshot(path=str(folder / f"{tab}.png"), full_page=True)
+                page.get_by_role("tab", name="Learn").click()
+                page.wait_for_timeout(1000)
+                page.screenshot(path=str(folder / "learn.png"), full_page=True)
+                print(f"saved tabs into {folder}")
+            browser.close()
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
