@@ -45,7 +45,7 @@ class TargetFlow:
     @property
     def coverage(self) -> float:
         """``C(T) = sum_{v != r} P(v)``: the expected number of accepted draft tokens."""
-        return float(self.reach[1:].sum())
+        return float(self.reach[1:].detach().sum())  # a number for reports; no graph kept
 
     @property
     def tau_bound(self) -> float:
