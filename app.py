@@ -340,7 +340,7 @@ def compare_shipped(progress=gr.Progress()):
     for name in ("block", "exittrain"):
         with SERVICE.compute:
             lab = tree_from_prompt(bundle.target, bundle.drafter(name), prompt, 32, 1.0)
-        trees.append(tree_figure(lab.tree, lab.flow, None, token_text=SERVICE.token_text, title=f"{name} drafter, same prompt: 1 + C = {lab.flow.tau_bound:.3f}"))
+        trees.append(tree_figure(lab.tree, lab.flow, None, token_text=SERVICE.token_text, title=f"{name} drafter, same prompt"))
     return before_after_figure(rows), table, trees[0], trees[1]
 
 
