@@ -83,7 +83,7 @@ class CausalLMSession:
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         head = model.get_output_embeddings()
         self.lazy_head = getattr(model.config, "model_type", None) in _PLAIN_HEAD and head is not None and getattr(head, "bias", None) is None
-        self.head = head.weight if self.lazy_head else None
+        self.head = head.weight.detach() if self.lazy_head else None  # inference only: projections keep no graph
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor) -> ForwardOutput:
         want_hidden = bool(self.feature_layers)
