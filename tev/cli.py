@@ -7,7 +7,7 @@ import sys
 
 from tqdm import tqdm
 
-from .decode import MIN_TEMPERATURE, GenerationConfig, GenerationSummary, autoregressive_generate, speculative_generate
+from .decode import GenerationConfig, GenerationSummary, autoregressive_generate, speculative_generate
 from .models import DRAFTER_KINDS, encode_prompt, load_bundle
 from .verify import VERIFIERS
 
@@ -21,8 +21,6 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     parser.add_argument("--device-map", default=None, help="'auto' to spread a large target over devices (accelerate)")
     parser.add_argument("--allow-download", action="store_true", help="let Hugging Face ids download (default: offline, cache only)")
-
-
 
 
 def check_prompt_text(prompt: str) -> str:
@@ -40,8 +38,6 @@ def check_prompt_text(prompt: str) -> str:
 
 def _run_generate(args) -> None:
     check_prompt_text(args.prompt)
-    if 0 < args.temperature < MIN_TEMPERATURE:
-        raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {args.temperature!r}")
     if any(not stop for stop in args.stop or ()):
         raise ValueError("--stop needs a non-empty string")
     config = GenerationConfig(  # checked before the models load: a bad flag fails at once

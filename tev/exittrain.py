@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
 import sys
 import threading
@@ -548,6 +549,11 @@ def install_drafter(drafter: BlockDrafter, destination: Path, extra_files: dict[
     shutil.rmtree(retired, ignore_errors=True)
 
 
+def _invoked_command() -> str:
+    """This process's ``python -m tev ...`` command line, shell-quoted (for reports and the card)."""
+    return shlex.join(["python", "-m", "tev", *sys.argv[1:]])
+
+
 def add_exittrain_parser(commands) -> None:
     from .cli import add_model_arguments
 
@@ -642,7 +648,7 @@ def _run_exittrain(args) -> None:
         from .build import refresh_card
         from .paths import assets_dir
 
-        report["command"] = "python -m tev " + " ".join(sys.argv[1:])
+        report["command"] = _invoked_command()
         install_drafter(trained, embedded("exittrain"), extra_files={"exittrain.json": json.dumps(report, indent=1)})
         refresh_card(assets_dir())
         print(f"installed as {embedded('exittrain')}; model card updated")
@@ -725,7 +731,8 @@ def format_ablation(result: dict) -> str:
     rows = result["rows"]
     base = {(r["budget"], r["temperature"]): r["tau"] for r in rows if r["drafter"] == "base"}
     lines = ["| T | B | drafter | tau (+- s.e.) | vs base | mean 1 + C |", "|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r["temperature"], r["budget"], ["base", "none", "prefix", "exit"].index(r["drafter"]) if r["drafter"] in ("base", "none", "prefix", "exit") else 9)):
+    order = ("base", "none", "prefix", "exit")  # the controls first, the method last
+    for r in sorted(rows, key=lambda r: (r["temperature"], r["budget"], order.index(r["drafter"]) if r["drafter"] in order else len(order))):
         change = r["tau"] / base[(r["budget"], r["temperature"])] - 1
         lines.append(f"| {r['temperature']:g} | {r['budget']} | {r['drafter']} | {r['tau']:.3f} +- {r['tau_se']:.3f} | {100 * change:+.1f}% | {r['tau_bound']:.3f} |")
     return "\n".join(lines)
@@ -778,7 +785,7 @@ def _run_ablation(args) -> None:
     if args.install and "exit" not in args.modes:
         raise ValueError("--install ships the exit-weighted drafter: keep exit in --modes")
     result = run_ablation(bundle, Path(args.base) if args.base else embedded("block"), args.modes, config, args.data_sequences, prompts=prompts, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, out=out)
-    result["command"] = "python -m tev " + " ".join(sys.argv[1:])
+    result["command"] = _invoked_command()
     (out / "exittrain-eval.json").write_text(json.dumps(result, indent=1))
     print(format_ablation(result))
     print(f"wrote {out / 'exittrain-eval.json'}")
