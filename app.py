@@ -16,14 +16,14 @@ import gradio as gr
 import gradio.component_meta
 import torch
 
-from tev.bench import evaluate_drafter, fit_prompt
-from tev.decode import GenerationConfig, GenerationSummary
-from tev.drafters import BlockDrafter, BlockTreeDrafter
-from tev.exittrain import LIVE_CONFIG, ExitTrainConfig, ExitTrainer, load_live_data
-from tev.lab import run_lab, synthetic_tree, tree_from_prompt
-from tev.paths import embedded
-from tev.prompts import load_prompt_set
-from tev.service import LIMITS, ExitTrainSlot, ModelService, UserInputError, check_prompt, check_settings, records_to_json
+from tev.bench.benchmarks import evaluate_drafter, fit_prompt
+from tev.engine.decode import GenerationConfig, GenerationSummary
+from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
+from tev.train.exittrain import LIVE_CONFIG, ExitTrainConfig, ExitTrainer, load_live_data
+from tev.bench.lab import run_lab, synthetic_tree, tree_from_prompt
+from tev.util.paths import embedded
+from tev.data.prompts import load_prompt_set
+from tev.service.service import LIMITS, ExitTrainSlot, ModelService, UserInputError, check_prompt, check_settings, records_to_json
 from visual.figures import (
     before_after_figure,
     mass_by_depth_figure,

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from tev.tree import DraftTree
+from tev.core.tree import DraftTree
 
 ALPHA = 1e-3  # seeded tests are deterministic; this keeps a correct sampler far from the edge
 
@@ -18,7 +18,7 @@ def exact_block_law(tree: DraftTree, probs: torch.Tensor) -> dict[tuple[int, ...
 
     A block is the path tokens to the exit node ``V`` then a bonus ``y`` that is not a child
     token of ``V``: probability ``prod(path edges) * p_V(y)``. Computed in float64 by walking
-    each path, independently of ``tev.flow``.
+    each path, independently of ``tev.core.flow``.
     """
     p = probs.double()
     tokens = tree.tokens.tolist()

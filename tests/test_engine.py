@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from tev.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
-from tev.drafters import BlockTreeDrafter
-from tev.models import ModelLoadError, encode_prompt, load_bundle, load_drafter, load_tokenizer
-from tev.session import CausalLMSession
-from tev.tree import DraftTree
+from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from tev.engine.drafters import BlockTreeDrafter
+from tev.engine.models import ModelLoadError, encode_prompt, load_bundle, load_drafter, load_tokenizer
+from tev.engine.session import CausalLMSession
+from tev.core.tree import DraftTree
 from tests.helpers import ALPHA, chi_square_against
 from tests.tiny import OracleDrafter, save_pair, tiny_ar_drafter, tiny_block_drafter, tiny_target
 
@@ -238,7 +238,7 @@ def test_bundle_loads_every_drafter_kind(pair_folders):
 
 
 def test_generate_command_line_json(pair_folders, capsys):
-    from tev.__main__ import main
+    from tev.cli import main
 
     code = main(["generate", "--prompt", "def add(a, b):", "--target", str(pair_folders["target"]), "--draft", str(pair_folders["block"]),
                  "--budget", "8", "--temperature", "1", "--max-new-tokens", "10", "--seed", "3", "--json"])

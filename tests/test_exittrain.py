@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from tev.distill import regenerate_sequences
-from tev.exittrain import ExitTrainConfig, ExitTrainer, exit_loss_terms, node_weights, score_trees
-from tev.flow import target_flow
-from tev.tree import DraftTree
+from tev.train.distill import regenerate_sequences
+from tev.train.exittrain import ExitTrainConfig, ExitTrainer, exit_loss_terms, node_weights, score_trees
+from tev.core.flow import target_flow
+from tev.core.tree import DraftTree
 from tests.tiny import tiny_block_drafter, tiny_target
 
 VOCAB = 48
@@ -116,7 +116,7 @@ def test_interrupted_checkpoint_write_leaves_the_previous_checkpoint(tmp_path, m
     events = trainer.run(tmp_path)
     next(events), next(events)  # step 2 wrote a checkpoint
     assert (tmp_path / "checkpoint" / "trainer_state.json").is_file()
-    import tev.exittrain as module
+    import tev.train.exittrain as module
 
     def crash(*args, **kwargs):
         raise OSError("disk full")
@@ -161,10 +161,10 @@ def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_
     import json
     import shutil
 
-    from tev.exittrain import install_from_ablation, run_ablation
-    from tev.models import load_bundle
-    from tev.paths import embedded
-    from tev.prompts import load_prompt_set
+    from tev.train.exittrain import install_from_ablation, run_ablation
+    from tev.engine.models import load_bundle
+    from tev.util.paths import embedded
+    from tev.data.prompts import load_prompt_set
 
     assets = tmp_path / "assets"
     shutil.copytree(quick_assets_dir, assets)

@@ -3,8 +3,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tev.flow import target_flow
-from tev.tree import DraftTree
+from tev.core.flow import target_flow
+from tev.core.tree import DraftTree
 
 
 def one_hot_rows(rows: list[list[float]]) -> torch.Tensor:

@@ -291,7 +291,7 @@ def broken_models(quick_assets_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(BROKEN))
 def test_a_broken_model_folder_is_a_clear_load_error(broken_models, name):
-    from tev.models import ModelLoadError, load_bundle
+    from tev.engine.models import ModelLoadError, load_bundle
 
     target, draft = broken_models[name]
     with pytest.raises(ModelLoadError) as caught:
@@ -556,7 +556,7 @@ def _cli_id(case) -> str:
 def test_bad_command_line_flags(argv, expected, quick_assets_dir, tmp_path, monkeypatch, capsys):
     """Exit code 2 and one ``error: ...`` line (argparse's usage line may precede it), never a
     traceback; an exception escaping ``main`` fails this test as it would crash the command."""
-    from tev.__main__ import main
+    from tev.cli import main
 
     monkeypatch.setenv("TEV_ASSETS_DIR", str(quick_assets_dir))
     (tmp_path / "link-to-etc").symlink_to("/etc")
@@ -635,8 +635,8 @@ def test_the_ui_takes_no_paths_model_ids_or_uploads(app_server):
 def test_served_models_keep_no_autograd_graph(quick_assets_dir, monkeypatch):
     """Inference-only models: a round's tensors hold no autograd graph (before, every record a
     session kept in its state also kept the target's activations alive: ~4 MB per session)."""
-    from tev.decode import GenerationConfig, run_to_end, speculative_generate
-    from tev.models import encode_prompt, load_bundle
+    from tev.engine.decode import GenerationConfig, run_to_end, speculative_generate
+    from tev.engine.models import encode_prompt, load_bundle
 
     monkeypatch.setenv("TEV_ASSETS_DIR", str(quick_assets_dir))
     bundle = load_bundle()

@@ -7,10 +7,10 @@ import re
 import pytest
 import torch
 
-from tev.__main__ import main
-from tev.models import load_bundle
+from tev.cli import main
+from tev.engine.models import load_bundle
 from tev import verify
-from tev.report import QUICK, build_report, check_coverage_bound, check_exit_law, real_trees, run_labs
+from tev.bench.report import QUICK, build_report, check_coverage_bound, check_exit_law, real_trees, run_labs
 from tests.tiny import save_pair
 
 # The tiny target's context is 96 tokens: short snippets only.
@@ -134,7 +134,7 @@ def test_the_exit_law_and_coverage_checks_catch_a_biased_verifier(pair, monkeypa
 
 def test_a_small_exittrain_gain_holds_only_partly():
     """Right order but a gain far below the paper's +13%: the row says partly, not yes."""
-    from tev.report import check_exittrain, exittrain_from_results
+    from tev.bench.report import check_exittrain, exittrain_from_results
 
     base = [row for row in EXITTRAIN["rows"] if row["drafter"] == "base"]
     small = {"rows": [{**row, "drafter": name, "tau": row["tau"] * factor} for row in base for name, factor in (("base", 1.0), ("none", 1.01), ("prefix", 0.999), ("exit", 1.02))]}

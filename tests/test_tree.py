@@ -3,7 +3,7 @@ import itertools
 import pytest
 import torch
 
-from tev.tree import DraftTree
+from tev.core.tree import DraftTree
 from tests.helpers import random_tree
 
 

@@ -6,9 +6,9 @@ from collections import Counter
 import pytest
 import torch
 
-from tev.flow import target_flow
-from tev.tree import DraftTree
-from tev.verify import VERIFIERS, TargetRows, verify
+from tev.core.flow import target_flow
+from tev.core.tree import DraftTree
+from tev.core.verify import VERIFIERS, TargetRows, verify
 from tests.helpers import ALPHA, chi_square_against, exact_block_law, power_against_shift, random_tree
 
 SAMPLERS = ("tev", "predraw", "sequential")

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from tests.helpers import random_tree
-from tev.decode import STAGES, RoundRecord
-from tev.flow import target_flow
-from tev.tree import DraftTree
-from tev.verify import Verdict, verify
+from tev.engine.decode import STAGES, RoundRecord
+from tev.core.flow import target_flow
+from tev.core.tree import DraftTree
+from tev.core.verify import Verdict, verify
 from visual import (
     NODE_FIELDS,
     before_after_figure,

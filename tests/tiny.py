@@ -8,8 +8,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from tev.drafters import ARTreeDrafter, BlockDrafter, BlockDrafterConfig, BlockTreeDrafter, DraftContext
-from tev.tree import DraftTree
+from tev.engine.drafters import ARTreeDrafter, BlockDrafter, BlockDrafterConfig, BlockTreeDrafter, DraftContext
+from tev.core.tree import DraftTree
 
 CORPUS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n", "class A:\n    pass\n"] * 20
 

@@ -1,20 +1,28 @@
-"""``python -m tev generate``: speculative (or autoregressive) generation from the command line."""
+"""The ``python -m tev`` command line: the one place that builds the argument parser.
+
+Each command lives in its own module as a plain function of the parsed options; this module
+only declares the options and wires each subcommand to its function.
+"""
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 
-from tqdm import tqdm
+import torch
 
-from .decode import GenerationConfig, GenerationSummary, autoregressive_generate, speculative_generate
-from .models import DRAFTER_KINDS, encode_prompt, load_bundle
-from .verify import VERIFIERS
+from tev.bench.benchmarks import e2e_command, verifiers_command
+from tev.bench.report import FULL, QUICK, report_command
+from tev.core.verify import VERIFIERS
+from tev.engine.generate_command import generate_command
+from tev.engine.models import DRAFTER_KINDS
+from tev.train.build import build_assets_command
+from tev.train.exittrain import WEIGHT_MODES, ExitTrainConfig, ablation_command, exittrain_command
 
-__all__ = ["add_model_arguments", "add_generate_parser"]
+__all__ = ["build_parser", "main"]
 
 
-def add_model_arguments(parser) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", help="target model: a local folder or a Hugging Face id (default: the embedded target)")
     parser.add_argument("--draft", help="drafter: a block-drafter folder or a causal LM folder / HF id (default: embedded drafters)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
@@ -23,79 +31,7 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--allow-download", action="store_true", help="let Hugging Face ids download (default: offline, cache only)")
 
 
-def check_prompt_text(prompt: str) -> str:
-    """The command line's prompt checks (raises ``ValueError`` with what to change)."""
-    if not prompt.strip():
-        raise ValueError("the prompt is empty; give some text to continue with --prompt")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
-        raise ValueError("the prompt is not valid UTF-8 text; check the terminal's encoding") from None
-    if "\x00" in prompt:
-        raise ValueError("the prompt contains a NUL character; remove it")
-    return prompt
-
-
-def _run_generate(args) -> None:
-    check_prompt_text(args.prompt)
-    if any(not stop for stop in args.stop or ()):
-        raise ValueError("--stop needs a non-empty string")
-    config = GenerationConfig(  # checked before the models load: a bad flag fails at once
-        budget=args.budget,
-        temperature=args.temperature,
-        verifier=args.verifier,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        stop_strings=tuple(args.stop or ()),
-    )
-    bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download)
-    prompt_ids = encode_prompt(bundle.tokenizer, args.prompt, bundle.context_length)
-    if args.ar:
-        summary = autoregressive_generate(bundle.target, prompt_ids, config, bundle.tokenizer)
-        records = []
-    else:
-        drafter = bundle.drafter(args.drafter)
-        records = []
-        summary = None
-        bar = tqdm(total=config.max_new_tokens, desc=f"{drafter.name}+{config.effective_verifier}", unit="tok", disable=args.json or not sys.stderr.isatty())
-        for event in speculative_generate(bundle.target, drafter, prompt_ids, config, bundle.tokenizer):
-            if isinstance(event, GenerationSummary):
-                summary = event
-            else:
-                records.append(event)
-                bar.update(len(event.emitted))
-                if not args.json:
-                    print(event.text, end="", flush=True)
-        bar.close()
-    if args.json:
-        payload = summary.to_dict()
-        payload["rounds_detail"] = [
-            {
-                "round": r.index,
-                "block_length": r.block_length,
-                "coverage": r.flow.coverage,
-                "tau_bound": r.flow.tau_bound,
-                "budget": r.tree.budget,
-                "accepted": r.accepted_tokens,
-                "bonus": r.bonus_token,
-                "timings": r.timings,
-            }
-            for r in records
-        ]
-        print(json.dumps(payload, indent=2))
-        return
-    if args.ar:
-        print(summary.text, end="")
-    print()
-    print(
-        f"[{summary.method}] {len(summary.token_ids)} tokens in {summary.seconds:.2f}s "
-        f"({summary.tokens_per_second:.1f} tok/s), rounds {summary.rounds}, tau {summary.tau:.2f}, "
-        f"mean 1+C {summary.mean_tau_bound:.2f}, stop: {summary.stop_reason}",
-        file=sys.stderr,
-    )
-
-
-def add_generate_parser(commands) -> None:
+def _add_generate(commands) -> None:
     parser = commands.add_parser("generate", help="generate text with tree speculation (or --ar)")
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--drafter", choices=DRAFTER_KINDS, default="block")
@@ -108,4 +44,136 @@ def add_generate_parser(commands) -> None:
     parser.add_argument("--stop", action="append", help="stop string (repeatable)")
     parser.add_argument("--json", action="store_true", help="print token ids, text, per-round block lengths, coverage and timings as JSON")
     add_model_arguments(parser)
-    parser.set_defaults(func=_run_generate)
+    parser.set_defaults(func=generate_command)
+
+
+def _add_bench_verifiers(kinds) -> None:
+    parser = kinds.add_parser("verifiers", help="time the verifier-decision stage on synthetic trees")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256])
+    parser.add_argument("--vocabs", type=int, nargs="+", default=[8192, 151936])
+    parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="also write the full result to this JSON file")
+    parser.set_defaults(func=verifiers_command)
+
+
+def _add_bench_e2e(kinds) -> None:
+    parser = kinds.add_parser("e2e", help="end-to-end speed: autoregressive vs chain vs DDTree+predraw vs DDTree+TEV")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--prompts", default="heldout", help="prompt set in assets/prompts (heldout, humaneval)")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-memory", action="store_true", help="skip the peak-memory measurement")
+    parser.add_argument("--json", help="also write the full result to this JSON file")
+    add_model_arguments(parser)
+    parser.set_defaults(func=e2e_command)
+
+
+def _add_bench_exittrain(kinds) -> None:
+    parser = kinds.add_parser("exittrain", help="ExitTrain evaluation: base vs token-only vs prefix vs exit weights, equal steps and data")
+    defaults = ExitTrainConfig()
+    parser.add_argument("--modes", nargs="+", choices=WEIGHT_MODES, default=["none", "prefix", "exit"])
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--budget", type=int, default=defaults.budget, help="training-tree budget")
+    parser.add_argument("--lambda", dest="lambda_exit", type=float, default=defaults.lambda_exit)
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--data-sequences", type=int, default=1024)
+    parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64])
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--base", help="drafter folder to start from (default: the embedded base drafter)")
+    parser.add_argument("--out", help="folder for the trained drafters and exittrain-eval.json (default: runs/exittrain-eval-<time>)")
+    parser.add_argument("--live", action="store_true", help="instead: the app's 1-2 minute live mode, once per --live-seeds, tau change at B=32")
+    parser.add_argument("--live-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--install", action="store_true", help="ship the exit-weighted drafter of this run as assets/models/drafter-exittrain (with its evaluation)")
+    add_model_arguments(parser)
+    parser.set_defaults(func=ablation_command)
+
+
+def _add_bench_report(kinds) -> None:
+    parser = kinds.add_parser("report", help="check the paper's claims on a model pair; writes report.md/json and plots")
+    parser.add_argument("--quick", action="store_true", help="a couple of minutes: few prompts, trees, draws and budgets")
+    parser.add_argument("--prompts", default="heldout", help="prompt set in assets/prompts (heldout, humaneval)")
+    parser.add_argument("--prompts-file", help="JSON prompts instead of a named set: a list of {id, text} (or a dict with 'prompts')")
+    parser.add_argument("--num-prompts", type=int, default=None, help=f"prompts used (default {FULL.num_prompts}, {QUICK.num_prompts} with --quick)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--exittrain-results", help="JSON from `python -m tev bench exittrain` (rows of base/none/prefix/exit tau) for claim 5")
+    parser.add_argument("--out", help="output folder (default: runs/report-<YYYYmmdd-HHMMSS>)")
+    add_model_arguments(parser)
+    parser.set_defaults(func=report_command)
+
+
+def _add_bench(commands) -> None:
+    bench = commands.add_parser("bench", help="benchmarks (verifiers, e2e, exittrain, report)")
+    kinds = bench.add_subparsers(dest="bench_kind", required=True)
+    _add_bench_verifiers(kinds)
+    _add_bench_e2e(kinds)
+    _add_bench_exittrain(kinds)
+    _add_bench_report(kinds)
+
+
+def _add_exittrain(commands) -> None:
+    parser = commands.add_parser("exittrain", help="fine-tune the block drafter with ExitTrain (exit-weighted loss)")
+    defaults = ExitTrainConfig()
+    parser.add_argument("--weights", choices=WEIGHT_MODES, default=defaults.weights, help="exit (the method), prefix (ablation), none (token-only)")
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--budget", type=int, default=defaults.budget, help="budget B of the training trees")
+    parser.add_argument("--lambda", dest="lambda_exit", type=float, default=defaults.lambda_exit, help="weight of L_exit")
+    parser.add_argument("--temperature", type=float, default=defaults.temperature, help="target temperature for the exit law")
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--warmup", type=int, default=defaults.warmup)
+    parser.add_argument("--sequences-per-step", type=int, default=defaults.sequences_per_step)
+    parser.add_argument("--anchors-per-sequence", type=int, default=defaults.anchors_per_sequence)
+    parser.add_argument("--eval-every", type=int, default=defaults.eval_every)
+    parser.add_argument("--save-every", type=int, default=defaults.save_every)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--data-sequences", type=int, default=1024, help="target-regenerated training sequences")
+    parser.add_argument("--heldout-sequences", type=int, default=48)
+    parser.add_argument("--context-length", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=96)
+    parser.add_argument("--base", help="drafter folder to start from (default: the embedded base drafter)")
+    parser.add_argument("--out", help="output folder (default: runs/exittrain/<weights>-<time>); never assets/ unless --install")
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    parser.add_argument("--install", action="store_true", help="install the result as assets/models/drafter-exittrain")
+    parser.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts for the before/after tau (0: skip)")
+    add_model_arguments(parser)
+    parser.set_defaults(func=exittrain_command)
+
+
+def _add_build_assets(commands) -> None:
+    parser = commands.add_parser("build-assets", help="rebuild the embedded tokenizer, target, drafter, prompts and model card")
+    parser.add_argument("--quick", action="store_true", help="a miniature build in seconds (for tests)")
+    parser.add_argument("--out", default=None, help="assets folder to install into (default: the repo's assets/, or $TEV_ASSETS_DIR)")
+    parser.add_argument("--work-dir", default=None, help="stage cache (default: runs/build-assets, or runs/build-assets-quick)")
+    parser.add_argument("--fresh", action="store_true", help="ignore cached stages")
+    parser.set_defaults(func=build_assets_command)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tev", description="TEV Explorer: exact tree speculative decoding, made visible.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_generate(commands)
+    _add_bench(commands)
+    _add_build_assets(commands)
+    _add_exittrain(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0

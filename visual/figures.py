@@ -1,8 +1,8 @@
 """Plotly figures drawn from the library's own objects.
 
 ``p`` is the target model and ``q`` the draft model. Every number drawn here is read from a
-:class:`~tev.tree.DraftTree`, :class:`~tev.flow.TargetFlow`, :class:`~tev.verify.Verdict` or
-:class:`~tev.decode.RoundRecord`; no probability is recomputed (``flow.reach``,
+:class:`~tev.core.tree.DraftTree`, :class:`~tev.core.flow.TargetFlow`, :class:`~tev.core.verify.Verdict` or
+:class:`~tev.engine.decode.RoundRecord`; no probability is recomputed (``flow.reach``,
 ``flow.exit_weight`` etc. are used as given). Token text comes from a ``token_text``
 callable (for example ``lambda t: tokenizer.decode([t])``); the default is ``str``.
 
@@ -37,7 +37,7 @@ TokenText = Callable[[int], str]
 
 # customdata columns of the "nodes" trace, in order.
 NODE_FIELDS = ("node", "depth", "token", "text", "q", "edge_prob", "reach", "rho", "w")
-STAGES = ("draft", "tree_build", "verify", "verify_decision", "commit")  # tev.decode.STAGES
+STAGES = ("draft", "tree_build", "verify", "verify_decision", "commit")  # tev.engine.decode.STAGES
 
 REACH_SCALE = "Viridis"
 PATH_COLOUR = "#111111"
@@ -178,9 +178,9 @@ def tree_figure(
     """The draft tree, laid out by depth, coloured by the target's reach.
 
     Args:
-        tree: a :class:`~tev.tree.DraftTree` (``N`` nodes).
-        flow: its :class:`~tev.flow.TargetFlow` (read as given).
-        verdict: an optional :class:`~tev.verify.Verdict`: draws the accepted path bold, fades
+        tree: a :class:`~tev.core.tree.DraftTree` (``N`` nodes).
+        flow: its :class:`~tev.core.flow.TargetFlow` (read as given).
+        verdict: an optional :class:`~tev.core.verify.Verdict`: draws the accepted path bold, fades
             the rest, rings the exit node and hangs the bonus token off it.
         token_text: token id -> text.
         draft_logprob: show the draft score ``q = exp(tree.draft_logprob[v])`` in the hover.
@@ -321,7 +321,7 @@ def mass_by_depth_figure(flow_or_flows) -> go.Figure:
     """Where the tree loses target mass, depth by depth.
 
     Args:
-        flow_or_flows: one :class:`~tev.flow.TargetFlow`, or a list of them (averaged).
+        flow_or_flows: one :class:`~tev.core.flow.TargetFlow`, or a list of them (averaged).
 
     At depth ``d >= 1`` the bar's full height is the reach summed at that depth (the
     coverage depth ``d`` contributes; the heights add up to ``C(T)``), split into the part
@@ -375,7 +375,7 @@ def timeline_figure(records) -> go.Figure:
     """Round-by-round view of a generation.
 
     Args:
-        records: a list of :class:`~tev.decode.RoundRecord`.
+        records: a list of :class:`~tev.engine.decode.RoundRecord`.
 
     Panels: realised block length ``L`` and ``1 + C(T)`` per round with the running ``tau``
     (mean ``L`` so far); a histogram of exit depths ``d(V)``; stacked stage times per round
@@ -457,7 +457,7 @@ def text_view_html(records, token_text: TokenText = str, prompt_text: str = "") 
     """HTML of the generated text, each round's tokens coloured.
 
     Args:
-        records: a list of :class:`~tev.decode.RoundRecord`; ``record.emitted`` are the tokens
+        records: a list of :class:`~tev.engine.decode.RoundRecord`; ``record.emitted`` are the tokens
             kept (the last round may be cut at a stop): the first ``len(accepted)`` are
             accepted draft tokens, the rest is the bonus token.
         token_text: token id -> text (each token is decoded on its own).

@@ -1,6 +1,6 @@
 """Tidy tree layout: depth on x, leaf order on y, each parent centred over its children.
 
-Pure Python on a parent list, so it lays out any tree (a :class:`~tev.tree.DraftTree`'s
+Pure Python on a parent list, so it lays out any tree (a :class:`~tev.core.tree.DraftTree`'s
 ``parents_list``, or that list with extra nodes appended, such as the bonus token).
 """
 

@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .session import CausalLMSession
-from .timing import StageTimer
-from .tree import DraftTree
+from tev.engine.session import CausalLMSession
+from tev.util.timing import StageTimer
+from tev.core.tree import DraftTree
 
 __all__ = [
     "DraftContext",

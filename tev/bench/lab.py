@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafters import DraftContext
-from .flow import TargetFlow, flow_from_edge_prob, target_flow
-from .session import CausalLMSession
-from .tree import DraftTree
-from .verify import TargetRows, verify_rows
+from tev.engine.drafters import DraftContext
+from tev.core.flow import TargetFlow, flow_from_edge_prob, target_flow
+from tev.engine.session import CausalLMSession
+from tev.core.tree import DraftTree
+from tev.core.verify import TargetRows, verify_rows
 
 __all__ = ["LabTree", "LabResult", "tree_from_prompt", "synthetic_tree", "run_lab"]
 

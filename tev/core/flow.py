@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .tree import DraftTree
+from tev.core.tree import DraftTree
 
 __all__ = ["TargetFlow", "target_flow", "flow_from_edge_prob", "check_probs"]
 

@@ -24,9 +24,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from tev.util.paths import REPO_ROOT
 from tqdm import tqdm
 
-from .corpus import load_split
+from tev.data.corpus import load_split
 
 __all__ = ["BuildConfig", "QUICK_BUILD", "build_tokenizer", "train_target", "train_drafter", "atomic_folder"]
 
@@ -324,8 +326,8 @@ def train_drafter(work: Path, config: BuildConfig, log=print) -> Path:
     """Self-distil the base block drafter on the target's own continuations (L_tok only)."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from .distill import make_distill_data, train_block_drafter
-    from .drafters import BlockDrafter, BlockDrafterConfig, default_feature_layers
+    from tev.train.distill import make_distill_data, train_block_drafter
+    from tev.engine.drafters import BlockDrafter, BlockDrafterConfig, default_feature_layers
 
     folder = work / "drafter"
     target_marker = json.loads((work / "target" / "stage.json").read_text())
@@ -376,7 +378,7 @@ def train_drafter(work: Path, config: BuildConfig, log=print) -> Path:
 # ---------------------------------------------------------------------- prompts
 def build_prompts(work: Path, config: BuildConfig, log=print) -> Path:
     """``heldout.json`` (function headers + docstrings, held-out files) and ``humaneval.json``."""
-    from .prompts import heldout_function_prompts, humaneval_prompts
+    from tev.data.prompts import heldout_function_prompts, humaneval_prompts
 
     folder = work / "prompts"
     key = {"python": platform.python_version(), "count": 64}
@@ -403,7 +405,7 @@ def build_live_data(work: Path, config: BuildConfig, log=print) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from .distill import regenerate_sequences
+    from tev.train.distill import regenerate_sequences
 
     folder = work / "live-data"
     target_marker = json.loads((work / "target" / "stage.json").read_text())
@@ -436,10 +438,10 @@ def evaluate_assets(work: Path, config: BuildConfig, quick: bool, log=print) -> 
     """Measure what the model card reports, on the built files (never on training data)."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from .bench import evaluate_drafter, fit_prompt
-    from .decode import GenerationConfig, autoregressive_generate
-    from .drafters import BlockTreeDrafter
-    from .models import load_block_drafter
+    from tev.bench.benchmarks import evaluate_drafter, fit_prompt
+    from tev.engine.decode import GenerationConfig, autoregressive_generate
+    from tev.engine.drafters import BlockTreeDrafter
+    from tev.engine.models import load_block_drafter
 
     tokenizer = AutoTokenizer.from_pretrained(work / "target", local_files_only=True)
     target = LlamaForCausalLM.from_pretrained(work / "target", dtype=torch.float32, local_files_only=True).eval()
@@ -528,7 +530,7 @@ def install_assets(work: Path, out: Path, report: dict, log=print) -> None:
 
 def render_card(report: dict) -> str:
     """The model card (``assets/README.md``) from a build report."""
-    from .bench import format_tau_table
+    from tev.bench.benchmarks import format_tau_table
 
     target, drafter, evaluation = report["target"], report["drafter"], report["evaluation"]
     cfg = report["config"]
@@ -567,7 +569,7 @@ def render_card(report: dict) -> str:
         "",
         "## Block drafter `q` (base)",
         "",
-        f"One-pass block drafter (this repo's `tev.drafters.BlockDrafter`): reads the target's hidden states at layers {drafter['feature_layers']} "
+        f"One-pass block drafter (this repo's `tev.engine.drafters.BlockDrafter`): reads the target's hidden states at layers {drafter['feature_layers']} "
         f"for the last {cfg['drafter_window']} committed positions plus the root token and emits K = {cfg['drafter_horizon']} per-depth marginals "
         f"in one forward; {cfg['drafter_layers']} blocks of width {cfg['drafter_hidden']}; shares the target's embedding and output head (frozen). "
         f"{drafter['parameters'] / 1e6:.2f}M own parameters.",
@@ -613,7 +615,7 @@ def render_card(report: dict) -> str:
 
 def _exittrain_card_lines(entry: dict) -> list[str]:
     """The card's ExitTrain section, from the report ``python -m tev exittrain --install`` writes."""
-    from .bench import format_tau_table
+    from tev.bench.benchmarks import format_tau_table
 
     config = entry["config"]
     lines = [
@@ -654,7 +656,7 @@ def refresh_card(assets: Path) -> None:
 
 
 def run_build(config: BuildConfig, work: Path, out: Path, quick: bool, fresh: bool, command: str, log=print) -> dict:
-    from .timing import machine_info
+    from tev.util.timing import machine_info
 
     if fresh:
         shutil.rmtree(work, ignore_errors=True)
@@ -690,22 +692,13 @@ def run_build(config: BuildConfig, work: Path, out: Path, quick: bool, fresh: bo
     return report
 
 
-def add_build_parser(commands) -> None:
-    parser = commands.add_parser("build-assets", help="rebuild the embedded tokenizer, target, drafter, prompts and model card")
-    parser.add_argument("--quick", action="store_true", help="a miniature build in seconds (for tests)")
-    parser.add_argument("--out", default=None, help="assets folder to install into (default: the repo's assets/, or $TEV_ASSETS_DIR)")
-    parser.add_argument("--work-dir", default=None, help="stage cache (default: runs/build-assets, or runs/build-assets-quick)")
-    parser.add_argument("--fresh", action="store_true", help="ignore cached stages")
-    parser.set_defaults(func=_run_build)
-
-
-def _run_build(args) -> None:
+def build_assets_command(args) -> None:
     import sys
 
     config = QUICK_BUILD if args.quick else BuildConfig()
-    root = Path(__file__).resolve().parent.parent
+    root = REPO_ROOT
     work = Path(args.work_dir) if args.work_dir else root / "runs" / ("build-assets-quick" if args.quick else "build-assets")
     command = "python -m tev build-assets" + (" --quick" if args.quick else "")
-    from .paths import assets_dir
+    from tev.util.paths import assets_dir
 
     run_build(config, work, Path(args.out) if args.out else assets_dir(), args.quick, args.fresh, command)

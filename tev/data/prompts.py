@@ -10,8 +10,8 @@ import platform
 import textwrap
 from pathlib import Path
 
-from .corpus import load_split
-from .paths import prompts_dir
+from tev.data.corpus import load_split
+from tev.util.paths import prompts_dir
 
 __all__ = ["heldout_function_prompts", "humaneval_prompts", "load_prompt_set"]
 

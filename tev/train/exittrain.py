@@ -31,15 +31,17 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+
+from tev.util.paths import REPO_ROOT
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
-from .distill import IGNORE
-from .drafters import BlockDrafter
-from .flow import flow_from_edge_prob
-from .tree import DraftTree
-from .verify import TargetRows
+from tev.train.distill import IGNORE
+from tev.engine.drafters import BlockDrafter
+from tev.core.flow import flow_from_edge_prob
+from tev.core.tree import DraftTree
+from tev.core.verify import TargetRows
 
 __all__ = [
     "ExitTrainConfig",
@@ -505,8 +507,8 @@ def config_from_args(args) -> ExitTrainConfig:
 # --------------------------------------------------------------------------- data and command line
 def training_sequences(target, tokenizer, split: str, count: int, context_length: int, new_tokens: int, seed: int, cache_dir: Path | None = None, progress: bool = True) -> torch.Tensor:
     """Target-regenerated sequences from a corpus split, cached by their settings."""
-    from .build import BuildConfig, encode_corpus
-    from .distill import regenerate_sequences
+    from tev.train.build import BuildConfig, encode_corpus
+    from tev.train.distill import regenerate_sequences
 
     key = f"{split}-{count}-{context_length}-{new_tokens}-{seed}-{_fingerprint(target)}"
     if cache_dir is not None:
@@ -554,41 +556,11 @@ def _invoked_command() -> str:
     return shlex.join(["python", "-m", "tev", *sys.argv[1:]])
 
 
-def add_exittrain_parser(commands) -> None:
-    from .cli import add_model_arguments
-
-    parser = commands.add_parser("exittrain", help="fine-tune the block drafter with ExitTrain (exit-weighted loss)")
-    defaults = ExitTrainConfig()
-    parser.add_argument("--weights", choices=WEIGHT_MODES, default=defaults.weights, help="exit (the method), prefix (ablation), none (token-only)")
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--budget", type=int, default=defaults.budget, help="budget B of the training trees")
-    parser.add_argument("--lambda", dest="lambda_exit", type=float, default=defaults.lambda_exit, help="weight of L_exit")
-    parser.add_argument("--temperature", type=float, default=defaults.temperature, help="target temperature for the exit law")
-    parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument("--warmup", type=int, default=defaults.warmup)
-    parser.add_argument("--sequences-per-step", type=int, default=defaults.sequences_per_step)
-    parser.add_argument("--anchors-per-sequence", type=int, default=defaults.anchors_per_sequence)
-    parser.add_argument("--eval-every", type=int, default=defaults.eval_every)
-    parser.add_argument("--save-every", type=int, default=defaults.save_every)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--data-sequences", type=int, default=1024, help="target-regenerated training sequences")
-    parser.add_argument("--heldout-sequences", type=int, default=48)
-    parser.add_argument("--context-length", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=96)
-    parser.add_argument("--base", help="drafter folder to start from (default: the embedded base drafter)")
-    parser.add_argument("--out", help="output folder (default: runs/exittrain/<weights>-<time>); never assets/ unless --install")
-    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    parser.add_argument("--install", action="store_true", help="install the result as assets/models/drafter-exittrain")
-    parser.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts for the before/after tau (0: skip)")
-    add_model_arguments(parser)
-    parser.set_defaults(func=_run_exittrain)
-
-
-def _run_exittrain(args) -> None:
+def exittrain_command(args) -> None:
     from tqdm import tqdm
 
-    from .models import load_bundle
-    from .paths import embedded
+    from tev.engine.models import load_bundle
+    from tev.util.paths import embedded
 
     for flag in ("data_sequences", "heldout_sequences", "context_length", "new_tokens"):
         if getattr(args, flag) < 1:
@@ -596,7 +568,7 @@ def _run_exittrain(args) -> None:
     if args.eval_prompts < 0:
         raise ValueError(f"--eval-prompts must be 0 (skip) or more, got {args.eval_prompts}")
     config = config_from_args(args)
-    root = Path(__file__).resolve().parent.parent
+    root = REPO_ROOT
     out = Path(args.out) if args.out else root / "runs" / "exittrain" / f"{config.weights}-{time.strftime('%Y%m%d-%H%M%S')}"
     assets = (root / "assets").resolve()
     if out.resolve() == assets or assets in out.resolve().parents:
@@ -629,9 +601,9 @@ def _run_exittrain(args) -> None:
     after = trainer.heldout_expected_tau()
     report = {"config": asdict(config), "steps_done": trainer.step, "seconds": seconds, "heldout_expected_tau_before": before, "heldout_expected_tau_after": after, "history": trainer.history}
     if args.eval_prompts:
-        from .bench import evaluate_drafter, format_tau_table
-        from .drafters import BlockTreeDrafter
-        from .prompts import load_prompt_set
+        from tev.bench.benchmarks import evaluate_drafter, format_tau_table
+        from tev.engine.drafters import BlockTreeDrafter
+        from tev.data.prompts import load_prompt_set
 
         prompts = load_prompt_set("heldout")[:: max(1, 64 // args.eval_prompts)][: args.eval_prompts]
         original = BlockDrafter.from_pretrained(base, bundle.target)
@@ -645,8 +617,8 @@ def _run_exittrain(args) -> None:
     if args.install:
         if trainer.step < config.steps:
             raise ValueError("the run did not finish; not installing a partial drafter")
-        from .build import refresh_card
-        from .paths import assets_dir
+        from tev.train.build import refresh_card
+        from tev.util.paths import assets_dir
 
         report["command"] = _invoked_command()
         install_drafter(trained, embedded("exittrain"), extra_files={"exittrain.json": json.dumps(report, indent=1)})
@@ -661,7 +633,7 @@ LIVE_CONFIG = ExitTrainConfig(steps=300, budget=32, lambda_exit=16.0, lr=2e-4, w
 
 def load_live_data(path: Path | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(train sequences, held-out sequences, first anchor) shipped for the live mode."""
-    from .paths import models_dir
+    from tev.util.paths import models_dir
 
     path = Path(path or models_dir() / "exittrain-data.safetensors")
     if not path.is_file():
@@ -685,7 +657,7 @@ def run_ablation(
     max_new_tokens: int = 64,
     out: Path | None = None,
     progress: bool = True,
-    cache_dir: Path | None = Path(__file__).resolve().parent.parent / "runs" / "exittrain-data",
+    cache_dir: Path | None = REPO_ROOT / "runs" / "exittrain-data",
 ) -> dict:
     """Train one drafter per weight mode from the same base, data, seed and steps; then
     measure decoding ``tau`` (TEV) and mean ``1 + C`` for the base and every variant.
@@ -695,8 +667,8 @@ def run_ablation(
     """
     from tqdm import tqdm
 
-    from .bench import evaluate_drafter
-    from .drafters import BlockTreeDrafter
+    from tev.bench.benchmarks import evaluate_drafter
+    from tev.engine.drafters import BlockTreeDrafter
 
     train = training_sequences(bundle.target, bundle.tokenizer, "train", data_sequences, context_length, new_tokens, seed=config.seed + 7, cache_dir=cache_dir, progress=progress)
     heldout = training_sequences(bundle.target, bundle.tokenizer, "heldout", 48, context_length, new_tokens, seed=config.seed + 8, cache_dir=cache_dir, progress=progress)
@@ -738,37 +710,12 @@ def format_ablation(result: dict) -> str:
     return "\n".join(lines)
 
 
-def add_ablation_parser(kinds) -> None:
-    from .cli import add_model_arguments
+def ablation_command(args) -> None:
+    from tev.engine.models import load_bundle
+    from tev.util.paths import embedded
+    from tev.data.prompts import load_prompt_set
 
-    parser = kinds.add_parser("exittrain", help="ExitTrain evaluation: base vs token-only vs prefix vs exit weights, equal steps and data")
-    defaults = ExitTrainConfig()
-    parser.add_argument("--modes", nargs="+", choices=WEIGHT_MODES, default=["none", "prefix", "exit"])
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--budget", type=int, default=defaults.budget, help="training-tree budget")
-    parser.add_argument("--lambda", dest="lambda_exit", type=float, default=defaults.lambda_exit)
-    parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--data-sequences", type=int, default=1024)
-    parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64])
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--num-prompts", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--base", help="drafter folder to start from (default: the embedded base drafter)")
-    parser.add_argument("--out", help="folder for the trained drafters and exittrain-eval.json (default: runs/exittrain-eval-<time>)")
-    parser.add_argument("--live", action="store_true", help="instead: the app's 1-2 minute live mode, once per --live-seeds, tau change at B=32")
-    parser.add_argument("--live-seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--install", action="store_true", help="ship the exit-weighted drafter of this run as assets/models/drafter-exittrain (with its evaluation)")
-    add_model_arguments(parser)
-    parser.set_defaults(func=_run_ablation)
-
-
-def _run_ablation(args) -> None:
-    from .models import load_bundle
-    from .paths import embedded
-    from .prompts import load_prompt_set
-
-    root = Path(__file__).resolve().parent.parent
+    root = REPO_ROOT
     out = Path(args.out) if args.out else root / "runs" / f"exittrain-eval-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download)
@@ -796,8 +743,8 @@ def _run_ablation(args) -> None:
 def install_from_ablation(result: dict, out: Path, target) -> None:
     """Ship the ablation's exit-weighted drafter, so the shipped drafter is the one the
     evaluation measured; its card entry has the same fields ``exittrain --install`` writes."""
-    from .build import refresh_card
-    from .paths import assets_dir, embedded
+    from tev.train.build import refresh_card
+    from tev.util.paths import assets_dir, embedded
 
     config = {**result["config"], "weights": "exit"}
     training = result["training"]["exit"]
@@ -822,9 +769,9 @@ def install_from_ablation(result: dict, out: Path, target) -> None:
 def run_live_check(bundle, seeds=(0, 1, 2), prompts: list[dict] | None = None, budget: int = 32, max_new_tokens: int = 64, progress: bool = True) -> dict:
     """The app's live mode (``LIVE_CONFIG`` on the shipped live data) from the base drafter,
     once per seed: wall time and the decoding ``tau`` change on held-out prompts."""
-    from .bench import evaluate_drafter
-    from .drafters import BlockTreeDrafter
-    from .paths import embedded
+    from tev.bench.benchmarks import evaluate_drafter
+    from tev.engine.drafters import BlockTreeDrafter
+    from tev.util.paths import embedded
 
     train, heldout, first_anchor = load_live_data()
     base = BlockTreeDrafter(BlockDrafter.from_pretrained(embedded("block"), bundle.target), name="base")

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from .decode import MAX_BUDGET, MIN_TEMPERATURE, GenerationConfig, GenerationSummary, RoundRecord, autoregressive_generate, speculative_generate
-from .models import ModelBundle, encode_prompt, load_bundle
-from .verify import VERIFIERS
+from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, GenerationConfig, GenerationSummary, RoundRecord, autoregressive_generate, speculative_generate
+from tev.engine.models import ModelBundle, encode_prompt, load_bundle
+from tev.core.verify import VERIFIERS
 
 __all__ = ["Limits", "LIMITS", "ModelService", "check_settings", "records_to_json", "ExitTrainSlot", "UserInputError"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 __all__ = ["REPO_ROOT", "assets_dir", "models_dir", "prompts_dir", "embedded"]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def assets_dir() -> Path:

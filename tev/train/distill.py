@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import DynamicCache
 
-from .drafters import BlockDrafter
-from .sampling import probs_from_logits, sample_rows
+from tev.engine.drafters import BlockDrafter
+from tev.core.sampling import probs_from_logits, sample_rows
 
 __all__ = ["DistillData", "sample_continuations", "target_features", "regenerate_sequences", "make_distill_data", "anchor_batch", "train_block_drafter", "IGNORE"]
 

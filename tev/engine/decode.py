@@ -14,13 +14,13 @@ from typing import Callable, Iterator
 
 import torch
 
-from .drafters import DraftContext
-from .flow import TargetFlow, flow_from_edge_prob
-from .sampling import probs_from_logits, sample_rows
-from .session import CausalLMSession
-from .timing import StageTimer
-from .tree import DraftTree
-from .verify import VERIFIERS, Verdict, verify_rows
+from tev.engine.drafters import DraftContext
+from tev.core.flow import TargetFlow, flow_from_edge_prob
+from tev.core.sampling import probs_from_logits, sample_rows
+from tev.engine.session import CausalLMSession
+from tev.util.timing import StageTimer
+from tev.core.tree import DraftTree
+from tev.core.verify import VERIFIERS, Verdict, verify_rows
 
 __all__ = ["GenerationConfig", "RoundRecord", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "STAGES"]
 
@@ -220,7 +220,7 @@ def speculative_generate(
 
     Args:
         target: a transformers causal LM (``p``).
-        drafter: a :class:`~tev.drafters.BlockTreeDrafter` or :class:`~tev.drafters.ARTreeDrafter`.
+        drafter: a :class:`~tev.engine.drafters.BlockTreeDrafter` or :class:`~tev.engine.drafters.ARTreeDrafter`.
         prompt_ids: prompt token ids (BOS included where the model expects it).
         config: sampling settings.
         tokenizer: for text and EOS (optional; without it only token ids are produced).

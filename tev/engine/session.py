@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from .tree import DraftTree
+from tev.core.tree import DraftTree
 
 __all__ = ["CausalLMSession", "ForwardOutput"]
 
@@ -56,7 +56,7 @@ class ForwardOutput:
 
     def rows(self, temperature: float):
         """The target rows of a tree forward, projected through the head lazily."""
-        from .verify import TargetRows
+        from tev.core.verify import TargetRows
 
         if self._logits is not None:
             return TargetRows(logits=self._logits, temperature=temperature)

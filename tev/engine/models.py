@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from .drafters import DRAFTER_FILE, ARTreeDrafter, BlockDrafter, BlockTreeDrafter
-from .paths import embedded
+from tev.engine.drafters import DRAFTER_FILE, ARTreeDrafter, BlockDrafter, BlockTreeDrafter
+from tev.util.paths import embedded
 
 __all__ = [
     "ModelLoadError",

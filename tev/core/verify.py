@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .flow import TargetFlow, check_probs, flow_from_edge_prob
-from .sampling import sample_rows
-from .tree import DraftTree
+from tev.core.flow import TargetFlow, check_probs, flow_from_edge_prob
+from tev.core.sampling import sample_rows
+from tev.core.tree import DraftTree
 
 __all__ = ["VERIFIERS", "Verdict", "TargetRows", "verify", "verify_rows"]
 

@@ -13,11 +13,11 @@ import random
 import torch
 from tqdm import tqdm
 
-from .timing import cuda_event_time, machine_info, median, quantile, wall_time
-from .tree import DraftTree
-from .verify import TargetRows, verify_rows
+from tev.util.timing import cuda_event_time, machine_info, median, quantile, wall_time
+from tev.core.tree import DraftTree
+from tev.core.verify import TargetRows, verify_rows
 
-__all__ = ["synthetic_case", "bench_verifiers", "add_bench_parser"]
+__all__ = ["synthetic_case", "bench_verifiers", "verifiers_command", "e2e_command"]
 
 
 def synthetic_case(budget: int, vocab: int, horizon: int = 8, seed: int = 0, device="cpu"):
@@ -101,7 +101,7 @@ def format_verifier_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _run_verifiers(args) -> None:
+def verifiers_command(args) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda was asked but no CUDA device is available")
     result = bench_verifiers(
@@ -116,46 +116,11 @@ def _run_verifiers(args) -> None:
             json.dump(result, handle, indent=2)
 
 
-def add_bench_parser(subparsers) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks (verifiers, ...)")
-    kinds = bench.add_subparsers(dest="bench_kind", required=True)
-    verifiers = kinds.add_parser("verifiers", help="time the verifier-decision stage on synthetic trees")
-    verifiers.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256])
-    verifiers.add_argument("--vocabs", type=int, nargs="+", default=[8192, 151936])
-    verifiers.add_argument("--repeats", type=int, default=60)
-    verifiers.add_argument("--temperature", type=float, default=1.0)
-    verifiers.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    verifiers.add_argument("--seed", type=int, default=0)
-    verifiers.add_argument("--json", help="also write the full result to this JSON file")
-    verifiers.set_defaults(func=_run_verifiers)
-
-    from .cli import add_model_arguments
-
-    e2e = kinds.add_parser("e2e", help="end-to-end speed: autoregressive vs chain vs DDTree+predraw vs DDTree+TEV")
-    e2e.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64])
-    e2e.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    e2e.add_argument("--prompts", default="heldout", help="prompt set in assets/prompts (heldout, humaneval)")
-    e2e.add_argument("--num-prompts", type=int, default=8)
-    e2e.add_argument("--max-new-tokens", type=int, default=64)
-    e2e.add_argument("--repeats", type=int, default=1)
-    e2e.add_argument("--seed", type=int, default=0)
-    e2e.add_argument("--skip-memory", action="store_true", help="skip the peak-memory measurement")
-    e2e.add_argument("--json", help="also write the full result to this JSON file")
-    add_model_arguments(e2e)
-    e2e.set_defaults(func=_run_e2e)
-
-    from .exittrain import add_ablation_parser
-    from .report import add_report_parser
-
-    add_ablation_parser(kinds)
-    add_report_parser(kinds)
-
-
 # --------------------------------------------------------------------------- decoding benchmarks
 def fit_prompt(tokenizer, prompt: dict, limit: int) -> list[int]:
     """A prompt's ids (``prompt["ids"]`` or its encoded ``"text"``), left-truncated to ``limit``
     tokens so that generation has room; BOS, when present, is kept first."""
-    from .models import encode_prompt
+    from tev.engine.models import encode_prompt
 
     ids = list(prompt["ids"]) if "ids" in prompt else encode_prompt(tokenizer, prompt["text"])
     if len(ids) <= limit:
@@ -184,7 +149,7 @@ def evaluate_drafter(
     Returns one row per (budget, temperature): ``tau``, its standard error over rounds,
     ``tau_bound``, the spread of per-prompt ``tau`` (q25/q75), rounds and tokens.
     """
-    from .decode import GenerationConfig, run_to_end, speculative_generate
+    from tev.engine.decode import GenerationConfig, run_to_end, speculative_generate
 
     context = int(getattr(target.config, "max_position_embeddings", 1 << 30))
     encoded = [fit_prompt(tokenizer, p, context - max_new_tokens) for p in prompts]
@@ -258,7 +223,7 @@ def bench_e2e(
     those runs of (method tokens/s) / (autoregressive tokens/s). At T = 0 every verifier is
     greedy, so methods that differ only in verifier are run once.
     """
-    from .decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+    from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
 
     device = next(bundle.target.parameters()).device
     encoded = [fit_prompt(bundle.tokenizer, p, bundle.context_length - max_new_tokens) for p in prompts]
@@ -357,9 +322,9 @@ def peak_memory_of_generate(extra_args: list[str] | None = None) -> float:
     return max(before, after) / 1024.0  # ru_maxrss is in KiB on Linux
 
 
-def _run_e2e(args) -> None:
-    from .models import load_bundle
-    from .prompts import load_prompt_set
+def e2e_command(args) -> None:
+    from tev.engine.models import load_bundle
+    from tev.data.prompts import load_prompt_set
 
     bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download)
     prompts = load_prompt_set(args.prompts)[: args.num_prompts]

@@ -30,18 +30,20 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+
+from tev.util.paths import REPO_ROOT
 from tqdm import tqdm
 
-from .bench import _time_once, bench_e2e, bench_verifiers, fit_prompt, format_e2e_table, format_verifier_table
-from .drafters import DraftContext
-from .flow import flow_from_edge_prob
-from .lab import LabResult, LabTree, run_lab, tree_from_prompt
-from .session import CausalLMSession
-from .timing import machine_info, median, quantile
-from .tree import DraftTree
-from .verify import TargetRows, verify_rows
+from tev.bench.benchmarks import _time_once, bench_e2e, bench_verifiers, fit_prompt, format_e2e_table, format_verifier_table
+from tev.engine.drafters import DraftContext
+from tev.core.flow import flow_from_edge_prob
+from tev.bench.lab import LabResult, LabTree, run_lab, tree_from_prompt
+from tev.engine.session import CausalLMSession
+from tev.util.timing import machine_info, median, quantile
+from tev.core.tree import DraftTree
+from tev.core.verify import TargetRows, verify_rows
 
-__all__ = ["ReportSettings", "QUICK", "FULL", "build_report", "add_report_parser"]
+__all__ = ["ReportSettings", "QUICK", "FULL", "build_report", "report_command"]
 
 SATURATED = ("tev", "predraw", "sequential")
 HOLDS = ("yes", "partly", "no", "n/a")  # partly: the direction holds, the size does not
@@ -107,7 +109,7 @@ def _spread(values) -> dict:
 
 def _shown_source(source: str) -> str:
     """A model folder inside this repository as a relative path (the report is committed)."""
-    root = Path(__file__).resolve().parent.parent
+    root = REPO_ROOT
     path = Path(source)
     if path.is_dir() and root in path.resolve().parents:
         return str(path.resolve().relative_to(root))
@@ -155,7 +157,7 @@ def run_labs(trees: list[dict], draws: int, seed: int, progress: bool) -> list[L
 
 def reference_exit_law(lab: LabTree) -> torch.Tensor:
     """`Tensor[N]` float64 ``w(v)`` by walking each path from the full rows ``p_v``
-    (independent of :mod:`tev.flow`; a loop over nodes is fine for a check)."""
+    (independent of :mod:`tev.core.flow`; a loop over nodes is fine for a check)."""
     p = lab.rows.all_rows().double().cpu()
     tree = lab.tree
     reach = torch.ones(tree.num_nodes, dtype=torch.float64)
@@ -713,7 +715,7 @@ def _section_latency(report: dict) -> list[str]:
             f"{_ms(r['predraw']['commit'])} | {_ms(r['tev']['total'])} | {_ms(r['predraw']['total'])} | {_pct(r['relative_change'])} | {_pct(PAPER_LATENCY.get(r['budget'], float('nan')))} |"
         )
     if m["synthetic"]:
-        lines += ["", f"Decision stage on synthetic trees at vocabulary {report['settings']['synthetic_vocab']} (tev.bench.bench_verifiers):", "", format_verifier_table(m["synthetic"])]
+        lines += ["", f"Decision stage on synthetic trees at vocabulary {report['settings']['synthetic_vocab']} (tev.bench.benchmarks.bench_verifiers):", "", format_verifier_table(m["synthetic"])]
     else:
         lines += ["", "The synthetic large-vocabulary decision benchmark was skipped (--quick)."]
     return lines
@@ -756,7 +758,7 @@ def render_markdown(report: dict) -> str:
     lines += [
         "## How to run on a CUDA GPU", "",
         "Run the same command on a machine with CUDA (`--device auto` picks it; `--dtype` defaults to bfloat16 there). "
-        "Verifier-stage timings then use CUDA events and end-to-end stage timings synchronise around each stage, as `tev.bench` does.", "",
+        "Verifier-stage timings then use CUDA events and end-to-end stage timings synchronise around each stage, as `tev.bench.benchmarks` does.", "",
     ]
     return "\n".join(lines)
 
@@ -871,7 +873,7 @@ def build_report(
 # --------------------------------------------------------------------------- command line
 def _load_prompts(args) -> list[dict]:
     """Prompts from ``--prompts-file`` (a JSON list, or a dict with ``"prompts"``) or the named set."""
-    from .prompts import load_prompt_set
+    from tev.data.prompts import load_prompt_set
 
     if args.prompts_file:
         data = json.loads(Path(args.prompts_file).read_text())
@@ -898,9 +900,9 @@ def _command_line(args) -> str:
     return shlex.join(parts)
 
 
-def _run_report(args) -> None:
-    from .models import load_bundle
-    from .paths import REPO_ROOT
+def report_command(args) -> None:
+    from tev.engine.models import load_bundle
+    from tev.util.paths import REPO_ROOT
 
     settings = QUICK if args.quick else FULL
     if args.num_prompts is not None:
@@ -916,19 +918,3 @@ def _run_report(args) -> None:
     report = build_report(bundle, args.out, args.quick, prompts, args.seed, exittrain_results, progress=True, command=_command_line(args), settings=settings)
     print(claims_table(report["claims"]))
     print(f"\nreport written to {args.out / 'report.md'} (and report.json, plots/)")
-
-
-def add_report_parser(kinds) -> None:
-    """Register ``python -m tev bench report``."""
-    from .cli import add_model_arguments
-
-    report = kinds.add_parser("report", help="check the paper's claims on a model pair; writes report.md/json and plots")
-    report.add_argument("--quick", action="store_true", help="a couple of minutes: few prompts, trees, draws and budgets")
-    report.add_argument("--prompts", default="heldout", help="prompt set in assets/prompts (heldout, humaneval)")
-    report.add_argument("--prompts-file", help="JSON prompts instead of a named set: a list of {id, text} (or a dict with 'prompts')")
-    report.add_argument("--num-prompts", type=int, default=None, help=f"prompts used (default {FULL.num_prompts}, {QUICK.num_prompts} with --quick)")
-    report.add_argument("--seed", type=int, default=0)
-    report.add_argument("--exittrain-results", help="JSON from `python -m tev bench exittrain` (rows of base/none/prefix/exit tau) for claim 5")
-    report.add_argument("--out", help="output folder (default: runs/report-<YYYYmmdd-HHMMSS>)")
-    add_model_arguments(report)
-    report.set_defaults(func=_run_report)

@@ -1,0 +1,1 @@
+"""Measurement: benchmarks, the paper's claims report, the verifier lab."""

@@ -1,0 +1,85 @@
+"""``python -m tev generate``: speculative (or autoregressive) generation from the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tqdm import tqdm
+
+from tev.engine.decode import GenerationConfig, GenerationSummary, autoregressive_generate, speculative_generate
+from tev.engine.models import encode_prompt, load_bundle
+
+__all__ = ["check_prompt_text", "generate_command"]
+
+
+def check_prompt_text(prompt: str) -> str:
+    """The command line's prompt checks (raises ``ValueError`` with what to change)."""
+    if not prompt.strip():
+        raise ValueError("the prompt is empty; give some text to continue with --prompt")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
+        raise ValueError("the prompt is not valid UTF-8 text; check the terminal's encoding") from None
+    if "\x00" in prompt:
+        raise ValueError("the prompt contains a NUL character; remove it")
+    return prompt
+
+
+def generate_command(args) -> None:
+    check_prompt_text(args.prompt)
+    if any(not stop for stop in args.stop or ()):
+        raise ValueError("--stop needs a non-empty string")
+    config = GenerationConfig(  # checked before the models load: a bad flag fails at once
+        budget=args.budget,
+        temperature=args.temperature,
+        verifier=args.verifier,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        stop_strings=tuple(args.stop or ()),
+    )
+    bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download)
+    prompt_ids = encode_prompt(bundle.tokenizer, args.prompt, bundle.context_length)
+    if args.ar:
+        summary = autoregressive_generate(bundle.target, prompt_ids, config, bundle.tokenizer)
+        records = []
+    else:
+        drafter = bundle.drafter(args.drafter)
+        records = []
+        summary = None
+        bar = tqdm(total=config.max_new_tokens, desc=f"{drafter.name}+{config.effective_verifier}", unit="tok", disable=args.json or not sys.stderr.isatty())
+        for event in speculative_generate(bundle.target, drafter, prompt_ids, config, bundle.tokenizer):
+            if isinstance(event, GenerationSummary):
+                summary = event
+            else:
+                records.append(event)
+                bar.update(len(event.emitted))
+                if not args.json:
+                    print(event.text, end="", flush=True)
+        bar.close()
+    if args.json:
+        payload = summary.to_dict()
+        payload["rounds_detail"] = [
+            {
+                "round": r.index,
+                "block_length": r.block_length,
+                "coverage": r.flow.coverage,
+                "tau_bound": r.flow.tau_bound,
+                "budget": r.tree.budget,
+                "accepted": r.accepted_tokens,
+                "bonus": r.bonus_token,
+                "timings": r.timings,
+            }
+            for r in records
+        ]
+        print(json.dumps(payload, indent=2))
+        return
+    if args.ar:
+        print(summary.text, end="")
+    print()
+    print(
+        f"[{summary.method}] {len(summary.token_ids)} tokens in {summary.seconds:.2f}s "
+        f"({summary.tokens_per_second:.1f} tok/s), rounds {summary.rounds}, tau {summary.tau:.2f}, "
+        f"mean 1+C {summary.mean_tau_bound:.2f}, stop: {summary.stop_reason}",
+        file=sys.stderr,
+    )

@@ -1,0 +1,1 @@
+"""Training: drafter self-distillation, ExitTrain, and the embedded asset build."""
