@@ -6,7 +6,7 @@ Run ``python app.py`` (127.0.0.1:7860; GRADIO_SERVER_NAME / GRADIO_SERVER_PORT r
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import os
 import sys
 import threading
@@ -16,15 +16,18 @@ import gradio as gr
 import gradio.component_meta
 import torch
 
-from tev.bench.benchmarks import evaluate_drafter, fit_prompt
-from tev.engine.decode import GenerationConfig, GenerationSummary
-from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
-from tev.train.exittrain import LIVE_CONFIG, ExitTrainConfig, ExitTrainer, load_live_data
 from tev.bench.lab import run_lab, synthetic_tree, tree_from_prompt
-from tev.util.paths import embedded
+from tev.core.verify import VERIFIERS
 from tev.data.prompts import load_prompt_set
-from tev.service.service import LIMITS, ExitTrainSlot, ModelService, UserInputError, check_prompt, check_settings, records_to_json
-from visual.figures import (
+from tev.engine.decode import GenerationSummary
+from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
+from tev.engine.evaluation import evaluate_drafter, fit_prompt
+from tev.engine.models import DRAFTER_KINDS, default_pair
+from tev.service.service import LIMITS, ExitTrainSlot, ModelService, UserInputError, check_number, check_settings, finite_number, records_to_json
+from tev.service.live_exittrain import LIVE_CONFIG, live_trainer, load_live_data
+from tev.train.exit_loss import WEIGHT_MODES
+from tev.util.paths import embedded
+from visual import (
     before_after_figure,
     mass_by_depth_figure,
     text_view_html,
@@ -40,11 +43,19 @@ from visual.figures import (
 SESSION_CAPACITY = int(os.environ.get("TEV_SESSION_CAPACITY") or 256)
 RUN_STATE_SECONDS = 3600
 SERVICE = ModelService(target=os.environ.get("TEV_TARGET") or None, draft=os.environ.get("TEV_DRAFT") or None)
+# The live ExitTrain mode is built on the tiny code pair (its data and base drafter ship in
+# assets/models); it shares the compute lock, so a fine-tune and a generation take turns.
+EXITTRAIN_SERVICE = SERVICE if SERVICE.target_source is None and default_pair() == "tiny" else ModelService(pair="tiny")
+EXITTRAIN_SERVICE.compute = SERVICE.compute
 EXITTRAIN_SLOT = ExitTrainSlot()
-DRAFTER_LABELS = {"block": "block (base)", "exittrain": "block (ExitTrain)", "chain": "chain (top-1)", "ar": "AR drafter"}
+CHAT_DEFAULT = SERVICE.target_source is None and default_pair() == "smollm2"  # a chat target: prompts are user messages
+DRAFTER_LABELS = {"block": "block (base)", "exittrain": "block (ExitTrain)", "chain": "chain (top-1)", "ar": "AR drafter"}  # one per DRAFTER_KINDS
+LAB_DRAFTERS = [kind for kind in DRAFTER_KINDS if kind != "ar"]  # the lab offers the block drafter kinds
 
 
 def _examples() -> list[str]:
+    if CHAT_DEFAULT:
+        return [p["text"] for p in load_prompt_set("chat")[::3]]  # dialogue, code and math, held out
     try:
         heldout = load_prompt_set("heldout")
         humaneval = load_prompt_set("humaneval")
@@ -59,10 +70,11 @@ def _user_error(error: Exception) -> gr.Error:
 
 def _finite_number(component, payload):
     """Refuse an API value that is not a finite number (a string, None, NaN, a bool) with a
-    clear message; Gradio's own range check would crash on it with an opaque error."""
-    if isinstance(payload, bool) or not isinstance(payload, (int, float)) or not math.isfinite(payload):
-        raise gr.Error(f"{component.label} must be a number from {component.minimum} to {component.maximum}, got {payload!r}", print_exception=False)
-    return payload
+    clear message; Gradio's own range check (run next) would crash on it with an opaque error."""
+    try:
+        return finite_number(component.label, payload, component.minimum, component.maximum)
+    except UserInputError as error:
+        raise _user_error(error) from None
 
 
 # Gradio's component metaclass writes a ``.pyi`` stub beside the module that defines a
@@ -103,7 +115,8 @@ def _stats_markdown(records, summary: GenerationSummary | None, ar_tps: float | 
     tps = summary.tokens_per_second if summary else tokens / max(seconds, 1e-9)
     lines = [
         f"**rounds** {len(records)} · **tokens** {tokens} · **tau** (mean block length) {sum(lengths) / len(lengths):.2f} · "
-        f"**mean 1 + C** {sum(bounds) / len(bounds):.2f} · **tokens/s** {tps:.1f}"
+        f"**mean 1 + C** {sum(bounds) / len(bounds):.2f} · **tokens/s** {tps:.1f}",
+        "tau = tokens emitted per target forward (accepted draft tokens + the bonus token); see the Learn tab for other tools' figures.",
     ]
     if summary is not None:
         lines.append(f"stopped: {summary.stop_reason} · time to first token {1e3 * summary.time_to_first_token:.0f} ms")
@@ -119,19 +132,21 @@ def _round_figures(records, index: int):
     return tree_figure(record.tree, record.flow, record.verdict, token_text=text, title=title), mass_by_depth_figure(record.flow)
 
 
-def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar):
-    """Stream a generation: text, current tree, mass by depth, stats; then the timeline."""
+def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat=False):
+    """Stream a generation: text, current tree, mass by depth, stats; then the timeline.
+    With ``chat`` the prompt is a user message (chat template, generation prompt added)."""
     try:
         bundle = SERVICE.bundle()
-        check_prompt(prompt)
+        if chat and not bundle.is_chat:
+            raise UserInputError("this target has no chat template; untick 'chat' to continue the text as it is")
+        prompt_ids = SERVICE.encode(prompt, chat=bool(chat))
         config = check_settings(drafter, verifier, budget, temperature, max_new_tokens, seed, list(bundle.drafters))
-        SERVICE.encode(prompt, config.max_new_tokens)
-    except (UserInputError, ValueError) as error:
+    except ValueError as error:  # the user's input, or models that could not be loaded
         raise _user_error(error) from None
     records, summary = [], None
     text = SERVICE.token_text
     last_draw = 0.0
-    events = SERVICE.generate(prompt, drafter, config)
+    events = SERVICE.generate(prompt_ids, drafter, config)
     try:  # Gradio closes this generator when the client cancels or leaves: stop generating then
         for event in events:
             if isinstance(event, GenerationSummary):
@@ -149,9 +164,9 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
     if compare_ar and summary is not None:
         waiting = (gr.skip(),) * 4 + (_stats_markdown(records, summary, None) + "\n\ntiming an autoregressive run of the same prompt…", gr.skip(), gr.skip())
         yield waiting
-        ar = yield from _in_worker(lambda stop: SERVICE.autoregressive(prompt, config, should_stop=stop), tick=(gr.skip(),) * 7)
+        ar = yield from _in_worker(lambda stop: SERVICE.autoregressive(prompt_ids, config, should_stop=stop), tick=(gr.skip(),) * 7)
         ar_tps = ar.tokens_per_second
-    state = {"records": records, "summary": summary, "settings": {"prompt": prompt, "drafter": drafter, **config.__dict__}}
+    state = {"records": records, "summary": summary, "settings": {"prompt": prompt, "drafter": drafter, **dataclasses.asdict(config)}}
     if not records:
         yield ("", None, None, None, "The generation produced no rounds.", gr.update(minimum=1, maximum=2, value=1, interactive=False), state)
         return
@@ -235,22 +250,22 @@ def export_run(state):
 # ----------------------------------------------------------------------------------- Verifier lab
 def run_verifier_lab(source, prompt, drafter, budget, temperature, draws, seed, progress=gr.Progress()):
     try:
-        draws = int(_check_range("draws", draws, 100, LIMITS.max_lab_draws))
-        seed = int(_check_range("seed", seed, 0, LIMITS.max_seed))
+        draws = check_number("draws", draws, 100, LIMITS.max_lab_draws, integer=True)
+        seed = check_number("seed", seed, 0, LIMITS.max_seed, integer=True)
         if source == "synthetic example":
             lab = synthetic_tree()
             token_text = str
         else:
             bundle = SERVICE.bundle()
-            budget = int(_check_range("budget", budget, 1, 64))
-            temperature = float(_check_range("temperature", temperature, 0.05, LIMITS.max_temperature))
+            budget = check_number("budget", budget, 1, LIMITS.max_lab_budget, integer=True)
+            temperature = check_number("temperature", temperature, LIMITS.min_lab_temperature, LIMITS.max_temperature)
             if drafter not in bundle.drafters:
                 raise UserInputError(f"unknown drafter {drafter!r}")
-            ids = SERVICE.encode(check_prompt(prompt), 1)
+            ids = SERVICE.encode(prompt, chat=bundle.is_chat)
             with SERVICE.compute:
                 lab = tree_from_prompt(bundle.target, bundle.drafter(drafter), ids, budget, temperature)
             token_text = SERVICE.token_text
-    except (UserInputError, ValueError) as error:
+    except ValueError as error:
         raise _user_error(error) from None
     progress(0.1, desc=f"running each verifier {draws} times")
     with SERVICE.compute:
@@ -270,35 +285,24 @@ def run_verifier_lab(source, prompt, drafter, budget, temperature, draws, seed, 
     return figure, tree, "\n".join(rows) + "\n\n" + note
 
 
-def _check_range(name, value, low, high):
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise UserInputError(f"{name} must be a number from {low} to {high}") from None
-    if not (low <= number <= high):
-        raise UserInputError(f"{name} must be from {low} to {high}, got {value}")
-    return number
-
-
 # ----------------------------------------------------------------------------------- ExitTrain
 def run_exittrain(weights, steps, lambda_exit, request: gr.Request, progress=gr.Progress()):
     """A short live fine-tune of the base drafter; then base vs trained on held-out prompts."""
     owner = getattr(request, "session_hash", None) or "anonymous"
     try:
-        steps = int(_check_range("steps", steps, 5, 400))
-        lambda_exit = float(_check_range("lambda", lambda_exit, 0, 100))
-        config = ExitTrainConfig(**{**LIVE_CONFIG.__dict__, "weights": weights, "steps": steps, "lambda_exit": lambda_exit})
+        steps = check_number("steps", steps, LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, integer=True)
+        lambda_exit = check_number("lambda", lambda_exit, 0, LIMITS.max_lambda_exit)
+        config = dataclasses.replace(LIVE_CONFIG, weights=weights, steps=steps, lambda_exit=lambda_exit)
         train, heldout, first_anchor = load_live_data()
-        bundle = SERVICE.bundle()
+        bundle = EXITTRAIN_SERVICE.bundle()
         if "block" not in bundle.drafters:
             raise UserInputError("ExitTrain needs the block drafter, which is not loaded")
-    except (UserInputError, ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError) as error:
         raise _user_error(error) from None
     if not EXITTRAIN_SLOT.acquire(owner):
         raise gr.Error("another ExitTrain run is in progress on this server; wait for it to finish, then start again", print_exception=False)
     try:
-        drafter = BlockDrafter.from_pretrained(embedded("block"), bundle.target, dtype=torch.float32)
-        trainer = ExitTrainer(config, bundle.target, drafter, train, heldout=heldout, first_anchor=first_anchor)
+        trainer = live_trainer(bundle.target, config, (train, heldout, first_anchor))
         EXITTRAIN_SLOT.trainer = trainer
         with SERVICE.compute:
             before = trainer.heldout_expected_tau()
@@ -329,7 +333,7 @@ def cancel_exittrain(request: gr.Request):
 
 def compare_shipped(progress=gr.Progress()):
     try:
-        bundle = SERVICE.bundle()
+        bundle = EXITTRAIN_SERVICE.bundle()
     except ValueError as error:  # the models could not be loaded: say why
         raise _user_error(error) from None
     if "exittrain" not in bundle.drafters:
@@ -340,7 +344,7 @@ def compare_shipped(progress=gr.Progress()):
     for name in ("block", "exittrain"):
         with SERVICE.compute:
             lab = tree_from_prompt(bundle.target, bundle.drafter(name), prompt, 32, 1.0)
-        trees.append(tree_figure(lab.tree, lab.flow, None, token_text=SERVICE.token_text, title=f"{name} drafter, same prompt"))
+        trees.append(tree_figure(lab.tree, lab.flow, None, token_text=EXITTRAIN_SERVICE.token_text, title=f"{name} drafter, same prompt"))
     return before_after_figure(rows), table, trees[0], trees[1]
 
 
@@ -373,6 +377,14 @@ the probability that plain sampling from $p$ walks to $v$. *Live tab: node colou
 **Coverage bound.** $C(T) = \sum_{v \ne r} P(v)$. Every exact verifier has expected block length $E[L] \le 1 + C(T)$.
 *Live tab: the timeline plots each round's $L$ against $1 + C$.*
 
+**tau, and other tools' acceptance figures.** $\tau$ is the mean **output-block length** per round: accepted draft
+tokens plus the one bonus token, so $\tau$ = tokens emitted per target forward. It is the same number as EAGLE's
+"average acceptance length" and SGLang's `spec_accept_length` (both count the bonus token) and the DFlash/DDTree "acceptance length".
+Without the bonus token, the mean accepted draft length is $\tau - 1$. An acceptance *rate* per drafted token (vLLM's
+`draft_acceptance_rate`) divides $\tau - 1$ by the tokens drafted per round (the chain length, or $B$ for a tree), so it falls
+as the tree grows while $\tau$ rises. The speedup over plain decoding is about $\tau$ divided by the cost of one round
+relative to one plain forward (tree forward + drafter + verifier). *Live tab: stats line and timeline.*
+
 **TEV (Tree Exit Verification).** Draw the exit node $V \sim w$ in one step, then the bonus $Y$ from the residual
 $p_V^{\mathrm{res}}(a) \propto p_V(a)\,[a \notin \mathrm{Ch}(V)]$. It attains the bound, needs only the parent rows normalised, and one
 host sync. Predraw-and-follow and sequential residual verification reach the same law by other routes.
@@ -395,8 +407,9 @@ def _device_markdown() -> str:
     except Exception as error:  # a missing or broken asset must show, not crash the page
         return f"**Models could not be loaded:** {error}"
     sizes = ", ".join(f"{name} {count / 1e6:.2f}M" for name, count in info["parameters"].items())
+    pair = {"smollm2": "SmolLM2-135M-Instruct + this project's block drafter", "tiny": "tiny 7M code pair"}.get(info["pair"], info["target_source"])
     return (
-        f"**device** {info['device']} · **dtype** {info['dtype']} · **threads** {info['threads']} · **context** {info['context']} tokens · "
+        f"**models** {pair} · **device** {info['device']} · **dtype** {info['dtype']} · **threads** {info['threads']} · **context** {info['context']} tokens · "
         f"**vocabulary** {info['vocab']} · **parameters** {sizes}"
     )
 
@@ -413,11 +426,18 @@ def build_app() -> gr.Blocks:
         with gr.Tab("Live"):
             with gr.Row():
                 with gr.Column(scale=3):
-                    prompt = gr.Textbox(label="prompt (Python code to continue)", value=examples[0], lines=8, max_lines=20, max_length=LIMITS.max_prompt_chars)
-                    gr.Examples(examples=[[e] for e in examples], inputs=[prompt], label="held-out stdlib functions and HumanEval prompts")
+                    prompt = gr.Textbox(
+                        label="your message to the model" if CHAT_DEFAULT else "prompt (Python code to continue)",
+                        value=examples[0], lines=6 if CHAT_DEFAULT else 8, max_lines=20, max_length=LIMITS.max_prompt_chars,
+                    )
+                    chat = gr.Checkbox(value=CHAT_DEFAULT, label="chat: send the prompt as a user message (chat template, stops at the end of the answer); untick to continue the raw text")
+                    gr.Examples(
+                        examples=[[e] for e in examples], inputs=[prompt],
+                        label="held-out chat prompts: dialogue, code, math" if CHAT_DEFAULT else "held-out stdlib functions and HumanEval prompts",
+                    )
                 with gr.Column(scale=2):
-                    drafter = gr.Radio(list(DRAFTER_LABELS), value="block", label="drafter q", info=" · ".join(f"{k}: {v}" for k, v in DRAFTER_LABELS.items()))
-                    verifier = gr.Radio(["tev", "predraw", "sequential", "greedy"], value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
+                    drafter = gr.Radio(list(DRAFTER_KINDS), value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTER_LABELS[kind]}" for kind in DRAFTER_KINDS))
+                    verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
                     budget = Slider(1, LIMITS.max_budget, value=32, step=1, label="budget B (draft nodes per round)")
                     temperature = Slider(0.0, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
                     max_new_tokens = Slider(1, LIMITS.max_new_tokens, value=96, step=1, label="max new tokens")
@@ -448,9 +468,9 @@ def build_app() -> gr.Blocks:
             gr.Markdown("Fix **one** tree and run each exact verifier many times: the exit-node frequencies follow the exit law w(v) and the mean block length is 1 + C(T), for TEV, predraw and sequential alike (fixed-tree equivalence).")
             with gr.Row():
                 lab_source = gr.Radio(["prompt", "synthetic example"], value="prompt", label="tree from")
-                lab_drafter = gr.Radio(["block", "exittrain", "chain"], value="block", label="drafter")
-                lab_budget = Slider(1, 64, value=16, step=1, label="budget B")
-                lab_temperature = Slider(0.05, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
+                lab_drafter = gr.Radio(LAB_DRAFTERS, value="block", label="drafter")
+                lab_budget = Slider(1, LIMITS.max_lab_budget, value=16, step=1, label="budget B")
+                lab_temperature = Slider(LIMITS.min_lab_temperature, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
                 lab_draws = Slider(100, LIMITS.max_lab_draws, value=3000, step=100, label="draws per verifier")
                 lab_seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed")
             lab_prompt = gr.Textbox(label="prompt", value=examples[1] if len(examples) > 1 else examples[0], lines=4, max_length=LIMITS.max_prompt_chars)
@@ -462,12 +482,13 @@ def build_app() -> gr.Blocks:
         with gr.Tab("ExitTrain"):
             gr.Markdown(
                 "Fine-tune the base block drafter for a minute or two with **ExitTrain**: the frozen target scores the trees the drafter "
-                "actually builds, and the loss pushes draft probability toward nodes where target mass exits. One run at a time per server."
+                "actually builds, and the loss pushes draft probability toward nodes where target mass exits. One run at a time per server. "
+                "This tab runs on the **tiny code pair** (the 7M target and its drafter), whose training data ships with the app."
             )
             with gr.Row():
-                et_weights = gr.Radio(["exit", "prefix", "none"], value="exit", label="weights (exit: the method; prefix, none: controls)")
-                et_steps = Slider(5, 400, value=LIVE_CONFIG.steps, step=5, label="steps")
-                et_lambda = Slider(0, 100, value=LIVE_CONFIG.lambda_exit, step=1, label="lambda (weight of L_exit)")
+                et_weights = gr.Radio(list(WEIGHT_MODES), value="exit", label="weights (exit: the method; prefix, none: controls)")
+                et_steps = Slider(LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, value=LIVE_CONFIG.steps, step=5, label="steps")
+                et_lambda = Slider(0, LIMITS.max_lambda_exit, value=LIVE_CONFIG.lambda_exit, step=1, label="lambda (weight of L_exit)")
             with gr.Row():
                 et_start = gr.Button("Start fine-tune", variant="primary")
                 et_cancel = gr.Button("Cancel")
@@ -487,7 +508,7 @@ def build_app() -> gr.Blocks:
         demo.load(_device_markdown, outputs=device_info, api_name=False)
         live_outputs = [text_view, tree_plot, mass_plot, timeline_plot, stats, round_slider, run_state]
         generate_event = generate.click(
-            run_live, [prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar], live_outputs, api_name="generate", concurrency_limit=2, concurrency_id="compute"
+            run_live, [prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat], live_outputs, api_name="generate", concurrency_limit=2, concurrency_id="compute"
         )
         stop.click(None, cancels=[generate_event], api_name=False)
         round_slider.release(browse_round, [round_slider, run_state], [tree_plot, mass_plot, round_info], api_name="browse_round")

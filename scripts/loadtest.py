@@ -47,7 +47,6 @@ import json
 import os
 import random
 import re
-import statistics
 import sys
 import threading
 import time
@@ -57,6 +56,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from tev.util.stats import quantile  # noqa: E402  (needs the repository on the path)
 
 PROMPTS = [
     "def add(a, b):\n    ",
@@ -218,11 +219,8 @@ def new_client(url: str):
 
 # ----------------------------------------------------------------------------- one load level
 def percentile(values: list[float], q: float) -> float:
-    values = sorted(v for v in values if v == v)
-    if not values:
-        return float("nan")
-    index = min(len(values) - 1, max(0, round(q * (len(values) - 1))))
-    return values[index]
+    """The observed value nearest the ``q`` quantile, NaNs left out."""
+    return quantile([v for v in values if v == v], q, method="nearest")
 
 
 def run_level(url: str, pid: int | None, users: int, seconds: float, seed: int = 0, timeout: float = 180.0, poll: float = 0.02) -> tuple[dict, list[Result]]:

@@ -1,7 +1,7 @@
 """Take the README screenshot from the real app: `python scripts/screenshot.py [--out assets/screenshot.png]`.
 
-Starts `python app.py` on the embedded assets, drives Debian Chromium with Playwright (Generate
-on a held-out prompt), and saves a PNG of the Live tab. `--all DIR` also saves the other tabs.
+Starts `python app.py` on the default pair (SmolLM2-135M-Instruct and its block drafter), drives
+Debian Chromium with Playwright (Generate on a chat prompt at T = 0), and saves a PNG of the Live tab. `--all DIR` also saves the other tabs.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=str(REPO / "assets" / "screenshot.png"))
     parser.add_argument("--all", help="also save every tab as PNG into this folder")
-    parser.add_argument("--prompt", default='def is_prime(n):\n    """Return True if n is a prime number."""\n')
+    parser.add_argument("--prompt", default="Write a Python function that checks whether a number is prime.")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
     log = Path(tempfile.mkdtemp()) / "app.log"
-    server = AppServer(assets_dir(), log)
+    server = AppServer(assets_dir(), log, extra_env={"TEV_PAIR": "smollm2"})
     try:
         print(f"app ready in {server.wait_ready():.1f}s")
         with sync_playwright() as playwright:
@@ -38,7 +38,7 @@ def main() -> None:
             page.goto(server.url, wait_until="domcontentloaded")
             page.wait_for_selector("#generate-button", timeout=60_000)
             page.wait_for_function("!document.body.innerText.includes('loading models')", timeout=60_000)
-            page.get_by_label("prompt (Python code to continue)").fill(args.prompt)
+            page.get_by_label("your message to the model").fill(args.prompt)
             page.get_by_role("spinbutton", name="number input for temperature T").fill("0")
             page.keyboard.press("Enter")
             page.click("#generate-button")

@@ -26,7 +26,8 @@ class AppServer:
     def __init__(self, assets: Path, log: Path, extra_env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
-        env = {**os.environ, "TEV_ASSETS_DIR": str(assets), "GRADIO_SERVER_PORT": str(self.port), "GRADIO_ANALYTICS_ENABLED": "False", **(extra_env or {})}
+        inherited = {k: v for k, v in os.environ.items() if k != "GRADIO_SERVER_NAME"}  # the app's own default host is under test
+        env = {**inherited, "TEV_ASSETS_DIR": str(assets), "GRADIO_SERVER_PORT": str(self.port), "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
         self.log = open(log, "w")
         self.started = time.time()
         self.process = subprocess.Popen([sys.executable, str(REPO / "app.py")], cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)

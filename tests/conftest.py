@@ -1,9 +1,12 @@
+import os
 import warnings
 
 import torch
 
 # Tiny models run fastest on one thread (and tests then do not fight over cores).
 torch.set_num_threads(1)
+# The tests run on the fast tiny pair unless a test names the default pair (SmolLM2) itself.
+os.environ.setdefault("TEV_PAIR", "tiny")
 warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
 
 

@@ -9,7 +9,8 @@ import torch
 
 from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
 from tev.engine.drafters import BlockTreeDrafter
-from tev.engine.models import ModelLoadError, encode_prompt, load_bundle, load_drafter, load_tokenizer
+from tev.engine.models import ModelLoadError, load_bundle, load_drafter, load_tokenizer
+from tev.engine.prompt_text import encode_prompt
 from tev.engine.session import CausalLMSession
 from tev.core.tree import DraftTree
 from tests.helpers import ALPHA, chi_square_against

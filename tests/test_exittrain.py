@@ -1,15 +1,24 @@
 """ExitTrain: the loss by hand, tree-attention target quantities, training, checkpoints."""
 
+import json
 import math
+import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import DynamicCache
 
-from tev.train.distill import regenerate_sequences
-from tev.train.exittrain import ExitTrainConfig, ExitTrainer, exit_loss_terms, node_weights, score_trees
+import tev.train.trainer
+from tev.bench.ablation import install_from_ablation, run_ablation
 from tev.core.flow import target_flow
 from tev.core.tree import DraftTree
+from tev.data.prompts import load_prompt_set
+from tev.engine.models import load_bundle
+from tev.train.distill import regenerate_sequences
+from tev.train.exit_loss import exit_loss_terms, node_weights, score_trees
+from tev.train.trainer import ExitTrainConfig, ExitTrainer
+from tev.util.paths import embedded
 from tests.tiny import tiny_block_drafter, tiny_target
 
 VOCAB = 48
@@ -116,18 +125,36 @@ def test_interrupted_checkpoint_write_leaves_the_previous_checkpoint(tmp_path, m
     events = trainer.run(tmp_path)
     next(events), next(events)  # step 2 wrote a checkpoint
     assert (tmp_path / "checkpoint" / "trainer_state.json").is_file()
-    import tev.train.exittrain as module
 
     def crash(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(module, "save_file", crash)
+    monkeypatch.setattr(tev.train.trainer, "save_file", crash)
     next(events)
     with pytest.raises(OSError, match="disk full"):
         next(events)  # step 4 tries to write and fails half way
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]  # no partial folder visible
     _, fresh = make_trainer(steps=4)
     assert fresh.load_checkpoint(tmp_path) and fresh.step == 2
+
+
+def test_a_checkpoint_swap_killed_between_its_renames_is_recovered(tmp_path):
+    _, trainer = make_trainer(steps=2, save_every=2)
+    list(trainer.run(tmp_path))
+    (tmp_path / "checkpoint").rename(tmp_path / ".checkpoint.old-12345")  # killed after retiring the old checkpoint
+    (tmp_path / ".checkpoint.new-12346").mkdir()  # ... before its new one was complete
+    _, fresh = make_trainer(steps=2, save_every=2)
+    assert fresh.load_checkpoint(tmp_path) and fresh.step == 2
+    fresh.save_checkpoint(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+def test_learning_rate_warms_up_then_decays_to_a_tenth():
+    _, trainer = make_trainer(steps=8, warmup=2)
+    rates = [event.lr / trainer.config.lr for event in trainer.run()]
+    assert rates[:3] == pytest.approx([0.0, 0.5, 1.0])  # linear warm-up over 2 steps
+    assert all(a > b for a, b in zip(rates[2:], rates[3:]))  # then cosine decay ...
+    assert rates[-1] > 0.1 and trainer.scheduler.get_last_lr()[0] == pytest.approx(0.1 * trainer.config.lr)  # ... to a tenth at the end
 
 
 @pytest.mark.parametrize(
@@ -158,14 +185,6 @@ def test_missing_data_is_refused():
 def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_assets_dir, tmp_path, monkeypatch):
     """`bench exittrain --install`: every mode trained from one base; the shipped drafter has
     the evaluated exit drafter's exact weights, with its card entry; other assets untouched."""
-    import json
-    import shutil
-
-    from tev.train.exittrain import install_from_ablation, run_ablation
-    from tev.engine.models import load_bundle
-    from tev.util.paths import embedded
-    from tev.data.prompts import load_prompt_set
-
     assets = tmp_path / "assets"
     shutil.copytree(quick_assets_dir, assets)
     monkeypatch.setenv("TEV_ASSETS_DIR", str(assets))
@@ -180,8 +199,6 @@ def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_
     result["command"] = "python -m tev bench exittrain --install"
     install_from_ablation(result, tmp_path / "eval", bundle.target)
     shipped = embedded("exittrain")
-    from safetensors.torch import load_file
-
     shipped_tensors, measured_tensors = load_file(shipped / "drafter.safetensors"), load_file(tmp_path / "eval" / "drafter-exit" / "drafter.safetensors")
     assert shipped_tensors.keys() == measured_tensors.keys()  # (the header's metadata order is not fixed, so not bytes)
     assert all(torch.equal(shipped_tensors[name], measured_tensors[name]) for name in shipped_tensors)

@@ -108,6 +108,6 @@ def test_exit_law_properties(case):
     assert (w >= 0).all()
     conservation = torch.zeros_like(reach).index_add_(0, tree.parents[1:], reach[1:])
     assert torch.allclose(w + conservation, reach, atol=1e-9)  # w(v) + sum_children P(u) = P(v)
-    subtree = tree.ancestor_mask().double()  # [v, u]: u is an ancestor of v (or v)
+    subtree = tree.ancestors.double()  # [v, u]: u is an ancestor of v (or v)
     assert torch.allclose(subtree.T @ w, reach, atol=1e-9)  # the subtree of v exits with mass P(v)
     assert flow.coverage == pytest.approx(float((tree.depths.double() * w).sum()), abs=1e-9)  # C = E[exit depth]

@@ -9,8 +9,12 @@ import torch
 
 from tev.cli import main
 from tev.engine.models import load_bundle
-from tev import verify
-from tev.bench.report import QUICK, build_report, check_coverage_bound, check_exit_law, real_trees, run_labs
+from tev.bench.report import QUICK, build_report
+from tev.bench.report.coverage import check_coverage_bound
+from tev.bench.report.exit_law import check_exit_law, chi_square_cells
+from tev.bench.report.exittrain_gain import check_exittrain, exittrain_from_results
+from tev.bench.report.trees import real_trees, run_labs
+from tev.core import verify
 from tests.tiny import save_pair
 
 # The tiny target's context is 96 tokens: short snippets only.
@@ -85,9 +89,9 @@ def check_report(out, expect_exittrain: bool) -> dict:
     assert len(images) == 5
     for image in images:
         assert (out / image).read_bytes()[:8] == PNG_MAGIC, image
-    for plot in report["plots"].values():
-        html = (out / plot["html"]).read_text()
-        assert "cdn.plot.ly" in html and "<html>" in html
+    # every plot the report lists is a PNG embedded in report.md, and nothing else is written
+    assert sorted(report["plots"].values()) == sorted(images)
+    assert sorted(path.name for path in (out / "plots").iterdir()) == sorted(image.split("/")[-1] for image in images)
     return report
 
 
@@ -134,8 +138,6 @@ def test_the_exit_law_and_coverage_checks_catch_a_biased_verifier(pair, monkeypa
 
 def test_a_small_exittrain_gain_holds_only_partly():
     """Right order but a gain far below the paper's +13%: the row says partly, not yes."""
-    from tev.bench.report import check_exittrain, exittrain_from_results
-
     base = [row for row in EXITTRAIN["rows"] if row["drafter"] == "base"]
     small = {"rows": [{**row, "drafter": name, "tau": row["tau"] * factor} for row in base for name, factor in (("base", 1.0), ("none", 1.01), ("prefix", 0.999), ("exit", 1.02))]}
     claim = check_exittrain(exittrain_from_results(small))
@@ -143,3 +145,14 @@ def test_a_small_exittrain_gain_holds_only_partly():
     assert "exit beats none in 2 and prefix in 2 of 2 settings" in claim["this_run"]
     backwards = {"rows": [{**row, "tau": 1.0 if row["drafter"] == "exit" else row["tau"]} for row in EXITTRAIN["rows"]]}
     assert check_exittrain(exittrain_from_results(backwards))["holds"] == "no"
+
+
+def test_chi_square_pools_small_cells_and_flags_draws_outside_the_law():
+    # two cells of expected 50 each: (30 - 50)^2 / 50 + (70 - 50)^2 / 50 = 16 on 1 dof
+    statistic, dof = chi_square_cells([30, 70], [0.5, 0.5])
+    assert statistic == pytest.approx(16.0) and dof == 1
+    # the third cell expects 1 draw (< 5), so it is its own pooled cell: 8 + 19^2 / 49 + 1 on 2 dof
+    statistic, dof = chi_square_cells([30, 68, 2], [0.5, 0.49, 0.01])
+    assert statistic == pytest.approx(8 + 361 / 49 + 1) and dof == 2
+    # a draw where w puts no mass at all cannot come from the law
+    assert chi_square_cells([50, 49, 1], [0.5, 0.5, 0.0])[0] == math.inf

@@ -62,6 +62,19 @@ def test_ddtree_is_deterministic_with_ties():
     assert torch.equal(first.tokens, second.tokens) and torch.equal(first.parents, second.parents)
 
 
+def test_ddtree_breaks_a_score_tie_by_push_order():
+    # q_1 = q_2 = (0.6, 0.4): prefixes (0, 1) and (1, 0) tie at 0.24 (the sums of logs are
+    # bitwise equal). Pops: (0) pushes (1) then (0, 0); (1) pushes (1, 0); (0, 0) pushes
+    # (0, 1). So (1, 0) was pushed first and takes the fourth and last slot of B = 4.
+    logq = torch.log(torch.tensor([[0.6, 0.4], [0.6, 0.4]]))
+    top = logq.tolist()
+    assert top[0][0] + top[1][1] == top[0][1] + top[1][0]  # a real tie
+    tree = DraftTree.from_marginals(logq, 4)
+    assert tree.tokens.tolist() == [0, 0, 1, 0, 0] and tree.parents.tolist() == [-1, 0, 0, 1, 2]
+    assert tree_prefixes(tree) == {(0,), (1,), (0, 0), (1, 0)}
+    assert (0, 1) in tree_prefixes(DraftTree.from_marginals(logq, 5))  # the tied loser comes next
+
+
 def test_ddtree_parents_precede_children_and_scores_fall():
     logq = torch.log_softmax(torch.randn(5, 30, generator=torch.Generator().manual_seed(3)), dim=-1)
     tree = DraftTree.from_marginals(logq, 64)
@@ -80,9 +93,9 @@ def test_from_paths_merges_shared_prefixes():
     assert tree.path_to(4) == [0, 1, 2, 4] and tree.path_tokens(4) == [1, 2, 4]
 
 
-def test_ancestor_mask_rows_are_parent_row_plus_self():
+def test_ancestors_rows_are_parent_row_plus_self():
     tree = random_tree(torch.Generator().manual_seed(5), vocab=6, budget=40, horizon=5)
-    mask = tree.ancestor_mask()
+    mask = tree.ancestors
     assert mask.dtype == torch.bool and mask.shape == (tree.num_nodes, tree.num_nodes)
     assert mask[0].tolist() == [True] + [False] * (tree.num_nodes - 1)
     for v in range(1, tree.num_nodes):

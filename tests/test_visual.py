@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from html.parser import HTMLParser
 
@@ -23,9 +24,10 @@ from visual import (
     token_label,
     training_figure,
     tree_figure,
+    tree_graph,
     verifier_lab_figure,
 )
-from visual import figures as figures_module
+from visual.tree_view import MAX_HEIGHT
 
 TEXT = {0: " a", 1: "<b>", 2: "\n", 3: "x&y", 4: "longtokenname"}
 
@@ -99,6 +101,15 @@ def test_tidy_layout_separates_same_depth_nodes():
         kids = tree.children(v)
         if kids:
             assert y[v] == (y[kids[0]] + y[kids[-1]]) / 2
+
+
+def test_tree_graph_is_the_draft_tree():
+    tree = random_tree(torch.Generator().manual_seed(4), vocab=5, budget=30, horizon=4)
+    graph = tree_graph(tree.parents_list)
+    assert graph.number_of_nodes() == tree.num_nodes and graph.number_of_edges() == tree.budget
+    assert [list(graph.successors(v)) for v in range(tree.num_nodes)] == [tree.children(v) for v in range(tree.num_nodes)]
+    with pytest.raises(ValueError, match="must precede its child"):
+        tree_graph([-1, 2, 0])
 
 
 def test_tidy_layout_deep_chain_does_not_recurse():
@@ -259,8 +270,14 @@ def test_budget_256_renders_and_keeps_path_labels():
     tree, flow, verdict = ddtree(256, seed=11, vocab=60, horizon=6)
     assert tree.budget == 256
     fig = tree_figure(tree, flow, verdict, token_text=token_text)
-    assert len(fig.to_json()) > 0
-    assert fig.layout.height <= figures_module.MAX_HEIGHT
+    sent = {t["name"]: t for t in json.loads(fig.to_json())["data"]}  # what the browser receives
+    assert set(sent) == {"edges", "accepted path", "nodes", "exit node", "bonus edge", "bonus token"}
+    x, y = tidy_layout(tree.parents_list + [verdict.exit_node])
+    assert sent["nodes"]["x"] == x[: tree.num_nodes] and sent["nodes"]["y"] == y[: tree.num_nodes]
+    assert sent["nodes"]["marker"]["color"] == pytest.approx(flow.reach.tolist())
+    segments = [tuple(sent["edges"]["x"][i : i + 3]) for i in range(0, len(sent["edges"]["x"]), 3)]
+    assert segments == [(x[u], x[v], None) for v, u in enumerate(tree.parents_list) if v > 0]  # one per edge pa(v) -> v
+    assert fig.layout.height <= MAX_HEIGHT
     assert len(trace(fig, "nodes").customdata) == tree.num_nodes  # hover for every node
     assert_no_label_overlap(fig)
     nodes = trace(fig, "nodes")

@@ -101,3 +101,35 @@ def save_pair(folder: Path, vocab_size: int = 300):
     other.save_pretrained(paths["other_ar"])
     other_tokenizer.save_pretrained(paths["other_ar"])
     return paths
+
+
+CHAT_WORDS = "the a is of to and in it you what how write code python function number sum two three four five add list why sky blue".split()
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def tiny_chat_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer of a few dozen words with ChatML special tokens and template, so a
+    random tiny model ends its turns (``<|im_end|>``) often enough for chat-data tests."""
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]"]
+    vocab = {token: index for index, token in enumerate(special + CHAT_WORDS + ["user", "assistant", "system"])}
+    words = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.decoder = decoders.WordPiece()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=words, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|im_end|>", unk_token="[UNK]",
+        additional_special_tokens=["<|endoftext|>"], clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHATML
+    return tokenizer
+
+
+def save_chat_target(folder: Path) -> Path:
+    """A tiny random chat model (Llama, ChatML template) with its tokenizer, saved in ``folder``."""
+    tokenizer = tiny_chat_tokenizer()
+    target = tiny_target(len(tokenizer), context=256, eos_token_id=tokenizer.eos_token_id, scale=0.2)
+    target.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -7,23 +7,32 @@ only declares the options and wires each subcommand to its function.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+import typing
 
 import torch
 
-from tev.bench.benchmarks import e2e_command, verifiers_command
+from tev.bench.e2e import e2e_command
 from tev.bench.report import FULL, QUICK, report_command
+from tev.bench.verifiers_bench import verifiers_command
 from tev.core.verify import VERIFIERS
 from tev.engine.generate_command import generate_command
-from tev.engine.models import DRAFTER_KINDS
+from tev.engine.models import DRAFTER_KINDS, PAIR_DESCRIPTIONS, PAIRS
 from tev.train.build import build_assets_command
-from tev.train.exittrain import WEIGHT_MODES, ExitTrainConfig, ablation_command, exittrain_command
+from tev.train.train_drafter import train_drafter_command
+from tev.bench.ablation import ablation_command
+from tev.service.live_exittrain import live_check_command
+from tev.train.exit_loss import WEIGHT_MODES
+from tev.train.exittrain_command import exittrain_command
+from tev.train.trainer import ExitTrainConfig
 
 __all__ = ["build_parser", "main"]
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", help="target model: a local folder or a Hugging Face id (default: the embedded target)")
+    parser.add_argument("--pair", choices=PAIRS, default=None, help="shipped pair when no --target is given: " + "; ".join(f"{k}: {v}" for k, v in PAIR_DESCRIPTIONS.items()) + " (default: $TEV_PAIR or smollm2)")
+    parser.add_argument("--target", help="target model: a local folder or a Hugging Face id (default: the pair's target)")
     parser.add_argument("--draft", help="drafter: a block-drafter folder or a causal LM folder / HF id (default: embedded drafters)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
@@ -37,12 +46,15 @@ def _add_generate(commands) -> None:
     parser.add_argument("--drafter", choices=DRAFTER_KINDS, default="block")
     parser.add_argument("--verifier", choices=VERIFIERS, default="tev", help="at temperature 0 the greedy verifier is used")
     parser.add_argument("--ar", action="store_true", help="plain autoregressive decoding (the baseline)")
-    parser.add_argument("--budget", type=int, default=16, help="draft-tree budget B (non-root nodes)")
+    parser.add_argument("--budget", type=int, default=32, help="draft-tree budget B (non-root nodes)")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--stop", action="append", help="stop string (repeatable)")
     parser.add_argument("--json", action="store_true", help="print token ids, text, per-round block lengths, coverage and timings as JSON")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--chat", dest="chat", action="store_true", default=None, help="send the prompt as a user message through the chat template (the default for chat models)")
+    mode.add_argument("--raw", dest="chat", action="store_false", help="continue the prompt text as it is (no chat template)")
     add_model_arguments(parser)
     parser.set_defaults(func=generate_command)
 
@@ -63,8 +75,8 @@ def _add_bench_e2e(kinds) -> None:
     parser = kinds.add_parser("e2e", help="end-to-end speed: autoregressive vs chain vs DDTree+predraw vs DDTree+TEV")
     parser.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--prompts", default="heldout", help="prompt set in assets/prompts (heldout, humaneval)")
-    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--prompts", default=None, help="prompt set in assets/prompts: chat (dialogue, code, math; the default for a chat target), heldout, humaneval")
+    parser.add_argument("--num-prompts", type=int, default=12, help="prompts used, spread evenly over the set (and so over its domains)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -74,15 +86,27 @@ def _add_bench_e2e(kinds) -> None:
     parser.set_defaults(func=e2e_command)
 
 
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, only: tuple[str, ...] | None = None) -> None:
+    """One flag per field of the dataclass ``cls`` (or of the fields named in ``only``): type and
+    default from the field; ``help``, ``flag`` (default ``--field-name``) and ``choices`` from its
+    metadata. The parsed values land under the field names (read back with ``cls.from_args``)."""
+    types = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        if only is not None and field.name not in only:
+            continue
+        flag = field.metadata.get("flag") or "--" + field.name.replace("_", "-")
+        parser.add_argument(flag, dest=field.name, type=types[field.name], default=field.default, choices=field.metadata.get("choices"), help=field.metadata.get("help"))
+
+
+def _bench_exittrain(args) -> None:
+    """``bench exittrain``: the ablation, or with ``--live`` a check of the app's live mode."""
+    (live_check_command if args.live else ablation_command)(args)
+
+
 def _add_bench_exittrain(kinds) -> None:
     parser = kinds.add_parser("exittrain", help="ExitTrain evaluation: base vs token-only vs prefix vs exit weights, equal steps and data")
-    defaults = ExitTrainConfig()
     parser.add_argument("--modes", nargs="+", choices=WEIGHT_MODES, default=["none", "prefix", "exit"])
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--budget", type=int, default=defaults.budget, help="training-tree budget")
-    parser.add_argument("--lambda", dest="lambda_exit", type=float, default=defaults.lambda_exit)
-    parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    add_dataclass_arguments(parser, ExitTrainConfig, only=("steps", "budget", "lambda_exit", "lr", "seed"))
     parser.add_argument("--data-sequences", type=int, default=1024)
     parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
@@ -94,7 +118,7 @@ def _add_bench_exittrain(kinds) -> None:
     parser.add_argument("--live-seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--install", action="store_true", help="ship the exit-weighted drafter of this run as assets/models/drafter-exittrain (with its evaluation)")
     add_model_arguments(parser)
-    parser.set_defaults(func=ablation_command)
+    parser.set_defaults(func=_bench_exittrain)
 
 
 def _add_bench_report(kinds) -> None:
@@ -121,19 +145,7 @@ def _add_bench(commands) -> None:
 
 def _add_exittrain(commands) -> None:
     parser = commands.add_parser("exittrain", help="fine-tune the block drafter with ExitTrain (exit-weighted loss)")
-    defaults = ExitTrainConfig()
-    parser.add_argument("--weights", choices=WEIGHT_MODES, default=defaults.weights, help="exit (the method), prefix (ablation), none (token-only)")
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--budget", type=int, default=defaults.budget, help="budget B of the training trees")
-    parser.add_argument("--lambda", dest="lambda_exit", type=float, default=defaults.lambda_exit, help="weight of L_exit")
-    parser.add_argument("--temperature", type=float, default=defaults.temperature, help="target temperature for the exit law")
-    parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument("--warmup", type=int, default=defaults.warmup)
-    parser.add_argument("--sequences-per-step", type=int, default=defaults.sequences_per_step)
-    parser.add_argument("--anchors-per-sequence", type=int, default=defaults.anchors_per_sequence)
-    parser.add_argument("--eval-every", type=int, default=defaults.eval_every)
-    parser.add_argument("--save-every", type=int, default=defaults.save_every)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    add_dataclass_arguments(parser, ExitTrainConfig)
     parser.add_argument("--data-sequences", type=int, default=1024, help="target-regenerated training sequences")
     parser.add_argument("--heldout-sequences", type=int, default=48)
     parser.add_argument("--context-length", type=int, default=128)
@@ -156,6 +168,19 @@ def _add_build_assets(commands) -> None:
     parser.set_defaults(func=build_assets_command)
 
 
+def _add_train_drafter(commands) -> None:
+    parser = commands.add_parser("train-drafter", help="train a block drafter for a chat target (self-instruct data, self-distillation)")
+    parser.add_argument("--target", default=None, help="target: a local folder or a Hugging Face id (Llama/Qwen architecture with a chat template; default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--out", required=True, help="folder to install the drafter into (drafter.safetensors, drafter_config.json, training.json)")
+    parser.add_argument("--work-dir", default=None, help="stage cache, resumable (default: runs/train-drafter-<out name>)")
+    parser.add_argument("--quick", action="store_true", help="a miniature run in seconds (for tests)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's)")
+    parser.add_argument("--requests", type=int, default=None, help="self-instruct training conversations (default: the recipe's)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--allow-download", action="store_true", help="let a Hugging Face id download (default: offline, cache only)")
+    parser.set_defaults(func=train_drafter_command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tev", description="TEV Explorer: exact tree speculative decoding, made visible.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -163,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(commands)
     _add_build_assets(commands)
     _add_exittrain(commands)
+    _add_train_drafter(commands)
     return parser
 
 

@@ -1,17 +1,16 @@
 """Plotly figures and HTML views drawn from tev's own objects (never recomputing the math)."""
 
-from .figures import (
-    NODE_FIELDS,
+from .charts import (
     before_after_figure,
     mass_by_depth_figure,
-    text_view_html,
     timeline_figure,
-    token_label,
     training_figure,
-    tree_figure,
     verifier_lab_figure,
 )
-from .layout import tidy_layout
+from .layout import tidy_layout, tree_graph
+from .style import token_label
+from .text_view import text_view_html
+from .tree_view import NODE_FIELDS, tree_figure
 
 __all__ = [
     "NODE_FIELDS",
@@ -23,5 +22,6 @@ __all__ = [
     "token_label",
     "training_figure",
     "tree_figure",
+    "tree_graph",
     "verifier_lab_figure",
 ]

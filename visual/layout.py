@@ -1,22 +1,39 @@
 """Tidy tree layout: depth on x, leaf order on y, each parent centred over its children.
 
-Pure Python on a parent list, so it lays out any tree (a :class:`~tev.core.tree.DraftTree`'s
-``parents_list``, or that list with extra nodes appended, such as the bonus token).
+The tree is a ``networkx`` directed graph built from a parent list, so it lays out any tree
+(a :class:`~tev.core.tree.DraftTree`'s ``parents_list``, or that list with extra nodes
+appended, such as the bonus token).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["tidy_layout"]
+import networkx as nx
+
+__all__ = ["tree_graph", "tidy_layout"]
 
 
-def tidy_layout(parents: Sequence[int]) -> tuple[list[float], list[float]]:
-    """Positions for a rooted tree given as a parent list.
+def tree_graph(parents: Sequence[int]) -> nx.DiGraph:
+    """The rooted tree as a ``DiGraph`` with edges ``pa(v) -> v`` added in node order, so
+    each node's successors are its children in node order.
 
     Args:
         parents: ``parents[v]`` is ``pa(v)``; ``parents[0] == -1`` (the root) and every
             parent precedes its child (``parents[v] < v``), as in a ``DraftTree``.
+    """
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(len(parents)))
+    for v in range(1, len(parents)):
+        parent = int(parents[v])
+        if not 0 <= parent < v:
+            raise ValueError(f"node {v} has parent {parent}: every parent must precede its child")
+        graph.add_edge(parent, v)
+    return graph
+
+
+def tidy_layout(parents: Sequence[int]) -> tuple[list[float], list[float]]:
+    """Positions for a rooted tree given as a parent list (see :func:`tree_graph`).
 
     Returns:
         ``(x, y)``, two lists of length ``N``: ``x[v] = d(v)`` (the depth) and ``y[v]`` a row
@@ -27,27 +44,16 @@ def tidy_layout(parents: Sequence[int]) -> tuple[list[float], list[float]]:
     n = len(parents)
     if n == 0:
         return [], []
-    children: list[list[int]] = [[] for _ in range(n)]
-    for v in range(1, n):
-        parent = int(parents[v])
-        if not 0 <= parent < v:
-            raise ValueError(f"node {v} has parent {parent}: every parent must precede its child")
-        children[parent].append(v)
-    x = [0.0] * n
-    for v in range(1, n):  # parents precede children, so one forward pass gives depths
-        x[v] = x[int(parents[v])] + 1.0
+    graph = tree_graph(parents)
+    depth = nx.single_source_shortest_path_length(graph, 0)
+    x = [float(depth[v]) for v in range(n)]
     y = [0.0] * n
     next_row = 0
-    # Iterative post-order (a chain of 1000 nodes would overflow recursion).
-    stack: list[tuple[int, bool]] = [(0, False)]
-    while stack:
-        v, expanded = stack.pop()
-        if not children[v]:
+    for v in nx.dfs_postorder_nodes(graph, 0):  # children before parents (iterative: deep chains are fine)
+        children = list(graph.successors(v))
+        if children:
+            y[v] = (y[children[0]] + y[children[-1]]) / 2.0
+        else:
             y[v] = float(next_row)
             next_row += 1
-        elif expanded:
-            y[v] = (y[children[v][0]] + y[children[v][-1]]) / 2.0
-        else:
-            stack.append((v, True))
-            stack.extend((u, False) for u in reversed(children[v]))
     return x, y

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
-from tev.engine.drafters import DraftContext
 from tev.core.flow import TargetFlow, flow_from_edge_prob, target_flow
-from tev.engine.session import CausalLMSession
 from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows, verify_rows
+from tev.engine.round import draft_and_forward, prefill, room_left
+from tev.engine.session import CausalLMSession
+from tev.util.stats import median, standard_error
 
 __all__ = ["LabTree", "LabResult", "tree_from_prompt", "synthetic_tree", "run_lab"]
 
@@ -47,12 +48,11 @@ def tree_from_prompt(target, drafter, prompt_ids: list[int], budget: int, temper
     if temperature <= 0:
         raise ValueError("the verifier lab samples: use a temperature > 0")
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
-    features = session.extend(prompt_ids[:-1]).features if len(prompt_ids) > 1 else None
-    room = session.max_positions - 1 - session.length
-    if room < 1:
+    features = prefill(session, prompt_ids)
+    if room_left(session) < 1:
         raise ValueError("the prompt fills the target's context; shorten it")
-    tree = drafter.propose(DraftContext(list(prompt_ids), features, max_depth=room), budget, drafter.new_state())
-    rows = session.forward_tree(tree).rows(temperature)
+    tree, output = draft_and_forward(session, drafter, list(prompt_ids), features, budget, drafter.new_state())
+    rows = output.rows(temperature)
     return LabTree(tree, rows, flow_from_edge_prob(tree, rows.edge_prob(tree)), "prompt")
 
 
@@ -87,8 +87,7 @@ def run_lab(lab: LabTree, verifiers=("tev", "predraw", "sequential"), draws: int
             lengths.append(verdict.block_length)
         done = max(1, len(lengths))
         frequencies[name] = [c / done for c in counts]
-        mean = sum(lengths) / done
-        means[name] = mean
-        errors[name] = (sum((x - mean) ** 2 for x in lengths) / max(1, done - 1) / done) ** 0.5
-        seconds[name] = sorted(times)[len(times) // 2] if times else float("nan")
+        means[name] = sum(lengths) / done
+        errors[name] = standard_error(lengths)
+        seconds[name] = median(times)
     return LabResult(frequencies, means, errors, seconds, draws)

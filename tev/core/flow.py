@@ -52,10 +52,6 @@ class TargetFlow:
         """``1 + C(T)``: the expected output-block length of a saturated exact verifier."""
         return 1.0 + self.coverage
 
-    def missing_mass(self) -> torch.Tensor:
-        """`Tensor[N]`: target probability that leaves the tree at ``v`` (equals ``w(v)``)."""
-        return self.exit_weight
-
     def by_depth(self) -> dict[str, torch.Tensor]:
         """Per-depth sums for the figures; index ``d`` is depth ``d`` (0 = root).
 
@@ -99,7 +95,7 @@ def flow_from_edge_prob(tree: DraftTree, edge_prob: torch.Tensor) -> TargetFlow:
     n = tree.num_nodes
     edge_prob = edge_prob.clone()
     edge_prob[0] = 1.0
-    ancestors = tree._ancestor_mask.to(device)  # [N, N]
+    ancestors = tree.ancestors.to(device)  # [N, N]
     # P(v) = product of edge probabilities on the path: one masked product per row.
     reach = torch.where(ancestors, edge_prob.unsqueeze(0), torch.ones((), dtype=edge_prob.dtype, device=device)).prod(dim=1)
     parents = tree.parents.to(device)

@@ -250,12 +250,12 @@ class DraftTree:
         tokens = self.tokens_list
         return [tokens[u] for u in self.path_to(v)[1:]]
 
-    def ancestor_mask(self) -> torch.Tensor:
-        """`BoolTensor[N, N]`: ``mask[v, u]`` is True when ``u`` is ``v`` or an ancestor of ``v``."""
-        return self._ancestor_mask.clone()
-
     @cached_property
-    def _ancestor_mask(self) -> torch.Tensor:
+    def ancestors(self) -> torch.Tensor:
+        """`BoolTensor[N, N]`: ``ancestors[v, u]`` is True when ``u`` is ``v`` or an ancestor of ``v``.
+
+        Computed once and shared (like ``is_leaf``): read it, never write into it.
+        """
         n = self.num_nodes
         mask = torch.eye(n, dtype=torch.bool)
         rows = torch.arange(n)

@@ -43,11 +43,6 @@ class Verdict:
     flow: TargetFlow | None = field(default=None, repr=False)
 
     @property
-    def accepted_nodes(self) -> list[int]:
-        """Accepted non-root nodes, shallowest first."""
-        return self.path[1:]
-
-    @property
     def block_length(self) -> int:
         """``L``: accepted draft tokens + 1 bonus token."""
         return len(self.path)

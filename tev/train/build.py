@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import shutil
 import time
@@ -24,13 +23,25 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-
-from tev.util.paths import REPO_ROOT
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, get_cosine_with_min_lr_schedule_with_warmup
 
 from tev.data.corpus import load_split
+from tev.data.prompts import heldout_function_prompts, humaneval_prompts
+from tev.data.token_stream import encode_corpus
+from tev.engine.decode import GenerationConfig, autoregressive_generate
+from tev.engine.drafters import BlockDrafter, BlockDrafterConfig, BlockTreeDrafter, default_feature_layers
+from tev.engine.evaluation import evaluate_drafter, fit_prompt
+from tev.engine.models import load_block_drafter
+from tev.train.card import refresh_card
+from tev.train.distill import DistillSettings, make_distill_data, regenerate_sequences, train_block_drafter
+from tev.util.files import atomic_folder
+from tev.util.paths import REPO_ROOT, assets_dir
+from tev.util.timing import machine_info
 
-__all__ = ["BuildConfig", "QUICK_BUILD", "build_tokenizer", "train_target", "train_drafter", "atomic_folder"]
+__all__ = ["BuildConfig", "QUICK_BUILD", "build_tokenizer", "train_target", "train_drafter", "build_prompts", "build_live_data", "evaluate_assets", "install_assets", "run_build", "build_assets_command"]
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -108,28 +119,6 @@ def config_key(config: BuildConfig, *fields: str) -> dict:
     return {name: values[name] for name in fields}
 
 
-class atomic_folder:
-    """Write into ``<final>.tmp-<pid>`` and rename to ``final`` only on success.
-
-    ``final`` must not exist yet (callers remove a stale stage first).
-    """
-
-    def __init__(self, final: Path):
-        self.final = Path(final)
-        self.temporary = self.final.with_name(f".{self.final.name}.tmp-{os.getpid()}")
-
-    def __enter__(self) -> Path:
-        shutil.rmtree(self.temporary, ignore_errors=True)
-        self.temporary.mkdir(parents=True)
-        return self.temporary
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            shutil.rmtree(self.temporary, ignore_errors=True)
-            return
-        os.replace(self.temporary, self.final)
-
-
 def _stage_ready(folder: Path, key: dict) -> bool:
     marker = folder / "stage.json"
     return marker.exists() and json.loads(marker.read_text()).get("config") == key
@@ -142,15 +131,11 @@ def _write_marker(folder: Path, key: dict, **extra) -> None:
 # ---------------------------------------------------------------------- tokenizer
 def build_tokenizer(work: Path, config: BuildConfig, log=print) -> Path:
     """Byte-level BPE on the train split; saved for ``AutoTokenizer.from_pretrained``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     folder = work / "tokenizer"
     key = config_key(config, "vocab_size", "corpus_limit_files")
     if _stage_ready(folder, key):
         log(f"tokenizer: reusing {folder}")
         return folder
-    shutil.rmtree(folder, ignore_errors=True)
     start = time.time()
     files = load_split("train", limit_files=config.corpus_limit_files)
     bpe = Tokenizer(models.BPE())
@@ -178,22 +163,8 @@ def build_tokenizer(work: Path, config: BuildConfig, log=print) -> Path:
     return folder
 
 
-def encode_corpus(tokenizer, split: str, config: BuildConfig) -> tuple[torch.Tensor, int]:
-    """The split as one stream ``[EOS, file 1, EOS, file 2, ...]``; returns (ids, UTF-8 bytes)."""
-    files = load_split(split, limit_files=config.corpus_limit_files if split == "train" else None)
-    encoded = tokenizer([f.text for f in files], add_special_tokens=False, verbose=False)["input_ids"]
-    eos = tokenizer.eos_token_id
-    stream = []
-    for ids in encoded:
-        stream.append(eos)
-        stream.extend(ids)
-    return torch.tensor(stream, dtype=torch.long), sum(len(f.text.encode("utf-8")) for f in files)
-
-
 # ---------------------------------------------------------------------- target
 def target_config(config: BuildConfig, tokenizer):
-    from transformers import LlamaConfig
-
     return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=config.hidden_size,
@@ -233,8 +204,6 @@ def heldout_loss(model, windows: torch.Tensor, batch: int = 8) -> float:
 
 def train_target(work: Path, config: BuildConfig, log=print) -> Path:
     """Train the target LM on random windows of the train stream; save it in bfloat16."""
-    from transformers import AutoTokenizer, LlamaForCausalLM
-
     folder = work / "target"
     key = config_key(
         config, "seed", "vocab_size", "corpus_limit_files", "hidden_size", "intermediate_size", "num_layers",
@@ -243,11 +212,10 @@ def train_target(work: Path, config: BuildConfig, log=print) -> Path:
     if _stage_ready(folder, key):
         log(f"target: reusing {folder}")
         return folder
-    shutil.rmtree(folder, ignore_errors=True)
     start = time.time()
     tokenizer = AutoTokenizer.from_pretrained(work / "tokenizer", local_files_only=True)
-    train_stream, _ = encode_corpus(tokenizer, "train", config)
-    heldout_stream, heldout_bytes = encode_corpus(tokenizer, "heldout", config)
+    train_stream, _ = encode_corpus(tokenizer, "train", config.corpus_limit_files)
+    heldout_stream, heldout_bytes = encode_corpus(tokenizer, "heldout")
     torch.manual_seed(config.seed)
     model = LlamaForCausalLM(target_config(config, tokenizer))
     model.train()
@@ -257,13 +225,7 @@ def train_target(work: Path, config: BuildConfig, log=print) -> Path:
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=config.target_lr, betas=(0.9, 0.95)
     )
-
-    def learning_rate(step: int) -> float:
-        if step < config.target_warmup:
-            return config.target_lr * (step + 1) / config.target_warmup
-        progress = (step - config.target_warmup) / max(1, config.target_steps - config.target_warmup)
-        return config.target_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
+    schedule = get_cosine_with_min_lr_schedule_with_warmup(optimizer, config.target_warmup, config.target_steps, min_lr_rate=0.1)
     data_generator = torch.Generator().manual_seed(config.seed)
     eval_generator = torch.Generator().manual_seed(config.seed + 1)
     eval_windows = random_windows(heldout_stream, config.eval_windows, config.context_length, eval_generator)
@@ -271,14 +233,13 @@ def train_target(work: Path, config: BuildConfig, log=print) -> Path:
     history = []
     bar = tqdm(range(config.target_steps), desc="target", unit="step")
     for step in bar:
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step)
         batch = random_windows(train_stream, config.target_batch, length, data_generator)
         loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss  # labels shift inside the model
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        schedule.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if (step + 1) % max(1, config.target_steps // 10) == 0 or step + 1 == config.target_steps:
             history.append({"step": step + 1, "train_loss": loss.item(), "heldout_loss": heldout_loss(model, eval_windows)})
@@ -324,24 +285,18 @@ DRAFTER_FIELDS = (
 
 def train_drafter(work: Path, config: BuildConfig, log=print) -> Path:
     """Self-distil the base block drafter on the target's own continuations (L_tok only)."""
-    from transformers import AutoTokenizer, LlamaForCausalLM
-
-    from tev.train.distill import make_distill_data, train_block_drafter
-    from tev.engine.drafters import BlockDrafter, BlockDrafterConfig, default_feature_layers
-
     folder = work / "drafter"
     target_marker = json.loads((work / "target" / "stage.json").read_text())
     key = {**config_key(config, *DRAFTER_FIELDS), "target": target_marker["config"]}
     if _stage_ready(folder, key):
         log(f"drafter: reusing {folder}")
         return folder
-    shutil.rmtree(folder, ignore_errors=True)
     start = time.time()
     tokenizer = AutoTokenizer.from_pretrained(work / "target", local_files_only=True)
     target = LlamaForCausalLM.from_pretrained(work / "target", dtype=torch.float32, local_files_only=True).eval()
     for parameter in target.parameters():
         parameter.requires_grad_(False)
-    train_stream, _ = encode_corpus(tokenizer, "train", config)
+    train_stream, _ = encode_corpus(tokenizer, "train", config.corpus_limit_files)
     drafter_config = BlockDrafterConfig(
         vocab_size=target.config.vocab_size,
         target_hidden_size=target.config.hidden_size,
@@ -362,7 +317,8 @@ def train_drafter(work: Path, config: BuildConfig, log=print) -> Path:
     data_seconds = time.time() - start
     torch.manual_seed(config.seed + 3)
     drafter = BlockDrafter.for_target(drafter_config, target)
-    history = train_block_drafter(drafter, data, config.drafter_steps, config.drafter_batch, config.drafter_lr, seed=config.seed + 4)
+    settings = DistillSettings(steps=config.drafter_steps, batch=config.drafter_batch, lr=config.drafter_lr, seed=config.seed + 4)
+    history = train_block_drafter(drafter, data, settings)
     seconds = time.time() - start
     parameters = sum(p.numel() for p in drafter.parameters())
     with atomic_folder(folder) as tmp:
@@ -378,14 +334,11 @@ def train_drafter(work: Path, config: BuildConfig, log=print) -> Path:
 # ---------------------------------------------------------------------- prompts
 def build_prompts(work: Path, config: BuildConfig, log=print) -> Path:
     """``heldout.json`` (function headers + docstrings, held-out files) and ``humaneval.json``."""
-    from tev.data.prompts import heldout_function_prompts, humaneval_prompts
-
     folder = work / "prompts"
     key = {"python": platform.python_version(), "count": 64}
     if _stage_ready(folder, key):
         log(f"prompts: reusing {folder}")
         return folder
-    shutil.rmtree(folder, ignore_errors=True)
     with atomic_folder(folder) as tmp:
         sets = [heldout_function_prompts(count=64)]
         try:
@@ -402,11 +355,6 @@ def build_prompts(work: Path, config: BuildConfig, log=print) -> Path:
 # ---------------------------------------------------------------------- live ExitTrain data
 def build_live_data(work: Path, config: BuildConfig, log=print) -> Path:
     """Target-regenerated sequences for the app's live ExitTrain mode (train + held-out)."""
-    from safetensors.torch import save_file
-    from transformers import AutoTokenizer, LlamaForCausalLM
-
-    from tev.train.distill import regenerate_sequences
-
     folder = work / "live-data"
     target_marker = json.loads((work / "target" / "stage.json").read_text())
     context, new_tokens = config.live_context, config.live_new_tokens
@@ -414,11 +362,10 @@ def build_live_data(work: Path, config: BuildConfig, log=print) -> Path:
     if _stage_ready(folder, key):
         log(f"live data: reusing {folder}")
         return folder
-    shutil.rmtree(folder, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(work / "target", local_files_only=True)
     target = LlamaForCausalLM.from_pretrained(work / "target", dtype=torch.float32, local_files_only=True).eval()
-    train_stream, _ = encode_corpus(tokenizer, "train", config)
-    heldout_stream, _ = encode_corpus(tokenizer, "heldout", config)
+    train_stream, _ = encode_corpus(tokenizer, "train", config.corpus_limit_files)
+    heldout_stream, _ = encode_corpus(tokenizer, "heldout")
     train = regenerate_sequences(target, train_stream, config.live_train_sequences, context, new_tokens, seed=config.seed + 5, desc="live train sequences")
     heldout = regenerate_sequences(target, heldout_stream, config.live_heldout_sequences, context, new_tokens, seed=config.seed + 6, desc="live held-out sequences")
     with atomic_folder(folder) as tmp:
@@ -436,13 +383,6 @@ def build_live_data(work: Path, config: BuildConfig, log=print) -> Path:
 # ---------------------------------------------------------------------- evaluation for the card
 def evaluate_assets(work: Path, config: BuildConfig, quick: bool, log=print) -> dict:
     """Measure what the model card reports, on the built files (never on training data)."""
-    from transformers import AutoTokenizer, LlamaForCausalLM
-
-    from tev.bench.benchmarks import evaluate_drafter, fit_prompt
-    from tev.engine.decode import GenerationConfig, autoregressive_generate
-    from tev.engine.drafters import BlockTreeDrafter
-    from tev.engine.models import load_block_drafter
-
     tokenizer = AutoTokenizer.from_pretrained(work / "target", local_files_only=True)
     target = LlamaForCausalLM.from_pretrained(work / "target", dtype=torch.float32, local_files_only=True).eval()
     drafter = load_block_drafter(work / "drafter", target, name="block")
@@ -482,182 +422,33 @@ def evaluate_assets(work: Path, config: BuildConfig, quick: bool, log=print) -> 
 
 
 # ---------------------------------------------------------------------- install and card
-def _replace_folder(source: Path, destination: Path) -> None:
-    """Copy ``source`` next to ``destination`` and swap it in with renames (never half-written)."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staged = destination.with_name(f".{destination.name}.new-{os.getpid()}")
-    retired = destination.with_name(f".{destination.name}.old-{os.getpid()}")
-    shutil.rmtree(staged, ignore_errors=True)
-    shutil.copytree(source, staged)
-    if destination.exists():
-        os.replace(destination, retired)
-    os.replace(staged, destination)
-    shutil.rmtree(retired, ignore_errors=True)
-
-
 def install_assets(work: Path, out: Path, report: dict, log=print) -> None:
-    """Assemble models/ and prompts/ in staging folders, then swap each in."""
-    staging = work / "install"
-    shutil.rmtree(staging, ignore_errors=True)
-    models = staging / "models"
-    (models / "target").mkdir(parents=True)
-    for name in os.listdir(work / "target"):
-        if name != "stage.json":
-            shutil.copy2(work / "target" / name, models / "target" / name)
-    (models / "drafter-base").mkdir()
-    for name in ("drafter_config.json", "drafter.safetensors"):
-        shutil.copy2(work / "drafter" / name, models / "drafter-base" / name)
-    if (work / "exittrain" / "drafter.safetensors").is_file():
-        (models / "drafter-exittrain").mkdir()
-        for name in ("drafter_config.json", "drafter.safetensors"):
-            shutil.copy2(work / "exittrain" / name, models / "drafter-exittrain" / name)
-    shutil.copy2(work / "live-data" / "exittrain-data.safetensors", models / "exittrain-data.safetensors")
-    (models / "build.json").write_text(json.dumps(report, indent=2) + "\n")
-    prompts = staging / "prompts"
-    prompts.mkdir()
-    for name in os.listdir(work / "prompts"):
-        if name.endswith(".json") and name != "stage.json":
-            shutil.copy2(work / "prompts" / name, prompts / name)
-    _replace_folder(models, out / "models")
-    _replace_folder(prompts, out / "prompts")
-    card = out / "README.md"
-    card_tmp = out / f".README.md.tmp-{os.getpid()}"
-    card_tmp.write_text(render_card(report))
-    os.replace(card_tmp, card)
-    shutil.rmtree(staging, ignore_errors=True)
+    """Assemble ``models/`` and ``prompts/`` in staging folders beside ``out``'s, swap both in
+    once both are complete, then write the model card."""
+    with atomic_folder(out / "models") as models, atomic_folder(out / "prompts") as prompts:
+        shutil.copytree(work / "target", models / "target", ignore=shutil.ignore_patterns("stage.json"))
+        shutil.copytree(work / "drafter", models / "drafter-base", ignore=_only("drafter_config.json", "drafter.safetensors"))
+        if (work / "exittrain" / "drafter.safetensors").is_file():
+            shutil.copytree(work / "exittrain", models / "drafter-exittrain", ignore=_only("drafter_config.json", "drafter.safetensors"))
+        shutil.copy2(work / "live-data" / "exittrain-data.safetensors", models / "exittrain-data.safetensors")
+        (models / "build.json").write_text(json.dumps(report, indent=2) + "\n")
+        if (out / "models" / "smollm2").is_dir():  # the default pair's drafters are not built here: keep them
+            shutil.copytree(out / "models" / "smollm2", models / "smollm2")
+        for path in (out / "prompts").glob("*.json") if (out / "prompts").is_dir() else ():
+            shutil.copy2(path, prompts / path.name)  # e.g. the chat prompts; the build's own sets replace theirs below
+        for path in (work / "prompts").glob("*.json"):
+            if path.name != "stage.json":
+                shutil.copy2(path, prompts / path.name)
+    refresh_card(out)
     log(f"installed into {out}")
 
 
-def render_card(report: dict) -> str:
-    """The model card (``assets/README.md``) from a build report."""
-    from tev.bench.benchmarks import format_tau_table
-
-    target, drafter, evaluation = report["target"], report["drafter"], report["evaluation"]
-    cfg = report["config"]
-    lines = [
-        "# Embedded models: model card",
-        "",
-        "The default models of TEV Explorer, trained by this repository's own script:",
-        "",
-        "```bash",
-        report["command"],
-        "```",
-        "",
-        f"Built {report['built']} on {report['machine']['cpu']} ({report['machine']['torch_threads']} threads, torch {report['machine']['torch']}), "
-        f"seed {cfg['seed']}, total build time {report['seconds'] / 60:.0f} min.",
-        "",
-        "## Corpus and split",
-        "",
-        f"The Python {report['python']} standard library source (`sysconfig.get_paths()['stdlib']`, `.py` files, installed packages excluded), "
-        f"split by file: a file is held out when `sha256(relative path) mod 100 < 5`. Train: {target['train_tokens']:,} tokens; "
-        f"held-out: {target['heldout_tokens']:,} tokens (never trained on). Files that do not decode as UTF-8 are skipped.",
-        "",
-        "## Tokenizer",
-        "",
-        f"Byte-level BPE (`tokenizers`), {cfg['vocab_size']} tokens including `<|endoftext|>` (document separator, also used as BOS); "
-        "decoding round-trips exactly. Load with `AutoTokenizer.from_pretrained('assets/models/target', local_files_only=True)`.",
-        "",
-        "## Target `p`",
-        "",
-        f"Llama architecture: {cfg['num_layers']} layers, hidden {cfg['hidden_size']}, MLP {cfg['intermediate_size']}, {cfg['num_heads']} heads, "
-        f"context {cfg['context_length']}, tied embeddings; {target['parameters'] / 1e6:.2f}M parameters, stored in bfloat16 safetensors.",
-        f"Trained {cfg['target_steps']} steps x {cfg['target_batch']} x {cfg['context_length']} tokens = {target['tokens_seen']:,} tokens seen "
-        f"(AdamW, peak lr {cfg['target_lr']}, cosine), {target['seconds'] / 60:.0f} min on CPU.",
-        "",
-        f"Held-out loss (all held-out tokens, the saved bf16 weights run in fp32): **{target['heldout_nats_per_token']:.3f} nats/token, "
-        f"{target['heldout_bits_per_byte']:.3f} bits/byte**.",
-        "",
-        "## Block drafter `q` (base)",
-        "",
-        f"One-pass block drafter (this repo's `tev.engine.drafters.BlockDrafter`): reads the target's hidden states at layers {drafter['feature_layers']} "
-        f"for the last {cfg['drafter_window']} committed positions plus the root token and emits K = {cfg['drafter_horizon']} per-depth marginals "
-        f"in one forward; {cfg['drafter_layers']} blocks of width {cfg['drafter_hidden']}; shares the target's embedding and output head (frozen). "
-        f"{drafter['parameters'] / 1e6:.2f}M own parameters.",
-        f"Self-distilled with token-level cross-entropy only on {cfg['distill_sequences']} target continuations "
-        f"({cfg['distill_new_tokens']} new tokens after {cfg['distill_context']}-token train-split contexts; half greedy, half sampled at T = 1), "
-        f"{drafter['anchors']:,} anchors, {cfg['drafter_steps']} steps x {cfg['drafter_batch']}; {drafter['seconds'] / 60:.0f} min. "
-        f"Final training loss {drafter['history'][-1]['loss']:.3f} nats per depth.",
-        "",
-        "## Drafter `tau` on held-out prompts",
-        "",
-        f"`tau` = mean output-block length (accepted draft tokens + 1 bonus) over all rounds, TEV verifier (greedy at T = 0), "
-        f"{evaluation['eval_prompts']} held-out function prompts, {evaluation['eval_new_tokens']} new tokens each; `1 + C` is the mean "
-        "coverage bound of the same rounds. Measure again with:",
-        "",
-        "```bash",
-        "python -m tev bench e2e --prompts heldout   # tau and speed vs autoregressive",
-        "```",
-        "",
-        format_tau_table(evaluation["tau"]),
-        "",
-        "Horizon check (B = 16, T = 0): "
-        + ", ".join(f"K = {h['horizon']}: tau {h['tau']:.3f}" for h in evaluation["horizons"])
-        + ".",
-        "",
-    ]
-    if evaluation.get("humaneval_tau"):
-        lines += ["HumanEval prompts (same drafter):", "", format_tau_table(evaluation["humaneval_tau"]), ""]
-    if report.get("exittrain"):
-        lines += _exittrain_card_lines(report["exittrain"])
-    lines += ["## Greedy samples from the target (held-out prompts, shown as they are)", ""]
-    for sample in evaluation["samples"]:
-        lines += [f"`{sample['id']}`", "", "```python", sample["prompt"] + sample["continuation"], "```", ""]
-    lines += [
-        "## Rebuild",
-        "",
-        "`python -m tev build-assets` rebuilds everything from scratch, seeded (`--quick` builds a miniature in seconds). "
-        "Stages are cached under `runs/build-assets/` and a finished build replaces `assets/models/` and `assets/prompts/` by renames. "
-        "The corpus is the running interpreter's standard library, so another Python version gives a (slightly) different corpus.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _exittrain_card_lines(entry: dict) -> list[str]:
-    """The card's ExitTrain section, from the report ``python -m tev exittrain --install`` writes."""
-    from tev.bench.benchmarks import format_tau_table
-
-    config = entry["config"]
-    lines = [
-        "## ExitTrain drafter `q` (fine-tuned from the base drafter)",
-        "",
-        "Trained by:",
-        "",
-        "```bash",
-        entry.get("command", "python -m tev exittrain --install"),
-        "```",
-        "",
-        f"Exit-weighted loss `L_tok + {config['lambda_exit']:g} L_exit` ({config['weights']} weights), training trees of budget "
-        f"{config['budget']} scored by the frozen target at T = {config['temperature']:g}; {entry['steps_done']} steps x "
-        f"{config['sequences_per_step'] * config['anchors_per_sequence']} anchors ({config['sequences_per_step']} target-regenerated sequences x "
-        f"{config['anchors_per_sequence']} anchors), lr {config['lr']:g}; {entry['seconds'] / 60:.1f} min on CPU.",
-        f"Held-out expected `1 + C` (T = {config['temperature']:g}, fixed anchors in held-out target-regenerated text, half greedy and half sampled): {entry['heldout_expected_tau_before']:.3f} before, "
-        f"{entry['heldout_expected_tau_after']:.3f} after.",
-        "",
-    ]
-    for name, title in (("before", "base drafter"), ("after", "ExitTrain drafter")):
-        if entry.get("tau", {}).get(name) and not entry.get("ablation"):  # the ablation table holds both
-            lines += [f"Decoding `tau` on held-out prompts, {title}:", "", format_tau_table(entry["tau"][name]), ""]
-    if entry.get("ablation"):
-        lines += ["Ablation from the same run (equal data, steps and seed; TEV decoding `tau` on held-out prompts):", "", entry["ablation"], ""]
-    return lines
-
-
-def refresh_card(assets: Path) -> None:
-    """Re-render ``assets/README.md`` from ``models/build.json`` and, when present, the
-    installed ExitTrain drafter's ``exittrain.json``."""
-    report = json.loads((assets / "models" / "build.json").read_text())
-    exittrain = assets / "models" / "drafter-exittrain" / "exittrain.json"
-    if exittrain.is_file():
-        report["exittrain"] = json.loads(exittrain.read_text())
-    temporary = assets / f".README.md.tmp-{os.getpid()}"
-    temporary.write_text(render_card(report))
-    os.replace(temporary, assets / "README.md")
+def _only(*keep: str):
+    """A ``shutil.copytree`` ignore function that copies only the files named ``keep``."""
+    return lambda folder, names: [name for name in names if name not in keep]
 
 
 def run_build(config: BuildConfig, work: Path, out: Path, quick: bool, fresh: bool, command: str, log=print) -> dict:
-    from tev.util.timing import machine_info
-
     if fresh:
         shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
@@ -693,12 +484,7 @@ def run_build(config: BuildConfig, work: Path, out: Path, quick: bool, fresh: bo
 
 
 def build_assets_command(args) -> None:
-    import sys
-
     config = QUICK_BUILD if args.quick else BuildConfig()
-    root = REPO_ROOT
-    work = Path(args.work_dir) if args.work_dir else root / "runs" / ("build-assets-quick" if args.quick else "build-assets")
+    work = Path(args.work_dir) if args.work_dir else REPO_ROOT / "runs" / ("build-assets-quick" if args.quick else "build-assets")
     command = "python -m tev build-assets" + (" --quick" if args.quick else "")
-    from tev.util.paths import assets_dir
-
     run_build(config, work, Path(args.out) if args.out else assets_dir(), args.quick, args.fresh, command)

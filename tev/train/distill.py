@@ -1,27 +1,41 @@
-"""Self-distillation data and training for the block drafter.
+"""Self-distillation of the block drafter: data and training.
 
-The drafter ``q`` learns the target's own behaviour: contexts from the corpus, continuations
-sampled from the target ``p`` (target-regenerated data), the target's hidden features at every
-position from one teacher-forced forward. Every position of a continuation is an anchor:
-features up to ``t``, root ``x_{t+1}``, labels ``x_{t+2} .. x_{t+1+K}``.
+The drafter ``q`` learns the target's own behaviour: text the target ``p`` wrote itself (corpus
+continuations for the tiny pair, answers to its own requests for a chat target), with the
+target's hidden features at every position from one teacher-forced forward. Every position of
+the target's text is an anchor: features up to ``t``, root ``x_{t+1}``, labels
+``x_{t+2} .. x_{t+1+K}``. The loss is ``L_tok``, cross-entropy of the per-depth marginals; a
+drafter with a draft vocabulary is trained over it only (labels outside are ignored).
 """
 
 from __future__ import annotations
 
-import math
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
-from transformers import DynamicCache
+from transformers import DynamicCache, get_cosine_with_min_lr_schedule_with_warmup
 
-from tev.engine.drafters import BlockDrafter
 from tev.core.sampling import probs_from_logits, sample_rows
+from tev.engine.drafters import BlockDrafter
+from tev.train.exit_loss import IGNORE
+from tev.util.files import atomic_folder
 
-__all__ = ["DistillData", "sample_continuations", "target_features", "regenerate_sequences", "make_distill_data", "anchor_batch", "train_block_drafter", "IGNORE"]
-
-IGNORE = -100
+__all__ = [
+    "DistillData",
+    "DistillSettings",
+    "sample_continuations",
+    "regenerate_sequences",
+    "target_features",
+    "make_distill_data",
+    "drafter_loss",
+    "train_block_drafter",
+    "heldout_loss",
+]
 
 
 @torch.no_grad()
@@ -51,36 +65,6 @@ def sample_continuations(target, contexts: torch.Tensor, new_tokens: int, temper
             logits = target(input_ids=token[:, None], cache=cache, use_cache=True).logits[:, -1]
         outputs.append(torch.cat(pieces, dim=1).cpu())
     return torch.cat(outputs)
-
-
-@torch.no_grad()
-def target_features(target, sequences: torch.Tensor, layers: list[int], batch: int = 16) -> torch.Tensor:
-    """`Tensor[S, T, F]` (bfloat16): the target's hidden states at ``layers``, concatenated."""
-    device = next(target.parameters()).device
-    chunks = []
-    for start in range(0, sequences.shape[0], batch):
-        out = target(input_ids=sequences[start : start + batch].to(device), output_hidden_states=True)
-        chunks.append(torch.cat([out.hidden_states[i] for i in layers], dim=-1).to(torch.bfloat16).cpu())
-    return torch.cat(chunks)
-
-
-@dataclass
-class DistillData:
-    """Target-regenerated sequences and their target features.
-
-    Attributes:
-        sequences: `LongTensor[S, T]`, context then continuation.
-        features: `Tensor[S, T, F]` (bfloat16).
-        first_anchor: the first anchor position (the last context position).
-    """
-
-    sequences: torch.Tensor
-    features: torch.Tensor
-    first_anchor: int
-
-    @property
-    def num_anchors(self) -> int:
-        return self.sequences.shape[0] * (self.sequences.shape[1] - 1 - self.first_anchor)
 
 
 def regenerate_sequences(
@@ -113,102 +97,202 @@ def regenerate_sequences(
     return torch.cat(parts)
 
 
-def make_distill_data(
-    target,
-    stream: torch.Tensor,
-    layers: list[int],
-    num_sequences: int,
-    context_length: int,
-    new_tokens: int,
-    seed: int,
-    greedy_share: float = 0.5,
-    progress: bool = True,
-) -> DistillData:
-    """Target-regenerated sequences (see :func:`regenerate_sequences`) with their features."""
+@torch.no_grad()
+def target_features(target, token_ids: torch.Tensor, lengths: torch.Tensor, layers: list[int], batch: int = 8, progress: bool = True) -> torch.Tensor:
+    """`Tensor[S, T, F]` (bfloat16): hidden states at ``layers``, concatenated, of each
+    right-padded sequence (the base model only: the head is not needed)."""
+    device = next(target.parameters()).device
+    body = target.get_decoder() if hasattr(target, "get_decoder") else target.base_model
+    out = torch.zeros(*token_ids.shape, len(layers) * target.config.hidden_size, dtype=torch.bfloat16)
+    order = torch.argsort(lengths, descending=True)  # similar lengths share a batch: less padding
+    for start in tqdm(range(0, len(order), batch), desc="target features", unit="batch", disable=not progress):
+        rows = order[start : start + batch]
+        width = int(lengths[rows].max())
+        ids = token_ids[rows, :width].to(device)
+        mask = (torch.arange(width)[None] < lengths[rows, None]).long().to(device)
+        hidden = body(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+        out[rows, :width] = torch.cat([hidden[i] for i in layers], dim=-1).to(torch.bfloat16).cpu()
+    return out
+
+
+def make_distill_data(target, stream: torch.Tensor, layers: list[int], num_sequences: int, context_length: int, new_tokens: int, seed: int, greedy_share: float = 0.5, progress: bool = True) -> DistillData:
+    """Target-regenerated corpus continuations (see :func:`regenerate_sequences`) with their
+    features; the anchors are the continuation's positions."""
     sequences = regenerate_sequences(target, stream, num_sequences, context_length, new_tokens, seed, greedy_share, progress)
-    features = target_features(target, sequences, layers)
-    return DistillData(sequences, features, first_anchor=context_length - 1)
+    lengths = torch.full((sequences.shape[0],), sequences.shape[1])
+    starts = torch.full((sequences.shape[0],), context_length)
+    return DistillData.build(sequences, lengths, starts, target_features(target, sequences, lengths, layers, progress=progress))
 
 
-def anchor_batch(data: DistillData, index: torch.Tensor, window: int, horizon: int, short_history: torch.Tensor | None = None):
-    """Gather one training batch of anchors.
+@dataclass(frozen=True)
+class DistillSettings:
+    """How a block drafter is trained on :class:`DistillData` (``L_tok`` only)."""
 
-    Args:
-        index: `LongTensor[B, 2]` of (sequence, anchor position t).
-        short_history: optional `LongTensor[B]`; keep only this many most recent feature
-            slots (teaches the drafter the short histories of a prompt's first rounds).
+    steps: int
+    batch: int
+    lr: float
+    warmup: int = 100
+    seed: int = 0
+    short_history_share: float = 0.1  # anchors that see only a few features (a prompt's first rounds)
+    save_every: int = 0  # checkpoint interval in steps (0: only at the end, when a folder is given)
 
-    Returns:
-        features `[B, W, F]`, valid `[B, W]`, root ids `[B]`, labels `[B, K]` (IGNORE past the end).
+
+@dataclass
+class DistillData:
+    """Target-written sequences with the target's features, ready for anchor batches.
+
+    Attributes:
+        token_ids: `LongTensor[S, T]`, right-padded.
+        lengths: `LongTensor[S]`, real length of each sequence.
+        prompt_lengths: `LongTensor[S]`, where the target's own text starts (a continuation or an answer).
+        features: `Tensor[S, T, F]` (bfloat16), target hidden states at the feature layers.
+        anchors: `LongTensor[A, 2]` of (conversation, position t): every position whose root
+            ``x_{t+1}`` is the last prompt token or a response token before the last.
     """
-    sequence, anchor = index[:, 0], index[:, 1]
-    offsets = torch.arange(-window + 1, 1)
-    positions = anchor[:, None] + offsets[None]  # [B, W]
-    valid = positions >= 0
-    if short_history is not None:
-        valid &= offsets[None] > -short_history[:, None]
-    features = data.features[sequence[:, None], positions.clamp(min=0)].float() * valid[..., None]
-    root = data.sequences[sequence, anchor + 1]
-    label_positions = anchor[:, None] + 2 + torch.arange(horizon)[None]  # [B, K]
-    in_range = label_positions < data.sequences.shape[1]
-    labels = data.sequences[sequence[:, None], label_positions.clamp(max=data.sequences.shape[1] - 1)]
-    labels = torch.where(in_range, labels, torch.full_like(labels, IGNORE))
-    return features, valid, root, labels
+
+    token_ids: torch.Tensor
+    lengths: torch.Tensor
+    prompt_lengths: torch.Tensor
+    features: torch.Tensor
+    anchors: torch.Tensor
+
+    @classmethod
+    def build(cls, token_ids, lengths, prompt_lengths, features) -> "DistillData":
+        pieces = []
+        for row, (length, start) in enumerate(zip(lengths.tolist(), prompt_lengths.tolist())):
+            positions = torch.arange(max(0, start - 2), length - 2)  # labels x_{t+2} start at the response
+            pieces.append(torch.stack([torch.full_like(positions, row), positions], dim=1))
+        return cls(token_ids, lengths, prompt_lengths, features, torch.cat(pieces))
+
+    @property
+    def num_anchors(self) -> int:
+        return int(self.anchors.shape[0])
+
+    def batch(self, index: torch.Tensor, window: int, horizon: int, short_history: torch.Tensor | None = None):
+        """Features `[B, W, F]`, valid `[B, W]`, root ids `[B]`, labels `[B, K]` (IGNORE past the end)."""
+        row, anchor = index[:, 0], index[:, 1]
+        offsets = torch.arange(-window + 1, 1)
+        positions = anchor[:, None] + offsets[None]  # [B, W]
+        valid = positions >= 0
+        if short_history is not None:
+            valid &= offsets[None] > -short_history[:, None]
+        features = self.features[row[:, None], positions.clamp(min=0)] * valid[..., None]
+        root = self.token_ids[row, anchor + 1]
+        label_positions = anchor[:, None] + 2 + torch.arange(horizon)[None]  # [B, K]
+        labels = self.token_ids[row[:, None], label_positions.clamp(max=self.token_ids.shape[1] - 1)]
+        labels = torch.where(label_positions < self.lengths[row, None], labels, torch.full_like(labels, IGNORE))
+        return features, valid, root, labels
 
 
-def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """``L_tok``: cross-entropy of the per-depth draft marginals (`[B, K, V]`) against the
-    target's continuation (`[B, K]`), averaged over labelled depths."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)
+def _short_history(batch: int, share: float, window: int, generator: torch.Generator) -> torch.Tensor | None:
+    if share <= 0:
+        return None
+    draw = torch.rand(batch, generator=generator) < share
+    lengths = torch.randint(0, window, (batch,), generator=generator)
+    return torch.where(draw, lengths, torch.full_like(lengths, window))
 
 
-def sample_anchor_index(data: DistillData, count: int, generator: torch.Generator) -> torch.Tensor:
-    sequence = torch.randint(0, data.sequences.shape[0], (count,), generator=generator)
-    anchor = torch.randint(data.first_anchor, data.sequences.shape[1] - 1, (count,), generator=generator)
-    return torch.stack([sequence, anchor], dim=1)
-
-
-def train_block_drafter(
-    drafter: BlockDrafter,
-    data: DistillData,
-    steps: int,
-    batch: int,
-    lr: float,
-    seed: int,
-    warmup: int = 100,
-    short_history_share: float = 0.1,
-    progress: bool = True,
-) -> list[dict]:
-    """Token-level (``L_tok``) training of a block drafter; returns the loss history."""
+def drafter_loss(drafter: BlockDrafter, data: DistillData, index: torch.Tensor, short_history=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean ``L_tok`` over the labelled depths of the anchors ``index`` (`[B, 2]`), and the
+    per-depth top-1 accuracy `[K]` (labels outside the draft vocabulary count as misses)."""
     config = drafter.config
-    generator = torch.Generator().manual_seed(seed)
+    device = drafter.mask_embed.device
+    features, valid, root, labels = data.batch(index, config.context_window, config.horizon, short_history)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        logits = drafter.draft_logits(features.to(device), valid.to(device), root.to(device)).float()  # [B, K, Vd]
+    targets = drafter.draft_positions(labels.to(device), missing=IGNORE)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+    labelled = labels.to(device) != IGNORE
+    hits = (logits.argmax(-1) == targets) & labelled
+    accuracy = hits.sum(0).float() / labelled.sum(0).clamp(min=1)
+    return loss, accuracy.detach()
+
+
+def _save_checkpoint(folder: Path, drafter: BlockDrafter, optimizer: torch.optim.Optimizer, step: int, history: list[dict]) -> None:
+    """Drafter weights and AdamW moments as safetensors, the step and history as JSON (atomic)."""
+    names = {id(p): name for name, p in drafter.named_parameters()}
+    tensors = {f"model.{k}": v.detach().contiguous() for k, v in drafter.state_dict().items()}
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            state = optimizer.state.get(parameter, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state:
+                    tensors[f"{key}.{names[id(parameter)]}"] = state[key].contiguous()
+    with atomic_folder(folder) as staging:
+        save_file(tensors, staging / "checkpoint.safetensors")
+        (staging / "checkpoint.json").write_text(json.dumps({"step": step, "history": history}))
+
+
+def _load_checkpoint(folder: Path, drafter: BlockDrafter, optimizer: torch.optim.Optimizer) -> tuple[int, list[dict]]:
+    meta = json.loads((folder / "checkpoint.json").read_text())
+    tensors = load_file(folder / "checkpoint.safetensors")
+    drafter.load_state_dict({k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")})
+    step = meta["step"]
+    for name, parameter in drafter.named_parameters():
+        if f"exp_avg.{name}" in tensors:
+            optimizer.state[parameter] = {
+                "step": torch.tensor(float(step)),
+                "exp_avg": tensors[f"exp_avg.{name}"],
+                "exp_avg_sq": tensors[f"exp_avg_sq.{name}"],
+            }
+    return step, meta["history"]
+
+
+def train_block_drafter(drafter: BlockDrafter, data: DistillData, settings: DistillSettings, checkpoint: Path | None = None, progress: bool = True) -> list[dict]:
+    """``L_tok`` training of ``drafter`` on every anchor of ``data``; resumes from ``checkpoint``.
+
+    The anchors of step ``s`` come from a generator seeded with ``(seed, s)``, so a resumed run
+    draws the same batches as an uninterrupted one. Returns the loss history.
+    """
     parameters = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    step, history = 0, []
+    if checkpoint is not None and (checkpoint / "checkpoint.json").is_file():
+        step, history = _load_checkpoint(checkpoint, drafter, optimizer)
+    for group in optimizer.param_groups:
+        group.setdefault("initial_lr", settings.lr)  # lets the schedule start at a resumed step
+    # linear warm-up, then cosine decay to a tenth of the peak; the next step (``step``) uses its lr
+    schedule = get_cosine_with_min_lr_schedule_with_warmup(optimizer, settings.warmup, settings.steps, min_lr_rate=0.1, last_epoch=step - 1)
     drafter.train()
-    history = []
-    bar = tqdm(range(steps), desc="block drafter", unit="step", disable=not progress)
-    running = None
+    running = history[-1]["loss"] if history else None
+    bar = tqdm(range(step, settings.steps), initial=step, total=settings.steps, desc="block drafter", unit="step", disable=not progress)
     for step in bar:
-        scale = (step + 1) / warmup if step < warmup else 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr * scale
-        index = sample_anchor_index(data, batch, generator)
-        short = None
-        if short_history_share > 0:
-            draw = torch.rand(batch, generator=generator) < short_history_share
-            lengths = torch.randint(0, config.context_window, (batch,), generator=generator)
-            short = torch.where(draw, lengths, torch.full_like(lengths, config.context_window))
-        features, valid, root, labels = anchor_batch(data, index, config.context_window, config.horizon, short)
-        device = drafter.mask_embed.device
-        logits = drafter(features.to(device), valid.to(device), root.to(device))
-        loss = token_loss(logits, labels.to(device))
+        generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
+        pick = torch.randint(0, data.anchors.shape[0], (settings.batch,), generator=generator)
+        short = _short_history(settings.batch, settings.short_history_share, drafter.config.context_window, generator)
+        loss, accuracy = drafter_loss(drafter, data, data.anchors[pick], short)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
         optimizer.step()
+        schedule.step()
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
-        bar.set_postfix(loss=f"{running:.3f}")
-        if (step + 1) % max(1, steps // 20) == 0 or step + 1 == steps:
-            history.append({"step": step + 1, "loss": running})
+        bar.set_postfix(loss=f"{running:.3f}", acc1=f"{accuracy[0].item():.2f}")
+        done = step + 1
+        if done % max(1, settings.steps // 40) == 0 or done == settings.steps:
+            history.append({"step": done, "loss": running, "top1_by_depth": [round(a, 4) for a in accuracy.tolist()]})
+        if checkpoint is not None and ((settings.save_every and done % settings.save_every == 0) or done == settings.steps):
+            _save_checkpoint(checkpoint, drafter, optimizer, done, history)
     drafter.eval()
     return history
+
+
+@torch.no_grad()
+def heldout_loss(drafter: BlockDrafter, data: DistillData, batch: int = 256) -> dict:
+    """Mean ``L_tok`` and top-1 accuracy by depth over every anchor of held-out conversations."""
+    was_training = drafter.training
+    drafter.eval()
+    losses, accuracies, sizes = [], [], []
+    for start in range(0, data.anchors.shape[0], batch):
+        index = data.anchors[start : start + batch]
+        loss, accuracy = drafter_loss(drafter, data, index)
+        losses.append(loss.item())
+        accuracies.append(accuracy)
+        sizes.append(index.shape[0])
+    drafter.train(was_training)
+    weights = torch.tensor(sizes, dtype=torch.float32) / sum(sizes)
+    return {
+        "loss": float(sum(w * l for w, l in zip(weights.tolist(), losses))),
+        "top1_by_depth": [round(a, 4) for a in (torch.stack(accuracies) * weights[:, None]).sum(0).tolist()],
+        "anchors": int(data.anchors.shape[0]),
+    }

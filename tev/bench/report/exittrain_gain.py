@@ -1,0 +1,91 @@
+"""Claim 5, the ExitTrain gain and ablation order (Tables 1-2).
+
+Measure: per (budget, T) the ``tau`` of each ablation drafter, from ``python -m tev bench
+exittrain`` results, or else base vs the shipped ``exittrain`` drafter in the budget sweep.
+Rule: a positive mean gain of exit over base and, when all four are measured, the order
+exit > none > base with prefix < exit; ``partly`` when the gain is under half the paper's.
+Table: ``tau`` per drafter and the gain, per setting.
+"""
+
+from __future__ import annotations
+
+from tev.bench.report.common import claim, finite, pct, rows_of
+
+__all__ = ["PAPER_EXITTRAIN_GAIN", "ABLATION", "exittrain_from_results", "exittrain_from_sweep", "exittrain_data", "check_exittrain", "exittrain_section"]
+
+PAPER_EXITTRAIN_GAIN = 0.13  # Table 1, average relative tau gain
+ABLATION = ("base", "none", "prefix", "exit")
+
+
+def exittrain_from_results(results: dict) -> dict:
+    """Per (budget, T): tau per ablation drafter, the exit-vs-base gain, and the mean order."""
+    settings: dict[tuple, dict] = {}
+    for row in results.get("rows", []):
+        if row.get("drafter") in ABLATION and finite(row.get("tau")):
+            settings.setdefault((row["budget"], row["temperature"]), {})[row["drafter"]] = row["tau"]
+    table = []
+    for (budget, temperature), taus in sorted(settings.items()):
+        gain = taus["exit"] / taus["base"] - 1 if "exit" in taus and "base" in taus else float("nan")
+        table.append({"budget": budget, "temperature": temperature, **taus, "gain": gain})
+    common = [r for r in table if all(k in r for k in ABLATION)]
+    means = {k: sum(r[k] for r in common) / len(common) for k in ABLATION} if common else {}
+    gains = [r["gain"] for r in table if finite(r["gain"])]
+    return {"source": "--exittrain-results", "settings": table, "mean_gain": sum(gains) / len(gains) if gains else float("nan"), "mean_tau": means}
+
+
+def exittrain_from_sweep(sweep: dict) -> dict:
+    """Per (budget, T): base ("block") vs ExitTrain tau from the budget sweep."""
+    base = {(r["budget"], r["temperature"]): r["tau"] for r in rows_of(sweep, "block")}
+    table = []
+    for r in rows_of(sweep, "exittrain"):
+        key = (r["budget"], r["temperature"])
+        if key in base:
+            table.append({"budget": key[0], "temperature": key[1], "base": base[key], "exit": r["tau"], "gain": r["tau"] / base[key] - 1})
+    gains = [r["gain"] for r in table]
+    return {"source": "budget sweep (block vs exittrain drafter)", "settings": table, "mean_gain": sum(gains) / len(gains) if gains else float("nan"), "mean_tau": {}}
+
+
+def exittrain_data(results: dict | None, sweep: dict, has_exittrain_drafter: bool) -> dict | None:
+    """Claim 5's measurements: from the ablation ``results`` when given, else from the sweep
+    when the bundle ships an ``exittrain`` drafter, else None (not run)."""
+    if results is not None:
+        return exittrain_from_results(results)
+    return exittrain_from_sweep(sweep) if has_exittrain_drafter else None
+
+
+def check_exittrain(data: dict | None) -> dict:
+    """Claim 5: ExitTrain's average tau gain, and the ablation order when measured."""
+    paper = f"{pct(PAPER_EXITTRAIN_GAIN)} average tau (Table 1); exit > none > base, prefix < exit (Table 2)"
+    if data is None or not data["settings"]:
+        return claim(5, "ExitTrain gain and ablation order (Tables 1-2)", paper, "not run (pass --exittrain-results)", None, "n/a", "n/a: no ExitTrain results and no exittrain drafter")
+    gain = data["mean_gain"]
+    means = data["mean_tau"]
+    size_rule = f"; partly when it does but the gain is under half the paper's ({pct(PAPER_EXITTRAIN_GAIN / 2)})"
+    if means:
+        order = means["exit"] > means["none"] > means["base"] and means["prefix"] < means["exit"]
+        common = [r for r in data["settings"] if all(k in r for k in ABLATION)]
+        beats = {k: sum(r["exit"] > r[k] for r in common) for k in ("none", "prefix")}
+        order_text = (
+            "; mean tau " + ", ".join(f"{k} {means[k]:.3f}" for k in ("exit", "none", "prefix", "base")) + f" (order {'holds' if order else 'fails'}); "
+            f"exit beats none in {beats['none']} and prefix in {beats['prefix']} of {len(common)} settings"
+        )
+        rule = "yes if the mean relative tau gain of exit over base is > 0 and the mean tau (over settings with all four) orders exit > none > base and prefix < exit" + size_rule
+    else:
+        order, order_text = True, "; ablation order not measured (no setting has all of base, none, prefix, exit)"
+        rule = "yes if the mean relative tau gain of exit (the ExitTrain drafter) over base is > 0; the ablation order is not measured here" + size_rule
+    holds = finite(gain) and gain > 0 and order
+    verdict = ("yes" if gain >= PAPER_EXITTRAIN_GAIN / 2 else "partly") if holds else "no"
+    this_run = f"{pct(gain)} average tau over {len(data['settings'])} settings ({data['source']})" + order_text
+    return claim(5, "ExitTrain gain and ablation order (Tables 1-2)", paper, this_run, gain, verdict, rule, {"mean_gain": gain, **{f"mean_tau_{k}": v for k, v in means.items()}})
+
+
+def exittrain_section(report: dict) -> list[str]:
+    """Markdown for claim 5: tau per ablation drafter and the gain, per setting."""
+    data = report["measurements"]["exittrain"]
+    if not data or not data["settings"]:
+        return ["Not run: pass `--exittrain-results PATH` (written by `python -m tev bench exittrain`) or ship an `exittrain` drafter."]
+    keys = [k for k in ABLATION if any(k in r for r in data["settings"])]
+    lines = [f"Source: {data['source']}.", "", "| B | T | " + " | ".join(f"tau {k}" for k in keys) + " | exit / base - 1 |", "|---|---|" + "---|" * (len(keys) + 1)]
+    for r in data["settings"]:
+        lines.append(f"| {r['budget']} | {r['temperature']:g} | " + " | ".join(f"{r[k]:.3f}" if k in r else "-" for k in keys) + f" | {pct(r['gain'])} |")
+    return lines

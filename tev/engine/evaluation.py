@@ -1,0 +1,95 @@
+"""How well a drafter serves a target: measured ``tau`` against ``1 + C`` over a prompt set.
+
+Shared by the benchmarks, the report, drafter training and the app. ``p`` is the target, ``q``
+the drafter.
+"""
+
+from __future__ import annotations
+
+from tqdm import tqdm
+
+from tev.engine.decode import GenerationConfig, run_to_end, speculative_generate
+from tev.engine.prompt_text import encode_chat, encode_prompt
+from tev.util.stats import quantile, standard_error
+
+__all__ = ["fit_prompt", "evaluate_drafter", "format_tau_table"]
+
+
+def fit_prompt(tokenizer, prompt: dict, limit: int) -> list[int]:
+    """A prompt's ids (``prompt["ids"]``, or its ``"text"`` encoded: as a user message through the
+    chat template when ``prompt["chat"]``, else raw), left-truncated to ``limit``
+    tokens so that generation has room; BOS, when present, is kept first."""
+    if "ids" in prompt:
+        ids = list(prompt["ids"])
+    else:
+        ids = (encode_chat if prompt.get("chat") else encode_prompt)(tokenizer, prompt["text"])
+    if len(ids) <= limit:
+        return ids
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is not None and ids[0] == bos:
+        return [bos] + ids[len(ids) - limit + 1 :]
+    return ids[len(ids) - limit :]
+
+
+def evaluate_drafter(
+    target,
+    tokenizer,
+    drafter,
+    prompts: list[dict],
+    budgets=(8, 16, 32, 64),
+    temperatures=(0.0, 1.0),
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    verifier: str = "tev",
+    progress: bool = True,
+    desc: str = "evaluate",
+) -> list[dict]:
+    """Measured ``tau`` (mean block length over all rounds) and mean ``1 + C`` per setting.
+
+    Returns one row per (budget, temperature): ``tau``, its standard error over rounds,
+    ``tau_bound``, the spread of per-prompt ``tau`` (q25/q75), rounds and tokens.
+    """
+    context = int(getattr(target.config, "max_position_embeddings", 1 << 30))
+    encoded = [fit_prompt(tokenizer, p, context - max_new_tokens) for p in prompts]
+    rows = []
+    settings = [(b, t) for t in temperatures for b in budgets]
+    bar = tqdm(total=len(settings) * len(encoded), desc=desc, disable=not progress)
+    for budget, temperature in settings:
+        lengths, bounds, per_prompt, tokens, seconds = [], [], [], 0, 0.0
+        for i, ids in enumerate(encoded):
+            config = GenerationConfig(budget=budget, temperature=temperature, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed + i)
+            _, summary = run_to_end(speculative_generate(target, drafter, ids, config, tokenizer))
+            lengths += summary.block_lengths
+            bounds += summary.tau_bounds
+            per_prompt.append(summary.tau)
+            tokens += len(summary.token_ids)
+            seconds += summary.seconds
+            bar.update(1)
+        n = len(lengths)
+        rows.append(
+            {
+                "budget": budget,
+                "temperature": temperature,
+                "tau": sum(lengths) / n,
+                "tau_se": standard_error(lengths),
+                "tau_bound": sum(bounds) / n,
+                "prompt_tau_q25": quantile(per_prompt, 0.25),
+                "prompt_tau_q75": quantile(per_prompt, 0.75),
+                "rounds": n,
+                "tokens": tokens,
+                "tokens_per_second": tokens / seconds if seconds else float("nan"),
+            }
+        )
+    bar.close()
+    return rows
+
+
+def format_tau_table(rows: list[dict]) -> str:
+    """The rows of :func:`evaluate_drafter` as a markdown table."""
+    lines = ["| T | B | tau (+- s.e.) | mean 1 + C | per-prompt tau q25-q75 | rounds |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['temperature']:g} | {r['budget']} | {r['tau']:.3f} +- {r['tau_se']:.3f} | {r['tau_bound']:.3f} | "
+            f"{r['prompt_tau_q25']:.2f}-{r['prompt_tau_q75']:.2f} | {r['rounds']} |"
+        )
+    return "\n".join(lines)

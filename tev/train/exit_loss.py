@@ -1,0 +1,157 @@
+"""The ExitTrain loss (paper Eq. 14-15) and the target quantities it weighs nodes by.
+
+``p`` is the frozen target, ``q_theta`` the drafter. The loss is ``L = L_tok + lambda * L_exit``:
+
+    L_exit = - sum_i sum_{v != r} w_i(v) log q_{theta, d(v)}(x_v | c_i) / sum_i (|V_i| - 1)
+
+with ``w`` the exit law of the realized tree ``T_i`` under ``p`` (detached), and ``L_tok`` the
+cross-entropy of the draft marginals against the target's own continuation.
+Weight modes: ``exit`` (``w(v)``, the method), ``prefix`` (``P(v)`` rescaled per tree to the
+same total as ``w``, the ablation control), ``none`` (token-only fine-tune).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from tev.core.flow import flow_from_edge_prob
+from tev.core.tree import DraftTree
+from tev.core.verify import TargetRows
+
+__all__ = ["IGNORE", "WEIGHT_MODES", "token_loss", "node_weights", "exit_loss_terms", "TreeBatch", "score_trees"]
+
+IGNORE = -100  # label of a depth past the end of a sequence
+WEIGHT_MODES = ("exit", "prefix", "none")
+
+
+def token_loss(draft_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``L_tok``: cross-entropy of the per-depth draft marginals (`[M, K, V]`) against the
+    target's continuation (`[M, K]`), averaged over labelled depths (``IGNORE`` skipped)."""
+    return F.cross_entropy(draft_logits.reshape(-1, draft_logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)
+
+
+def node_weights(exit_weight: torch.Tensor, reach: torch.Tensor, mode: str) -> torch.Tensor:
+    """Per-node weights of ``L_exit`` for one tree (root entry 0).
+
+    Args:
+        exit_weight, reach: `Tensor[N]`, ``w`` and ``P`` of the tree.
+        mode: ``exit`` -> ``w(v)``; ``prefix`` -> ``P(v)`` scaled so that its non-root total
+            equals the non-root total of ``w``; ``none`` -> zeros.
+    """
+    if mode == "exit":
+        weights = exit_weight.clone()
+    elif mode == "prefix":
+        total_exit = exit_weight[1:].sum()
+        total_reach = reach[1:].sum()
+        weights = reach * (total_exit / total_reach) if total_reach > 0 else torch.zeros_like(reach)
+    elif mode == "none":
+        weights = torch.zeros_like(exit_weight)
+    else:
+        raise ValueError(f"unknown weight mode {mode!r}; choose one of {', '.join(WEIGHT_MODES)}")
+    weights[0] = 0.0
+    return weights.detach()
+
+
+def exit_loss_terms(
+    draft_logits: torch.Tensor,
+    example: torch.Tensor,
+    depth: torch.Tensor,
+    token: torch.Tensor,
+    weight: torch.Tensor,
+    total_nodes: int,
+) -> torch.Tensor:
+    """``L_exit`` from draft logits and the flattened non-root nodes of every tree.
+
+    Uses ``log q_d(x) = logits_d[x] - logsumexp(logits_d)``: one log-normaliser per
+    (example, depth) row and a gather of the node entries, never an (nodes x V) tensor.
+
+    Args:
+        draft_logits: `Tensor[M, K, V]`, the drafter's per-depth logits (with gradient).
+        example, depth, token: `LongTensor[n]`, each node's example index, depth (1..K), token.
+        weight: `Tensor[n]`, the node weights (detached).
+        total_nodes: ``sum_i (|V_i| - 1)``.
+    """
+    if total_nodes <= 0:
+        return draft_logits.sum() * 0.0
+    log_norm = torch.logsumexp(draft_logits, dim=-1)  # [M, K]
+    log_q = draft_logits[example, depth - 1, token] - log_norm[example, depth - 1]  # [n]
+    return -(weight * log_q).sum() / total_nodes
+
+
+# --------------------------------------------------------------------------- target scoring
+@dataclass
+class TreeBatch:
+    """Realized trees and their target quantities (all detached); entry ``m`` of every list
+    belongs to ``trees[m]``."""
+
+    trees: list[DraftTree]
+    reach: list[torch.Tensor]  # P, `Tensor[N_m]` each
+    exit_weight: list[torch.Tensor]  # w, `Tensor[N_m]` each
+    coverage: list[float]  # C(T_m)
+
+    @classmethod
+    def join(cls, parts: list["TreeBatch"]) -> "TreeBatch":
+        """One batch holding the trees of ``parts`` in order."""
+        return cls(
+            trees=[t for part in parts for t in part.trees],
+            reach=[r for part in parts for r in part.reach],
+            exit_weight=[w for part in parts for w in part.exit_weight],
+            coverage=[c for part in parts for c in part.coverage],
+        )
+
+
+def tree_section_mask(trees: list[DraftTree], roots: list[int], cached: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """`Tensor[1, 1, n, cached + n]` additive mask for all trees' non-root nodes appended after a
+    ``cached``-long sequence: tree ``a``'s nodes see the sequence up to its root position
+    ``roots[a]`` and their own ancestors (0 visible, ``finfo.min`` hidden)."""
+    sizes = [t.num_nodes - 1 for t in trees]
+    n = sum(sizes)
+    visible = torch.zeros(n, cached + n, dtype=torch.bool)
+    offset = 0
+    for tree, root, size in zip(trees, roots, sizes):
+        if size == 0:
+            continue
+        rows = slice(offset, offset + size)
+        visible[rows, : root + 1] = True
+        visible[rows, cached + offset : cached + offset + size] = tree.ancestors[1:, 1:]  # non-root part, [size, size]
+        offset += size
+    mask = torch.zeros(n, cached + n, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+    return mask.to(device)[None, None]
+
+
+@torch.no_grad()
+def score_trees(target, sequence: torch.Tensor, cache: DynamicCache, root_logits: torch.Tensor, trees: list[DraftTree], roots: list[int], temperature: float) -> TreeBatch:
+    """Target rows for every node of the trees of ONE sequence, in one tree-attention forward.
+
+    Args:
+        sequence: `LongTensor[S]` whose causal forward filled ``cache`` (batch row 0).
+        root_logits: `Tensor[A, V]`, target logits at each root position (row ``a`` is
+            ``p_root`` of ``trees[a]``, from the causal forward).
+        roots: root positions in ``sequence`` (tree ``a``'s root token is ``sequence[roots[a]]``).
+    """
+    device = root_logits.device
+    cached = sequence.numel()
+    tokens = torch.cat([t.tokens[1:] for t in trees]) if trees else torch.zeros(0, dtype=torch.long)
+    node_logits = None
+    if tokens.numel():
+        positions = torch.cat([root + t.depths[1:] for t, root in zip(trees, roots)])
+        mask = tree_section_mask(trees, roots, cached, next(target.parameters()).dtype, device)
+        out = target(input_ids=tokens[None].to(device), position_ids=positions[None].to(device), attention_mask=mask, cache=cache, use_cache=True)
+        node_logits = out.logits[0].float()  # [n, V]
+        cache.crop(-tokens.numel())  # leave the sequence cache as it was
+    reach, exit_weight, coverage = [], [], []
+    offset = 0
+    for a, tree in enumerate(trees):
+        size = tree.num_nodes - 1
+        logits = root_logits[a : a + 1] if size == 0 else torch.cat([root_logits[a : a + 1], node_logits[offset : offset + size]])
+        offset += size
+        rows = TargetRows(logits=logits, temperature=temperature)
+        flow = flow_from_edge_prob(tree, rows.edge_prob(tree))
+        reach.append(flow.reach.detach())
+        exit_weight.append(flow.exit_weight.detach())
+        coverage.append(flow.coverage)
+    return TreeBatch(trees, reach, exit_weight, coverage)

@@ -1,0 +1,134 @@
+"""``python -m tev exittrain``: fine-tune the block drafter with ExitTrain, optionally ship it.
+
+The training data are target-regenerated sequences (contexts from the corpus, continuations
+from the target), cached under ``runs/exittrain-data`` by their settings and the target's weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from tev.data.prompts import load_prompt_set
+from tev.data.token_stream import encode_corpus
+from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
+from tev.engine.evaluation import evaluate_drafter, format_tau_table
+from tev.engine.models import load_bundle
+from tev.train.card import refresh_card
+from tev.train.distill import regenerate_sequences
+from tev.train.trainer import ExitTrainConfig, ExitTrainer
+from tev.util.files import atomic_file, atomic_folder
+from tev.util.paths import REPO_ROOT, assets_dir, embedded
+
+__all__ = ["exittrain_command", "training_sequences", "weights_fingerprint", "install_drafter", "invoked_command", "SEQUENCE_CACHE"]
+
+SEQUENCE_CACHE = REPO_ROOT / "runs" / "exittrain-data"
+
+
+def weights_fingerprint(model) -> str:
+    """A cache key for a model's weights: SHA-256 over every state-dict entry (name, shape and
+    values as float32, so one checkpoint loaded in bf16 or fp32 keys the same), 12 hex digits."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().float().cpu().contiguous().numpy())
+    return digest.hexdigest()[:12]
+
+
+def training_sequences(target, tokenizer, split: str, count: int, context_length: int, new_tokens: int, seed: int, cache_dir: Path | None = None, progress: bool = True) -> torch.Tensor:
+    """`LongTensor[count, context_length + new_tokens]`: target-regenerated sequences from a
+    corpus split, cached in ``cache_dir`` (None: no cache) by their settings and the target."""
+    path = None
+    if cache_dir is not None:
+        key = f"{split}-{count}-{context_length}-{new_tokens}-{seed}-{weights_fingerprint(target)}"
+        path = Path(cache_dir) / f"sequences-{key}.safetensors"
+        if path.is_file():
+            return load_file(path)["sequences"].long()
+    stream, _ = encode_corpus(tokenizer, split)
+    sequences = regenerate_sequences(target, stream, count, context_length, new_tokens, seed, progress=progress, desc=f"{split} sequences")
+    if path is not None:
+        with atomic_file(path) as temporary:
+            save_file({"sequences": sequences.to(torch.int32)}, temporary)
+    return sequences
+
+
+def install_drafter(drafter: BlockDrafter, destination: Path, extra_files: dict[str, str] | None = None) -> None:
+    """Save ``drafter`` (and ``extra_files``, name -> text) as ``destination``, swapped in whole."""
+    with atomic_folder(destination) as staging:
+        drafter.save_pretrained(staging)
+        for name, text in (extra_files or {}).items():
+            (staging / name).write_text(text)
+
+
+def invoked_command() -> str:
+    """This process's ``python -m tev ...`` command line, shell-quoted (for reports and the card)."""
+    return shlex.join(["python", "-m", "tev", *sys.argv[1:]])
+
+
+def _check_data_flags(args) -> None:
+    for flag in ("data_sequences", "heldout_sequences", "context_length", "new_tokens"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if args.eval_prompts < 0:
+        raise ValueError(f"--eval-prompts must be 0 (skip) or more, got {args.eval_prompts}")
+
+
+def exittrain_command(args) -> None:
+    _check_data_flags(args)
+    config = ExitTrainConfig.from_args(args)
+    out = Path(args.out) if args.out else REPO_ROOT / "runs" / "exittrain" / f"{config.weights}-{time.strftime('%Y%m%d-%H%M%S')}"
+    assets = (REPO_ROOT / "assets").resolve()
+    if out.resolve() == assets or assets in out.resolve().parents:
+        raise ValueError(f"--out {out} is inside assets/; write elsewhere and use --install to ship a result")
+    if args.resume and not (out / "checkpoint").is_dir():
+        raise FileNotFoundError(f"--resume: no checkpoint in {out}")
+    bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=args.pair or "tiny")
+    base = Path(args.base) if args.base else embedded("block")
+    drafter = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
+    train = training_sequences(bundle.target, bundle.tokenizer, "train", args.data_sequences, args.context_length, args.new_tokens, seed=config.seed + 7, cache_dir=SEQUENCE_CACHE)
+    heldout = training_sequences(bundle.target, bundle.tokenizer, "heldout", args.heldout_sequences, args.context_length, args.new_tokens, seed=config.seed + 8, cache_dir=SEQUENCE_CACHE)
+    trainer = ExitTrainer(config, bundle.target, drafter, train, heldout=heldout, first_anchor=args.context_length - 1)
+    if args.resume and trainer.load_checkpoint(out):
+        print(f"resumed from {out / 'checkpoint'} at step {trainer.step}")
+    before = trainer.heldout_expected_tau() if trainer.step == 0 else None
+    start = time.time()
+    bar = tqdm(total=config.steps, initial=trainer.step, desc=f"exittrain[{config.weights}]", unit="step")
+    for event in trainer.run(out):
+        postfix = {"loss": f"{event.loss:.3f}", "1+C": f"{event.expected_tau:.3f}"}
+        if event.heldout_expected_tau is not None:
+            postfix["heldout 1+C"] = f"{event.heldout_expected_tau:.3f}"
+        bar.set_postfix(postfix)
+        bar.update(1)
+    bar.close()
+    seconds = time.time() - start
+    trained = trainer.accelerator.unwrap_model(trainer.drafter)
+    trained.config.notes = {**trained.config.notes, "exittrain": asdict(config), "trained_by": "python -m tev exittrain"}
+    trained.save_pretrained(out / "drafter")
+    after = trainer.heldout_expected_tau()
+    report = {"config": asdict(config), "steps_done": trainer.step, "seconds": seconds, "heldout_expected_tau_before": before, "heldout_expected_tau_after": after, "history": trainer.history}
+    if args.eval_prompts:
+        prompts = load_prompt_set("heldout")[:: max(1, 64 // args.eval_prompts)][: args.eval_prompts]
+        original = BlockDrafter.from_pretrained(base, bundle.target)
+        rows = {}
+        for name, model in (("before", original), ("after", trained.eval().to(torch.bfloat16))):
+            rows[name] = evaluate_drafter(bundle.target, bundle.tokenizer, BlockTreeDrafter(model, name=name), prompts, budgets=(32,), temperatures=(0.0, 1.0), desc=f"tau {name}")
+            print(f"{name}:\n" + format_tau_table(rows[name]))
+        report["tau"] = rows
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    print(f"held-out expected 1 + C: before {before if before is not None else float('nan'):.3f}, after {after:.3f}; {seconds / 60:.1f} min; saved {out / 'drafter'}")
+    if args.install:
+        if trainer.step < config.steps:
+            raise ValueError("the run did not finish; not installing a partial drafter")
+        report["command"] = invoked_command()
+        install_drafter(trained, embedded("exittrain"), extra_files={"exittrain.json": json.dumps(report, indent=1)})
+        refresh_card(assets_dir())
+        print(f"installed as {embedded('exittrain')}; model card updated")

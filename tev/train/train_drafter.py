@@ -1,0 +1,229 @@
+"""``python -m tev train-drafter``: a block drafter for any Llama/Qwen-architecture chat target.
+
+Stages, each cached in the work folder so a stopped run resumes where it was:
+
+1. requests   the target writes its own user requests (self-instruct, :mod:`tev.train.chat_data`)
+2. responses  the target answers them (greedy for a share, T = 1 for the rest)
+3. features   one teacher-forced target forward per conversation: hidden states at a few layers
+4. training   the one-pass block drafter learns ``L_tok`` on every response position (anchor),
+              checkpointed every ``save_every`` steps (safetensors), resumable
+5. evaluation held-out loss on held-out conversations, ``tau`` on the held-out chat prompts
+6. install    the drafter and its ``training.json`` (recipe, data, loss, tau) into ``--out``
+
+The drafter's draft vocabulary is the ``draft_vocab`` most frequent tokens of the training
+responses: the target head's 49,152 rows are most of a drafter step's cost, and a token
+outside the most frequent few thousand is rarely one a tree would keep.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from tev.data.prompts import load_prompt_set
+from tev.engine.default_target import DEFAULT_TARGET_NAME, ensure_default_target
+from tev.engine.drafters import BlockDrafter, BlockDrafterConfig, BlockTreeDrafter, default_feature_layers
+from tev.engine.evaluation import evaluate_drafter
+from tev.engine.models import load_causal_lm, load_tokenizer
+from tev.engine.prompt_text import ChatTemplate
+from tev.train.chat_data import ChatSequences, write_requests, write_responses
+from tev.train.card import refresh_card
+from tev.train.distill import DistillData, DistillSettings, heldout_loss, target_features, train_block_drafter
+from tev.util.files import atomic_folder, write_text_atomic
+from tev.util.paths import REPO_ROOT, assets_dir
+
+__all__ = ["DrafterRecipe", "QUICK_RECIPE", "draft_vocabulary", "train_drafter_pipeline", "train_drafter_command"]
+
+
+
+@dataclass(frozen=True)
+class DrafterRecipe:
+    """Everything that decides the trained drafter; seeded, so a rerun gives the same drafter."""
+
+    seed: int = 0
+    # data the target writes
+    requests: int = 1024
+    heldout_requests: int = 32  # conversations kept out of training, for the held-out loss
+    request_tokens: int = 64
+    response_tokens: int = 192
+    greedy_share: float = 0.5
+    generation_batch: int = 48
+    # drafter shape
+    draft_vocab: int = 8192
+    horizon: int = 8
+    window: int = 16
+    hidden: int = 384
+    layers: int = 3
+    heads: int = 6
+    intermediate: int = 1152
+    # optimisation
+    steps: int = 2000
+    batch: int = 256
+    lr: float = 1e-3
+    warmup: int = 100
+    short_history_share: float = 0.1  # anchors that see only a few features (a prompt's first rounds)
+    save_every: int = 100
+    # evaluation on the held-out chat prompts
+    eval_budget: int = 32
+    eval_new_tokens: int = 64
+
+    def distill_settings(self) -> DistillSettings:
+        return DistillSettings(self.steps, self.batch, self.lr, self.warmup, self.seed, self.short_history_share, self.save_every)
+
+
+QUICK_RECIPE = DrafterRecipe(
+    requests=12, heldout_requests=4, request_tokens=16, response_tokens=16, generation_batch=8, draft_vocab=256,
+    horizon=4, window=4, hidden=32, layers=1, heads=2, intermediate=64, steps=12, batch=16, warmup=2, save_every=5,
+    eval_new_tokens=8,
+)
+
+
+# --------------------------------------------------------------------------- data
+def draft_vocabulary(conversations: ChatSequences, size: int, always: tuple[int, ...] = ()) -> tuple[torch.Tensor, float]:
+    """The ``size`` most frequent response tokens (plus ``always``), and their share of all response tokens."""
+    counts = Counter()
+    for ids, start in zip(conversations.token_ids, conversations.prompt_lengths):
+        counts.update(ids[start:])
+    chosen = [token for token in always]
+    for token, _ in counts.most_common():
+        if len(chosen) >= size:
+            break
+        if token not in chosen:
+            chosen.append(token)
+    total = sum(counts.values())
+    covered = sum(counts[t] for t in chosen)
+    return torch.tensor(sorted(chosen)), covered / max(1, total)
+
+
+# --------------------------------------------------------------------------- the command
+def _stage_json(path: Path, make):
+    """Load a cached JSON stage, or make it and write it atomically."""
+    if path.is_file():
+        return json.loads(path.read_text())
+    value = make()
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(value))
+    temporary.replace(path)
+    return value
+
+
+def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: DrafterRecipe, command: str, allow_download: bool = False, progress: bool = True) -> dict:
+    """Run every stage (cached in ``work``) and install the drafter into ``out``; returns its report."""
+    start = time.time()
+    work.mkdir(parents=True, exist_ok=True)
+    recipe_path = work / "recipe.json"
+    if recipe_path.is_file() and json.loads(recipe_path.read_text()) != asdict(recipe):
+        raise ValueError(f"{work} holds a run with another recipe; pass a new --work-dir (or delete it) to start over")
+    recipe_path.write_text(json.dumps(asdict(recipe), indent=1))
+    torch.manual_seed(recipe.seed)
+    tokenizer = load_tokenizer(target_source, allow_download)
+    target = load_causal_lm(target_source, device="cpu", dtype="bfloat16", allow_download=allow_download).eval()
+    for parameter in target.parameters():
+        parameter.requires_grad_(False)
+    template = ChatTemplate.of(tokenizer)
+    eval_prompts = load_prompt_set("chat")
+    timings = {}
+
+    t = time.time()
+    requests = _stage_json(work / "requests.json", lambda: write_requests(
+        target, tokenizer, recipe.requests + recipe.heldout_requests, recipe.seed, recipe.request_tokens,
+        exclude=[p["text"] for p in eval_prompts], batch=recipe.generation_batch, progress=progress))
+    timings["requests_s"] = time.time() - t
+    t = time.time()
+    conversations = ChatSequences.from_json(_stage_json(work / "conversations.json", lambda: write_responses(
+        target, tokenizer, [tuple(r) for r in requests], recipe.response_tokens, recipe.seed + 1, recipe.greedy_share,
+        batch=recipe.generation_batch, progress=progress).to_json()))
+    timings["responses_s"] = time.time() - t
+    # the held-out conversations are a random subset, so greedy and sampled answers are in both parts
+    order = torch.randperm(len(conversations), generator=torch.Generator().manual_seed(recipe.seed + 2)).tolist()
+    shuffled = ChatSequences([conversations.token_ids[i] for i in order], [conversations.prompt_lengths[i] for i in order],
+                             [conversations.domains[i] for i in order], [conversations.requests[i] for i in order])
+    train_part, heldout_part = shuffled.split(recipe.heldout_requests)
+
+    vocab, coverage = draft_vocabulary(train_part, min(recipe.draft_vocab, target.config.vocab_size), always=(template.end_of_turn,))
+    drafter_config = BlockDrafterConfig(
+        vocab_size=target.get_output_embeddings().weight.shape[0],
+        target_hidden_size=target.config.hidden_size,
+        feature_layers=default_feature_layers(target.config.num_hidden_layers),
+        horizon=recipe.horizon, context_window=recipe.window, hidden_size=recipe.hidden, num_layers=recipe.layers,
+        num_heads=recipe.heads, intermediate_size=recipe.intermediate, target_num_layers=target.config.num_hidden_layers,
+        draft_vocab_size=int(vocab.numel()),
+        notes={"trained_by": command, "loss": "token-level cross-entropy on the target's own chat responses"},
+    )
+    t = time.time()
+    datasets = {}
+    for name, part in (("train", train_part), ("heldout", heldout_part)):
+        ids, lengths, prompt_lengths = part.padded(template.end_of_turn)
+        features = target_features(target, ids, lengths, drafter_config.feature_layers, progress=progress)
+        datasets[name] = DistillData.build(ids, lengths, prompt_lengths, features)
+    timings["features_s"] = time.time() - t
+
+    torch.manual_seed(recipe.seed + 3)
+    drafter = BlockDrafter.for_target(drafter_config, target).float()
+    drafter.set_draft_vocab(vocab)
+    t = time.time()
+    history = train_block_drafter(drafter, datasets["train"], recipe.distill_settings(), checkpoint=work / "checkpoint", progress=progress)
+    timings["training_s"] = time.time() - t
+    heldout = heldout_loss(drafter, datasets["heldout"])
+
+    t = time.time()
+    inference = drafter.to(torch.bfloat16).eval()
+    tree_drafter = BlockTreeDrafter(inference, name="block")
+    rows = evaluate_drafter(target, tokenizer, tree_drafter, eval_prompts, budgets=(recipe.eval_budget,),
+                            temperatures=(0.0, 1.0), max_new_tokens=recipe.eval_new_tokens, seed=recipe.seed, progress=progress, desc="tau on held-out chat prompts")
+    timings["evaluation_s"] = time.time() - t
+    report = {
+        "target": target_source,
+        "recipe": asdict(recipe),
+        "command": command,
+        "data": {
+            "conversations": len(train_part), "heldout_conversations": len(heldout_part),
+            "train_anchors": int(datasets["train"].anchors.shape[0]), "response_tokens": train_part.response_tokens(),
+            "domains": dict(Counter(train_part.domains)), "draft_vocab": int(vocab.numel()), "draft_vocab_coverage": coverage,
+            "sample_requests": train_part.requests[:6],
+        },
+        "parameters": sum(p.numel() for p in inference.parameters()),
+        "feature_layers": drafter_config.feature_layers,
+        "history": history,
+        "heldout": heldout,
+        "tau": rows,
+        "timings_s": {k: round(v, 1) for k, v in timings.items()},
+        "total_minutes": round((time.time() - start) / 60, 1),
+        "machine": {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+    }
+    with atomic_folder(out) as staging:
+        inference.save_pretrained(staging)
+        (staging / "training.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def train_drafter_command(args) -> None:
+    recipe = QUICK_RECIPE if args.quick else DrafterRecipe()
+    overrides = {name: getattr(args, name) for name in ("steps", "requests", "seed") if getattr(args, name, None) is not None}
+    recipe = replace(recipe, **overrides)
+    if recipe.steps < 1 or recipe.requests < 1:
+        raise ValueError("--steps and --requests must be at least 1")
+    out = Path(args.out)
+    work = Path(args.work_dir) if args.work_dir else REPO_ROOT / "runs" / f"train-drafter-{out.name}"
+    command = shlex.join(["python", "-m", "tev", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith(("tev", "__main__.py")) else "python -m tev train-drafter"
+    target = args.target or str(ensure_default_target())
+    report = train_drafter_pipeline(target, out, work, recipe, command, allow_download=args.allow_download)
+    if args.target is None:
+        report["target"] = DEFAULT_TARGET_NAME
+        write_text_atomic(out / "training.json", json.dumps(report, indent=1))
+    assets = assets_dir().resolve()
+    if assets in out.resolve().parents and (assets / "models" / "build.json").is_file():
+        refresh_card(assets)  # the shipped drafter changed: so does the model card
+    print(f"drafter written to {out}: held-out loss {report['heldout']['loss']:.3f}, "
+          f"top-1 by depth {report['heldout']['top1_by_depth'][:4]}, draft vocabulary covers {100 * report['data']['draft_vocab_coverage']:.1f}% of response tokens")
+    for row in report["tau"]:
+        print(f"  T={row['temperature']:g} B={row['budget']}: tau {row['tau']:.3f} +- {row['tau_se']:.3f} (mean 1 + C {row['tau_bound']:.3f})")
+    print(f"{report['total_minutes']:.1f} min")

@@ -1,0 +1,45 @@
+"""Summary statistics shared by the benchmarks, the report and the verifier lab (one copy each)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["quantile", "median", "spread", "standard_error", "standard_error_of_mean"]
+
+
+def _floats(values) -> np.ndarray:
+    return np.fromiter((float(x) for x in values), dtype=np.float64)
+
+
+def quantile(values, q: float, method: str = "linear") -> float:
+    """The ``q`` quantile of ``values`` (numpy's ``method``; ``"linear"`` interpolates between
+    order statistics); NaN when there are none."""
+    data = _floats(values)
+    return float(np.quantile(data, q, method=method)) if data.size else float("nan")
+
+
+def median(values) -> float:
+    return quantile(values, 0.5)
+
+
+def spread(values) -> dict:
+    """Median and interquartile range: ``{"median", "q25", "q75", "n"}``."""
+    data = _floats(values)
+    return {"median": quantile(data, 0.5), "q25": quantile(data, 0.25), "q75": quantile(data, 0.75), "n": int(data.size)}
+
+
+def standard_error(values) -> float:
+    """Standard error of the mean of ``values`` (sample standard deviation over ``sqrt(n)``);
+    0 with fewer than two values, where no spread can be measured."""
+    data = _floats(values)
+    if data.size < 2:
+        return 0.0
+    return float(data.std(ddof=1) / math.sqrt(data.size))
+
+
+def standard_error_of_mean(errors) -> float:
+    """Standard error of the plain mean of independent estimates with standard errors ``errors``."""
+    data = _floats(errors)
+    return float(np.sqrt(np.sum(data**2)) / data.size) if data.size else float("nan")
