@@ -684,8 +684,9 @@ def test_the_app_listens_on_loopback_only_with_uploads_capped(app_server):
 
 def test_the_app_writes_nothing_beside_itself(app_server):
     """Gradio writes a ``.pyi`` stub beside a module that defines a component subclass; the
-    app's two subclasses are made with that switched off."""
-    assert not (REPO / "app.pyi").exists()
+    app's two subclasses (``ui/components.py``) are made with that switched off."""
+    assert not (REPO / "app.pyi").exists() and not (REPO / "ui" / "components.pyi").exists()
+    assert not list(REPO.glob("ui/*.pyi"))
 
 
 def test_the_ui_takes_no_paths_model_ids_or_uploads(app_server):

@@ -101,10 +101,10 @@ def _is_converted(folder: Path) -> bool:
 def convert(gguf: Path, destination: Path, progress: bool = True) -> None:
     """Dequantize ``gguf`` into a bfloat16 safetensors folder at ``destination`` (atomically)."""
     steps = tqdm(total=3, desc="converting SmolLM2-135M-Instruct (once)", unit="step", disable=not progress)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
     steps.update()
     model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16, quantization_config=GgufConfig(dequantize=True)
+        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16, quantization_config=GgufConfig(dequantize=True), trust_remote_code=False
     )
     steps.update()
     # the dequantized model is plain weights; save_pretrained refuses while a quantizer is attached

@@ -1,0 +1,36 @@
+"""The Learn tab's text: the quantities the other tabs show, in the paper's notation."""
+
+LEARN = r"""
+### Speculative decoding with a draft tree
+
+A small **draft model `q`** proposes a tree of possible next tokens; the **target model `p`** scores every node of
+the tree in **one** forward pass (tree attention); a **verifier** keeps a path of the tree and adds one **bonus token**
+drawn from the target. The output is distributed exactly as if the target had generated it alone.
+
+**Reach.** With $p_v$ the target's next-token distribution at node $v$: $P(r) = 1$, $P(v) = P(\mathrm{pa}(v))\, p_{\mathrm{pa}(v)}(x_v)$,
+the probability that plain sampling from $p$ walks to $v$. *Live tab: node colour.*
+
+**Exit law (missing mass).** $\rho(v) = 1 - \sum_{u \in \mathrm{Ch}(v)} p_v(x_u)$ and $w(v) = P(v)\,\rho(v)$: the target mass that
+**leaves the tree at $v$**. The $w(v)$ sum to 1. Adding a child with token $a$ under $v$ raises coverage by $P(v)\,p_v(a)$. *Live tab: node ring; mass-by-depth chart.*
+
+**Coverage bound.** $C(T) = \sum_{v \ne r} P(v)$. Every exact verifier has expected block length $E[L] \le 1 + C(T)$.
+*Live tab: the timeline plots each round's $L$ against $1 + C$.*
+
+**tau, and other tools' acceptance figures.** $\tau$ is the mean **output-block length** per round: accepted draft
+tokens plus the one bonus token, so $\tau$ = tokens emitted per target forward. It is the same number as EAGLE's
+"average acceptance length" and SGLang's `spec_accept_length` (both count the bonus token) and the DFlash/DDTree "acceptance length".
+Without the bonus token, the mean accepted draft length is $\tau - 1$. An acceptance *rate* per drafted token (vLLM's
+`draft_acceptance_rate`) divides $\tau - 1$ by the tokens drafted per round (the chain length, or $B$ for a tree), so it falls
+as the tree grows while $\tau$ rises. The speedup over plain decoding is about $\tau$ divided by the cost of one round
+relative to one plain forward (tree forward + drafter + verifier). *Live tab: stats line and timeline.*
+
+**TEV (Tree Exit Verification).** Draw the exit node $V \sim w$ in one step, then the bonus $Y$ from the residual
+$p_V^{\mathrm{res}}(a) \propto p_V(a)\,[a \notin \mathrm{Ch}(V)]$. It attains the bound, needs only the parent rows normalised, and one
+host sync. Predraw-and-follow and sequential residual verification reach the same law by other routes.
+*Verifier lab: all three match $w(v)$ and $1 + C$ on one fixed tree.*
+
+**ExitTrain.** Fine-tune the drafter on the trees inference actually builds:
+$\mathcal{L} = \mathcal{L}_{tok} + \lambda\,\mathcal{L}_{exit}$ with
+$\mathcal{L}_{exit} = -\sum_i \sum_{v \ne r} w_i(v) \log q_{\theta, d(v)}(x_v \mid c_i) / \sum_i (|V_i| - 1)$:
+probability moves toward the nodes where target mass exits. *ExitTrain tab.*
+"""
