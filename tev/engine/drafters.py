@@ -74,6 +74,8 @@ class BlockDrafterConfig:
     intermediate_size: int = 768
     target_num_layers: int | None = None  # to refuse a drafter paired with another target
     draft_vocab_size: int | None = None  # Vd: the tokens the drafter can propose (None: all V)
+    feature_norm: str = "concat"  # "per_layer": normalise each layer's features on its own scale
+    feature_dropout: float = 0.0  # dropout on the projected context features while training
     notes: dict = field(default_factory=dict)  # provenance (training recipe), not used by the model
 
     @property
@@ -89,6 +91,22 @@ class _RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class _LayerwiseRMSNorm(nn.Module):
+    """RMS norm of each layer's slice of the concatenated features on its own: the residual
+    streams of middle layers are many times larger (with a few huge dimensions) than the final
+    normed layer, and one norm over the concatenation would let them drown it."""
+
+    def __init__(self, layers: int, size: int, eps: float = 1e-6):
+        super().__init__()
+        self.layers, self.eps = layers, eps
+        self.weight = nn.Parameter(torch.ones(layers * size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        chunks = x.unflatten(-1, (self.layers, -1))  # (..., layers, H)
+        chunks = chunks * torch.rsqrt(chunks.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * chunks.flatten(-2)
 
 
 class _Block(nn.Module):
@@ -142,7 +160,13 @@ class BlockDrafter(nn.Module):
         super().__init__()
         self.config = config
         size = config.hidden_size
-        self.feature_norm = _RMSNorm(config.feature_size)
+        if config.feature_norm == "per_layer":
+            self.feature_norm = _LayerwiseRMSNorm(len(config.feature_layers), config.target_hidden_size)
+        elif config.feature_norm == "concat":
+            self.feature_norm = _RMSNorm(config.feature_size)
+        else:
+            raise ValueError(f"feature_norm must be 'concat' or 'per_layer', got {config.feature_norm!r}")
+        self.feature_dropout = nn.Dropout(config.feature_dropout)
         self.feature_proj = nn.Linear(config.feature_size, size, bias=False)
         self.root_proj = nn.Linear(config.target_hidden_size, size, bias=False)
         self.mask_embed = nn.Parameter(torch.randn(config.horizon, size) * 0.02)
@@ -217,7 +241,7 @@ class BlockDrafter(nn.Module):
         width, horizon = self.config.context_window, self.config.horizon
         dtype = self.feature_proj.weight.dtype
         head = self._draft_head(dtype)  # a low-precision drafter reads a matching copy (half the bytes)
-        context = self.feature_proj(self.feature_norm(features.to(dtype))) + self.position_embed[:width]  # (B, W, D)
+        context = self.feature_dropout(self.feature_proj(self.feature_norm(features.to(dtype)))) + self.position_embed[:width]  # (B, W, D)
         slots = torch.cat(
             [
                 self.root_proj(embedding[root_ids].to(dtype)).unsqueeze(1),  # (B, 1, D)

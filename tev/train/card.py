@@ -177,6 +177,18 @@ def default_pair_card_lines(training: dict) -> list[str]:
         f"**Held-out loss** ({heldout['anchors']:,} anchors of the held-out conversations): {heldout['loss']:.3f} nats per labelled depth; "
         f"top-1 accuracy by depth: {top1}.",
         "",
+    ]
+    checks = [h for h in training["history"] if "heldout_loss" in h]
+    if checks:
+        best = min(checks, key=lambda h: h["heldout_loss"])
+        lines += [
+            "Held-out loss during training: " + ", ".join(f"step {h['step']}: {h['heldout_loss']:.2f}" for h in checks)
+            + f". The drafter keeps the weights of step {best['step']}, the best: past it the held-out loss rises while the training "
+            "loss keeps falling, i.e. the drafter starts to memorise its data. With about "
+            f"{data['response_tokens'] // 1000}k response tokens the drafter is data-limited; more self-written conversations are the next lever.",
+            "",
+        ]
+    lines += [
         f"**`tau` on the held-out chat prompts** (24 prompts: dialogue, code, math; chat template applied; "
         f"{recipe['eval_new_tokens']} new tokens; TEV, greedy at T = 0). `tau` = tokens per target forward (accepted draft tokens + the bonus token):",
         "",

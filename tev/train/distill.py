@@ -135,6 +135,7 @@ class DistillSettings:
     seed: int = 0
     short_history_share: float = 0.1  # anchors that see only a few features (a prompt's first rounds)
     save_every: int = 0  # checkpoint interval in steps (0: only at the end, when a folder is given)
+    eval_every: int = 0  # held-out loss interval in steps, when held-out data is given (0: never)
 
 
 @dataclass
@@ -238,23 +239,36 @@ def _load_checkpoint(folder: Path, drafter: BlockDrafter, optimizer: torch.optim
     return step, meta["history"]
 
 
-def train_block_drafter(drafter: BlockDrafter, data: DistillData, settings: DistillSettings, checkpoint: Path | None = None, progress: bool = True) -> list[dict]:
+def train_block_drafter(
+    drafter: BlockDrafter,
+    data: DistillData,
+    settings: DistillSettings,
+    checkpoint: Path | None = None,
+    heldout: DistillData | None = None,
+    progress: bool = True,
+) -> list[dict]:
     """``L_tok`` training of ``drafter`` on every anchor of ``data``; resumes from ``checkpoint``.
 
     The anchors of step ``s`` come from a generator seeded with ``(seed, s)``, so a resumed run
-    draws the same batches as an uninterrupted one. Returns the loss history.
+    draws the same batches as an uninterrupted one. With ``heldout`` data the held-out loss is
+    measured every ``eval_every`` steps and the drafter ends with the weights of the best one
+    (early stopping: a drafter can memorise its data). Returns the loss history.
     """
     parameters = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=0.01, betas=(0.9, 0.95))
     step, history = 0, []
     if checkpoint is not None and (checkpoint / "checkpoint.json").is_file():
         step, history = _load_checkpoint(checkpoint, drafter, optimizer)
+    best_loss, best_state = float("inf"), None
+    if checkpoint is not None and (checkpoint / "best.safetensors").is_file():
+        best_state = load_file(checkpoint / "best.safetensors")
+        best_loss = min(h["heldout_loss"] for h in history if "heldout_loss" in h)
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", settings.lr)  # lets the schedule start at a resumed step
     # linear warm-up, then cosine decay to a tenth of the peak; the next step (``step``) uses its lr
     schedule = get_cosine_with_min_lr_schedule_with_warmup(optimizer, settings.warmup, settings.steps, min_lr_rate=0.1, last_epoch=step - 1)
     drafter.train()
-    running = history[-1]["loss"] if history else None
+    running = next((h["loss"] for h in reversed(history) if "loss" in h), None)
     bar = tqdm(range(step, settings.steps), initial=step, total=settings.steps, desc="block drafter", unit="step", disable=not progress)
     for step in bar:
         generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
@@ -271,8 +285,20 @@ def train_block_drafter(drafter: BlockDrafter, data: DistillData, settings: Dist
         done = step + 1
         if done % max(1, settings.steps // 40) == 0 or done == settings.steps:
             history.append({"step": done, "loss": running, "top1_by_depth": [round(a, 4) for a in accuracy.tolist()]})
+        if heldout is not None and settings.eval_every and (done % settings.eval_every == 0 or done == settings.steps):
+            measured = heldout_loss(drafter, heldout)
+            history.append({"step": done, "heldout_loss": measured["loss"], "heldout_top1_by_depth": measured["top1_by_depth"]})
+            bar.write(f"step {done}: held-out loss {measured['loss']:.3f}, top-1 by depth {measured['top1_by_depth'][:4]}")
+            if measured["loss"] < best_loss:
+                best_loss = measured["loss"]
+                best_state = {k: v.detach().clone().contiguous() for k, v in drafter.state_dict().items()}
+                if checkpoint is not None:
+                    checkpoint.mkdir(parents=True, exist_ok=True)
+                    save_file(best_state, checkpoint / "best.safetensors")
         if checkpoint is not None and ((settings.save_every and done % settings.save_every == 0) or done == settings.steps):
             _save_checkpoint(checkpoint, drafter, optimizer, done, history)
+    if best_state is not None:
+        drafter.load_state_dict(best_state)
     drafter.eval()
     return history
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import platform
 import shlex
+import shutil
 import sys
 import time
 from collections import Counter
@@ -60,28 +61,32 @@ class DrafterRecipe:
     draft_vocab: int = 8192
     horizon: int = 8
     window: int = 16
-    hidden: int = 384
-    layers: int = 3
-    heads: int = 6
-    intermediate: int = 1152
+    hidden: int = 256
+    layers: int = 2
+    heads: int = 4
+    intermediate: int = 768
+    feature_dropout: float = 0.1  # the target's features identify a position almost uniquely: without it the drafter memorises
     # optimisation
-    steps: int = 2000
+    steps: int = 1200
     batch: int = 256
     lr: float = 1e-3
     warmup: int = 100
     short_history_share: float = 0.1  # anchors that see only a few features (a prompt's first rounds)
     save_every: int = 100
+    eval_every: int = 100  # held-out loss every this many steps; the best checkpoint is the one kept
     # evaluation on the held-out chat prompts
     eval_budget: int = 32
     eval_new_tokens: int = 64
 
     def distill_settings(self) -> DistillSettings:
-        return DistillSettings(self.steps, self.batch, self.lr, self.warmup, self.seed, self.short_history_share, self.save_every)
+        return DistillSettings(self.steps, self.batch, self.lr, self.warmup, self.seed, self.short_history_share, self.save_every, self.eval_every)
 
+
+DATA_FIELDS = ("seed", "requests", "heldout_requests", "request_tokens", "response_tokens", "greedy_share", "generation_batch")
 
 QUICK_RECIPE = DrafterRecipe(
     requests=12, heldout_requests=4, request_tokens=16, response_tokens=16, generation_batch=8, draft_vocab=256,
-    horizon=4, window=4, hidden=32, layers=1, heads=2, intermediate=64, steps=12, batch=16, warmup=2, save_every=5,
+    horizon=4, window=4, hidden=32, layers=1, heads=2, intermediate=64, steps=12, batch=16, warmup=2, save_every=5, eval_every=4,
     eval_new_tokens=8,
 )
 
@@ -121,7 +126,10 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     work.mkdir(parents=True, exist_ok=True)
     recipe_path = work / "recipe.json"
     if recipe_path.is_file() and json.loads(recipe_path.read_text()) != asdict(recipe):
-        raise ValueError(f"{work} holds a run with another recipe; pass a new --work-dir (or delete it) to start over")
+        cached = json.loads(recipe_path.read_text())
+        if any(cached.get(name) != getattr(recipe, name) for name in DATA_FIELDS):
+            raise ValueError(f"{work} holds data of another recipe; pass a new --work-dir (or delete it) to start over")
+        shutil.rmtree(work / "checkpoint", ignore_errors=True)  # same data, new training: only the checkpoint is stale
     recipe_path.write_text(json.dumps(asdict(recipe), indent=1))
     torch.manual_seed(recipe.seed)
     tokenizer = load_tokenizer(target_source, allow_download)
@@ -155,7 +163,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
         feature_layers=default_feature_layers(target.config.num_hidden_layers),
         horizon=recipe.horizon, context_window=recipe.window, hidden_size=recipe.hidden, num_layers=recipe.layers,
         num_heads=recipe.heads, intermediate_size=recipe.intermediate, target_num_layers=target.config.num_hidden_layers,
-        draft_vocab_size=int(vocab.numel()),
+        draft_vocab_size=int(vocab.numel()), feature_norm="per_layer", feature_dropout=recipe.feature_dropout,
         notes={"trained_by": command, "loss": "token-level cross-entropy on the target's own chat responses"},
     )
     t = time.time()
@@ -170,7 +178,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     drafter = BlockDrafter.for_target(drafter_config, target).float()
     drafter.set_draft_vocab(vocab)
     t = time.time()
-    history = train_block_drafter(drafter, datasets["train"], recipe.distill_settings(), checkpoint=work / "checkpoint", progress=progress)
+    history = train_block_drafter(drafter, datasets["train"], recipe.distill_settings(), checkpoint=work / "checkpoint", heldout=datasets["heldout"], progress=progress)
     timings["training_s"] = time.time() - t
     heldout = heldout_loss(drafter, datasets["heldout"])
 
