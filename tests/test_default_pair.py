@@ -184,7 +184,7 @@ def smollm2():
 def test_default_pair_is_smollm2_with_a_chat_template(smollm2):
     assert smollm2.pair == "smollm2" and smollm2.is_chat
     assert smollm2.target.config.num_hidden_layers == 30 and smollm2.target.config.vocab_size == 49152
-    assert next(smollm2.target.parameters()).dtype == torch.bfloat16  # its stored precision
+    assert next(smollm2.target.parameters()).dtype == torch.float32  # exact greedy equality needs it (see below)
     assert {"block", "chain"} <= set(smollm2.drafters)
 
 
@@ -192,14 +192,20 @@ def test_chat_answer_stops_at_end_of_turn(smollm2):
     ids = encode_chat(smollm2.tokenizer, CHAT_PROMPTS[0])
     summary = autoregressive_generate(smollm2.target, ids, GenerationConfig(temperature=0.0, max_new_tokens=40), smollm2.tokenizer)
     assert "Paris" in summary.text
-    assert summary.stop_reason == "eos" and summary.token_ids[-1] == smollm2.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    # the answer ends at the end-of-turn token (the tokenizer's EOS), which the output leaves out
+    assert smollm2.tokenizer.eos_token_id == smollm2.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert summary.stop_reason == "eos" and len(summary.token_ids) < 40
 
 
 @pytest.mark.parametrize("drafter", ["block", "chain", "exittrain"])
 def test_greedy_speculation_equals_greedy_decoding_on_chat_prompts(smollm2, drafter):
-    if drafter not in smollm2.drafters:
+    """In float32, the default. (In bfloat16 a 33-row tree forward and a 1-row forward round differently, and
+    a near-tie between the top two logits can flip: the decoding is then exact for the rows the
+    tree forward computed, but not token-identical to one-token-at-a-time decoding.)"""
+    bundle = smollm2
+    if drafter not in bundle.drafters:
         pytest.skip(f"the default pair ships no {drafter} drafter yet")
     for prompt in CHAT_PROMPTS:
-        ids = encode_chat(smollm2.tokenizer, prompt)
-        spec, plain = _greedy_equal(smollm2.target, smollm2.tokenizer, smollm2.drafter(drafter), ids, 32)
+        ids = encode_chat(bundle.tokenizer, prompt)
+        spec, plain = _greedy_equal(bundle.target, bundle.tokenizer, bundle.drafter(drafter), ids, 32)
         assert spec.token_ids == plain.token_ids, prompt

