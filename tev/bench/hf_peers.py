@@ -13,19 +13,12 @@ import time
 
 import torch
 
-from tev.engine.decode import GenerationConfig, GenerationSummary
+from tev.engine.decode import GenerationConfig, GenerationSummary, eos_token_id
 
 __all__ = ["PEERS", "hf_generate"]
 
 PEERS = ("hf-generate", "hf-prompt-lookup")
 PROMPT_LOOKUP_TOKENS = 10  # transformers' documented default for prompt lookup
-
-
-def _eos_id(tokenizer, target) -> int | None:
-    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else getattr(target.config, "eos_token_id", None)
-    if isinstance(eos, (list, tuple)):
-        return eos[0] if eos else None
-    return eos
 
 
 @torch.no_grad()
@@ -34,7 +27,7 @@ def hf_generate(target, prompt_ids: list[int], config: GenerationConfig, tokeniz
     if method not in PEERS:
         raise ValueError(f"method must be one of {PEERS}, got {method!r}")
     device = next(target.parameters()).device
-    eos = _eos_id(tokenizer, target)
+    eos = eos_token_id(target, tokenizer)
     kwargs = {"max_new_tokens": config.max_new_tokens, "eos_token_id": eos, "pad_token_id": eos}
     if config.temperature == 0:
         kwargs["do_sample"] = False

@@ -23,7 +23,7 @@ from tev.core.tree import DraftTree
 from tev.core.verify import VERIFIERS, Verdict
 from tev.engine.round import prefill, room_left, speculation_round
 
-__all__ = ["GenerationConfig", "RoundRecord", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "STAGES"]
+__all__ = ["GenerationConfig", "RoundRecord", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "eos_token_id", "STAGES"]
 
 STAGES = ("draft", "tree_build", "verify", "verify_decision", "commit")
 MAX_BUDGET = 1024
@@ -191,6 +191,15 @@ class GenerationSummary:
         }
 
 
+def eos_token_id(target, tokenizer=None) -> int | None:
+    """The token that ends a generation: the tokenizer's EOS, else the model config's (the first
+    of a list)."""
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else getattr(target.config, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        return eos[0] if eos else None
+    return eos
+
+
 class _Output:
     """Accumulates generated tokens and applies the stop rules (EOS, stop strings, length)."""
 
@@ -257,9 +266,7 @@ def speculative_generate(
     verifier = config.effective_verifier
     device = session.device
     generator = torch.Generator(device=device).manual_seed(config.seed)
-    eos_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else getattr(target.config, "eos_token_id", None)
-    if isinstance(eos_id, (list, tuple)):
-        eos_id = eos_id[0] if eos_id else None
+    eos_id = eos_token_id(target, tokenizer)
     output = _Output(tokenizer, config, eos_id)
     drafter_state = drafter.new_state()
     committed = list(prompt)  # the root is committed[-1]
@@ -324,9 +331,7 @@ def autoregressive_generate(
     session = CausalLMSession(target)
     prompt = check_prompt_ids(prompt_ids, session.max_positions)
     generator = torch.Generator(device=session.device).manual_seed(config.seed)
-    eos_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else getattr(target.config, "eos_token_id", None)
-    if isinstance(eos_id, (list, tuple)):
-        eos_id = eos_id[0] if eos_id else None
+    eos_id = eos_token_id(target, tokenizer)
     output = _Output(tokenizer, config, eos_id)
     logits = session.extend(prompt).last_logits()
     prefill_seconds = time.perf_counter() - start

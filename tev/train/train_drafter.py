@@ -114,9 +114,7 @@ def _stage_json(path: Path, make):
     if path.is_file():
         return json.loads(path.read_text())
     value = make()
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(value))
-    temporary.replace(path)
+    write_text_atomic(path, json.dumps(value))
     return value
 
 
