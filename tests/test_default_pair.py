@@ -103,14 +103,15 @@ def test_train_drafter_pipeline_on_a_tiny_chat_model(chat_folder, tmp_path):
     report = train_drafter_pipeline(str(chat_folder), out, work, QUICK_RECIPE, "python -m tev train-drafter --quick", progress=False)
     assert (out / "drafter.safetensors").is_file() and (out / "training.json").is_file()
     saved = json.loads((out / "training.json").read_text())
-    assert saved["recipe"]["steps"] == QUICK_RECIPE.steps and saved["data"]["conversations"] == QUICK_RECIPE.requests
+    assert saved["recipe"]["steps"] == QUICK_RECIPE.steps and saved["data"]["conversations"] == QUICK_RECIPE.shards * QUICK_RECIPE.shard_requests - QUICK_RECIPE.heldout_requests
     assert {row["temperature"] for row in saved["tau"]} == {0.0, 1.0} and all(row["tau"] >= 1 for row in saved["tau"])
     assert report["heldout"]["anchors"] > 0 and len(report["heldout"]["top1_by_depth"]) == QUICK_RECIPE.horizon
     # the held-out evaluation prompts are never among the training requests
     held_out = {p["text"] for p in load_prompt_set("chat")}
     assert not held_out & set(report["data"]["sample_requests"])
-    requests = json.loads((work / "requests.json").read_text())
-    assert not held_out & {text for _, text in requests}
+    requests = [text for shard in range(QUICK_RECIPE.shards) for _, text in json.loads((work / f"shard-{shard:03d}" / "requests.json").read_text())]
+    assert not held_out & set(requests)
+    assert len(set(requests)) == len(requests)  # no shard repeats another's request
     # the installed drafter is exact: greedy speculation equals greedy decoding
     target = load_causal_lm(chat_folder, device="cpu", dtype="float32")
     tokenizer = AutoTokenizer.from_pretrained(chat_folder)

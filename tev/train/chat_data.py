@@ -138,14 +138,22 @@ def write_requests(target, tokenizer, count: int, seed: int, max_tokens: int = 6
     return requests
 
 
-def write_responses(target, tokenizer, requests: list[tuple[str, str]], max_new_tokens: int, seed: int, greedy_share: float = 0.5, batch: int = 48, progress: bool = True) -> ChatSequences:
-    """The target's answer to each request: the first ``greedy_share`` greedily, the rest at T = 1."""
+def write_responses(
+    target, tokenizer, requests: list[tuple[str, str]], max_new_tokens: int, seed: int, greedy_share: float = 0.5, batch: int = 48,
+    progress: bool = True, done: list[list[int]] | None = None, on_batch=None,
+) -> ChatSequences:
+    """The target's answer to each request: the first ``greedy_share`` greedily, the rest at T = 1.
+
+    Resumable: ``done`` holds the conversations of the batches already written (as passed to
+    ``on_batch(token_ids)`` after each batch); every batch is seeded by where it starts, so a
+    resumed run writes what an uninterrupted one would.
+    """
     template = ChatTemplate.of(tokenizer)
     prompts = [template.prompt_ids(tokenizer, text) for _, text in requests]
     greedy_count = int(round(len(requests) * greedy_share))
-    token_ids: list[list[int]] = []
-    bar = tqdm(total=len(requests), desc="responses", unit="resp", disable=not progress)
-    start = 0
+    token_ids: list[list[int]] = list(done or [])
+    bar = tqdm(total=len(requests), initial=len(token_ids), desc="responses", unit="resp", disable=not progress)
+    start = len(token_ids)
     while start < len(requests):
         # a batch never mixes greedy and sampled answers
         stop = min(start + batch, greedy_count) if start < greedy_count else min(start + batch, len(requests))
@@ -153,6 +161,8 @@ def write_responses(target, tokenizer, requests: list[tuple[str, str]], max_new_
         temperature = 0.0 if start < greedy_count else 1.0
         answers = _generate(target, tokenizer, chunk, max_new_tokens, temperature, template.end_of_turn, seed * 100_003 + start)
         token_ids += [p + a for p, a in zip(chunk, answers)]
+        if on_batch is not None:
+            on_batch(token_ids)
         bar.update(len(chunk))
         start = stop
     bar.close()

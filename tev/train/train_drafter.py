@@ -50,9 +50,11 @@ class DrafterRecipe:
     """Everything that decides the trained drafter; seeded, so a rerun gives the same drafter."""
 
     seed: int = 0
-    # data the target writes
-    requests: int = 1024
-    heldout_requests: int = 32  # conversations kept out of training, for the held-out loss
+    # data the target writes, in shards (each seeded on its own, cached and resumable; more
+    # shards add data without changing the earlier ones)
+    shard_requests: int = 1056
+    shards: int = 2
+    heldout_requests: int = 32  # conversations of all the shards kept out of training, for the held-out loss
     request_tokens: int = 64
     response_tokens: int = 192
     greedy_share: float = 0.5
@@ -82,10 +84,11 @@ class DrafterRecipe:
         return DistillSettings(self.steps, self.batch, self.lr, self.warmup, self.seed, self.short_history_share, self.save_every, self.eval_every)
 
 
-DATA_FIELDS = ("seed", "requests", "heldout_requests", "request_tokens", "response_tokens", "greedy_share", "generation_batch")
+# what a shard's conversations depend on (the shard count and the held-out share do not change them)
+DATA_FIELDS = ("seed", "shard_requests", "request_tokens", "response_tokens", "greedy_share", "generation_batch")
 
 QUICK_RECIPE = DrafterRecipe(
-    requests=12, heldout_requests=4, request_tokens=16, response_tokens=16, generation_batch=8, draft_vocab=256,
+    shard_requests=8, shards=2, heldout_requests=4, request_tokens=16, response_tokens=16, generation_batch=8, draft_vocab=256,
     horizon=4, window=4, hidden=32, layers=1, heads=2, intermediate=64, steps=12, batch=16, warmup=2, save_every=5, eval_every=4,
     eval_new_tokens=8,
 )
@@ -109,6 +112,43 @@ def draft_vocabulary(conversations: ChatSequences, size: int, always: tuple[int,
 
 
 # --------------------------------------------------------------------------- the command
+def shard_seed(seed: int, shard: int) -> int:
+    """The seed of shard ``shard`` (shard 0 uses the recipe's seed itself)."""
+    return seed + 7919 * shard
+
+
+def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: list[str], progress: bool = True) -> ChatSequences:
+    """Every shard's conversations, from the cache in ``work/shard-NNN/`` where present.
+
+    A shard's requests never repeat an earlier shard's or an ``exclude`` text (the held-out
+    evaluation prompts); its responses are saved after every generation batch, so a stopped
+    run loses at most one batch.
+    """
+    parts: list[ChatSequences] = []
+    written: list[str] = []
+    for shard in range(recipe.shards):
+        folder = work / f"shard-{shard:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        seed = shard_seed(recipe.seed, shard)
+        if progress:
+            print(f"shard {shard + 1} of {recipe.shards} ({folder})", flush=True)
+        requests = _stage_json(folder / "requests.json", lambda: write_requests(
+            target, tokenizer, recipe.shard_requests, seed, recipe.request_tokens, exclude=[*exclude, *written],
+            batch=recipe.generation_batch, progress=progress))
+        written += [text for _, text in requests]
+        partial = folder / "responses.partial.json"
+
+        def write():
+            done = json.loads(partial.read_text()) if partial.is_file() else None
+            save = lambda ids: write_text_atomic(partial, json.dumps(ids))  # noqa: E731
+            return write_responses(target, tokenizer, [tuple(r) for r in requests], recipe.response_tokens, seed + 1,
+                                   recipe.greedy_share, batch=recipe.generation_batch, progress=progress, done=done, on_batch=save).to_json()
+
+        parts.append(ChatSequences.from_json(_stage_json(folder / "conversations.json", write)))
+        partial.unlink(missing_ok=True)
+    return ChatSequences(*(sum((getattr(p, name) for p in parts), []) for name in ("token_ids", "prompt_lengths", "domains", "requests")))
+
+
 def _stage_json(path: Path, make):
     """Load a cached JSON stage, or make it and write it atomically."""
     if path.is_file():
@@ -139,15 +179,8 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     timings = {}
 
     t = time.time()
-    requests = _stage_json(work / "requests.json", lambda: write_requests(
-        target, tokenizer, recipe.requests + recipe.heldout_requests, recipe.seed, recipe.request_tokens,
-        exclude=[p["text"] for p in eval_prompts], batch=recipe.generation_batch, progress=progress))
-    timings["requests_s"] = time.time() - t
-    t = time.time()
-    conversations = ChatSequences.from_json(_stage_json(work / "conversations.json", lambda: write_responses(
-        target, tokenizer, [tuple(r) for r in requests], recipe.response_tokens, recipe.seed + 1, recipe.greedy_share,
-        batch=recipe.generation_batch, progress=progress).to_json()))
-    timings["responses_s"] = time.time() - t
+    conversations = write_shards(target, tokenizer, work, recipe, [p["text"] for p in eval_prompts], progress)
+    timings["conversations_s"] = time.time() - t
     # the held-out conversations are a random subset, so greedy and sampled answers are in both parts
     order = torch.randperm(len(conversations), generator=torch.Generator().manual_seed(recipe.seed + 2)).tolist()
     shuffled = ChatSequences([conversations.token_ids[i] for i in order], [conversations.prompt_lengths[i] for i in order],
@@ -213,10 +246,10 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
 
 def train_drafter_command(args) -> None:
     recipe = QUICK_RECIPE if args.quick else DrafterRecipe()
-    overrides = {name: getattr(args, name) for name in ("steps", "requests", "seed") if getattr(args, name, None) is not None}
+    overrides = {name: getattr(args, name) for name in ("steps", "shards", "seed") if getattr(args, name, None) is not None}
     recipe = replace(recipe, **overrides)
-    if recipe.steps < 1 or recipe.requests < 1:
-        raise ValueError("--steps and --requests must be at least 1")
+    if recipe.steps < 1 or recipe.shards < 1:
+        raise ValueError("--steps and --shards must be at least 1")
     out = Path(args.out)
     work = Path(args.work_dir) if args.work_dir else REPO_ROOT / "runs" / f"train-drafter-{out.name}"
     command = shlex.join(["python", "-m", "tev", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith(("tev", "__main__.py")) else "python -m tev train-drafter"
