@@ -6,11 +6,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import types
+from dataclasses import replace
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
+import tev.train.train_drafter as pipeline
 from tests.tiny import save_chat_target, tiny_target
 from tev.bench.hf_peers import hf_generate
 from tev.data.prompts import load_prompt_set
@@ -210,3 +212,14 @@ def test_greedy_speculation_equals_greedy_decoding_on_chat_prompts(smollm2, draf
         ids = encode_chat(bundle.tokenizer, prompt)
         spec, plain = _greedy_equal(bundle.target, bundle.tokenizer, bundle.drafter(drafter), ids, 32)
         assert spec.token_ids == plain.token_ids, prompt
+
+
+def test_train_drafter_with_soft_labels_reuses_the_cached_target_forward(chat_folder, tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    recipe = replace(QUICK_RECIPE, soft_top=4)
+    report = train_drafter_pipeline(str(chat_folder), tmp_path / "out", work, recipe, "cmd", progress=False)
+    checks = [h for h in report["history"] if "heldout_loss" in h]
+    assert checks and all(h["heldout_loss"] > 0 and h["heldout_token_loss"] > 0 for h in checks)
+    # a retrained drafter on the same data reads the features and soft labels from the cache
+    monkeypatch.setattr(pipeline, "target_features", lambda *a, **k: pytest.fail("the target forward ran again"))
+    train_drafter_pipeline(str(chat_folder), tmp_path / "out", work, replace(recipe, steps=recipe.steps + 2), "cmd", progress=False)

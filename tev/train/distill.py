@@ -6,6 +6,13 @@ target's hidden features at every position from one teacher-forced forward. Ever
 the target's text is an anchor: features up to ``t``, root ``x_{t+1}``, labels
 ``x_{t+2} .. x_{t+1+K}``. The loss is ``L_tok``, cross-entropy of the per-depth marginals; a
 drafter with a draft vocabulary is trained over it only (labels outside are ignored).
+
+Soft labels (optional): instead of the one token the target wrote at ``t+1+k``, the label is
+the target's own distribution of that token given the text before it, ``p(. | x_{<=t+k})``
+(its top few tokens over the draft vocabulary, from the same teacher-forced forward). Averaged
+over what the target writes, that conditional IS the marginal ``q_k`` should learn, so the
+minimiser is the same and each anchor carries far more than one sample of it: what a drafter
+short of data needs.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from tev.util.files import atomic_folder
 __all__ = [
     "DistillData",
     "DistillSettings",
+    "SoftLabels",
     "sample_continuations",
     "regenerate_sequences",
     "target_features",
@@ -98,21 +106,60 @@ def regenerate_sequences(
 
 
 @torch.no_grad()
-def target_features(target, token_ids: torch.Tensor, lengths: torch.Tensor, layers: list[int], batch: int = 8, progress: bool = True) -> torch.Tensor:
+def target_features(
+    target, token_ids: torch.Tensor, lengths: torch.Tensor, layers: list[int], batch: int = 8, progress: bool = True,
+    soft_vocab: torch.Tensor | None = None, soft_top: int = 0,
+) -> torch.Tensor | tuple[torch.Tensor, "SoftLabels"]:
     """`Tensor[S, T, F]` (bfloat16): hidden states at ``layers``, concatenated, of each
-    right-padded sequence (the base model only: the head is not needed)."""
+    right-padded sequence.
+
+    With ``soft_top > 0`` also the target's next-token distributions as :class:`SoftLabels`:
+    at every position, the ``soft_top`` most likely tokens of the target's distribution over
+    ``soft_vocab`` (the drafter's draft vocabulary; renormalised over it, T = 1).
+    """
     device = next(target.parameters()).device
     body = target.get_decoder() if hasattr(target, "get_decoder") else target.base_model
     out = torch.zeros(*token_ids.shape, len(layers) * target.config.hidden_size, dtype=torch.bfloat16)
+    soft, head_rows = None, None
+    if soft_top > 0:
+        head_rows = rows_head(target, soft_vocab)
+        soft = SoftLabels(torch.zeros(*token_ids.shape, soft_top, dtype=torch.int16 if head_rows.shape[0] < 2**15 else torch.int32),
+                          torch.zeros(*token_ids.shape, soft_top, dtype=torch.float16))
     order = torch.argsort(lengths, descending=True)  # similar lengths share a batch: less padding
     for start in tqdm(range(0, len(order), batch), desc="target features", unit="batch", disable=not progress):
         rows = order[start : start + batch]
         width = int(lengths[rows].max())
         ids = token_ids[rows, :width].to(device)
         mask = (torch.arange(width)[None] < lengths[rows, None]).long().to(device)
-        hidden = body(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+        result = body(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        hidden = result.hidden_states
         out[rows, :width] = torch.cat([hidden[i] for i in layers], dim=-1).to(torch.bfloat16).cpu()
-    return out
+        if soft is not None:
+            # the final (normed) hidden state through the draft-vocabulary rows of the head
+            probs = torch.softmax((result.last_hidden_state @ head_rows.T).float(), dim=-1)
+            top = probs.topk(soft_top, dim=-1)
+            soft.positions[rows, :width] = top.indices.to(soft.positions.dtype).cpu()
+            soft.probs[rows, :width] = top.values.to(torch.float16).cpu()
+    return out if soft is None else (out, soft)
+
+
+def rows_head(target, vocab: torch.Tensor | None) -> torch.Tensor:
+    """The target head's rows of ``vocab`` (all rows when None), `[Vd, H]`."""
+    head = target.get_output_embeddings().weight
+    return head if vocab is None else head[vocab.to(head.device)]
+
+
+@dataclass
+class SoftLabels:
+    """The target's next-token distribution at every position, truncated to its top tokens.
+
+    Attributes:
+        positions: `Tensor[S, T, k]` (int16 or int32), indices into the draft vocabulary.
+        probs: `Tensor[S, T, k]` (float16), their probabilities (renormalised when used).
+    """
+
+    positions: torch.Tensor
+    probs: torch.Tensor
 
 
 def make_distill_data(target, stream: torch.Tensor, layers: list[int], num_sequences: int, context_length: int, new_tokens: int, seed: int, greedy_share: float = 0.5, progress: bool = True) -> DistillData:
@@ -136,6 +183,7 @@ class DistillSettings:
     short_history_share: float = 0.1  # anchors that see only a few features (a prompt's first rounds)
     save_every: int = 0  # checkpoint interval in steps (0: only at the end, when a folder is given)
     eval_every: int = 0  # held-out loss interval in steps, when held-out data is given (0: never)
+    soft_labels: bool = False  # learn the target's distributions (DistillData.soft), not its written tokens
 
 
 @dataclass
@@ -156,14 +204,15 @@ class DistillData:
     prompt_lengths: torch.Tensor
     features: torch.Tensor
     anchors: torch.Tensor
+    soft: SoftLabels | None = None
 
     @classmethod
-    def build(cls, token_ids, lengths, prompt_lengths, features) -> "DistillData":
+    def build(cls, token_ids, lengths, prompt_lengths, features, soft: SoftLabels | None = None) -> "DistillData":
         pieces = []
         for row, (length, start) in enumerate(zip(lengths.tolist(), prompt_lengths.tolist())):
             positions = torch.arange(max(0, start - 2), length - 2)  # labels x_{t+2} start at the response
             pieces.append(torch.stack([torch.full_like(positions, row), positions], dim=1))
-        return cls(token_ids, lengths, prompt_lengths, features, torch.cat(pieces))
+        return cls(token_ids, lengths, prompt_lengths, features, torch.cat(pieces), soft)
 
     @property
     def num_anchors(self) -> int:
@@ -184,6 +233,16 @@ class DistillData:
         labels = torch.where(label_positions < self.lengths[row, None], labels, torch.full_like(labels, IGNORE))
         return features, valid, root, labels
 
+    def soft_labels(self, index: torch.Tensor, horizon: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's distributions of the labelled tokens of anchors ``index``: draft-vocabulary
+        positions `LongTensor[B, K, k]` and probabilities `Tensor[B, K, k]` summing to 1 (the
+        distribution of ``x_{t+2+d}`` is the one the target gave at position ``t+1+d``)."""
+        row, anchor = index[:, 0], index[:, 1]
+        at = (anchor[:, None] + 1 + torch.arange(horizon)[None]).clamp(max=self.token_ids.shape[1] - 1)
+        positions = self.soft.positions[row[:, None], at].long()
+        probs = self.soft.probs[row[:, None], at].float()
+        return positions, probs / probs.sum(-1, keepdim=True).clamp(min=1e-6)
+
 
 def _short_history(batch: int, share: float, window: int, generator: torch.Generator) -> torch.Tensor | None:
     if share <= 0:
@@ -193,17 +252,25 @@ def _short_history(batch: int, share: float, window: int, generator: torch.Gener
     return torch.where(draw, lengths, torch.full_like(lengths, window))
 
 
-def drafter_loss(drafter: BlockDrafter, data: DistillData, index: torch.Tensor, short_history=None) -> tuple[torch.Tensor, torch.Tensor]:
+def drafter_loss(drafter: BlockDrafter, data: DistillData, index: torch.Tensor, short_history=None, soft: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean ``L_tok`` over the labelled depths of the anchors ``index`` (`[B, 2]`), and the
-    per-depth top-1 accuracy `[K]` (labels outside the draft vocabulary count as misses)."""
+    per-depth top-1 accuracy `[K]` against the written tokens (labels outside the draft
+    vocabulary count as misses). ``soft``: cross-entropy against the target's distributions
+    (``data.soft``) instead of the written tokens."""
     config = drafter.config
     device = drafter.mask_embed.device
     features, valid, root, labels = data.batch(index, config.context_window, config.horizon, short_history)
     with torch.autocast(device.type, dtype=torch.bfloat16):
         logits = drafter.draft_logits(features.to(device), valid.to(device), root.to(device)).float()  # [B, K, Vd]
     targets = drafter.draft_positions(labels.to(device), missing=IGNORE)
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
     labelled = labels.to(device) != IGNORE
+    if soft:
+        positions, probs = data.soft_labels(index, config.horizon)
+        picked = logits.log_softmax(-1).gather(-1, positions.to(device))  # [B, K, k]
+        per_label = -(probs.to(device) * picked).sum(-1)
+        loss = (per_label * labelled).sum() / labelled.sum().clamp(min=1)
+    else:
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
     hits = (logits.argmax(-1) == targets) & labelled
     accuracy = hits.sum(0).float() / labelled.sum(0).clamp(min=1)
     return loss, accuracy.detach()
@@ -274,7 +341,7 @@ def train_block_drafter(
         generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
         pick = torch.randint(0, data.anchors.shape[0], (settings.batch,), generator=generator)
         short = _short_history(settings.batch, settings.short_history_share, drafter.config.context_window, generator)
-        loss, accuracy = drafter_loss(drafter, data, data.anchors[pick], short)
+        loss, accuracy = drafter_loss(drafter, data, data.anchors[pick], short, soft=settings.soft_labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
@@ -286,8 +353,8 @@ def train_block_drafter(
         if done % max(1, settings.steps // 40) == 0 or done == settings.steps:
             history.append({"step": done, "loss": running, "top1_by_depth": [round(a, 4) for a in accuracy.tolist()]})
         if heldout is not None and settings.eval_every and (done % settings.eval_every == 0 or done == settings.steps):
-            measured = heldout_loss(drafter, heldout)
-            history.append({"step": done, "heldout_loss": measured["loss"], "heldout_top1_by_depth": measured["top1_by_depth"]})
+            measured = heldout_loss(drafter, heldout, soft=settings.soft_labels)
+            history.append({"step": done, "heldout_loss": measured["loss"], "heldout_token_loss": measured["token_loss"], "heldout_top1_by_depth": measured["top1_by_depth"]})
             bar.write(f"step {done}: held-out loss {measured['loss']:.3f}, top-1 by depth {measured['top1_by_depth'][:4]}")
             if measured["loss"] < best_loss:
                 best_loss = measured["loss"]
@@ -304,21 +371,24 @@ def train_block_drafter(
 
 
 @torch.no_grad()
-def heldout_loss(drafter: BlockDrafter, data: DistillData, batch: int = 256) -> dict:
-    """Mean ``L_tok`` and top-1 accuracy by depth over every anchor of held-out conversations."""
+def heldout_loss(drafter: BlockDrafter, data: DistillData, batch: int = 256, soft: bool = False) -> dict:
+    """Mean training loss (``soft`` as in training), mean ``L_tok`` against the written tokens
+    and top-1 accuracy by depth over every anchor of held-out conversations."""
     was_training = drafter.training
     drafter.eval()
-    losses, accuracies, sizes = [], [], []
+    losses, token_losses, accuracies, sizes = [], [], [], []
     for start in range(0, data.anchors.shape[0], batch):
         index = data.anchors[start : start + batch]
         loss, accuracy = drafter_loss(drafter, data, index)
-        losses.append(loss.item())
+        token_losses.append(loss.item())
+        losses.append(drafter_loss(drafter, data, index, soft=True)[0].item() if soft else loss.item())
         accuracies.append(accuracy)
         sizes.append(index.shape[0])
     drafter.train(was_training)
     weights = torch.tensor(sizes, dtype=torch.float32) / sum(sizes)
     return {
         "loss": float(sum(w * l for w, l in zip(weights.tolist(), losses))),
+        "token_loss": float(sum(w * l for w, l in zip(weights.tolist(), token_losses))),
         "top1_by_depth": [round(a, 4) for a in (torch.stack(accuracies) * weights[:, None]).sum(0).tolist()],
         "anchors": int(data.anchors.shape[0]),
     }

@@ -17,6 +17,7 @@ outside the most frequent few thousand is rarely one a tree would keep.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 import shlex
@@ -28,6 +29,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from tev.data.prompts import load_prompt_set
 from tev.engine.default_target import DEFAULT_TARGET_NAME, ensure_default_target
@@ -37,7 +39,7 @@ from tev.engine.models import load_causal_lm, load_tokenizer
 from tev.engine.prompt_text import ChatTemplate
 from tev.train.chat_data import ChatSequences, write_requests, write_responses
 from tev.train.card import refresh_card
-from tev.train.distill import DistillData, DistillSettings, heldout_loss, target_features, train_block_drafter
+from tev.train.distill import DistillData, DistillSettings, SoftLabels, heldout_loss, target_features, train_block_drafter
 from tev.util.files import atomic_folder, write_text_atomic
 from tev.util.paths import REPO_ROOT, assets_dir
 
@@ -68,6 +70,7 @@ class DrafterRecipe:
     heads: int = 4
     intermediate: int = 768
     feature_dropout: float = 0.1  # the target's features identify a position almost uniquely: without it the drafter memorises
+    soft_top: int = 0  # labels: the target's top-k distribution over the draft vocabulary (0: the tokens it wrote)
     # optimisation
     steps: int = 1200
     batch: int = 256
@@ -81,10 +84,13 @@ class DrafterRecipe:
     eval_new_tokens: int = 64
 
     def distill_settings(self) -> DistillSettings:
-        return DistillSettings(self.steps, self.batch, self.lr, self.warmup, self.seed, self.short_history_share, self.save_every, self.eval_every)
+        return DistillSettings(self.steps, self.batch, self.lr, self.warmup, self.seed, self.short_history_share, self.save_every, self.eval_every,
+                               soft_labels=self.soft_top > 0)
 
 
 # what a shard's conversations depend on (the shard count and the held-out share do not change them)
+STORED_SOFT_TOP = 16  # the target's top tokens kept per position in the feature cache
+
 DATA_FIELDS = ("seed", "shard_requests", "request_tokens", "response_tokens", "greedy_share", "generation_batch")
 
 QUICK_RECIPE = DrafterRecipe(
@@ -149,6 +155,27 @@ def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: 
     return ChatSequences(*(sum((getattr(p, name) for p in parts), []) for name in ("token_ids", "prompt_lengths", "domains", "requests")))
 
 
+def _cached_features(folder: Path, target, ids, lengths, layers, vocab, soft_top: int, progress: bool):
+    """:func:`target_features` with soft labels, cached as safetensors in ``folder`` under a key
+    of what they depend on (a retrained drafter on the same data skips the target forward).
+    The target's top ``max(soft_top, STORED_SOFT_TOP)`` are always stored (the head's draft rows
+    cost little next to the body); returns (features, soft labels or None when ``soft_top`` is 0)."""
+    stored = max(soft_top, STORED_SOFT_TOP)
+    key = {"layers": layers, "ids": hashlib.sha256(ids.numpy().tobytes()).hexdigest(), "lengths": lengths.tolist(),
+           "vocab": hashlib.sha256(vocab.numpy().tobytes()).hexdigest(), "soft_top": stored}
+    if (folder / "key.json").is_file() and json.loads((folder / "key.json").read_text()) == key:
+        tensors = load_file(folder / "features.safetensors")
+        features, soft = tensors["features"], SoftLabels(tensors["soft_positions"], tensors["soft_probs"])
+    else:
+        features, soft = target_features(target, ids, lengths, layers, progress=progress, soft_vocab=vocab, soft_top=stored)
+        with atomic_folder(folder) as staging:
+            save_file({"features": features, "soft_positions": soft.positions, "soft_probs": soft.probs}, staging / "features.safetensors")
+            (staging / "key.json").write_text(json.dumps(key))
+    if not soft_top:
+        return features, None
+    return features, SoftLabels(soft.positions[..., :soft_top].contiguous(), soft.probs[..., :soft_top].contiguous())
+
+
 def _stage_json(path: Path, make):
     """Load a cached JSON stage, or make it and write it atomically."""
     if path.is_file():
@@ -201,8 +228,8 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     datasets = {}
     for name, part in (("train", train_part), ("heldout", heldout_part)):
         ids, lengths, prompt_lengths = part.padded(template.end_of_turn)
-        features = target_features(target, ids, lengths, drafter_config.feature_layers, progress=progress)
-        datasets[name] = DistillData.build(ids, lengths, prompt_lengths, features)
+        features, soft = _cached_features(work / f"features-{name}", target, ids, lengths, drafter_config.feature_layers, vocab, recipe.soft_top, progress)
+        datasets[name] = DistillData.build(ids, lengths, prompt_lengths, features, soft)
     timings["features_s"] = time.time() - t
 
     torch.manual_seed(recipe.seed + 3)
@@ -211,7 +238,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     t = time.time()
     history = train_block_drafter(drafter, datasets["train"], recipe.distill_settings(), checkpoint=work / "checkpoint", heldout=datasets["heldout"], progress=progress)
     timings["training_s"] = time.time() - t
-    heldout = heldout_loss(drafter, datasets["heldout"])
+    heldout = heldout_loss(drafter, datasets["heldout"], soft=recipe.soft_top > 0)
 
     t = time.time()
     inference = drafter.to(torch.bfloat16).eval()

@@ -1,0 +1,97 @@
+"""Self-distillation data and losses: soft labels are the target's own distributions, and
+learning from them is learning the same thing as from the written tokens."""
+
+import torch
+from transformers import AutoTokenizer
+
+from tev.engine.drafters import BlockDrafter, BlockDrafterConfig
+from tev.engine.models import load_causal_lm
+from tev.train.chat_data import write_responses
+from tev.train.distill import DistillData, SoftLabels, drafter_loss, target_features
+from tests.tiny import save_chat_target, tiny_target
+
+VOCAB = list(range(0, 300, 2))  # a draft vocabulary of every other token
+
+
+def _drafter(target, horizon=3):
+    config = BlockDrafterConfig(
+        vocab_size=target.config.vocab_size, target_hidden_size=target.config.hidden_size, feature_layers=[1, 2], horizon=horizon,
+        context_window=4, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+        target_num_layers=target.config.num_hidden_layers, draft_vocab_size=len(VOCAB),
+    )
+    torch.manual_seed(0)
+    drafter = BlockDrafter.for_target(config, target).eval()
+    drafter.set_draft_vocab(torch.tensor(VOCAB))
+    return drafter
+
+
+def _sequences():
+    torch.manual_seed(3)
+    ids = torch.randint(1, 300, (3, 12))
+    lengths = torch.tensor([12, 9, 11])
+    return ids, lengths, torch.tensor([4, 3, 5])
+
+
+def test_soft_labels_are_the_targets_top_distribution_over_the_draft_vocabulary():
+    target = tiny_target(300, scale=3.0)
+    ids, lengths, _ = _sequences()
+    features, soft = target_features(target, ids, lengths, [1, 2], progress=False, soft_vocab=torch.tensor(VOCAB), soft_top=5)
+    assert features.shape == (3, 12, 2 * target.config.hidden_size) and soft.positions.shape == (3, 12, 5)
+    with torch.no_grad():
+        logits = target(input_ids=ids[1:2, :9]).logits[0]  # the second sequence alone, unpadded
+    exact = torch.softmax(logits[:, VOCAB], dim=-1)  # renormalised over the draft vocabulary
+    top = exact.topk(5, dim=-1)
+    assert torch.equal(soft.positions[1, :9].long(), top.indices)
+    torch.testing.assert_close(soft.probs[1, :9].float(), top.values, atol=2e-3, rtol=1e-2)
+    # without soft labels the features are the same and come alone
+    alone = target_features(target, ids, lengths, [1, 2], progress=False)
+    assert torch.equal(alone, features)
+
+
+def test_soft_labels_of_an_anchor_are_shifted_to_the_token_they_predict():
+    ids, lengths, prompts = _sequences()
+    positions = torch.arange(3 * 12 * 2).reshape(3, 12, 2).to(torch.int16)
+    probs = torch.tensor([3.0, 1.0]).expand(3, 12, 2).half()
+    data = DistillData.build(ids, lengths, prompts, torch.zeros(3, 12, 4), SoftLabels(positions, probs))
+    got_positions, got_probs = data.soft_labels(torch.tensor([[1, 2]]), horizon=3)
+    # labels x_{t+2}, x_{t+3}, x_{t+4} of anchor t = 2: the target's distributions at positions 3, 4, 5
+    assert torch.equal(got_positions[0], positions[1, 3:6].long())
+    torch.testing.assert_close(got_probs[0], torch.tensor([[0.75, 0.25]] * 3))
+
+
+def test_one_hot_soft_labels_give_the_token_loss_and_spread_ones_a_higher_one():
+    target = tiny_target(300, scale=3.0)
+    drafter = _drafter(target)
+    ids, lengths, prompts = _sequences()
+    ids = ids - ids % 2  # every written token inside the draft vocabulary
+    features = target_features(target, ids, lengths, [1, 2], progress=False)
+    one_hot = SoftLabels((ids // 2)[..., None].roll(-1, dims=1).to(torch.int16), torch.ones(3, 12, 1, dtype=torch.float16))
+    data = DistillData.build(ids, lengths, prompts, features, one_hot)
+    hard, accuracy = drafter_loss(drafter, data, data.anchors)
+    soft, soft_accuracy = drafter_loss(drafter, data, data.anchors, soft=True)
+    torch.testing.assert_close(soft, hard)
+    assert torch.equal(accuracy, soft_accuracy)  # accuracy is always against the written tokens
+    # a label spread over two tokens: the loss is the mixture of the two cross-entropies
+    index = data.anchors[:1]
+    spread = SoftLabels(torch.stack([one_hot.positions[..., 0], torch.zeros_like(one_hot.positions[..., 0])], -1),
+                        torch.tensor([1.0, 1.0]).expand(3, 12, 2).half())
+    mixed = DistillData.build(ids, lengths, prompts, features, spread)
+    features_b, valid, root, labels = data.batch(index, 4, 3)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        log_q = drafter.draft_logits(features_b, valid, root).float().log_softmax(-1)[0]
+    labelled = labels[0] >= 0
+    written = drafter.draft_positions(labels[0].clamp(min=0))
+    expected = -(0.5 * log_q.gather(-1, written[:, None])[:, 0] + 0.5 * log_q[:, 0])[labelled].mean()
+    torch.testing.assert_close(drafter_loss(drafter, mixed, index, soft=True)[0], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_resumed_responses_equal_an_uninterrupted_run(tmp_path):
+    folder = save_chat_target(tmp_path / "chat")
+    target = load_causal_lm(folder, device="cpu", dtype="float32")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    requests = [("dialogue", f"request number {i}") for i in range(7)]
+    saved = []
+    whole = write_responses(target, tokenizer, requests, 6, seed=5, batch=2, progress=False, on_batch=lambda ids: saved.append(list(ids)))
+    assert [len(s) for s in saved] == [2, 4, 6, 7]  # greedy round(3.5) = 4 then sampled; a batch never mixes them
+    resumed = write_responses(target, tokenizer, requests, 6, seed=5, batch=2, progress=False, done=saved[1])
+    assert resumed.token_ids == whole.token_ids
