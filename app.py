@@ -23,6 +23,7 @@ from tev.train.exit_loss import WEIGHT_MODES
 from ui import shared
 from ui.components import Number, Slider
 from ui.exittrain import cancel_exittrain, compare_shipped, run_exittrain
+from ui.gpu import ZERO_GPU, gpu_task, quota_note
 from ui.lab import run_verifier_lab
 from ui.learn import LEARN
 from ui.live import browse_round, export_run, run_live, step_round
@@ -99,6 +100,7 @@ def build_app() -> gr.Blocks:
                     with gr.Row():
                         generate = gr.Button("Generate", variant="primary", elem_id="generate-button")
                         stop = gr.Button("Stop")
+                    gr.Markdown(quota_note("generate"), visible=ZERO_GPU)
             stats = gr.Markdown("Press **Generate**.", elem_id="live-stats")
             text_view = gr.HTML(elem_id="text-view", elem_classes="tev-text")
             with gr.Row():
@@ -127,6 +129,7 @@ def build_app() -> gr.Blocks:
                 lab_seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed")
             lab_prompt = gr.Textbox(label="prompt", value=examples[1] if len(examples) > 1 else examples[0], lines=4, max_length=LIMITS.max_prompt_chars)
             lab_run = gr.Button("Run the verifiers", variant="primary")
+            gr.Markdown(quota_note("verifier_lab"), visible=ZERO_GPU)
             lab_table = gr.Markdown()
             lab_plot = gr.Plot(label="exit law vs empirical exit frequencies")
             lab_tree = gr.Plot(label="the fixed tree")
@@ -145,6 +148,7 @@ def build_app() -> gr.Blocks:
                 et_start = gr.Button("Start fine-tune", variant="primary")
                 et_cancel = gr.Button("Cancel")
                 et_shipped = gr.Button("Compare the shipped ExitTrain drafter instead")
+            gr.Markdown(quota_note("exittrain"), visible=ZERO_GPU)
             et_status = gr.Markdown()
             et_curve = gr.Plot(label="training")
             et_compare = gr.Plot(label="tau before / after")
@@ -160,17 +164,17 @@ def build_app() -> gr.Blocks:
         demo.load(_device_markdown, outputs=device_info, api_name=False)
         live_outputs = [text_view, tree_plot, mass_plot, timeline_plot, stats, round_slider, run_state]
         generate_event = generate.click(
-            run_live, [prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat], live_outputs, api_name="generate", concurrency_limit=2, concurrency_id="compute"
+            gpu_task("generate")(run_live), [prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat], live_outputs, api_name="generate", concurrency_limit=2, concurrency_id="compute"
         )
         stop.click(None, cancels=[generate_event], api_name=False)
         round_slider.release(browse_round, [round_slider, run_state], [tree_plot, mass_plot, round_info], api_name="browse_round")
         previous_round.click(step_round, [round_slider, gr.State(-1), run_state], round_slider, api_name=False).then(browse_round, [round_slider, run_state], [tree_plot, mass_plot, round_info], api_name=False)
         next_round.click(step_round, [round_slider, gr.State(1), run_state], round_slider, api_name=False).then(browse_round, [round_slider, run_state], [tree_plot, mass_plot, round_info], api_name=False)
         export.click(export_run, run_state, export_file, api_name="export")
-        lab_run.click(run_verifier_lab, [lab_source, lab_prompt, lab_drafter, lab_budget, lab_temperature, lab_draws, lab_seed], [lab_plot, lab_tree, lab_table], api_name="verifier_lab", concurrency_limit=2, concurrency_id="compute")
-        et_start.click(run_exittrain, [et_weights, et_steps, et_lambda], [et_curve, et_status, et_compare, et_table], api_name="exittrain", concurrency_limit=2, concurrency_id="compute")
+        lab_run.click(gpu_task("verifier_lab")(run_verifier_lab), [lab_source, lab_prompt, lab_drafter, lab_budget, lab_temperature, lab_draws, lab_seed], [lab_plot, lab_tree, lab_table], api_name="verifier_lab", concurrency_limit=2, concurrency_id="compute")
+        et_start.click(gpu_task("exittrain")(run_exittrain), [et_weights, et_steps, et_lambda], [et_curve, et_status, et_compare, et_table], api_name="exittrain", concurrency_limit=2, concurrency_id="compute")
         et_cancel.click(cancel_exittrain, None, et_status, api_name="exittrain_cancel")
-        et_shipped.click(compare_shipped, None, [et_compare, et_table, et_tree_base, et_tree_trained], api_name="compare_shipped", concurrency_limit=2, concurrency_id="compute")
+        et_shipped.click(gpu_task("compare_shipped")(compare_shipped), None, [et_compare, et_table, et_tree_base, et_tree_trained], api_name="compare_shipped", concurrency_limit=2, concurrency_id="compute")
     return demo
 
 
@@ -201,7 +205,10 @@ def _compute_threads() -> int:
 def main() -> None:
     torch.set_num_threads(_compute_threads())
     demo = build_app()
-    threading.Thread(target=_warm_up, daemon=True).start()  # load the models while the page loads
+    if ZERO_GPU:
+        _warm_up()  # ZeroGPU moves the weights to its GPU at start-up: load them before serving
+    else:
+        threading.Thread(target=_warm_up, daemon=True).start()  # load the models while the page loads
     demo.queue(max_size=32, default_concurrency_limit=2).launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),

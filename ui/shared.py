@@ -13,10 +13,13 @@ import gradio as gr
 from tev.engine.models import default_pair
 from tev.service.service import ExitTrainSlot, ModelService
 
-SERVICE = ModelService(target=os.environ.get("TEV_TARGET") or None, draft=os.environ.get("TEV_DRAFT") or None)
+# "auto": CUDA when torch sees it (on ZeroGPU the spaces package makes it visible at start-up
+# and moves the weights when a @spaces.GPU call begins), else the CPU
+DEVICE = os.environ.get("TEV_DEVICE") or "auto"
+SERVICE = ModelService(target=os.environ.get("TEV_TARGET") or None, draft=os.environ.get("TEV_DRAFT") or None, device=DEVICE)
 # The live ExitTrain mode is built on the tiny code pair (its data and base drafter ship in
 # assets/models); it shares the compute lock, so a fine-tune and a generation take turns.
-EXITTRAIN_SERVICE = SERVICE if SERVICE.target_source is None and default_pair() == "tiny" else ModelService(pair="tiny")
+EXITTRAIN_SERVICE = SERVICE if SERVICE.target_source is None and default_pair() == "tiny" else ModelService(pair="tiny", device=DEVICE)
 EXITTRAIN_SERVICE.compute = SERVICE.compute
 EXITTRAIN_SLOT = ExitTrainSlot()
 CHAT_DEFAULT = SERVICE.target_source is None and default_pair() == "smollm2"  # a chat target: prompts are user messages
