@@ -20,6 +20,7 @@ from tev.engine.models import DRAFTER_KINDS
 from tev.service.live_exittrain import LIVE_CONFIG
 from tev.service.service import LIMITS
 from tev.train.exit_loss import WEIGHT_MODES
+from tev.util.cpus import available_cpus
 from ui import shared
 from ui.components import Number, Slider
 from ui.exittrain import cancel_exittrain, compare_shipped, run_exittrain
@@ -188,7 +189,7 @@ def _warm_up() -> None:
 
 
 def _compute_threads() -> int:
-    """Torch threads for the server: ``TEV_THREADS``, else one core fewer than the machine has.
+    """Torch threads for the server: ``TEV_THREADS``, else one core fewer than the container may use.
 
     The server also builds figures and the browser (often on the same machine) renders them
     while tokens are generated; with every core given to torch, its threads wait on each
@@ -199,7 +200,7 @@ def _compute_threads() -> int:
         if not text.isdigit() or int(text) < 1:
             raise SystemExit(f"TEV_THREADS must be a whole number >= 1, got {text!r}")
         return int(text)
-    return max(1, (os.cpu_count() or 1) - 1)
+    return max(1, available_cpus() - 1)
 
 
 def main() -> None:

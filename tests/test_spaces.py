@@ -3,12 +3,14 @@ ZeroGPU Space are present, and are left as they are everywhere else."""
 
 import functools
 import importlib
+import os
 import sys
 import types
 
 import pytest
 
 import ui.gpu
+from tev.util.cpus import available_cpus
 
 
 @pytest.fixture
@@ -71,3 +73,17 @@ def test_the_app_wraps_every_model_handler_on_zero_gpu_and_none_elsewhere(zero_g
     # the page tells a visitor what one press costs
     notes = [block.value for block in demo.blocks.values() if getattr(block, "value", None) and "daily GPU quota" in str(block.value)]
     assert len(notes) == 3
+
+
+def test_threads_follow_the_containers_cpu_quota_not_the_hosts_core_count(tmp_path, monkeypatch):
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("200000 100000\n")  # a 2-vCPU Space on a larger host
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert available_cpus(cpu_max) == 2
+    cpu_max.write_text("150000 100000\n")  # 1.5 CPUs: round up
+    assert available_cpus(cpu_max) == 2
+    cpu_max.write_text("max 100000\n")  # no quota: the affinity decides
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert available_cpus(cpu_max) == 3
+    assert available_cpus(tmp_path / "missing") == 3
