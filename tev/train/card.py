@@ -155,7 +155,8 @@ def default_pair_card_lines(training: dict) -> list[str]:
         "target wrote when given only its chat template's opening of a user turn (self-instruct), a share of them started with a few "
         f"words that steer towards code or mathematics (training mix: {', '.join(f'{k} {v}' for k, v in sorted(data['domains'].items()))}); "
         f"then the target's own answers (at most {recipe['response_tokens']} tokens; {100 * recipe['greedy_share']:.0f}% greedy, the rest "
-        f"sampled at T = 1). {data['heldout_conversations']} conversations are held out for the loss below; the 24 evaluation prompts "
+        f"sampled at T = 1), written in {recipe.get('shards', 1)} seeded shard(s) of {recipe.get('shard_requests', data['conversations'] + data['heldout_conversations']):,} "
+        f"conversations. {data['heldout_conversations']} conversations are held out for the loss below; the 24 evaluation prompts "
         "(`assets/prompts/chat.json`, written by hand) are never among the requests. Sample requests: "
         + "; ".join(f"\"{r[:80]}\"" for r in data["sample_requests"][:4]) + ".",
         "",
@@ -167,15 +168,20 @@ def default_pair_card_lines(training: dict) -> list[str]:
         f"{100 * data['draft_vocab_coverage']:.1f}% of all response tokens. The head is most of a drafter step's cost at 49,152 tokens, so "
         "this makes training and drafting about 6x cheaper; verification stays exact whatever the drafter proposes.",
         "",
-        f"**Training**: token-level cross-entropy on every response position ({data['train_anchors']:,} anchors), "
+        ("**Training**: cross-entropy against the target's own next-token distributions (its top "
+         f"{recipe['soft_top']} tokens over the draft vocabulary, from the same forward that gives the features: soft labels, whose "
+         "average over what the target writes is the marginal each depth should learn, so one anchor carries far more than one token) "
+         if recipe.get("soft_top") else "**Training**: token-level cross-entropy against the tokens the target wrote ")
+        + f"at every response position ({data['train_anchors']:,} anchors), "
         f"{recipe['steps']} steps x {recipe['batch']} anchors, AdamW lr {recipe['lr']:g} (warm-up {recipe['warmup']}, cosine to a tenth), "
         "bfloat16 autocast. Time on this CPU: "
         + ", ".join(f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in timings.items() if seconds >= 1)
         + f" (total {training['total_minutes']:.0f} min, {training['machine']['threads']} threads"
-        + ("; the request and response stages came from the work folder's cache of an earlier run with the same data recipe" if timings.get("requests_s", 1) < 1 else "")
+        + ("; the conversations came from the work folder's cache of earlier runs with the same data recipe" if timings.get("conversations_s", timings.get("requests_s", 1)) < 60 else "")
         + "). The work folder caches each stage and a checkpoint every few minutes, so a stopped run resumes where it was.",
         "",
-        f"**Held-out loss** ({heldout['anchors']:,} anchors of the held-out conversations): {heldout['loss']:.3f} nats per labelled depth; "
+        f"**Held-out loss** ({heldout['anchors']:,} anchors of the held-out conversations): {heldout.get('token_loss', heldout['loss']):.3f} nats "
+        "per labelled depth against the written tokens; "
         f"top-1 accuracy by depth: {top1}.",
         "",
     ]
@@ -184,9 +190,10 @@ def default_pair_card_lines(training: dict) -> list[str]:
         best = min(checks, key=lambda h: h["heldout_loss"])
         lines += [
             "Held-out loss during training: " + ", ".join(f"step {h['step']}: {h['heldout_loss']:.2f}" for h in checks)
-            + f". The drafter keeps the weights of step {best['step']}, the best: past it the held-out loss rises while the training "
-            "loss keeps falling, i.e. the drafter starts to memorise its data. With about "
-            f"{data['response_tokens'] // 1000}k response tokens the drafter is data-limited; more self-written conversations are the next lever.",
+            + f". The drafter keeps the weights of step {best['step']}, the best"
+            + (": past it the held-out loss rises while the training loss keeps falling, i.e. the drafter starts to memorise its data. "
+               f"With about {data['response_tokens'] // 1000}k response tokens the drafter is data-limited; more self-written conversations "
+               "are the next lever." if best["step"] < checks[-1]["step"] else " (the last: the held-out loss was still falling)."),
             "",
         ]
     lines += [
