@@ -177,6 +177,7 @@ def _add_train_drafter(commands) -> None:
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's)")
     parser.add_argument("--shards", type=int, default=None, help="shards of self-instruct conversations (default: the recipe's); more shards add data, the cached ones are kept")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--soft-top", type=int, default=None, help="labels: the target's top-k distribution over the draft vocabulary (0: the tokens it wrote; default: the recipe's)")
     parser.add_argument("--allow-download", action="store_true", help="let a Hugging Face id download (default: offline, cache only)")
     parser.set_defaults(func=train_drafter_command)
 

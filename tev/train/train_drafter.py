@@ -72,7 +72,7 @@ class DrafterRecipe:
     feature_dropout: float = 0.1  # the target's features identify a position almost uniquely: without it the drafter memorises
     soft_top: int = 0  # labels: the target's top-k distribution over the draft vocabulary (0: the tokens it wrote)
     # optimisation
-    steps: int = 1200
+    steps: int = 1600
     batch: int = 256
     lr: float = 1e-3
     warmup: int = 100
@@ -273,10 +273,12 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
 
 def train_drafter_command(args) -> None:
     recipe = QUICK_RECIPE if args.quick else DrafterRecipe()
-    overrides = {name: getattr(args, name) for name in ("steps", "shards", "seed") if getattr(args, name, None) is not None}
+    overrides = {name: getattr(args, name) for name in ("steps", "shards", "seed", "soft_top") if getattr(args, name, None) is not None}
     recipe = replace(recipe, **overrides)
     if recipe.steps < 1 or recipe.shards < 1:
         raise ValueError("--steps and --shards must be at least 1")
+    if recipe.soft_top < 0 or recipe.soft_top > recipe.draft_vocab:
+        raise ValueError(f"--soft-top must be from 0 to the draft vocabulary size ({recipe.draft_vocab})")
     out = Path(args.out)
     work = Path(args.work_dir) if args.work_dir else REPO_ROOT / "runs" / f"train-drafter-{out.name}"
     command = shlex.join(["python", "-m", "tev", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith(("tev", "__main__.py")) else "python -m tev train-drafter"
