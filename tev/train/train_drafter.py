@@ -72,7 +72,7 @@ class DrafterRecipe:
     feature_dropout: float = 0.1  # the target's features identify a position almost uniquely: without it the drafter memorises
     soft_top: int = 0  # labels: the target's top-k distribution over the draft vocabulary (0: the tokens it wrote)
     # optimisation
-    steps: int = 1600
+    steps: int = 1200
     batch: int = 256
     lr: float = 1e-3
     warmup: int = 100
