@@ -1,14 +1,20 @@
-"""Shared test helpers: exact target laws and a chi-square check with a stated power."""
+"""Shared test helpers: exact target laws, a chi-square check with a stated power, greedy
+margins, and a counter of CUDA host syncs. Also used by ``scripts/gpu_check.py``."""
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import torch
 from scipy import stats
 
 from tev.core.tree import DraftTree
+
+REPO = Path(__file__).resolve().parent.parent
 
 ALPHA = 1e-3  # seeded tests are deterministic; this keeps a correct sampler far from the edge
 
@@ -73,6 +79,14 @@ def power_against_shift(law: dict, n: int, shift: float = 0.01, alpha: float = A
     return float(stats.ncx2.sf(critical, dof, noncentrality))
 
 
+def draws_for_power(law: dict, power: float = 0.9) -> int:
+    """The fewest draws (in steps of 10,000) at which a 1-point mass shift fails the test."""
+    for n in range(40_000, 200_001, 10_000):
+        if power_against_shift(law, n) >= power:
+            return n
+    raise AssertionError("case needs more than 200,000 draws; make it smaller")
+
+
 def random_tree(generator: torch.Generator, vocab: int, budget: int, horizon: int, root_token: int = 0) -> DraftTree:
     """A random tree with distinct sibling tokens, depths up to ``horizon``."""
     tokens, parents, depths = [root_token], [-1], [0]
@@ -93,3 +107,75 @@ def random_tree(generator: torch.Generator, vocab: int, budget: int, horizon: in
         depths.append(depths[parent] + 1)
         children_tokens.append(set())
     return DraftTree.from_parents(tokens, parents)
+
+
+# ------------------------------------------------------------------ greedy decoding in low precision
+def greedy_margins(target, prompt: list[int], tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """How far each generated token's logit lies below the largest one, from ONE causal forward
+    of ``target`` over ``prompt + tokens`` (a third computation, neither a tree forward nor a
+    one-token one).
+
+    Returns (``margin``, ``scale``): `Tensor[n]` float64 on the CPU each, ``n = len(tokens)``;
+    ``margin[i] = max_a l_i(a) - l_i(tokens[i]) >= 0`` (0 for the argmax) and ``scale[i]`` the
+    largest absolute logit at step ``i``.
+    """
+    device = next(target.parameters()).device
+    ids = torch.tensor([list(prompt) + list(tokens[:-1])], device=device)
+    with torch.no_grad():
+        logits = target(input_ids=ids).logits[0, len(prompt) - 1 :].double()  # [n, V]
+    chosen = logits.gather(1, torch.tensor(tokens, device=device)[:, None])[:, 0]
+    return (logits.max(dim=-1).values - chosen).cpu(), logits.abs().max(dim=-1).values.cpu()
+
+
+def rounding_tie(dtype: torch.dtype, scale: torch.Tensor) -> torch.Tensor:
+    """`Tensor[n]`: the logit gap below which ``dtype`` rounding may reorder two tokens.
+
+    Eight units in the last place of the largest logit (at least of 1): a tree forward and a
+    one-token forward add the same terms in different orders, so in bfloat16 (8 significant
+    bits) their logits differ by a few units in the last place; float32 gets the same rule at
+    its own precision (24 bits), which is far below any real gap.
+    """
+    eps = torch.finfo(dtype).eps  # one unit in the last place at 1: 2**-7 for bfloat16, 2**-23 for float32
+    return 8.0 * eps * torch.pow(2.0, torch.floor(torch.log2(scale.clamp(min=1.0))))
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (a length difference counts), or None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+# ------------------------------------------------------------------ host syncs on CUDA
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def _site(filename: str, lineno: int) -> str:
+    """``tev/core/verify.py:200`` for the repository's files, ``package/file.py:12`` for others."""
+    path = Path(filename)
+    try:
+        return f"{path.resolve().relative_to(REPO)}:{lineno}"
+    except ValueError:
+        return f"{path.parent.name}/{path.name}:{lineno}"
+
+
+@contextmanager
+def count_host_syncs():
+    """Collect the host syncs made inside the block, through torch's CUDA sync debug mode.
+
+    Yields a list that, once the block ends, holds one ``"file:line"`` per synchronizing CUDA
+    call (a blocking copy in either direction, ``.item()``, ``.tolist()``, ``int(tensor)``...),
+    named after the Python line that made it. Explicit ``torch.cuda.synchronize()`` calls are
+    not counted. Needs a CUDA build of torch.
+    """
+    sites: list[str] = []
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield sites
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    sites.extend(_site(w.filename, w.lineno) for w in caught if SYNC_WARNING in str(w.message))

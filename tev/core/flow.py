@@ -94,11 +94,11 @@ def flow_from_edge_prob(tree: DraftTree, edge_prob: torch.Tensor) -> TargetFlow:
     device = edge_prob.device
     n = tree.num_nodes
     edge_prob = edge_prob.clone()
-    edge_prob[0] = 1.0
-    ancestors = tree.ancestors.to(device)  # [N, N]
+    edge_prob[:1] = 1.0  # a slice: setting one element of a CUDA tensor copies from the host and waits
+    ancestors = tree.ancestors.to(device, non_blocking=True)  # [N, N]; non_blocking: no wait for the device
     # P(v) = product of edge probabilities on the path: one masked product per row.
     reach = torch.where(ancestors, edge_prob.unsqueeze(0), torch.ones((), dtype=edge_prob.dtype, device=device)).prod(dim=1)
-    parents = tree.parents.to(device)
+    parents = tree.parents.to(device, non_blocking=True)
     child_mass = torch.zeros(n, dtype=edge_prob.dtype, device=device).index_add_(0, parents[1:], edge_prob[1:])
     rho = (1.0 - child_mass).clamp(min=0.0)
     return TargetFlow(
@@ -107,7 +107,7 @@ def flow_from_edge_prob(tree: DraftTree, edge_prob: torch.Tensor) -> TargetFlow:
         child_mass=child_mass,
         rho=rho,
         exit_weight=reach * rho,
-        depths=tree.depths.to(device),
+        depths=tree.depths.to(device, non_blocking=True),
     )
 
 
@@ -121,8 +121,8 @@ def target_flow(tree: DraftTree, probs: torch.Tensor, validate: bool = True) -> 
     """
     if validate:
         check_probs(probs, tree.num_nodes)
-    parents = tree.parents.to(probs.device)
-    tokens = tree.tokens.to(probs.device)
+    parents = tree.parents.to(probs.device, non_blocking=True)
+    tokens = tree.tokens.to(probs.device, non_blocking=True)
     edge_prob = torch.ones(tree.num_nodes, dtype=probs.dtype, device=probs.device)
     if tree.num_nodes > 1:
         edge_prob[1:] = probs[parents[1:], tokens[1:]]

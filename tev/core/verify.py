@@ -7,6 +7,11 @@ the bonus token) is distributed exactly as ``L`` tokens sampled from ``p``. The 
 (all three) attain ``E[L] = 1 + C(T)`` and share the exit law ``Pr(exit = v) = w(v)``.
 
 All verifiers take an explicit ``torch.Generator``: the same seed gives the same verdict.
+
+On a GPU the tree's arrays (built on the host) are copied to the device without waiting for it
+(``non_blocking``: a pageable host array is staged before the call returns), so the only host
+syncs are the verdict's own transfers: one for TEV and predraw, one or two for greedy (the
+sequential verifier decides child by child on the host, a few syncs per visited node).
 """
 
 from __future__ import annotations
@@ -127,7 +132,7 @@ class TargetRows:
         if cached is not None and cached[0] is tree:
             return cached[1:]
         internal, slot = torch.unique(tree.parents[1:], return_inverse=True)
-        internal, slot = internal.to(self.device), slot.to(self.device)
+        internal, slot = internal.to(self.device, non_blocking=True), slot.to(self.device, non_blocking=True)
         rows = self.probs.index_select(0, internal) if self.probs is not None else self.logits_at(internal)
         self._parent_rows = (tree, internal, slot, rows)
         return internal, slot, rows
@@ -141,7 +146,7 @@ class TargetRows:
         edge = torch.ones(n, dtype=torch.float32 if self.probs is None else self.probs.dtype, device=self.device)
         if n == 1:
             return edge
-        tokens = tree.tokens[1:].to(self.device)
+        tokens = tree.tokens[1:].to(self.device, non_blocking=True)
         _, slot, parent_rows = self.parent_rows(tree)
         if self.probs is not None:
             edge[1:] = parent_rows[slot, tokens]
@@ -188,8 +193,8 @@ def _tev(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -
     flow = flow_from_edge_prob(tree, rows.edge_prob(tree))
     exit_node = sample_rows(flow.exit_weight.unsqueeze(0), generator)  # [1]
     row = rows.rows_at(exit_node)[0]  # p_V, [V]
-    parents = tree.parents[1:].to(rows.device)
-    tokens = tree.tokens[1:].to(rows.device)
+    parents = tree.parents[1:].to(rows.device, non_blocking=True)
+    tokens = tree.tokens[1:].to(rows.device, non_blocking=True)
     # Residual at V: remove V's child tokens (a count per token, so repeated tokens elsewhere are safe).
     is_child = (parents == exit_node).to(row.dtype)
     child_count = torch.zeros_like(row).index_add_(0, tokens, is_child)
@@ -236,18 +241,20 @@ def _sequential(tree: DraftTree, rows: TargetRows, generator: torch.Generator | 
 
 def _greedy(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
     # T = 0: follow argmax while it is a child; the bonus is the argmax at the exit node.
-    # Only parent rows can continue the walk, so only they (and a leaf exit's row) are needed.
+    # Only parent rows can continue the walk, so only they (and a leaf exit's row) are needed:
+    # one transfer for the parents' argmaxes, one more when the walk ends at a leaf.
     best = {}
     if tree.num_nodes > 1:
-        internal, _, parent_rows = rows.parent_rows(tree)
-        best = dict(zip(internal.tolist(), parent_rows.argmax(dim=-1).tolist()))
+        _, _, parent_rows = rows.parent_rows(tree)
+        internal = sorted(set(tree.parents_list[1:]))  # the host's copy of parent_rows' (sorted) node order
+        best = dict(zip(internal, parent_rows.argmax(dim=-1).tolist()))
     path = [0]
     child_by_token = tree.child_by_token
     while path[-1] in best and best[path[-1]] in child_by_token[path[-1]]:
         path.append(child_by_token[path[-1]][best[path[-1]]])
     exit_node = path[-1]
     if exit_node not in best:  # a leaf: its row is needed for the bonus
-        best[exit_node] = int(rows.logits_at(torch.tensor([exit_node], device=rows.device)).argmax()) if rows.probs is None else int(rows.probs[exit_node].argmax())
+        best[exit_node] = int(rows.logits_at(torch.tensor([exit_node]).to(rows.device, non_blocking=True)).argmax()) if rows.probs is None else int(rows.probs[exit_node].argmax())
     return Verdict(path, exit_node, best[exit_node], "greedy")
 
 

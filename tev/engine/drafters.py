@@ -273,7 +273,7 @@ class BlockDrafter(nn.Module):
     def marginals(self, features: torch.Tensor | None, root_token: int) -> torch.Tensor:
         """`Tensor[K, V]` log ``q_d`` for one context."""
         window, valid = self.window(features)
-        root = torch.tensor([root_token], device=window.device)
+        root = torch.tensor([root_token]).to(window.device, non_blocking=True)  # queued, no wait for the device
         return torch.log_softmax(self(window, valid, root)[0], dim=-1)  # -inf outside the draft vocabulary
 
     # ------------------------------------------------------------------ persistence

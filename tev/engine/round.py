@@ -84,7 +84,12 @@ def speculation_round(
     timer: StageTimer,
 ) -> RoundResult:
     """One round on ``session``: draft, target forward, verdict, then commit the accepted path
-    to the cache. ``committed`` is read, not changed (the caller appends the block it keeps)."""
+    to the cache. ``committed`` is read, not changed (the caller appends the block it keeps).
+
+    On a GPU a round with the block drafter waits for the device twice: the drafter's marginals
+    come to the host (the tree is built there) and the verdict does (one transfer for TEV and
+    predraw; greedy adds one when it exits at a leaf). ``timer`` may add its own syncs
+    (:class:`StageTimer` on a CUDA device synchronises around each stage)."""
     tree, output = draft_and_forward(session, drafter, committed, features, budget, drafter_state, timer)
     with timer.stage("verify_decision"):
         rows = output.rows(temperature)  # lazy: the head projects only the rows the verifier reads
@@ -92,7 +97,7 @@ def speculation_round(
     with timer.stage("commit"):
         session.commit(verdict.path)
         if output.features is not None:
-            accepted = output.features[torch.as_tensor(verdict.path, device=output.features.device)]
+            accepted = output.features[torch.as_tensor(verdict.path).to(output.features.device, non_blocking=True)]
             features = accepted if features is None else torch.cat([features, accepted])
     flow = verdict.flow or flow_from_edge_prob(tree, rows.edge_prob(tree))
     return RoundResult(tree, rows, verdict, flow, features)

@@ -5,6 +5,10 @@ whole draft tree in ONE forward: node ``v`` sits at position ``len(cache) + d(v)
 cached context plus its own ancestors, through a float 4-D additive mask (0 visible,
 ``finfo.min`` hidden; a boolean mask is silently wrong with eager attention). After the
 verdict, :meth:`CausalLMSession.commit` keeps only the accepted path in the cache.
+
+Token ids, positions, masks and kept indices are built on the host and copied to the device
+with ``non_blocking=True``: the copy is queued behind the device's work instead of waiting for
+it (a pageable host tensor is staged before the call returns, so this is safe).
 """
 
 from __future__ import annotations
@@ -12,17 +16,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers import DynamicCache
 
 from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows
 
-__all__ = ["CausalLMSession", "ForwardOutput"]
+__all__ = ["CausalLMSession", "ForwardOutput", "MIN_TRANSFORMERS", "check_transformers"]
 
 
 # Architectures whose logits are exactly ``lm_head(final hidden state)`` (no scaling or capping),
 # so the head can be applied later, to the rows that are needed only.
 _PLAIN_HEAD = {"llama", "qwen2", "qwen3", "mistral"}
+
+
+MIN_TRANSFORMERS = "5.24"  # the forward's ``cache=`` keyword; older versions take it silently into **kwargs
+
+
+def check_transformers(version: str | None = None) -> None:
+    """Refuse a transformers older than :data:`MIN_TRANSFORMERS`: there the cache this engine
+    passes is ignored without an error and every forward would recompute the whole context."""
+    version = version or transformers.__version__
+    if Version(version) < Version(MIN_TRANSFORMERS):
+        raise RuntimeError(f"transformers {version} is too old for this engine (needs >= {MIN_TRANSFORMERS}); "
+                           f"install the versions of requirements.txt: python -m pip install -r requirements.txt")
 
 
 @dataclass(eq=False)
@@ -73,6 +91,7 @@ class CausalLMSession:
     """
 
     def __init__(self, model, feature_layers: tuple[int, ...] = ()):
+        check_transformers()
         self.model = model
         self.feature_layers = tuple(feature_layers)
         self.device = next(model.parameters()).device
@@ -87,8 +106,8 @@ class CausalLMSession:
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor) -> ForwardOutput:
         want_hidden = bool(self.feature_layers)
         kwargs = dict(
-            input_ids=input_ids.to(self.device)[None],
-            position_ids=position_ids.to(self.device)[None],
+            input_ids=input_ids.to(self.device, non_blocking=True)[None],
+            position_ids=position_ids.to(self.device, non_blocking=True)[None],
             attention_mask=attention_mask,
             cache=self.cache,
             use_cache=True,
@@ -130,7 +149,7 @@ class CausalLMSession:
             raise ValueError(f"position {int(positions.max())} is past the model's context of {self.max_positions}")
         mask = torch.zeros(visible.shape, dtype=self.dtype)
         mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
-        out = self._forward(ids, positions, mask.to(self.device)[None, None])
+        out = self._forward(ids, positions, mask.to(self.device, non_blocking=True)[None, None])
         self.length += ids.numel()
         return out
 
@@ -150,7 +169,7 @@ class CausalLMSession:
     def commit(self, path: list[int]) -> None:
         """After :meth:`forward_tree`: keep the cached context plus the tree nodes on ``path``
         (node indices, root first) and drop the other tree entries."""
-        keep = torch.cat([torch.arange(self.length), self.length + torch.as_tensor(path, dtype=torch.long)]).to(self.device)
+        keep = torch.cat([torch.arange(self.length), self.length + torch.as_tensor(path, dtype=torch.long)]).to(self.device, non_blocking=True)
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(-2, keep)
             layer.values = layer.values.index_select(-2, keep)
