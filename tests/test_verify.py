@@ -6,20 +6,15 @@ from collections import Counter
 import pytest
 import torch
 
+import tev.core.sampling as sampling
 from tev.core.flow import target_flow
 from tev.core.tree import DraftTree
+from tev.core.sampling import sample_rows
 from tev.core.verify import VERIFIERS, TargetRows, verify
-from tests.helpers import ALPHA, chi_square_against, exact_block_law, power_against_shift, random_tree
+from tev.engine.session import MIN_TRANSFORMERS, check_transformers
+from tests.helpers import ALPHA, chi_square_against, draws_for_power, exact_block_law, random_tree
 
 SAMPLERS = ("tev", "predraw", "sequential")
-
-
-def draws_for_power(law: dict, power: float = 0.9) -> int:
-    """The fewest draws (in steps of 10,000) at which a 1-point mass shift fails the test."""
-    for n in range(40_000, 200_001, 10_000):
-        if power_against_shift(law, n) >= power:
-            return n
-    raise AssertionError("case needs more than 200,000 draws; make it smaller")
 
 
 def case_horizon_and_zero_children():
@@ -177,3 +172,27 @@ def test_bad_input_is_refused():
         verify("tev", DraftTree.from_paths(0, [[7]]), torch.full((2, 3), 1 / 3))
     with pytest.raises(ValueError, match="NaN"):
         verify("tev", tree, logits=torch.tensor([[0.0, float("nan"), 0.0]] * 3))
+
+
+def test_a_zero_weight_is_never_drawn_even_when_the_cumulative_sum_rounds_up_there(monkeypatch):
+    """A GPU's parallel scan may add in another order than a sequential one: model that by a
+    sum that rises by a rounding step at every zero weight and dips once."""
+    true_cumsum = torch.cumsum
+
+    def rounded_cumsum(x, dim):
+        cdf = true_cumsum(x, dim=dim)
+        bumps = true_cumsum((x == 0).to(cdf.dtype) * 1e-3, dim=dim)  # far larger than a rounding step: any leak shows
+        return cdf + bumps
+
+    monkeypatch.setattr(sampling.torch, "cumsum", rounded_cumsum)
+    weights = torch.tensor([[0.0, 0.3, 0.0, 0.0, 0.2, 0.0, 0.5, 0.0]]).repeat(4000, 1)
+    drawn = sample_rows(weights, torch.Generator().manual_seed(0))
+    assert (weights.gather(1, drawn[:, None]) > 0).all()
+    counts = torch.bincount(drawn, minlength=8).float() / len(drawn)
+    assert torch.allclose(counts[[1, 4, 6]], torch.tensor([0.3, 0.2, 0.5]), atol=0.03)  # still the right law
+
+
+def test_a_transformers_older_than_the_engine_needs_is_refused():
+    with pytest.raises(RuntimeError, match=f">= {MIN_TRANSFORMERS}"):
+        check_transformers("5.17.0")
+    check_transformers(MIN_TRANSFORMERS)

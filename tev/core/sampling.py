@@ -24,6 +24,10 @@ def sample_rows(weights: torch.Tensor, generator: torch.Generator | None = None)
     single = weights.dim() == 1
     rows = weights.unsqueeze(0) if single else weights
     cdf = torch.cumsum(rows.float(), dim=-1)  # [k, V]
+    # A parallel scan (a GPU's) may add in another order, so the sum need not stay flat at a
+    # zero weight: hold it flat there and non-decreasing, and a zero-weight entry is never drawn.
+    # (A sequential scan already is; there this changes no value.)
+    cdf = torch.where(rows > 0, cdf, torch.zeros_like(cdf)).cummax(dim=-1).values
     total = cdf[:, -1:]  # [k, 1]
     uniform = torch.rand(total.shape, generator=generator, device=rows.device, dtype=cdf.dtype)
     # u * total can round up to total; the largest float below it still lands on the last positive entry.
