@@ -16,12 +16,12 @@ import torch
 from transformers import AutoTokenizer
 
 import tev.train.train_drafter as pipeline
-from tests.tiny import save_chat_target, tiny_target
+from tests.tiny import save_chat_target, tiny_target, tiny_vocab_drafter
 from tev.bench.hf_peers import hf_generate
 from tev.data.prompts import load_prompt_set
 from tev.engine import default_target
 from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
-from tev.engine.drafters import BlockDrafter, BlockDrafterConfig, BlockTreeDrafter
+from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
 from tev.engine.models import ModelLoadError, load_block_drafter, load_bundle, load_causal_lm, pair_sources
 from tev.engine.prompt_text import ChatTemplate, encode_chat
 from tev.train.train_drafter import QUICK_RECIPE, train_drafter_pipeline
@@ -61,22 +61,10 @@ def test_chat_mode_needs_a_template():
 
 
 # --------------------------------------------------------------------------- draft vocabulary
-def _vocab_drafter(target, ids):
-    config = BlockDrafterConfig(
-        vocab_size=target.config.vocab_size, target_hidden_size=target.config.hidden_size, feature_layers=[1, 2], horizon=4,
-        context_window=4, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-        target_num_layers=target.config.num_hidden_layers, draft_vocab_size=len(ids),
-    )
-    torch.manual_seed(0)
-    drafter = BlockDrafter.for_target(config, target).eval()
-    drafter.set_draft_vocab(torch.tensor(ids))
-    return drafter
-
-
 def test_draft_vocabulary_limits_what_the_drafter_proposes(tmp_path):
     target = tiny_target(300)
     vocab = sorted(torch.randperm(300, generator=torch.Generator().manual_seed(0))[:40].tolist())
-    drafter = _vocab_drafter(target, vocab)
+    drafter = tiny_vocab_drafter(target, vocab)
     features, valid, root = torch.randn(2, 4, 64), torch.ones(2, 4, dtype=torch.bool), torch.tensor([5, 7])
     assert drafter.draft_logits(features, valid, root).shape == (2, 4, 40)
     full = drafter(features, valid, root)  # [B, K, V]
@@ -97,7 +85,7 @@ def test_draft_vocabulary_limits_what_the_drafter_proposes(tmp_path):
 
 def test_greedy_speculation_with_a_draft_vocabulary_equals_greedy_decoding():
     target = tiny_target(300, scale=3.0)
-    drafter = BlockTreeDrafter(_vocab_drafter(target, list(range(0, 300, 3))))
+    drafter = BlockTreeDrafter(tiny_vocab_drafter(target, list(range(0, 300, 3))))
     spec, plain = _greedy_equal(target, None, drafter, [1, 2, 3, 4], 24)
     assert spec.token_ids == plain.token_ids
 

@@ -4,25 +4,12 @@ learning from them is learning the same thing as from the written tokens."""
 import torch
 from transformers import AutoTokenizer
 
-from tev.engine.drafters import BlockDrafter, BlockDrafterConfig
 from tev.engine.models import load_causal_lm
 from tev.train.chat_data import write_responses
 from tev.train.distill import DistillData, SoftLabels, drafter_loss, target_features
-from tests.tiny import save_chat_target, tiny_target
+from tests.tiny import save_chat_target, tiny_target, tiny_vocab_drafter
 
 VOCAB = list(range(0, 300, 2))  # a draft vocabulary of every other token
-
-
-def _drafter(target, horizon=3):
-    config = BlockDrafterConfig(
-        vocab_size=target.config.vocab_size, target_hidden_size=target.config.hidden_size, feature_layers=[1, 2], horizon=horizon,
-        context_window=4, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-        target_num_layers=target.config.num_hidden_layers, draft_vocab_size=len(VOCAB),
-    )
-    torch.manual_seed(0)
-    drafter = BlockDrafter.for_target(config, target).eval()
-    drafter.set_draft_vocab(torch.tensor(VOCAB))
-    return drafter
 
 
 def _sequences():
@@ -61,7 +48,7 @@ def test_soft_labels_of_an_anchor_are_shifted_to_the_token_they_predict():
 
 def test_one_hot_soft_labels_give_the_token_loss_and_spread_ones_a_higher_one():
     target = tiny_target(300, scale=3.0)
-    drafter = _drafter(target)
+    drafter = tiny_vocab_drafter(target, VOCAB, horizon=3)
     ids, lengths, prompts = _sequences()
     ids = ids - ids % 2  # every written token inside the draft vocabulary
     features = target_features(target, ids, lengths, [1, 2], progress=False)

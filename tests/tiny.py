@@ -55,6 +55,19 @@ def tiny_block_drafter(target, horizon: int = 4, seed: int = 1) -> BlockTreeDraf
     return BlockTreeDrafter(BlockDrafter.for_target(config, target).eval())
 
 
+def tiny_vocab_drafter(target, draft_vocab: list[int], horizon: int = 4) -> BlockDrafter:
+    """A random block drafter over a draft vocabulary ``draft_vocab`` of ``target``'s tokens."""
+    config = BlockDrafterConfig(
+        vocab_size=target.config.vocab_size, target_hidden_size=target.config.hidden_size, feature_layers=[1, 2], horizon=horizon,
+        context_window=4, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+        target_num_layers=target.config.num_hidden_layers, draft_vocab_size=len(draft_vocab),
+    )
+    torch.manual_seed(0)
+    drafter = BlockDrafter.for_target(config, target).eval()
+    drafter.set_draft_vocab(torch.tensor(draft_vocab))
+    return drafter
+
+
 def tiny_ar_drafter(vocab_size: int, context: int = 96, seed: int = 2, horizon: int = 4) -> ARTreeDrafter:
     return ARTreeDrafter(tiny_target(vocab_size, arch="qwen3", context=context, seed=seed), horizon=horizon)
 
