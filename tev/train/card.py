@@ -189,11 +189,21 @@ def default_pair_card_lines(training: dict) -> list[str]:
     if checks:
         best = min(checks, key=lambda h: h["heldout_loss"])
         lines += [
-            "Held-out loss during training: " + ", ".join(f"step {h['step']}: {h['heldout_loss']:.2f}" for h in checks)
+            "Held-out training loss (the objective above) during training: " + ", ".join(f"step {h['step']}: {h['heldout_loss']:.2f}" for h in checks)
             + f". The drafter keeps the weights of step {best['step']}, the best"
             + (": past it the held-out loss rises while the training loss keeps falling, i.e. the drafter starts to memorise its data. "
                f"With about {data['response_tokens'] // 1000}k response tokens the drafter is data-limited; more self-written conversations "
                "are the next lever." if best["step"] < checks[-1]["step"] else " (the last: the held-out loss was still falling)."),
+            "",
+        ]
+    compared = training.get("label_comparison")
+    if compared:
+        lines += [
+            "**Soft against hard labels**, the same data, split, seed and steps (held-out top-1 at depth 1 and `tau` at B = "
+            f"{recipe['eval_budget']}, T = 0 / T = 1): "
+            + "; ".join(f"{row['labels']}: held-out loss against the written tokens {row['heldout_token_loss']:.3f}, top-1 "
+                        f"{100 * row['heldout_top1'][0]:.1f}%, tau {row['tau'][0]:.3f} / {row['tau'][1]:.3f}" for row in compared)
+            + ". The shipped drafter uses the better of the two.",
             "",
         ]
     lines += [

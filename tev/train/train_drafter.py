@@ -70,7 +70,7 @@ class DrafterRecipe:
     heads: int = 4
     intermediate: int = 768
     feature_dropout: float = 0.1  # the target's features identify a position almost uniquely: without it the drafter memorises
-    soft_top: int = 0  # labels: the target's top-k distribution over the draft vocabulary (0: the tokens it wrote)
+    soft_top: int = 16  # labels: the target's top-k distribution over the draft vocabulary (0: the tokens it wrote)
     # optimisation
     steps: int = 1200
     batch: int = 256
@@ -222,7 +222,8 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
         horizon=recipe.horizon, context_window=recipe.window, hidden_size=recipe.hidden, num_layers=recipe.layers,
         num_heads=recipe.heads, intermediate_size=recipe.intermediate, target_num_layers=target.config.num_hidden_layers,
         draft_vocab_size=int(vocab.numel()), feature_norm="per_layer", feature_dropout=recipe.feature_dropout,
-        notes={"trained_by": command, "loss": "token-level cross-entropy on the target's own chat responses"},
+        notes={"trained_by": command, "loss": (f"cross-entropy against the target's top-{recipe.soft_top} next-token distributions" if recipe.soft_top
+                                               else "token-level cross-entropy") + " on the target's own chat responses"},
     )
     t = time.time()
     datasets = {}
