@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 
 import gradio as gr
 import torch
@@ -180,11 +179,11 @@ def build_app() -> gr.Blocks:
 
 
 def _warm_up() -> None:
-    """Load the models in the background; a failure is reported here in one line, and again
-    on the page and to every request (they retry the load), never as a crash."""
+    """Load the models; a failure is reported here in one line, and again on the page and to
+    every request (they retry the load), never as a crash."""
     try:
         shared.SERVICE.bundle()
-    except Exception as error:  # noqa: BLE001 - shown, not raised, in a background thread
+    except Exception as error:  # noqa: BLE001 - shown, not raised: the page still serves and says why
         print(f"TEV Explorer: models could not be loaded: {error}", file=sys.stderr, flush=True)
 
 
@@ -206,10 +205,9 @@ def _compute_threads() -> int:
 def main() -> None:
     torch.set_num_threads(_compute_threads())
     demo = build_app()
-    if ZERO_GPU:
-        _warm_up()  # ZeroGPU moves the weights to its GPU at start-up: load them before serving
-    else:
-        threading.Thread(target=_warm_up, daemon=True).start()  # load the models while the page loads
+    # Load the models before serving (a few seconds): the first Generate then streams at once
+    # instead of waiting on a load, and ZeroGPU moves the weights to its GPU at start-up.
+    _warm_up()
     demo.queue(max_size=32, default_concurrency_limit=2).launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),

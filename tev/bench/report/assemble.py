@@ -20,6 +20,7 @@ from tev.bench.report.latency import latency_section, measure_latency
 from tev.bench.report.plots import write_plots
 from tev.bench.report.trees import depth_profile, real_trees, run_labs
 from tev.data.prompts import load_prompt_set
+from tev.engine.default_target import DEFAULT_TARGET_NAME, converted_folder
 from tev.engine.evaluation import fit_prompt
 from tev.engine.models import load_bundle
 from tev.util.paths import REPO_ROOT
@@ -74,8 +75,11 @@ def render_markdown(report: dict) -> str:
 
 
 def _shown_source(source: str) -> str:
-    """A model folder inside this repository as a relative path (the report is committed)."""
+    """A model folder inside this repository as a relative path, the default target's cache
+    folder as its name (the report is committed; a machine's own paths mean nothing there)."""
     path = Path(source)
+    if path.resolve() == converted_folder().resolve():
+        return DEFAULT_TARGET_NAME
     if path.is_dir() and REPO_ROOT in path.resolve().parents:
         return str(path.resolve().relative_to(REPO_ROOT))
     return source
