@@ -143,9 +143,6 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
 def check_gguf(path: Path) -> None:
     """Refuse a GGUF whose sha256 is not the one this project was built and measured on."""
     actual = file_sha256(path)
-    if actual != GGUF_SHA256 and Path(path) == fetched_gguf():
-        Path(path).unlink()  # a damaged cached copy: the next start fetches it again
-        raise DefaultTargetError(f"the cached {GGUF_FILE} was damaged (sha256 {actual[:16]}...) and is removed; start again to fetch it anew")
     if actual != GGUF_SHA256:
         raise DefaultTargetError(
             f"{path} has sha256 {actual[:16]}..., expected {GGUF_SHA256[:16]}... (a corrupt or different file); "
@@ -193,6 +190,12 @@ def ensure_default_target(progress: bool = True) -> Path:
     if _is_converted(folder):
         return folder
     gguf = gguf_path()
-    check_gguf(gguf)
+    try:
+        check_gguf(gguf)
+    except DefaultTargetError:
+        if gguf != fetched_gguf():
+            raise
+        gguf.unlink()  # a damaged cached copy (a fetched one was checked before it was cached): fetch it again next start
+        raise DefaultTargetError(f"the cached {GGUF_FILE} was damaged and is removed; start again to fetch it anew") from None
     convert(gguf, folder, progress=progress)
     return folder

@@ -41,6 +41,7 @@ __all__ = [
     "target_features",
     "make_distill_data",
     "drafter_loss",
+    "drafter_losses",
     "train_block_drafter",
     "heldout_loss",
 ]
@@ -122,7 +123,8 @@ def target_features(
     out = torch.zeros(*token_ids.shape, len(layers) * target.config.hidden_size, dtype=torch.bfloat16)
     soft, head_rows = None, None
     if soft_top > 0:
-        head_rows = rows_head(target, soft_vocab)
+        head = target.get_output_embeddings().weight
+        head_rows = head if soft_vocab is None else head[soft_vocab.to(head.device)]  # [Vd, H]
         soft = SoftLabels(torch.zeros(*token_ids.shape, soft_top, dtype=torch.int16 if head_rows.shape[0] < 2**15 else torch.int32),
                           torch.zeros(*token_ids.shape, soft_top, dtype=torch.float16))
     order = torch.argsort(lengths, descending=True)  # similar lengths share a batch: less padding
@@ -141,12 +143,6 @@ def target_features(
             soft.positions[rows, :width] = top.indices.to(soft.positions.dtype).cpu()
             soft.probs[rows, :width] = top.values.to(torch.float16).cpu()
     return out if soft is None else (out, soft)
-
-
-def rows_head(target, vocab: torch.Tensor | None) -> torch.Tensor:
-    """The target head's rows of ``vocab`` (all rows when None), `[Vd, H]`."""
-    head = target.get_output_embeddings().weight
-    return head if vocab is None else head[vocab.to(head.device)]
 
 
 @dataclass
@@ -252,28 +248,35 @@ def _short_history(batch: int, share: float, window: int, generator: torch.Gener
     return torch.where(draw, lengths, torch.full_like(lengths, window))
 
 
-def drafter_loss(drafter: BlockDrafter, data: DistillData, index: torch.Tensor, short_history=None, soft: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean ``L_tok`` over the labelled depths of the anchors ``index`` (`[B, 2]`), and the
-    per-depth top-1 accuracy `[K]` against the written tokens (labels outside the draft
-    vocabulary count as misses). ``soft``: cross-entropy against the target's distributions
-    (``data.soft``) instead of the written tokens."""
+def drafter_losses(drafter: BlockDrafter, data: DistillData, index: torch.Tensor, short_history=None, soft: bool = False):
+    """One drafter forward on the anchors ``index`` (`[B, 2]`): mean ``L_tok`` against the
+    written tokens over the labelled depths, the mean cross-entropy against the target's
+    distributions (``data.soft``; None unless ``soft``), and the per-depth top-1 accuracy `[K]`
+    against the written tokens (labels outside the draft vocabulary count as misses)."""
     config = drafter.config
     device = drafter.mask_embed.device
     features, valid, root, labels = data.batch(index, config.context_window, config.horizon, short_history)
     with torch.autocast(device.type, dtype=torch.bfloat16):
         logits = drafter.draft_logits(features.to(device), valid.to(device), root.to(device)).float()  # [B, K, Vd]
+    log_q = logits.log_softmax(-1)
     targets = drafter.draft_positions(labels.to(device), missing=IGNORE)
     labelled = labels.to(device) != IGNORE
+    token_loss = F.nll_loss(log_q.reshape(-1, log_q.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+    soft_loss = None
     if soft:
         positions, probs = data.soft_labels(index, config.horizon)
-        picked = logits.log_softmax(-1).gather(-1, positions.to(device))  # [B, K, k]
-        per_label = -(probs.to(device) * picked).sum(-1)
-        loss = (per_label * labelled).sum() / labelled.sum().clamp(min=1)
-    else:
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+        per_label = -(probs.to(device) * log_q.gather(-1, positions.to(device))).sum(-1)  # [B, K]
+        soft_loss = (per_label * labelled).sum() / labelled.sum().clamp(min=1)
     hits = (logits.argmax(-1) == targets) & labelled
     accuracy = hits.sum(0).float() / labelled.sum(0).clamp(min=1)
-    return loss, accuracy.detach()
+    return token_loss, soft_loss, accuracy.detach()
+
+
+def drafter_loss(drafter: BlockDrafter, data: DistillData, index: torch.Tensor, short_history=None, soft: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training loss on the anchors ``index``: ``L_tok`` against the written tokens, or with
+    ``soft`` against the target's distributions; and the per-depth top-1 accuracy `[K]`."""
+    token_loss, soft_loss, accuracy = drafter_losses(drafter, data, index, short_history, soft)
+    return (soft_loss if soft else token_loss), accuracy
 
 
 def _save_checkpoint(folder: Path, drafter: BlockDrafter, optimizer: torch.optim.Optimizer, step: int, history: list[dict]) -> None:
@@ -379,9 +382,9 @@ def heldout_loss(drafter: BlockDrafter, data: DistillData, batch: int = 256, sof
     losses, token_losses, accuracies, sizes = [], [], [], []
     for start in range(0, data.anchors.shape[0], batch):
         index = data.anchors[start : start + batch]
-        loss, accuracy = drafter_loss(drafter, data, index)
-        token_losses.append(loss.item())
-        losses.append(drafter_loss(drafter, data, index, soft=True)[0].item() if soft else loss.item())
+        token_loss, soft_loss, accuracy = drafter_losses(drafter, data, index, soft=soft)
+        token_losses.append(token_loss.item())
+        losses.append((soft_loss if soft else token_loss).item())
         accuracies.append(accuracy)
         sizes.append(index.shape[0])
     drafter.train(was_training)

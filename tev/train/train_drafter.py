@@ -88,9 +88,9 @@ class DrafterRecipe:
                                soft_labels=self.soft_top > 0)
 
 
-# what a shard's conversations depend on (the shard count and the held-out share do not change them)
 STORED_SOFT_TOP = 16  # the target's top tokens kept per position in the feature cache
 
+# what a shard's conversations depend on (the shard count and the held-out share do not change them)
 DATA_FIELDS = ("seed", "shard_requests", "request_tokens", "response_tokens", "greedy_share", "generation_batch")
 
 QUICK_RECIPE = DrafterRecipe(
