@@ -16,7 +16,8 @@ import torch
 from tev.core.verify import VERIFIERS
 from tev.data.prompts import load_prompt_set
 from tev.engine.models import DRAFTER_KINDS
-from tev.service.live_exittrain import LIVE_CONFIG
+from tev.service.live_exittrain import live_config
+from tev.train.anchor_data import DOMAINS
 from tev.service.service import LIMITS
 from tev.train.exit_loss import WEIGHT_MODES
 from tev.util.cpus import available_cpus
@@ -135,15 +136,20 @@ def build_app() -> gr.Blocks:
             lab_tree = gr.Plot(label="the fixed tree")
 
         with gr.Tab("ExitTrain"):
+            live = live_config(shared.EXITTRAIN_CHAT)
             gr.Markdown(
-                "Fine-tune the base block drafter for a minute or two with **ExitTrain**: the frozen target scores the trees the drafter "
-                "actually builds, and the loss pushes draft probability toward nodes where target mass exits. One run at a time per server. "
-                "This tab runs on the **tiny code pair** (the 7M target and its drafter), whose training data ships with the app."
+                "Fine-tune the base block drafter for a few minutes with **ExitTrain**: the frozen target scores the trees the drafter "
+                "actually builds, and the loss pushes draft probability toward nodes where target mass exits. Before and after, the same "
+                "held-out rounds are scored, so the change in `1 + C` is paired, with its standard error; the bars below show at which "
+                "depth the target's mass leaves each drafter's trees. One run at a time per server; generations take turns with it. "
+                + ("Pick a domain: the drafter fine-tunes on that domain's conversations (written by the target itself) and is judged on "
+                   "its held-out ones." if shared.EXITTRAIN_CHAT else "This tab runs on the **tiny code pair**, whose training data ships with the app.")
             )
             with gr.Row():
+                et_domain = gr.Radio(list(DOMAINS), value="math", label="domain (train and judge on it)", visible=shared.EXITTRAIN_CHAT)
                 et_weights = gr.Radio(list(WEIGHT_MODES), value="exit", label="weights (exit: the method; prefix, none: controls)")
-                et_steps = Slider(LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, value=LIVE_CONFIG.steps, step=5, label="steps")
-                et_lambda = Slider(0, LIMITS.max_lambda_exit, value=LIVE_CONFIG.lambda_exit, step=1, label="lambda (weight of L_exit)")
+                et_steps = Slider(LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, value=live.steps, step=5, label="steps")
+                et_lambda = Slider(0, LIMITS.max_lambda_exit, value=live.lambda_exit, step=1, label="lambda (weight of L_exit)")
             with gr.Row():
                 et_start = gr.Button("Start fine-tune", variant="primary")
                 et_cancel = gr.Button("Cancel")
@@ -153,6 +159,7 @@ def build_app() -> gr.Blocks:
             et_curve = gr.Plot(label="training")
             et_compare = gr.Plot(label="tau before / after")
             et_table = gr.Markdown()
+            et_mass = gr.Plot(label="where the target's mass leaves the trees, before / after")
             with gr.Row():
                 et_tree_base = gr.Plot(label="base drafter's tree")
                 et_tree_trained = gr.Plot(label="ExitTrain drafter's tree")
@@ -172,9 +179,9 @@ def build_app() -> gr.Blocks:
         next_round.click(step_round, [round_slider, gr.State(1), run_state], round_slider, api_name=False).then(browse_round, [round_slider, run_state], [tree_plot, mass_plot, round_info], api_name=False)
         export.click(export_run, run_state, export_file, api_name="export")
         lab_run.click(gpu_task("verifier_lab")(run_verifier_lab), [lab_source, lab_prompt, lab_drafter, lab_budget, lab_temperature, lab_draws, lab_seed], [lab_plot, lab_tree, lab_table], api_name="verifier_lab", concurrency_limit=2, concurrency_id="compute")
-        et_start.click(gpu_task("exittrain")(run_exittrain), [et_weights, et_steps, et_lambda], [et_curve, et_status, et_compare, et_table], api_name="exittrain", concurrency_limit=2, concurrency_id="compute")
+        et_start.click(gpu_task("exittrain")(run_exittrain), [et_domain, et_weights, et_steps, et_lambda], [et_curve, et_status, et_compare, et_table, et_mass, et_tree_base, et_tree_trained], api_name="exittrain", concurrency_limit=2, concurrency_id="compute")
         et_cancel.click(cancel_exittrain, None, et_status, api_name="exittrain_cancel")
-        et_shipped.click(gpu_task("compare_shipped")(compare_shipped), None, [et_compare, et_table, et_tree_base, et_tree_trained], api_name="compare_shipped", concurrency_limit=2, concurrency_id="compute")
+        et_shipped.click(gpu_task("compare_shipped")(compare_shipped), None, [et_compare, et_table, et_mass, et_tree_base, et_tree_trained], api_name="compare_shipped", concurrency_limit=2, concurrency_id="compute")
     return demo
 
 

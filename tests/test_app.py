@@ -66,8 +66,8 @@ def test_verifier_lab_synthetic_and_prompt(client):
 
 
 def test_tiny_exittrain_run(client):
-    job = client.submit("exit", 5, 16, api_name="/exittrain")
-    curve, status, compare, table = job.result()
+    job = client.submit("math", "exit", 5, 16, api_name="/exittrain")
+    curve, status, compare, table, mass, tree_base, tree_trained = job.result()
     assert "finished after 5 steps" in status
     assert "| base |" in table and "ExitTrain" in table
 

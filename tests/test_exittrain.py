@@ -17,6 +17,8 @@ from tev.data.prompts import load_prompt_set
 from tev.engine.models import load_bundle
 from tev.train.distill import regenerate_sequences
 from tev.train.exit_loss import exit_loss_terms, node_weights, score_trees
+from tev.train.anchor_data import AnchorData
+from tev.train.exittrain_command import training_sequences
 from tev.train.trainer import ExitTrainConfig, ExitTrainer
 from tev.util.paths import embedded
 from tests.tiny import tiny_block_drafter, tiny_target
@@ -192,10 +194,14 @@ def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_
     bundle = load_bundle(dtype="float32")
     config = ExitTrainConfig(steps=2, budget=8, sequences_per_step=2, anchors_per_sequence=2, eval_every=0, save_every=0)
     prompts = load_prompt_set("heldout")[:2]
-    result = run_ablation(bundle, embedded("block"), config=config, data_sequences=4, context_length=24, new_tokens=8, prompts=prompts, budgets=(8,), temperatures=(0.0, 1.0), max_new_tokens=6, out=tmp_path / "eval", progress=False, cache_dir=None)
+    train = AnchorData.of(training_sequences(bundle.target, bundle.tokenizer, "train", 4, 24, 8, seed=7, cache_dir=None, progress=False), 23)
+    heldout = AnchorData.of(training_sequences(bundle.target, bundle.tokenizer, "heldout", 4, 24, 8, seed=8, cache_dir=None, progress=False), 23)
+    result = run_ablation(bundle, embedded("block"), train, heldout, prompts, config=config, budgets=(8,), temperatures=(0.0, 1.0), max_new_tokens=6, out=tmp_path / "eval", progress=False)
     assert sorted({row["drafter"] for row in result["rows"]}) == ["base", "exit", "none", "prefix"]
     assert len(result["rows"]) == 4 * 2 and all(row["tau"] >= 1 for row in result["rows"])
     assert set(result["training"]) == {"none", "prefix", "exit"} and result["base_heldout_expected_tau"] >= 1
+    for summary in result["heldout_trees"].values():  # the exit law sums to 1 per tree, over depths
+        assert sum(summary["internal"]) + sum(summary["leaf"]) == pytest.approx(1.0, abs=1e-6)
     result["command"] = "python -m tev bench exittrain --install"
     install_from_ablation(result, tmp_path / "eval", bundle.target)
     shipped = embedded("exittrain")

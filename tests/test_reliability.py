@@ -224,11 +224,11 @@ def wait_for_output(job, timeout: float = 60.0):
 
 def test_exittrain_one_run_at_a_time_only_the_owner_cancels(exittrain_server):
     owner, other = new_client(exittrain_server.url), new_client(exittrain_server.url)
-    job = owner.submit("exit", 400, 16, api_name="/exittrain")
+    job = owner.submit("math", "exit", 400, 16, api_name="/exittrain")
     wait_for_output(job)
     assert other.predict(api_name="/exittrain_cancel") == "no ExitTrain run of yours is in progress"
     with pytest.raises(Exception, match="another ExitTrain run is in progress"):
-        other.predict("exit", 5, 16, api_name="/exittrain")
+        other.predict("math", "exit", 5, 16, api_name="/exittrain")
     assert owner.predict(api_name="/exittrain_cancel") == "cancelling after this step…"
     status = job.result(timeout=120)[1]
     steps = int(re.fullmatch(r"cancelled after (\d+) steps", status).group(1))
@@ -239,7 +239,7 @@ def test_exittrain_owner_leaving_frees_the_slot(exittrain_server):
     code = f"""
 import os, time
 from gradio_client import Client
-job = Client({exittrain_server.url!r}, verbose=False).submit("exit", 400, 16, api_name="/exittrain")
+job = Client({exittrain_server.url!r}, verbose=False).submit("math", "exit", 400, 16, api_name="/exittrain")
 while not job.outputs():
     time.sleep(0.05)
 os._exit(0)
@@ -248,7 +248,7 @@ os._exit(0)
     client, deadline = new_client(exittrain_server.url), time.time() + 30
     while True:  # the abandoned run stops at its next yield (every 5 steps) and frees the slot
         try:
-            status = client.predict("exit", 5, 16, api_name="/exittrain")[1]
+            status = client.predict("math", "exit", 5, 16, api_name="/exittrain")[1]
             break
         except Exception as error:  # noqa: BLE001
             assert "in progress" in str(error) and time.time() < deadline, str(error)
@@ -258,7 +258,7 @@ os._exit(0)
 
 def test_killing_the_server_mid_exittrain_leaves_the_assets_intact(exittrain_server, exittrain_assets):
     folder, before = exittrain_assets
-    job = new_client(exittrain_server.url).submit("exit", 400, 16, api_name="/exittrain")
+    job = new_client(exittrain_server.url).submit("math", "exit", 400, 16, api_name="/exittrain")
     wait_for_output(job)
     exittrain_server.kill()
     assert exittrain_server.process.returncode == -9
@@ -384,7 +384,7 @@ def lab(**changes) -> tuple:
 
 
 def exittrain(**changes) -> tuple:
-    values = dict(weights="exit", steps=5, lambda_exit=16)
+    values = dict(domain="math", weights="exit", steps=5, lambda_exit=16)
     values.update(changes)
     return ("/exittrain", tuple(values.values()))
 
@@ -443,6 +443,7 @@ API_CASES = [
     ("ExitTrain lambda -1", exittrain(lambda_exit=-1), RANGE),
     ("ExitTrain lambda 1000", exittrain(lambda_exit=1000), RANGE),
     ("ExitTrain weights 'bogus'", exittrain(weights="bogus"), "not in the list of choices"),
+    ("ExitTrain domain 'poetry'", exittrain(domain="poetry"), "not in the list of choices"),
     ("browse round 'abc'", ("/browse_round", ("abc",)), NOT_A_NUMBER),
 ]
 

@@ -25,6 +25,8 @@ from tev.bench.ablation import ablation_command
 from tev.service.live_exittrain import live_check_command
 from tev.train.exit_loss import WEIGHT_MODES
 from tev.train.exittrain_command import exittrain_command
+from tev.train.anchor_data import DOMAINS
+from tev.train.exittrain_data import exittrain_data_command
 from tev.train.trainer import ExitTrainConfig
 
 __all__ = ["build_parser", "main"]
@@ -98,6 +100,15 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, only: tuple[st
         parser.add_argument(flag, dest=field.name, type=types[field.name], default=field.default, choices=field.metadata.get("choices"), help=field.metadata.get("help"))
 
 
+def _add_data_arguments(parser) -> None:
+    """ExitTrain's data: a chat pair's shipped conversations (optionally one domain), or the tiny pair's regenerated sequences."""
+    parser.add_argument("--domain", choices=DOMAINS, default=None, help="chat pair: train and evaluate on one domain's conversations and prompts (default: all)")
+    parser.add_argument("--data-sequences", type=int, default=1024, help="tiny pair: target-regenerated training sequences")
+    parser.add_argument("--heldout-sequences", type=int, default=48, help="tiny pair: held-out sequences")
+    parser.add_argument("--context-length", type=int, default=128, help="tiny pair: context tokens per sequence")
+    parser.add_argument("--new-tokens", type=int, default=96, help="tiny pair: target tokens after the context")
+
+
 def _bench_exittrain(args) -> None:
     """``bench exittrain``: the ablation, or with ``--live`` a check of the app's live mode."""
     (live_check_command if args.live else ablation_command)(args)
@@ -106,17 +117,17 @@ def _bench_exittrain(args) -> None:
 def _add_bench_exittrain(kinds) -> None:
     parser = kinds.add_parser("exittrain", help="ExitTrain evaluation: base vs token-only vs prefix vs exit weights, equal steps and data")
     parser.add_argument("--modes", nargs="+", choices=WEIGHT_MODES, default=["none", "prefix", "exit"])
-    add_dataclass_arguments(parser, ExitTrainConfig, only=("steps", "budget", "lambda_exit", "lr", "seed"))
-    parser.add_argument("--data-sequences", type=int, default=1024)
+    add_dataclass_arguments(parser, ExitTrainConfig, only=("steps", "budget", "lambda_exit", "lr", "warmup", "sequences_per_step", "anchors_per_sequence", "token_labels", "soft_top", "temperature", "seed"))
+    _add_data_arguments(parser)
     parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--base", help="drafter folder to start from (default: the embedded base drafter)")
+    parser.add_argument("--base", help="drafter folder to start from (default: the pair's block drafter)")
     parser.add_argument("--out", help="folder for the trained drafters and exittrain-eval.json (default: runs/exittrain-eval-<time>)")
     parser.add_argument("--live", action="store_true", help="instead: the app's 1-2 minute live mode, once per --live-seeds, tau change at B=32")
     parser.add_argument("--live-seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--install", action="store_true", help="ship the exit-weighted drafter of this run as assets/models/drafter-exittrain (with its evaluation)")
+    parser.add_argument("--install", action="store_true", help="ship the exit-weighted drafter of this run as the pair's ExitTrain drafter (with its evaluation)")
     add_model_arguments(parser)
     parser.set_defaults(func=_bench_exittrain)
 
@@ -146,17 +157,23 @@ def _add_bench(commands) -> None:
 def _add_exittrain(commands) -> None:
     parser = commands.add_parser("exittrain", help="fine-tune the block drafter with ExitTrain (exit-weighted loss)")
     add_dataclass_arguments(parser, ExitTrainConfig)
-    parser.add_argument("--data-sequences", type=int, default=1024, help="target-regenerated training sequences")
-    parser.add_argument("--heldout-sequences", type=int, default=48)
-    parser.add_argument("--context-length", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=96)
-    parser.add_argument("--base", help="drafter folder to start from (default: the embedded base drafter)")
+    _add_data_arguments(parser)
+    parser.add_argument("--base", help="drafter folder to start from (default: the pair's block drafter)")
     parser.add_argument("--out", help="output folder (default: runs/exittrain/<weights>-<time>); never assets/ unless --install")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    parser.add_argument("--install", action="store_true", help="install the result as assets/models/drafter-exittrain")
+    parser.add_argument("--install", action="store_true", help="install the result as the pair's ExitTrain drafter")
     parser.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts for the before/after tau (0: skip)")
     add_model_arguments(parser)
     parser.set_defaults(func=exittrain_command)
+
+
+def _add_exittrain_data(commands) -> None:
+    parser = commands.add_parser("exittrain-data", help="write the default pair's ExitTrain data from a finished train-drafter run's conversations")
+    parser.add_argument("--work-dir", default="runs/train-drafter-smollm2", help="the train-drafter work folder (its cached conversations and split)")
+    parser.add_argument("--per-domain", type=int, default=128, help="training conversations per domain (dialogue, code, math)")
+    parser.add_argument("--response-tokens", type=int, default=128, help="response tokens kept per conversation")
+    parser.add_argument("--out", default=None, help="file to write (default: assets/models/smollm2/exittrain-data.safetensors)")
+    parser.set_defaults(func=exittrain_data_command)
 
 
 def _add_build_assets(commands) -> None:
@@ -189,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(commands)
     _add_build_assets(commands)
     _add_exittrain(commands)
+    _add_exittrain_data(commands)
     _add_train_drafter(commands)
     return parser
 

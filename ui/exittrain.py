@@ -1,60 +1,85 @@
-"""The ExitTrain tab: a short live fine-tune of the base drafter, or the shipped one, against the base."""
+"""The ExitTrain tab: a short live fine-tune of the pair's base drafter (one domain of the
+default pair), or the shipped ExitTrain drafter, against the base on held-out rounds."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import gradio as gr
 import torch
 
 from tev.bench.lab import tree_from_prompt
-from tev.data.prompts import load_prompt_set
+from tev.data.prompts import evaluation_prompts
 from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, fit_prompt
-from tev.service.live_exittrain import LIVE_CONFIG, live_trainer, load_live_data
+from tev.engine.models import shipped_drafter
+from tev.service.live_exittrain import LIVE_HELDOUT_BATCHES, coverage_change, live_config, live_data, live_trainer
 from tev.service.service import LIMITS, UserInputError, check_number
-from tev.util.paths import embedded
+from tev.train.anchor_data import DOMAINS
 from ui import shared
 from ui.shared import _user_error
-from visual import before_after_figure, training_figure, tree_figure
+from visual import before_after_figure, exit_mass_change_figure, training_figure, tree_figure
+
+COMPARE_PROMPTS = 2  # held-out prompts per temperature in the decoding comparison after a live run
+COMPARE_TOKENS = 32
 
 
-def run_exittrain(weights, steps, lambda_exit, request: gr.Request, progress=gr.Progress()):
-    """A short live fine-tune of the base drafter; then base vs trained on held-out prompts."""
+def run_exittrain(domain, weights, steps, lambda_exit, request: gr.Request, progress=gr.Progress()):
+    """A short live fine-tune of the base drafter; then base vs trained on held-out rounds and prompts."""
     owner = getattr(request, "session_hash", None) or "anonymous"
     try:
         steps = check_number("steps", steps, LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, integer=True)
         lambda_exit = check_number("lambda", lambda_exit, 0, LIMITS.max_lambda_exit)
-        config = dataclasses.replace(LIVE_CONFIG, weights=weights, steps=steps, lambda_exit=lambda_exit)
-        train, heldout, first_anchor = load_live_data()
         bundle = shared.EXITTRAIN_SERVICE.bundle()
         if "block" not in bundle.drafters:
             raise UserInputError("ExitTrain needs the block drafter, which is not loaded")
+        if bundle.is_chat and domain not in DOMAINS:
+            raise UserInputError(f"choose a domain: {', '.join(DOMAINS)}")
+        domain = domain if bundle.is_chat else None
+        config = dataclasses.replace(live_config(bundle.is_chat), weights=weights, steps=steps, lambda_exit=lambda_exit)
+        data = live_data(bundle, domain)
     except (ValueError, FileNotFoundError) as error:
         raise _user_error(error) from None
     if not shared.EXITTRAIN_SLOT.acquire(owner):
         raise gr.Error("another ExitTrain run is in progress on this server; wait for it to finish, then start again", print_exception=False)
     try:
-        trainer = live_trainer(bundle.target, config, (train, heldout, first_anchor))
+        trainer = live_trainer(bundle, config, data)
         shared.EXITTRAIN_SLOT.trainer = trainer
+        progress(0, desc="scoring the base drafter's held-out trees…")
         with shared.SERVICE.compute:
-            before = trainer.heldout_expected_tau()
-        history = [{"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_exit": float("nan"), "expected_tau": before, "heldout_expected_tau": before}]
+            before = trainer.heldout_trees(LIVE_HELDOUT_BATCHES)
+        start = 1 + sum(before.coverage) / len(before.coverage)
+        history = [{"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_exit": float("nan"), "expected_tau": start, "heldout_expected_tau": start}]
         events = trainer.run()
         while True:
-            with shared.SERVICE.compute:
+            with shared.SERVICE.compute:  # a step at a time, so another user's generation takes turns with it
                 event = next(events, None)
             if event is None:
                 break
             history.append(event.__dict__)
             progress(event.step / config.steps, desc=f"step {event.step}/{config.steps} · loss {event.loss:.3f}")
-            if event.step % 5 == 0 or event.step == config.steps:
-                yield training_figure(history), f"step {event.step}/{config.steps} · batch 1 + C {event.expected_tau:.3f}", gr.skip(), gr.skip()
+            if bundle.is_chat or event.step % 5 == 0 or event.step == config.steps:
+                yield training_figure(history), f"step {event.step}/{config.steps} · batch 1 + C {event.expected_tau:.3f}", *[gr.skip()] * 5
         status = "cancelled" if trainer.cancelled else "finished"
+        yield training_figure(history), f"{status} after {trainer.step} steps; scoring the held-out trees again…", *[gr.skip()] * 5
+        with shared.SERVICE.compute:
+            after = trainer.heldout_trees(LIVE_HELDOUT_BATCHES)
+        change = coverage_change(before, after)
+        mass = exit_mass_change_figure({"base": {**before.exit_mass_by_depth(trainer.horizon), "expected_tau": change["before"]},
+                                        f"ExitTrain ({weights})": {**after.exit_mass_by_depth(trainer.horizon), "expected_tau": change["after"]}})
+        summary = (f"**Held-out 1 + C** ({change['anchors']} held-out rounds{' of ' + domain if domain else ''}, the same for both, B = {config.budget}, "
+                   f"T = {config.temperature:g}): base {change['before']:.3f} -> {change['after']:.3f}, "
+                   f"**{100 * change['change']:+.1f}% +- {100 * change['change_se']:.1f}%** (paired standard error).")
+        yield training_figure(history), f"{status} after {trainer.step} steps; {summary} Comparing decoding on held-out prompts…", gr.skip(), gr.skip(), mass, gr.skip(), gr.skip()
         trained = trainer.accelerator.unwrap_model(trainer.drafter).eval().to(torch.bfloat16)  # served like the shipped drafters
-        yield training_figure(history), f"{status} after {trainer.step} steps; comparing on held-out prompts…", gr.skip(), gr.skip()
-        rows, table = _compare(bundle, {"base": BlockTreeDrafter(BlockDrafter.from_pretrained(embedded("block"), bundle.target), name="base"), f"ExitTrain ({weights}, live)": BlockTreeDrafter(trained, name="live")})
-        yield training_figure(history), f"{status} after {trainer.step} steps", before_after_figure(rows), table
+        base = BlockTreeDrafter(BlockDrafter.from_pretrained(shipped_drafter(bundle.pair or "tiny", "block"), bundle.target), name="base")
+        live = BlockTreeDrafter(trained, name="live")
+        prompts = evaluation_prompts(bundle.is_chat, COMPARE_PROMPTS, domain)
+        rows, table = _compare(bundle, {"base": base, f"ExitTrain ({weights}, live)": live}, prompts, COMPARE_TOKENS)
+        table = summary + "\n\n" + table + _control_note(bundle, domain)
+        trees = _side_by_side(bundle, {"base": base, "ExitTrain (live)": live}, prompts[0])
+        yield training_figure(history), f"{status} after {trainer.step} steps", before_after_figure(rows), table, mass, *trees
     finally:
         shared.EXITTRAIN_SLOT.release()
 
@@ -70,24 +95,55 @@ def compare_shipped(progress=gr.Progress()):
     except ValueError as error:  # the models could not be loaded: say why
         raise _user_error(error) from None
     if "exittrain" not in bundle.drafters:
-        raise gr.Error("no shipped ExitTrain drafter in assets/models; run `python -m tev exittrain --install` first", print_exception=False)
-    rows, table = _compare(bundle, {"base": bundle.drafter("block"), "ExitTrain (shipped)": bundle.drafter("exittrain")})
-    prompt = fit_prompt(bundle.tokenizer, load_prompt_set("heldout")[5], bundle.context_length - 8)
-    trees = []
-    for name in ("block", "exittrain"):
-        with shared.SERVICE.compute:
-            lab = tree_from_prompt(bundle.target, bundle.drafter(name), prompt, 32, 1.0)
-        trees.append(tree_figure(lab.tree, lab.flow, None, token_text=shared.EXITTRAIN_SERVICE.token_text, title=f"{name} drafter, same prompt"))
-    return before_after_figure(rows), table, trees[0], trees[1]
+        raise gr.Error("this pair ships no ExitTrain drafter; build one with `python -m tev bench exittrain --install`", print_exception=False)
+    drafters = {"base": bundle.drafter("block"), "ExitTrain (shipped)": bundle.drafter("exittrain")}
+    prompts = evaluation_prompts(bundle.is_chat, 6)
+    rows, table = _compare(bundle, drafters, prompts, 48)
+    mass = _shipped_mass(bundle)
+    return before_after_figure(rows), table + _control_note(bundle, None), mass, *_side_by_side(bundle, drafters, prompts[0])
 
 
-def _compare(bundle, drafters: dict):
-    prompts = load_prompt_set("heldout")[1::8][:6]
+def _compare(bundle, drafters: dict, prompts: list[dict], max_new_tokens: int):
     rows, lines = [], ["| drafter | T | tau | 1 + C | per-prompt tau q25-q75 |", "|---|---|---|---|---|"]
     for name, drafter in drafters.items():
         with shared.SERVICE.compute:
-            measured = evaluate_drafter(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(32,), temperatures=(0.0, 1.0), max_new_tokens=48, progress=False)
+            measured = evaluate_drafter(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(32,), temperatures=(0.0, 1.0), max_new_tokens=max_new_tokens, progress=False)
         for row in measured:
             rows.append({"drafter": name, "temperature": row["temperature"], "tau": row["tau"], "tau_q25": row["prompt_tau_q25"], "tau_q75": row["prompt_tau_q75"]})
-            lines.append(f"| {name} | {row['temperature']:g} | {row['tau']:.3f} | {row['tau_bound']:.3f} | {row['prompt_tau_q25']:.2f}-{row['prompt_tau_q75']:.2f} |")
-    return rows, "\n".join(lines) + f"\n\nB = 32, {len(prompts)} held-out prompts, 48 new tokens each, TEV (greedy at T = 0)."
+            lines.append(f"| {name} | {row['temperature']:g} | {row['tau']:.3f} +- {row['tau_se']:.3f} | {row['tau_bound']:.3f} | {row['prompt_tau_q25']:.2f}-{row['prompt_tau_q75']:.2f} |")
+    return rows, "\n".join(lines) + f"\n\nDecoding: B = 32, {len(prompts)} held-out prompt(s), {max_new_tokens} new tokens each, TEV (greedy at T = 0); +- is the standard error over rounds."
+
+
+def _side_by_side(bundle, drafters: dict, prompt: dict) -> list:
+    """Each drafter's first tree on the same held-out prompt, with the target's reach and missing mass."""
+    ids = fit_prompt(bundle.tokenizer, prompt, bundle.context_length - 8)
+    figures = []
+    for name, drafter in drafters.items():
+        with shared.SERVICE.compute:
+            lab = tree_from_prompt(bundle.target, drafter, ids, 32, 1.0)
+        figures.append(tree_figure(lab.tree, lab.flow, None, token_text=shared.EXITTRAIN_SERVICE.token_text,
+                                   title=f"{name}: 1 + C = {1 + lab.flow.coverage:.3f} on the same held-out prompt"))
+    return figures
+
+
+def _shipped_result(bundle) -> dict | None:
+    path = shipped_drafter(bundle.pair or "tiny", "exittrain") / "exittrain.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _shipped_mass(bundle):
+    result = _shipped_result(bundle)
+    trees = (result or {}).get("heldout_trees")
+    return exit_mass_change_figure(trees) if trees else exit_mass_change_figure({})
+
+
+def _control_note(bundle, domain: str | None) -> str:
+    """The token-only control's stored result from the shipped ablation, labelled as such."""
+    result = _shipped_result(bundle)
+    trees = (result or {}).get("heldout_trees", {})
+    if "none" not in trees or "base" not in trees:
+        return ""
+    parts = [f"{name} {100 * (trees[name]['expected_tau'] / trees['base']['expected_tau'] - 1):+.1f}%" for name in ("none", "prefix", "exit") if name in trees]
+    where = "all domains" if not domain else "all domains, not only " + domain
+    return (f"\n\nStored result of the shipped ablation (equal data, steps and seed; {where}), held-out 1 + C change against the base: "
+            + ", ".join(parts) + " (none = token-only control).")

@@ -17,10 +17,12 @@ from tev.service.service import ExitTrainSlot, ModelService
 # and moves the weights when a @spaces.GPU call begins), else the CPU
 DEVICE = os.environ.get("TEV_DEVICE") or "auto"
 SERVICE = ModelService(target=os.environ.get("TEV_TARGET") or None, draft=os.environ.get("TEV_DRAFT") or None, device=DEVICE)
-# The live ExitTrain mode is built on the tiny code pair (its data and base drafter ship in
-# assets/models); it shares the compute lock, so a fine-tune and a generation take turns.
-EXITTRAIN_SERVICE = SERVICE if SERVICE.target_source is None and default_pair() == "tiny" else ModelService(pair="tiny", device=DEVICE)
+# The live ExitTrain mode runs on the shipped pair (its data and base drafter ship in assets/models;
+# a custom TEV_TARGET has none, so the default pair is loaded beside it); it shares the compute
+# lock, so a fine-tune and a generation take turns.
+EXITTRAIN_SERVICE = SERVICE if SERVICE.target_source is None else ModelService(pair=default_pair(), device=DEVICE)
 EXITTRAIN_SERVICE.compute = SERVICE.compute
+EXITTRAIN_CHAT = default_pair() == "smollm2"  # its data has domains (dialogue, code, math)
 EXITTRAIN_SLOT = ExitTrainSlot()
 CHAT_DEFAULT = SERVICE.target_source is None and default_pair() == "smollm2"  # a chat target: prompts are user messages
 

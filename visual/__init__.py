@@ -2,6 +2,7 @@
 
 from .charts import (
     before_after_figure,
+    exit_mass_change_figure,
     mass_by_depth_figure,
     timeline_figure,
     training_figure,
@@ -15,6 +16,7 @@ from .tree_view import NODE_FIELDS, tree_figure
 __all__ = [
     "NODE_FIELDS",
     "before_after_figure",
+    "exit_mass_change_figure",
     "mass_by_depth_figure",
     "text_view_html",
     "tidy_layout",

@@ -15,7 +15,7 @@ from tev.engine.decode import STAGES
 
 from .style import BONUS_COLOUR, EXIT_COLOUR, PATH_COLOUR, TokenText, floats, token_label
 
-__all__ = ["before_after_figure", "mass_by_depth_figure", "timeline_figure", "training_figure", "verifier_lab_figure"]
+__all__ = ["before_after_figure", "exit_mass_change_figure", "mass_by_depth_figure", "timeline_figure", "training_figure", "verifier_lab_figure"]
 
 
 def _empty_figure(message: str) -> go.Figure:
@@ -85,6 +85,41 @@ def mass_by_depth_figure(flow_or_flows) -> go.Figure:
         plot_bgcolor="white",
         height=420,
         margin=dict(t=90),
+    )
+    return fig
+
+
+def exit_mass_change_figure(summaries: dict) -> go.Figure:
+    """Where each drafter's trees lose the target's mass, on the same held-out rounds.
+
+    Args:
+        summaries: drafter name -> ``{"internal": [...], "leaf": [...]}``, the mean exit mass
+            per tree by depth ``0..K`` (:meth:`tev.train.exit_loss.TreeBatch.exit_mass_by_depth`),
+            optionally with ``expected_tau``.
+
+    One bar per drafter at each depth: the solid part is the missing mass (the target's next
+    token was not among the node's children), the pale part the mass that reached a leaf
+    (the tree ended there). Trace names: ``"<name>: missing"``, ``"<name>: tree ended"``.
+    """
+    if not summaries:
+        return _empty_figure("Exit mass by depth: nothing measured yet")
+    palette = ["#7f7f7f", EXIT_COLOUR, "#3b7dd8", "#2ca02c"]
+    fig = go.Figure()
+    for i, (name, summary) in enumerate(summaries.items()):
+        colour = palette[i % len(palette)]
+        internal, leaf = summary["internal"], summary["leaf"]
+        depths = list(range(len(internal)))
+        label = f"{name} (1 + C = {summary['expected_tau']:.3f})" if "expected_tau" in summary else name
+        fig.add_trace(go.Bar(x=depths, y=internal, name=f"{label}: missing", offsetgroup=name, marker_color=colour,
+                             hovertemplate="depth %{x}: %{y:.3f} missing<extra>" + html.escape(name) + "</extra>"))
+        fig.add_trace(go.Bar(x=depths, y=leaf, base=internal, name=f"{label}: tree ended", offsetgroup=name, marker_color=colour, opacity=0.35,
+                             hovertemplate="depth %{x}: %{y:.3f} at a leaf<extra>" + html.escape(name) + "</extra>"))
+    fig.update_layout(
+        barmode="group", height=420, plot_bgcolor="white", margin=dict(t=90),
+        title=dict(text="Where the target's mass leaves the trees, by depth (same held-out rounds)"
+                        "<br><sup>solid: missing mass (the target's next token was not a child); pale: the tree ended there; each drafter's bars sum to 1</sup>"),
+        xaxis=dict(title="depth of the exit node", dtick=1), yaxis=dict(title="mean exit probability per tree", rangemode="tozero"),
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0, font=dict(size=10)),
     )
     return fig
 

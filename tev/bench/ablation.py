@@ -2,7 +2,9 @@
 
 One drafter per weight mode (``none`` token-only, ``prefix`` reach-weighted, ``exit`` the
 method), all from the same base, data, seed and steps; then decoding ``tau`` (TEV) and mean
-``1 + C`` for the base and every variant. ``--install`` ships the measured exit drafter.
+``1 + C`` for the base and every variant, per domain for a chat pair, and where each drafter's
+trees lose the target's mass (exit mass by depth on the same held-out rounds).
+``--install`` ships the measured exit drafter.
 """
 
 from __future__ import annotations
@@ -16,51 +18,83 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from tev.data.prompts import load_prompt_set
+from tev.data.prompts import evaluation_prompts
 from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter
-from tev.engine.models import load_bundle
+from tev.engine.models import load_bundle, shipped_drafter
+from tev.train.anchor_data import AnchorData
 from tev.train.card import refresh_card
-from tev.train.exittrain_command import SEQUENCE_CACHE, install_drafter, invoked_command, training_sequences
+from tev.train.exittrain_command import exittrain_sets, install_drafter, invoked_command, pair_of
 from tev.train.trainer import ExitTrainConfig, ExitTrainer
-from tev.util.paths import REPO_ROOT, assets_dir, embedded
+from tev.util.paths import REPO_ROOT, assets_dir
 
-__all__ = ["run_ablation", "format_ablation", "install_from_ablation", "ablation_command", "evaluation_setup"]
+__all__ = ["run_ablation", "format_ablation", "install_from_ablation", "ablation_command", "evaluation_setup", "pooled_rows", "HELDOUT_BATCHES"]
+
+HELDOUT_BATCHES = 8  # held-out rounds for 1 + C and the exit mass by depth: the same anchors for every drafter
+
+
+def pooled_rows(parts: list[list[dict]]) -> list[dict]:
+    """One row per setting pooled over prompt groups (e.g. domains) evaluated apart: ``tau``
+    and ``tau_bound`` weighted by rounds, the standard error of the pooled mean."""
+    pooled = []
+    for rows in zip(*parts):
+        rounds = sum(r["rounds"] for r in rows)
+        row = {**rows[0], "rounds": rounds, "tokens": sum(r["tokens"] for r in rows)}
+        row["tau"] = sum(r["tau"] * r["rounds"] for r in rows) / rounds
+        row["tau_bound"] = sum(r["tau_bound"] * r["rounds"] for r in rows) / rounds
+        row["tau_se"] = sum((r["tau_se"] * r["rounds"]) ** 2 for r in rows) ** 0.5 / rounds
+        row.pop("domain", None)
+        pooled.append(row)
+    return pooled
+
+
+def _measure(bundle, name: str, drafter, prompts: list[dict], budgets, temperatures, max_new_tokens: int, progress: bool) -> list[dict]:
+    """Rows of ``drafter`` on ``prompts``: per domain (when the prompts have domains) and pooled."""
+    tree_drafter = BlockTreeDrafter(drafter, name=name)
+    domains = list(dict.fromkeys(p["domain"] for p in prompts)) if all("domain" in p for p in prompts) else []
+    if len(domains) < 2:
+        rows = evaluate_drafter(bundle.target, bundle.tokenizer, tree_drafter, prompts, budgets=budgets, temperatures=temperatures, max_new_tokens=max_new_tokens, desc=f"tau [{name}]", progress=progress)
+        return [{"drafter": name, **row} for row in rows]
+    parts = []
+    for domain in domains:
+        rows = evaluate_drafter(bundle.target, bundle.tokenizer, tree_drafter, [p for p in prompts if p["domain"] == domain], budgets=budgets,
+                                temperatures=temperatures, max_new_tokens=max_new_tokens, desc=f"tau [{name}, {domain}]", progress=progress)
+        parts.append([{"drafter": name, **row, "domain": domain} for row in rows])
+    return [row for part in parts for row in part] + pooled_rows(parts)
+
+
+def _trees_summary(trainer: ExitTrainer) -> dict:
+    trees = trainer.heldout_trees(HELDOUT_BATCHES)
+    return {"expected_tau": 1.0 + sum(trees.coverage) / len(trees.coverage), "trees": len(trees.trees), **trees.exit_mass_by_depth(trainer.horizon)}
 
 
 def run_ablation(
     bundle,
     base: Path,
+    train: AnchorData,
+    heldout: AnchorData,
+    prompts: list[dict],
     modes=("none", "prefix", "exit"),
     config: ExitTrainConfig = ExitTrainConfig(),
-    data_sequences: int = 1024,
-    context_length: int = 128,
-    new_tokens: int = 96,
-    prompts: list[dict] | None = None,
     budgets=(16, 32, 64),
     temperatures=(0.0, 1.0),
     max_new_tokens: int = 64,
     out: Path | None = None,
     progress: bool = True,
-    cache_dir: Path | None = SEQUENCE_CACHE,
 ) -> dict:
     """Train one drafter per weight mode from the same base, data, seed and steps; then
-    measure decoding ``tau`` (TEV) and mean ``1 + C`` for the base and every variant.
-
-    The training sequences are cached in ``cache_dir`` (None: no cache); with ``out`` each
-    trained drafter is saved as ``out/drafter-<mode>``.
-    """
-    train = training_sequences(bundle.target, bundle.tokenizer, "train", data_sequences, context_length, new_tokens, seed=config.seed + 7, cache_dir=cache_dir, progress=progress)
-    heldout = training_sequences(bundle.target, bundle.tokenizer, "heldout", 48, context_length, new_tokens, seed=config.seed + 8, cache_dir=cache_dir, progress=progress)
+    measure decoding ``tau`` (TEV) and mean ``1 + C`` for the base and every variant (per
+    domain and pooled when the prompts have domains), and each drafter's held-out ``1 + C``
+    and exit mass by depth on the same held-out rounds. With ``out`` each trained drafter
+    is saved as ``out/drafter-<mode>``."""
     drafters = {"base": BlockDrafter.from_pretrained(base, bundle.target)}
-    training = {}
-    base_heldout_tau = None
+    training, trees = {}, {}
     for mode in modes:
         variant = dataclasses.replace(config, weights=mode, save_every=0)
         drafter = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
-        trainer = ExitTrainer(variant, bundle.target, drafter, train, heldout=heldout, first_anchor=context_length - 1)
-        if base_heldout_tau is None:  # same held-out anchors and temperature for every mode
-            base_heldout_tau = trainer.heldout_expected_tau()
+        trainer = ExitTrainer(variant, bundle.target, drafter, train, heldout=heldout)
+        if "base" not in trees:  # the same held-out anchors and temperature for every drafter
+            trees["base"] = _trees_summary(trainer)
         start = time.time()
         bar = tqdm(total=variant.steps, desc=f"train [{mode}]", disable=not progress)
         for event in trainer.run():
@@ -68,20 +102,21 @@ def run_ablation(
             bar.update(1)
         bar.close()
         trained = trainer.accelerator.unwrap_model(trainer.drafter).eval()
-        training[mode] = {"seconds": time.time() - start, "heldout_expected_tau": trainer.heldout_expected_tau(), "history": trainer.history}
+        trees[mode] = _trees_summary(trainer)
+        training[mode] = {"seconds": time.time() - start, "heldout_expected_tau": trees[mode]["expected_tau"], "history": trainer.history}
         if out is not None:
             trained.save_pretrained(Path(out) / f"drafter-{mode}")
         drafters[mode] = trained.to(torch.bfloat16)
     rows = []
     for name, model in drafters.items():
-        measured = evaluate_drafter(bundle.target, bundle.tokenizer, BlockTreeDrafter(model, name=name), prompts, budgets=budgets, temperatures=temperatures, max_new_tokens=max_new_tokens, desc=f"tau [{name}]", progress=progress)
-        rows += [{"drafter": name, **row} for row in measured]
-    return {"config": asdict(config), "data_sequences": data_sequences, "prompts": len(prompts), "rows": rows, "training": training, "base_heldout_expected_tau": base_heldout_tau}
+        rows += _measure(bundle, name, model, prompts, budgets, temperatures, max_new_tokens, progress)
+    return {"config": asdict(config), "train_sequences": len(train), "heldout_sequences": len(heldout), "prompts": len(prompts), "rows": rows,
+            "training": training, "heldout_trees": trees, "base_heldout_expected_tau": trees.get("base", {}).get("expected_tau")}
 
 
 def format_ablation(result: dict) -> str:
     """Markdown table of an ablation result: tau per (T, B, drafter), its change vs the base."""
-    rows = result["rows"]
+    rows = [r for r in result["rows"] if "domain" not in r]
     base = {(r["budget"], r["temperature"]): r["tau"] for r in rows if r["drafter"] == "base"}
     lines = ["| T | B | drafter | tau (+- s.e.) | vs base | mean 1 + C |", "|---|---|---|---|---|---|"]
     order = ("base", "none", "prefix", "exit")  # the controls first, the method last
@@ -105,31 +140,41 @@ def install_from_ablation(result: dict, out: Path, target) -> None:
         "history": training["history"],
         "tau": {name: [row for row in result["rows"] if row["drafter"] == drafter] for name, drafter in (("before", "base"), ("after", "exit"))},
         "ablation": format_ablation(result),
+        "heldout_trees": result.get("heldout_trees", {}),
+        "domain_rows": [row for row in result["rows"] if "domain" in row],
         "command": result["command"],
     }
     trained = BlockDrafter.from_pretrained(out / "drafter-exit", target)
     trained.config.notes = {**trained.config.notes, "exittrain": config, "trained_by": result["command"]}
-    install_drafter(trained, embedded("exittrain"), extra_files={"exittrain.json": json.dumps(entry, indent=1)})
+    destination = shipped_drafter(result.get("pair") or "tiny", "exittrain")
+    install_drafter(trained, destination, extra_files={"exittrain.json": json.dumps(entry, indent=1)})
     refresh_card(assets_dir())
-    print(f"installed the exit-weighted drafter as {embedded('exittrain')}; model card updated")
+    print(f"installed the exit-weighted drafter as {destination}; model card updated")
 
 
 def evaluation_setup(args) -> tuple[Path, object, list[dict]]:
     """(output folder, created; the models in float32; the held-out prompts) of a ``bench exittrain`` run."""
     out = Path(args.out) if args.out else REPO_ROOT / "runs" / f"exittrain-eval-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=args.pair or "tiny")
-    prompts = load_prompt_set("heldout")[:: max(1, 64 // args.num_prompts)][: args.num_prompts]
+    bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=pair_of(args))
+    prompts = evaluation_prompts(bundle.is_chat, args.num_prompts, getattr(args, "domain", None))
     return out, bundle, prompts
 
 
 def ablation_command(args) -> None:
     if args.install and "exit" not in args.modes:
         raise ValueError("--install ships the exit-weighted drafter: keep exit in --modes")
+    pair = pair_of(args)
+    if pair is None and (args.install or not args.base):
+        raise ValueError("with --target, pass --base (the drafter to fine-tune) and do not --install")
     out, bundle, prompts = evaluation_setup(args)
     config = dataclasses.replace(ExitTrainConfig.from_args(args), eval_every=0, save_every=0)
-    result = run_ablation(bundle, Path(args.base) if args.base else embedded("block"), args.modes, config, args.data_sequences, prompts=prompts, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, out=out)
+    train, heldout = exittrain_sets(bundle, args, config.seed)
+    base = Path(args.base) if args.base else shipped_drafter(pair, "block")
+    result = run_ablation(bundle, base, train, heldout, prompts, args.modes, config, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, out=out)
     result["command"] = invoked_command()
+    result["pair"] = pair
+    result["domain"] = getattr(args, "domain", None)
     (out / "exittrain-eval.json").write_text(json.dumps(result, indent=1))
     print(format_ablation(result))
     print(f"wrote {out / 'exittrain-eval.json'}")

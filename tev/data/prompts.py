@@ -14,7 +14,7 @@ from pathlib import Path
 from tev.data.corpus import load_split
 from tev.util.paths import prompts_dir
 
-__all__ = ["heldout_function_prompts", "humaneval_prompts", "load_prompt_set"]
+__all__ = ["heldout_function_prompts", "humaneval_prompts", "load_prompt_set", "evaluation_prompts"]
 
 
 
@@ -74,3 +74,20 @@ def load_prompt_set(name: str, folder: Path | None = None) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"no prompt set {name!r} at {path}; rebuild it with `python -m tev build-assets`")
     return json.loads(path.read_text())["prompts"]
+
+
+def evaluation_prompts(chat: bool, count: int, domain: str | None = None) -> list[dict]:
+    """Held-out evaluation prompts: for a chat target ``count`` of the ``chat`` set, taken in
+    turn from each domain (or from ``domain`` only); else ``count`` spread over ``heldout``."""
+    if not chat:
+        prompts = load_prompt_set("heldout")
+        return prompts[:: max(1, len(prompts) // max(1, count))][:count]
+    prompts = load_prompt_set("chat")
+    domains = [domain] if domain else sorted({p["domain"] for p in prompts}, key=[p["domain"] for p in prompts].index)
+    by_domain = {d: [p for p in prompts if p["domain"] == d] for d in domains}
+    if domain and not by_domain[domain]:
+        raise ValueError(f"no chat prompts of domain {domain!r}")
+    chosen = []
+    for i in range(max(len(v) for v in by_domain.values())):
+        chosen += [by_domain[d][i] for d in domains if i < len(by_domain[d])]
+    return chosen[:count]

@@ -212,14 +212,15 @@ class BlockDrafter(nn.Module):
         lookup[self.draft_vocab.to(token_ids.device)] = torch.arange(self.draft_vocab.numel(), device=token_ids.device)
         return torch.where(token_ids >= 0, lookup[token_ids.clamp(min=0)], token_ids)
 
-    def forward(self, features: torch.Tensor, valid: torch.Tensor, root_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, valid: torch.Tensor, root_ids: torch.Tensor, full_vocab: bool = True) -> torch.Tensor:
         """Per-depth draft logits over the target's whole vocabulary, `[B, K, V]`.
 
-        Tokens outside the draft vocabulary get ``-inf``. Training code should prefer
-        :meth:`draft_logits` with :meth:`draft_positions` labels (``V / Vd`` times less work).
+        Tokens outside the draft vocabulary get ``-inf``. Training code should pass
+        ``full_vocab=False`` (:meth:`draft_logits`, `[B, K, Vd]`) with :meth:`draft_positions`
+        labels: ``V / Vd`` times less work, and a wrapped module (accelerate) still syncs.
         """
         logits = self.draft_logits(features, valid, root_ids)
-        if self.draft_vocab is None:
+        if self.draft_vocab is None or not full_vocab:
             return logits
         full = logits.new_full((*logits.shape[:2], self.config.vocab_size), float("-inf"))
         return full.index_copy_(2, self.draft_vocab, logits)

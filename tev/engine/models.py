@@ -32,6 +32,7 @@ __all__ = [
     "check_same_tokenizer",
     "DRAFTER_KINDS",
     "PAIRS",
+    "shipped_drafter",
     "PAIR_DESCRIPTIONS",
     "default_pair",
     "pair_sources",
@@ -198,6 +199,18 @@ def default_pair() -> str:
     return pair
 
 
+def shipped_drafter(pair: str, kind: str) -> Path:
+    """Where a shipped pair keeps its ``block`` or ``exittrain`` drafter (present or not); no
+    model is loaded or converted."""
+    if kind not in ("block", "exittrain"):
+        raise ValueError(f"shipped drafter kinds are block and exittrain, got {kind!r}")
+    if pair == "tiny":
+        return embedded(kind)
+    if pair == "smollm2":
+        return models_dir() / "smollm2" / f"drafter-{kind}"
+    raise ModelLoadError(f"unknown pair {pair!r}; choose one of {', '.join(PAIRS)}")
+
+
 def pair_sources(pair: str) -> dict[str, Path]:
     """The folders of a shipped pair: ``target`` and whichever drafters it ships.
 
@@ -211,8 +224,7 @@ def pair_sources(pair: str) -> dict[str, Path]:
             target = ensure_default_target()
         except DefaultTargetError as error:
             raise ModelLoadError(str(error)) from error
-        folder = models_dir() / "smollm2"
-        return {"target": target, "block": folder / "drafter-block", "exittrain": folder / "drafter-exittrain"}
+        return {"target": target, **{kind: shipped_drafter(pair, kind) for kind in ("block", "exittrain")}}
     raise ModelLoadError(f"unknown pair {pair!r}; choose one of {', '.join(PAIRS)}")
 
 

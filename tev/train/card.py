@@ -12,7 +12,7 @@ from tev.util.files import write_text_atomic
 __all__ = ["render_card", "write_card", "refresh_card"]
 
 
-def render_card(report: dict, default_pair: dict | None = None) -> str:
+def render_card(report: dict, default_pair: dict | None = None, default_exittrain: dict | None = None) -> str:
     """The model card (``assets/README.md``): the default pair's section from its drafter's
     ``training.json`` (when present), then the tiny pair's from its build report."""
     target, drafter, evaluation = report["target"], report["drafter"], report["evaluation"]
@@ -20,6 +20,8 @@ def render_card(report: dict, default_pair: dict | None = None) -> str:
     lines = ["# Shipped models: model card", ""]
     if default_pair is not None:
         lines += default_pair_card_lines(default_pair)
+    if default_exittrain is not None:
+        lines += _exittrain_card_lines(default_exittrain, "conversations the target wrote itself")
     lines += [
         "# The tiny pair (`--pair tiny`): a 7M code model and its drafters",
         "",
@@ -100,8 +102,9 @@ def render_card(report: dict, default_pair: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def _exittrain_card_lines(entry: dict) -> list[str]:
-    """The card's ExitTrain section, from the report ``python -m tev exittrain --install`` writes."""
+def _exittrain_card_lines(entry: dict, data: str = "target-regenerated sequences") -> list[str]:
+    """The card's ExitTrain section, from the report ``python -m tev exittrain --install`` (or the
+    ablation's ``--install``) writes; ``data`` names what a training sequence is."""
     config = entry["config"]
     lines = [
         "## ExitTrain drafter `q` (fine-tuned from the base drafter)",
@@ -114,9 +117,10 @@ def _exittrain_card_lines(entry: dict) -> list[str]:
         "",
         f"Exit-weighted loss `L_tok + {config['lambda_exit']:g} L_exit` ({config['weights']} weights), training trees of budget "
         f"{config['budget']} scored by the frozen target at T = {config['temperature']:g}; {entry['steps_done']} steps x "
-        f"{config['sequences_per_step'] * config['anchors_per_sequence']} anchors ({config['sequences_per_step']} target-regenerated sequences x "
-        f"{config['anchors_per_sequence']} anchors), lr {config['lr']:g}; {entry['seconds'] / 60:.1f} min on CPU.",
-        f"Held-out expected `1 + C` (T = {config['temperature']:g}, fixed anchors in held-out target-regenerated text, half greedy and half sampled): {entry['heldout_expected_tau_before']:.3f} before, "
+        f"{config['sequences_per_step'] * config['anchors_per_sequence']} anchors ({config['sequences_per_step']} {data} x "
+        f"{config['anchors_per_sequence']} anchors), lr {config['lr']:g}, `L_tok` against {'the target' + chr(39) + 's distributions' if config.get('token_labels', 'written') == 'soft' else 'the written tokens'}; "
+        f"{entry['seconds'] / 60:.1f} min on CPU.",
+        f"Held-out expected `1 + C` (T = {config['temperature']:g}, fixed anchors in held-out {data}, half greedy and half sampled): {entry['heldout_expected_tau_before']:.3f} before, "
         f"{entry['heldout_expected_tau_after']:.3f} after.",
         "",
     ]
@@ -125,6 +129,20 @@ def _exittrain_card_lines(entry: dict) -> list[str]:
             lines += [f"Decoding `tau` on held-out prompts, {title}:", "", format_tau_table(entry["tau"][name]), ""]
     if entry.get("ablation"):
         lines += ["Ablation from the same run (equal data, steps and seed; TEV decoding `tau` on held-out prompts):", "", entry["ablation"], ""]
+    trees = entry.get("heldout_trees")
+    if trees:
+        depths = len(next(iter(trees.values()))["internal"])
+        lines += [
+            "Where the target's mass leaves each drafter's trees (the same held-out rounds; mean exit probability per tree at each depth: "
+            "missing mass, i.e. the target's next token was not among the node's children, + the mass that reached a leaf):",
+            "",
+            "| drafter | 1 + C | " + " | ".join(f"depth {d}" for d in range(depths)) + " |",
+            "|---|---|" + "---|" * depths,
+        ]
+        for name, summary in trees.items():
+            cells = [f"{m:.3f} + {leaf:.3f}" for m, leaf in zip(summary["internal"], summary["leaf"])]
+            lines.append(f"| {name} | {summary['expected_tau']:.3f} | " + " | ".join(cells) + " |")
+        lines.append("")
     return lines
 
 
@@ -218,9 +236,9 @@ def default_pair_card_lines(training: dict) -> list[str]:
     return lines
 
 
-def write_card(assets: Path, report: dict, default_pair: dict | None = None) -> None:
+def write_card(assets: Path, report: dict, default_pair: dict | None = None, default_exittrain: dict | None = None) -> None:
     """Write ``assets/README.md`` (readers see the old or the new card, never half)."""
-    write_text_atomic(Path(assets) / "README.md", render_card(report, default_pair))
+    write_text_atomic(Path(assets) / "README.md", render_card(report, default_pair, default_exittrain))
 
 
 def refresh_card(assets: Path) -> None:
@@ -231,4 +249,6 @@ def refresh_card(assets: Path) -> None:
     if exittrain.is_file():
         report["exittrain"] = json.loads(exittrain.read_text())
     training = assets / "models" / "smollm2" / "drafter-block" / "training.json"
-    write_card(assets, report, json.loads(training.read_text()) if training.is_file() else None)
+    default_exittrain = assets / "models" / "smollm2" / "drafter-exittrain" / "exittrain.json"
+    write_card(assets, report, json.loads(training.read_text()) if training.is_file() else None,
+               json.loads(default_exittrain.read_text()) if default_exittrain.is_file() else None)

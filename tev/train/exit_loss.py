@@ -22,7 +22,7 @@ from tev.core.flow import flow_from_edge_prob
 from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows
 
-__all__ = ["IGNORE", "WEIGHT_MODES", "token_loss", "node_weights", "exit_loss_terms", "TreeBatch", "score_trees"]
+__all__ = ["IGNORE", "WEIGHT_MODES", "token_loss", "soft_token_loss", "node_weights", "exit_loss_terms", "TreeBatch", "score_trees"]
 
 IGNORE = -100  # label of a depth past the end of a sequence
 WEIGHT_MODES = ("exit", "prefix", "none")
@@ -32,6 +32,15 @@ def token_loss(draft_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
     """``L_tok``: cross-entropy of the per-depth draft marginals (`[M, K, V]`) against the
     target's continuation (`[M, K]`), averaged over labelled depths (``IGNORE`` skipped)."""
     return F.cross_entropy(draft_logits.reshape(-1, draft_logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)
+
+
+def soft_token_loss(draft_logits: torch.Tensor, soft_labels: torch.Tensor) -> torch.Tensor:
+    """``L_tok`` against the target's distributions: ``-sum_x p(x) log q_d(x)`` per (example,
+    depth), averaged over labelled rows. ``soft_labels`` is `[M, K, V]` like the logits; an
+    all-zero row is unlabelled (past the end of its sequence)."""
+    labelled = soft_labels.sum(-1) > 0  # [M, K]
+    per_row = -(soft_labels * torch.log_softmax(draft_logits, dim=-1)).sum(-1)
+    return (per_row * labelled).sum() / labelled.sum().clamp(min=1)
 
 
 def node_weights(exit_weight: torch.Tensor, reach: torch.Tensor, mode: str) -> torch.Tensor:
@@ -102,6 +111,21 @@ class TreeBatch:
             exit_weight=[w for part in parts for w in part.exit_weight],
             coverage=[c for part in parts for c in part.coverage],
         )
+
+    def exit_mass_by_depth(self, horizon: int) -> dict[str, list[float]]:
+        """Mean exit mass per tree by the depth ``0..horizon`` of the node it leaves at:
+        ``internal`` where the target's next token was not among the node's children (the
+        missing mass a better drafter can win back) and ``leaf`` where the tree ended there.
+        The two lists sum to 1 over depths (the exit law is a distribution)."""
+        internal = torch.zeros(horizon + 1, dtype=torch.float64)
+        leaf = torch.zeros(horizon + 1, dtype=torch.float64)
+        for tree, weight in zip(self.trees, self.exit_weight):
+            weight = weight.double().cpu()
+            is_leaf = tree.is_leaf.cpu()
+            internal.index_add_(0, tree.depths[~is_leaf], weight[~is_leaf])
+            leaf.index_add_(0, tree.depths[is_leaf], weight[is_leaf])
+        count = max(1, len(self.trees))
+        return {"internal": (internal / count).tolist(), "leaf": (leaf / count).tolist()}
 
 
 def tree_section_mask(trees: list[DraftTree], roots: list[int], cached: int, dtype: torch.dtype, device) -> torch.Tensor:

@@ -1,7 +1,8 @@
-"""``python -m tev exittrain``: fine-tune the block drafter with ExitTrain, optionally ship it.
+"""``python -m tev exittrain``: fine-tune a pair's block drafter with ExitTrain, optionally ship it.
 
-The training data are target-regenerated sequences (contexts from the corpus, continuations
-from the target), cached under ``runs/exittrain-data`` by their settings and the target's weights.
+The training data: for the default (chat) pair, its shipped conversations
+(:mod:`tev.train.exittrain_data`, optionally one domain); for the tiny pair, target-regenerated
+corpus sequences, cached under ``runs/exittrain-data`` by their settings and the target's weights.
 """
 
 from __future__ import annotations
@@ -18,18 +19,20 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from tev.data.prompts import load_prompt_set
+from tev.data.prompts import evaluation_prompts
 from tev.data.token_stream import encode_corpus
 from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, format_tau_table
-from tev.engine.models import load_bundle
+from tev.engine.models import default_pair, load_bundle, shipped_drafter
+from tev.train.anchor_data import AnchorData
 from tev.train.card import refresh_card
 from tev.train.distill import regenerate_sequences
+from tev.train.exittrain_data import load_chat_exittrain_data
 from tev.train.trainer import ExitTrainConfig, ExitTrainer
 from tev.util.files import atomic_file, atomic_folder
-from tev.util.paths import REPO_ROOT, assets_dir, embedded
+from tev.util.paths import REPO_ROOT, assets_dir
 
-__all__ = ["exittrain_command", "training_sequences", "weights_fingerprint", "install_drafter", "invoked_command", "SEQUENCE_CACHE"]
+__all__ = ["exittrain_command", "training_sequences", "exittrain_sets", "pair_of", "weights_fingerprint", "install_drafter", "invoked_command", "SEQUENCE_CACHE"]
 
 SEQUENCE_CACHE = REPO_ROOT / "runs" / "exittrain-data"
 
@@ -59,6 +62,25 @@ def training_sequences(target, tokenizer, split: str, count: int, context_length
         with atomic_file(path) as temporary:
             save_file({"sequences": sequences.to(torch.int32)}, temporary)
     return sequences
+
+
+def pair_of(args) -> str | None:
+    """The shipped pair a command works on (None with ``--target``)."""
+    return None if getattr(args, "target", None) else (args.pair or default_pair())
+
+
+def exittrain_sets(bundle, args, seed: int, progress: bool = True) -> tuple[AnchorData, AnchorData]:
+    """(train, held-out) ExitTrain data of a command: a chat target's shipped conversations
+    (of ``args.domain`` when set), else target-regenerated corpus sequences."""
+    domain = getattr(args, "domain", None)
+    if bundle.is_chat:
+        train, heldout = load_chat_exittrain_data()
+        return (train.domain(domain), heldout.domain(domain)) if domain else (train, heldout)
+    if domain:
+        raise ValueError("--domain needs a chat target (the default pair); the tiny pair's data has no domains")
+    train = training_sequences(bundle.target, bundle.tokenizer, "train", args.data_sequences, args.context_length, args.new_tokens, seed=seed + 7, cache_dir=SEQUENCE_CACHE, progress=progress)
+    heldout = training_sequences(bundle.target, bundle.tokenizer, "heldout", args.heldout_sequences, args.context_length, args.new_tokens, seed=seed + 8, cache_dir=SEQUENCE_CACHE, progress=progress)
+    return AnchorData.of(train, args.context_length - 1), AnchorData.of(heldout, args.context_length - 1)
 
 
 def install_drafter(drafter: BlockDrafter, destination: Path, extra_files: dict[str, str] | None = None) -> None:
@@ -91,12 +113,16 @@ def exittrain_command(args) -> None:
         raise ValueError(f"--out {out} is inside assets/; write elsewhere and use --install to ship a result")
     if args.resume and not (out / "checkpoint").is_dir():
         raise FileNotFoundError(f"--resume: no checkpoint in {out}")
-    bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=args.pair or "tiny")
-    base = Path(args.base) if args.base else embedded("block")
+    pair = pair_of(args)
+    if pair is None and not args.base:
+        raise ValueError("with --target, pass --base: the block drafter to fine-tune")
+    if pair is None and args.install:
+        raise ValueError("--install ships a drafter for a shipped pair; drop --target")
+    bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=pair)
+    base = Path(args.base) if args.base else shipped_drafter(pair, "block")
     drafter = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
-    train = training_sequences(bundle.target, bundle.tokenizer, "train", args.data_sequences, args.context_length, args.new_tokens, seed=config.seed + 7, cache_dir=SEQUENCE_CACHE)
-    heldout = training_sequences(bundle.target, bundle.tokenizer, "heldout", args.heldout_sequences, args.context_length, args.new_tokens, seed=config.seed + 8, cache_dir=SEQUENCE_CACHE)
-    trainer = ExitTrainer(config, bundle.target, drafter, train, heldout=heldout, first_anchor=args.context_length - 1)
+    train, heldout = exittrain_sets(bundle, args, config.seed)
+    trainer = ExitTrainer(config, bundle.target, drafter, train, heldout=heldout)
     if args.resume and trainer.load_checkpoint(out):
         print(f"resumed from {out / 'checkpoint'} at step {trainer.step}")
     before = trainer.heldout_expected_tau() if trainer.step == 0 else None
@@ -116,7 +142,7 @@ def exittrain_command(args) -> None:
     after = trainer.heldout_expected_tau()
     report = {"config": asdict(config), "steps_done": trainer.step, "seconds": seconds, "heldout_expected_tau_before": before, "heldout_expected_tau_after": after, "history": trainer.history}
     if args.eval_prompts:
-        prompts = load_prompt_set("heldout")[:: max(1, 64 // args.eval_prompts)][: args.eval_prompts]
+        prompts = evaluation_prompts(bundle.is_chat, args.eval_prompts, getattr(args, "domain", None))
         original = BlockDrafter.from_pretrained(base, bundle.target)
         rows = {}
         for name, model in (("before", original), ("after", trained.eval().to(torch.bfloat16))):
@@ -129,6 +155,6 @@ def exittrain_command(args) -> None:
         if trainer.step < config.steps:
             raise ValueError("the run did not finish; not installing a partial drafter")
         report["command"] = invoked_command()
-        install_drafter(trained, embedded("exittrain"), extra_files={"exittrain.json": json.dumps(report, indent=1)})
+        install_drafter(trained, shipped_drafter(pair, "exittrain"), extra_files={"exittrain.json": json.dumps(report, indent=1)})
         refresh_card(assets_dir())
-        print(f"installed as {embedded('exittrain')}; model card updated")
+        print(f"installed as {shipped_drafter(pair, 'exittrain')}; model card updated")

@@ -43,7 +43,7 @@ from tev.train.distill import DistillData, DistillSettings, SoftLabels, heldout_
 from tev.util.files import atomic_folder, write_text_atomic
 from tev.util.paths import REPO_ROOT, assets_dir
 
-__all__ = ["DrafterRecipe", "QUICK_RECIPE", "draft_vocabulary", "train_drafter_pipeline", "train_drafter_command"]
+__all__ = ["split_conversations", "cached_conversations", "DrafterRecipe", "QUICK_RECIPE", "draft_vocabulary", "train_drafter_pipeline", "train_drafter_command"]
 
 
 
@@ -155,6 +155,30 @@ def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: 
     return ChatSequences(*(sum((getattr(p, name) for p in parts), []) for name in ("token_ids", "prompt_lengths", "domains", "requests")))
 
 
+def split_conversations(conversations: ChatSequences, recipe: DrafterRecipe) -> tuple[ChatSequences, ChatSequences]:
+    """(train, held-out) parts of every shard's conversations; the held-out ones are a seeded
+    random subset, so greedy and sampled answers are in both parts."""
+    order = torch.randperm(len(conversations), generator=torch.Generator().manual_seed(recipe.seed + 2)).tolist()
+    shuffled = ChatSequences([conversations.token_ids[i] for i in order], [conversations.prompt_lengths[i] for i in order],
+                             [conversations.domains[i] for i in order], [conversations.requests[i] for i in order])
+    return shuffled.split(recipe.heldout_requests)
+
+
+def cached_conversations(work: Path) -> tuple[ChatSequences, DrafterRecipe]:
+    """Every shard's conversations a finished ``train-drafter`` run left in ``work``, and its recipe."""
+    recipe_path = work / "recipe.json"
+    if not recipe_path.is_file():
+        raise FileNotFoundError(f"{work} holds no train-drafter run (no recipe.json); run `python -m tev train-drafter --work-dir {work}` first")
+    recipe = DrafterRecipe(**json.loads(recipe_path.read_text()))
+    parts = []
+    for shard in range(recipe.shards):
+        path = work / f"shard-{shard:03d}" / "conversations.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: the train-drafter run in {work} did not finish its data")
+        parts.append(ChatSequences.from_json(json.loads(path.read_text())))
+    return ChatSequences(*(sum((getattr(p, name) for p in parts), []) for name in ("token_ids", "prompt_lengths", "domains", "requests"))), recipe
+
+
 def _cached_features(folder: Path, target, ids, lengths, layers, vocab, soft_top: int, progress: bool):
     """:func:`target_features` with soft labels, cached as safetensors in ``folder`` under a key
     of what they depend on (a retrained drafter on the same data skips the target forward).
@@ -208,11 +232,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     t = time.time()
     conversations = write_shards(target, tokenizer, work, recipe, [p["text"] for p in eval_prompts], progress)
     timings["conversations_s"] = time.time() - t
-    # the held-out conversations are a random subset, so greedy and sampled answers are in both parts
-    order = torch.randperm(len(conversations), generator=torch.Generator().manual_seed(recipe.seed + 2)).tolist()
-    shuffled = ChatSequences([conversations.token_ids[i] for i in order], [conversations.prompt_lengths[i] for i in order],
-                             [conversations.domains[i] for i in order], [conversations.requests[i] for i in order])
-    train_part, heldout_part = shuffled.split(recipe.heldout_requests)
+    train_part, heldout_part = split_conversations(conversations, recipe)
 
     vocab, coverage = draft_vocabulary(train_part, min(recipe.draft_vocab, target.config.vocab_size), always=(template.end_of_turn,))
     drafter_config = BlockDrafterConfig(

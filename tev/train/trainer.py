@@ -26,12 +26,14 @@ from transformers import DynamicCache, get_cosine_with_min_lr_schedule_with_warm
 
 from tev.core.tree import DraftTree
 from tev.engine.drafters import BlockDrafter
-from tev.train.exit_loss import IGNORE, WEIGHT_MODES, TreeBatch, exit_loss_terms, node_weights, score_trees, token_loss
+from tev.train.anchor_data import AnchorData
+from tev.train.exit_loss import IGNORE, WEIGHT_MODES, TreeBatch, exit_loss_terms, node_weights, score_trees, soft_token_loss, token_loss
 from tev.util.files import atomic_folder, recover_folder
 
 __all__ = ["ExitTrainConfig", "ExitTrainer", "AnchorBatch", "ProgressEvent", "MIN_LR_RATE"]
 
 MIN_LR_RATE = 0.1  # the cosine schedule decays to this share of the peak lr
+TOKEN_LABELS = ("soft", "written")
 
 
 def _option(default, help: str | None = None, **cli):
@@ -53,6 +55,8 @@ class ExitTrainConfig:
     warmup: int = _option(20, "warm-up steps")
     sequences_per_step: int = _option(4, "target-regenerated sequences per step")
     anchors_per_sequence: int = _option(8, "anchors (training trees) per sequence")
+    token_labels: str = _option("soft", "L_tok's labels: soft (the target's next-token distribution, as the shipped drafters learn) or written (its continuation's tokens)", choices=TOKEN_LABELS)
+    soft_top: int = _option(16, "soft labels keep the target's top-k over the draft vocabulary, renormalised (train-drafter's default)")
     eval_every: int = _option(50, "steps between held-out 1 + C measurements (0: never)")
     save_every: int = _option(100, "steps between checkpoints (0: never)")
     seed: int = _option(0)
@@ -61,7 +65,9 @@ class ExitTrainConfig:
         problems = []
         if self.weights not in WEIGHT_MODES:
             problems.append(f"weights must be one of {', '.join(WEIGHT_MODES)}, got {self.weights!r}")
-        for name in ("steps", "budget", "sequences_per_step", "anchors_per_sequence"):
+        if self.token_labels not in TOKEN_LABELS:
+            problems.append(f"token_labels must be one of {', '.join(TOKEN_LABELS)}, got {self.token_labels!r}")
+        for name in ("steps", "budget", "sequences_per_step", "anchors_per_sequence", "soft_top"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 problems.append(f"{name} must be an integer >= 1, got {value!r}")
@@ -104,9 +110,10 @@ class AnchorBatch:
     """One batch of anchors: the drafter's logits, its realized trees scored by the target, and
     the token labels. ``M = s * A`` anchors (``s`` sequences x ``A`` anchors each)."""
 
-    draft_logits: torch.Tensor  # [M, K, V], with gradient when training
+    draft_logits: torch.Tensor  # [M, K, Vd] over the draft vocabulary, with gradient when training
     scored: TreeBatch  # tree m is the one inference would build from draft_logits[m]
-    labels: torch.Tensor  # [M, K], the target's continuation (IGNORE past the end)
+    labels: torch.Tensor  # [M, K] draft-vocabulary positions of the continuation (IGNORE past the end or outside it)
+    soft_labels: torch.Tensor | None  # [M, K, Vd], the target's distribution over the draft vocabulary at each label
 
 
 class ExitTrainer:
@@ -115,9 +122,10 @@ class ExitTrainer:
     Args:
         target: the frozen target (its parameters are never updated).
         drafter: the block drafter to train (in place).
-        sequences: `LongTensor[S, T]` training sequences (context + target continuation).
-        heldout: optional `LongTensor[S', T]` for the periodic held-out ``1 + C``.
-        first_anchor: the first anchor position (the last context position).
+        sequences: `LongTensor[S, T]` training sequences (context + target continuation), or
+            :class:`AnchorData` (padded conversations, each with its own first anchor).
+        heldout: optional held-out sequences (the same kinds) for the periodic held-out ``1 + C``.
+        first_anchor: the first anchor position (the last context position) of tensor sequences.
         accelerator: an ``accelerate.Accelerator`` (one CPU process when None).
     """
 
@@ -127,13 +135,8 @@ class ExitTrainer:
         self.target = target.to(self.accelerator.device).eval()
         for parameter in self.target.parameters():
             parameter.requires_grad_(False)
-        if sequences.dim() != 2 or sequences.shape[1] < first_anchor + 3:
-            raise ValueError("training sequences must be [S, T] with room for anchors after the context")
-        if sequences.shape[0] < 1:
-            raise ValueError("no training sequences")
-        self.sequences = sequences
-        self.heldout = heldout
-        self.first_anchor = first_anchor
+        self.sequences = AnchorData.of(sequences, first_anchor)
+        self.heldout = None if heldout is None else AnchorData.of(heldout, first_anchor)
         self.horizon = drafter.config.horizon
         self.window = drafter.config.context_window
         self.feature_layers = list(drafter.config.feature_layers)
@@ -163,15 +166,14 @@ class ExitTrainer:
         return get_cosine_with_min_lr_schedule_with_warmup(optimizer, self.config.warmup, self.config.steps, min_lr_rate=MIN_LR_RATE, last_epoch=step - 1)
 
     # ------------------------------------------------------------------ one batch
-    def _sample(self, sequences: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sequence rows `[s]`, anchor positions `[s, A]`), anchors sorted and distinct."""
+    def _sample(self, data: AnchorData, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sequence rows `[s]`, anchor positions `[s, A]`), each row's anchors sorted and distinct."""
         config = self.config
-        count = min(config.sequences_per_step, sequences.shape[0])
-        rows = torch.randperm(sequences.shape[0], generator=generator)[:count]
-        last = sequences.shape[1] - 2  # an anchor needs a root after it
-        span = last - self.first_anchor + 1
-        per = min(config.anchors_per_sequence, span)
-        anchors = torch.stack([torch.randperm(span, generator=generator)[:per] for _ in range(count)]) + self.first_anchor
+        count = min(config.sequences_per_step, len(data))
+        rows = torch.randperm(len(data), generator=generator)[:count]
+        spans = data.spans[rows]
+        per = min(config.anchors_per_sequence, int(spans.min()))
+        anchors = torch.stack([torch.randperm(int(span), generator=generator)[:per] for span in spans]) + data.first_anchors[rows, None]
         return rows, anchors.sort(dim=1).values
 
     def _features_window(self, features: torch.Tensor, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,10 +185,12 @@ class ExitTrainer:
         windows = features[rows, positions.clamp(min=0)] * valid[..., None]
         return windows.flatten(0, 1), valid.flatten(0, 1)
 
-    def _forward_batch(self, sequences: torch.Tensor, rows: torch.Tensor, anchors: torch.Tensor, train: bool) -> AnchorBatch:
+    def _forward_batch(self, data: AnchorData, rows: torch.Tensor, anchors: torch.Tensor, train: bool) -> AnchorBatch:
         """Drafter logits, the realized trees' target quantities and the token labels."""
         device = self.accelerator.device
-        batch = sequences[rows].to(device)  # [s, T]
+        chosen = data.select(rows)
+        batch = chosen.ids.to(device)  # [s, T], trimmed to the longest chosen row
+        lengths = chosen.lengths.to(device)
         cache = DynamicCache(config=self.target.config)
         with torch.no_grad():
             out = self.target(input_ids=batch, cache=cache, use_cache=True, output_hidden_states=True)
@@ -196,9 +200,9 @@ class ExitTrainer:
         anchor_flat = anchors.to(device)
         root_ids = batch.gather(1, anchor_flat + 1).flatten()  # [s*A]
         with torch.set_grad_enabled(train):
-            draft_logits = self.drafter(windows, valid, root_ids)  # [s*A, K, V]
+            draft_logits = self.drafter(windows, valid, root_ids, full_vocab=False)  # [s*A, K, Vd]
         # realized trees from the current drafter (detached), one target forward per sequence
-        logq = torch.log_softmax(draft_logits.detach().float(), dim=-1).cpu()
+        logq = self._full_vocab(torch.log_softmax(draft_logits.detach().float(), dim=-1)).cpu()  # [s*A, K, V]
         per = anchors.shape[1]
         scored = []
         for i in range(batch.shape[0]):
@@ -212,23 +216,44 @@ class ExitTrainer:
                 roots.append(root_position)
             scored.append(score_trees(self.target, batch[i], _select_row(cache, i), target_logits[i, roots], seq_trees, roots, self.config.temperature))
         label_positions = anchor_flat.unsqueeze(-1) + 2 + torch.arange(self.horizon, device=device)  # [s, A, K]
-        in_range = label_positions < batch.shape[1]
-        labels = batch.unsqueeze(1).expand(-1, per, -1).gather(2, label_positions.clamp(max=batch.shape[1] - 1))
+        in_range = label_positions < lengths[:, None, None]
+        at = label_positions.clamp(max=batch.shape[1] - 1)
+        labels = batch.unsqueeze(1).expand(-1, per, -1).gather(2, at)
         labels = torch.where(in_range, labels, torch.full_like(labels, IGNORE)).flatten(0, 1)  # [s*A, K]
-        return AnchorBatch(draft_logits, TreeBatch.join(scored), labels)
+        labels = self.raw_drafter.draft_positions(labels, missing=IGNORE)
+        soft = None
+        if self.config.token_labels == "soft":
+            # the target's distribution at each label's position (what it conditions the label on), over the draft vocabulary
+            rows_of = torch.arange(batch.shape[0], device=device)[:, None, None]
+            label_logits = target_logits[rows_of, at - 1]  # [s, A, K, V]
+            if self.raw_drafter.draft_vocab is not None:
+                label_logits = label_logits[..., self.raw_drafter.draft_vocab.to(device)]
+            probs = torch.softmax(label_logits, dim=-1)
+            top = probs.topk(min(self.config.soft_top, probs.shape[-1]), dim=-1)
+            probs = torch.zeros_like(probs).scatter_(-1, top.indices, top.values / top.values.sum(-1, keepdim=True))
+            soft = probs.flatten(0, 1) * in_range.flatten(0, 1)[..., None]  # zero rows: unlabelled
+        return AnchorBatch(draft_logits, TreeBatch.join(scored), labels, soft)
+
+    def _full_vocab(self, values: torch.Tensor) -> torch.Tensor:
+        """`[..., Vd]` draft-vocabulary values as `[..., V]`, ``-inf`` outside the draft vocabulary."""
+        vocab = self.raw_drafter.draft_vocab
+        if vocab is None:
+            return values
+        full = values.new_full((*values.shape[:-1], self.raw_drafter.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, vocab.to(values.device), values)
 
     def _loss(self, batch: AnchorBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(``L``, ``L_tok``, ``L_exit``) of one batch."""
         draft_logits, scored = batch.draft_logits, batch.scored
         device = draft_logits.device
-        loss_tok = token_loss(draft_logits, batch.labels)
+        loss_tok = token_loss(draft_logits, batch.labels) if batch.soft_labels is None else soft_token_loss(draft_logits, batch.soft_labels)
         examples, depths, tokens, weights = [], [], [], []
         for m, tree in enumerate(scored.trees):
             if tree.num_nodes == 1:
                 continue
             examples.append(torch.full((tree.num_nodes - 1,), m, dtype=torch.long))
             depths.append(tree.depths[1:])
-            tokens.append(tree.tokens[1:])
+            tokens.append(self.raw_drafter.draft_positions(tree.tokens[1:]))
             weights.append(node_weights(scored.exit_weight[m], scored.reach[m], self.config.weights)[1:].cpu())
         total_nodes = sum(t.num_nodes - 1 for t in scored.trees)
         if examples and self.config.weights != "none":
@@ -260,17 +285,25 @@ class ExitTrainer:
         )
 
     @torch.no_grad()
+    def heldout_trees(self, batches: int = 4, seed: int = 12345) -> TreeBatch:
+        """The current drafter's trees on held-out sequences (fixed anchors: the same rounds every
+        call), scored by the target."""
+        if self.heldout is None:
+            raise ValueError("no held-out sequences")
+        self.drafter.eval()
+        generator = torch.Generator().manual_seed(seed)
+        parts = []
+        for _ in range(batches):
+            rows, anchors = self._sample(self.heldout, generator)
+            parts.append(self._forward_batch(self.heldout, rows, anchors, train=False).scored)
+        return TreeBatch.join(parts)
+
     def heldout_expected_tau(self, batches: int = 4, seed: int = 12345) -> float:
         """Mean ``1 + C(T)`` of the current drafter's trees on held-out sequences (fixed anchors)."""
         if self.heldout is None:
             return float("nan")
-        self.drafter.eval()
-        generator = torch.Generator().manual_seed(seed)
-        values = []
-        for _ in range(batches):
-            rows, anchors = self._sample(self.heldout, generator)
-            values += self._forward_batch(self.heldout, rows, anchors, train=False).scored.coverage
-        return 1.0 + sum(values) / len(values)
+        coverage = self.heldout_trees(batches, seed).coverage
+        return 1.0 + sum(coverage) / len(coverage)
 
     def run(self, checkpoint_dir: Path | None = None) -> Iterator[ProgressEvent]:
         """Train until ``config.steps`` or :meth:`cancel`; yields one event per step."""

@@ -20,17 +20,25 @@ ABLATION = ("base", "none", "prefix", "exit")
 def exittrain_from_results(results: dict) -> dict:
     """Per (budget, T): tau per ablation drafter, the exit-vs-base gain, and the mean order."""
     settings: dict[tuple, dict] = {}
+    errors: dict[tuple, dict] = {}
     for row in results.get("rows", []):
-        if row.get("drafter") in ABLATION and finite(row.get("tau")):
+        if row.get("drafter") in ABLATION and finite(row.get("tau")) and "domain" not in row:  # pooled rows; per-domain rows below
             settings.setdefault((row["budget"], row["temperature"]), {})[row["drafter"]] = row["tau"]
+            errors.setdefault((row["budget"], row["temperature"]), {})[row["drafter"]] = row.get("tau_se", float("nan"))
     table = []
     for (budget, temperature), taus in sorted(settings.items()):
         gain = taus["exit"] / taus["base"] - 1 if "exit" in taus and "base" in taus else float("nan")
-        table.append({"budget": budget, "temperature": temperature, **taus, "gain": gain})
+        table.append({"budget": budget, "temperature": temperature, **taus, "gain": gain, "se": errors[(budget, temperature)]})
     common = [r for r in table if all(k in r for k in ABLATION)]
     means = {k: sum(r[k] for r in common) / len(common) for k in ABLATION} if common else {}
     gains = [r["gain"] for r in table if finite(r["gain"])]
-    return {"source": "--exittrain-results", "settings": table, "mean_gain": sum(gains) / len(gains) if gains else float("nan"), "mean_tau": means}
+    domains: dict[str, list[float]] = {}
+    by_key = {(r["drafter"], r["budget"], r["temperature"], r["domain"]): r["tau"] for r in results.get("rows", []) if "domain" in r}
+    for (drafter, budget, temperature, domain), tau in by_key.items():
+        if drafter == "exit" and ("base", budget, temperature, domain) in by_key:
+            domains.setdefault(domain, []).append(tau / by_key[("base", budget, temperature, domain)] - 1)
+    return {"source": "--exittrain-results", "settings": table, "mean_gain": sum(gains) / len(gains) if gains else float("nan"), "mean_tau": means,
+            "domain_gains": {d: sum(v) / len(v) for d, v in domains.items()}, "heldout_trees": results.get("heldout_trees", {}), "command": results.get("command")}
 
 
 def exittrain_from_sweep(sweep: dict) -> dict:
@@ -85,7 +93,19 @@ def exittrain_section(report: dict) -> list[str]:
     if not data or not data["settings"]:
         return ["Not run: pass `--exittrain-results PATH` (written by `python -m tev bench exittrain`) or ship an `exittrain` drafter."]
     keys = [k for k in ABLATION if any(k in r for r in data["settings"])]
-    lines = [f"Source: {data['source']}.", "", "| B | T | " + " | ".join(f"tau {k}" for k in keys) + " | exit / base - 1 |", "|---|---|" + "---|" * (len(keys) + 1)]
+    source = f"`{data['command']}`" if data.get("command") else data["source"]
+    lines = [f"Source: {source}.", "", "| B | T | " + " | ".join(f"tau {k}" for k in keys) + " | exit / base - 1 |", "|---|---|" + "---|" * (len(keys) + 1)]
     for r in data["settings"]:
-        lines.append(f"| {r['budget']} | {r['temperature']:g} | " + " | ".join(f"{r[k]:.3f}" if k in r else "-" for k in keys) + f" | {pct(r['gain'])} |")
+        errors = r.get("se", {})
+        cells = [(f"{r[k]:.3f} +- {errors[k]:.3f}" if finite(errors.get(k)) else f"{r[k]:.3f}") if k in r else "-" for k in keys]
+        lines.append(f"| {r['budget']} | {r['temperature']:g} | " + " | ".join(cells) + f" | {pct(r['gain'])} |")
+    if data.get("domain_gains"):
+        lines += ["", "Mean tau gain of exit over base by domain: " + ", ".join(f"{d} {pct(g)}" for d, g in data["domain_gains"].items()) + "."]
+    trees = data.get("heldout_trees") or {}
+    if trees:
+        lines += ["", "Held-out `1 + C` at the training temperature on the same held-out rounds, and where the target's mass leaves the trees "
+                  "(mean exit probability per tree at depths 0, 1, 2: missing mass + mass at a leaf):", "",
+                  "| drafter | 1 + C | depth 0 | depth 1 | depth 2 |", "|---|---|---|---|---|"]
+        for name, t in trees.items():
+            lines.append(f"| {name} | {t['expected_tau']:.3f} | " + " | ".join(f"{t['internal'][d]:.3f} + {t['leaf'][d]:.3f}" for d in range(3)) + " |")
     return lines
