@@ -214,3 +214,8 @@ def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_
     assert "## ExitTrain drafter" in card and "python -m tev bench exittrain --install" in card
     assert (assets / "models" / "target" / "model.safetensors").read_bytes() == target_bytes
     assert not [p.name for p in (assets / "models").iterdir() if p.name.startswith(".")]  # no staging left
+    result["pair"] = "smollm2"  # the default pair's drafter goes to its own folder, with its own card section
+    install_from_ablation(result, tmp_path / "eval", bundle.target)
+    assert (assets / "models" / "smollm2" / "drafter-exittrain" / "exittrain.json").is_file()
+    card = (assets / "README.md").read_text()
+    assert card.count("## ExitTrain drafter") == 2 and "Where the target's mass leaves each drafter's trees" in card

@@ -12,7 +12,8 @@ from tev.engine.models import load_bundle
 from tev.bench.report import QUICK, build_report
 from tev.bench.report.coverage import check_coverage_bound
 from tev.bench.report.exit_law import check_exit_law, chi_square_cells
-from tev.bench.report.exittrain_gain import check_exittrain, exittrain_from_results
+from tev.bench.report.exittrain_gain import check_exittrain, exittrain_from_results, exittrain_section
+from tev.bench.report.plots import plot_exittrain_mass
 from tev.bench.report.trees import real_trees, run_labs
 from tev.core import verify
 from tests.tiny import save_pair
@@ -156,3 +157,22 @@ def test_chi_square_pools_small_cells_and_flags_draws_outside_the_law():
     assert statistic == pytest.approx(8 + 361 / 49 + 1) and dof == 2
     # a draw where w puts no mass at all cannot come from the law
     assert chi_square_cells([50, 49, 1], [0.5, 0.5, 0.0])[0] == math.inf
+
+
+def test_claim_5_reads_the_pooled_rows_and_shows_domains_errors_and_the_exit_mass(tmp_path):
+    """Per-domain rows never overwrite the pooled ones; the section shows standard errors, the
+    gain by domain and the held-out exit mass, with its plot."""
+    rows = []
+    for drafter, factor in (("base", 1.0), ("none", 1.01), ("prefix", 1.0), ("exit", 1.05)):
+        rows.append({"drafter": drafter, "budget": 32, "temperature": 0.0, "tau": 2.0 * factor, "tau_se": 0.05})
+        rows.append({"drafter": drafter, "budget": 32, "temperature": 0.0, "tau": 9.0, "tau_se": 0.5, "domain": "code"})  # must not be read as pooled
+    rows.append({"drafter": "exit", "budget": 32, "temperature": 0.0, "tau": 9.9, "tau_se": 0.5, "domain": "math"})
+    rows.append({"drafter": "base", "budget": 32, "temperature": 0.0, "tau": 9.0, "tau_se": 0.5, "domain": "math"})
+    trees = {name: {"expected_tau": 1.8, "internal": [0.3, 0.2, 0.1], "leaf": [0.0, 0.3, 0.1]} for name in ("base", "exit")}
+    data = exittrain_from_results({"rows": rows, "heldout_trees": trees, "command": "python -m tev bench exittrain"})
+    assert data["settings"][0]["base"] == 2.0 and data["mean_gain"] == pytest.approx(0.05)
+    assert data["domain_gains"] == pytest.approx({"code": 0.0, "math": 0.1})
+    plots = {"exittrain_mass": plot_exittrain_mass(data["heldout_trees"], tmp_path / "plots")}
+    lines = "\n".join(exittrain_section({"measurements": {"exittrain": data}, "plots": plots}))
+    assert "2.100 +- 0.050" in lines and "math +10.0%" in lines and "| exit | 1.800 | 0.300 + 0.000" in lines
+    assert "plots/exittrain_mass.png" in lines and (tmp_path / "plots" / "exittrain_mass.png").is_file()

@@ -32,5 +32,8 @@ host sync. Predraw-and-follow and sequential residual verification reach the sam
 **ExitTrain.** Fine-tune the drafter on the trees inference actually builds:
 $\mathcal{L} = \mathcal{L}_{tok} + \lambda\,\mathcal{L}_{exit}$ with
 $\mathcal{L}_{exit} = -\sum_i \sum_{v \ne r} w_i(v) \log q_{\theta, d(v)}(x_v \mid c_i) / \sum_i (|V_i| - 1)$:
-probability moves toward the nodes where target mass exits. *ExitTrain tab.*
+probability moves toward the nodes where target mass exits. Note what it cannot weight: the root's
+own exit $w(r)$ (the target's first token is not among the root's children) has no draft token, so
+$\mathcal{L}_{exit}$ leaves it to $\mathcal{L}_{tok}$. *ExitTrain tab: where the mass leaves the trees,
+depth by depth, before and after.*
 """

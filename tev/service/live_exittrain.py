@@ -37,7 +37,7 @@ __all__ = ["LIVE_CONFIG", "CHAT_LIVE_CONFIG", "LIVE_HELDOUT_BATCHES", "live_conf
 LIVE_CONFIG = ExitTrainConfig(steps=300, budget=32, lambda_exit=16.0, lr=2e-4, warmup=5, sequences_per_step=2, anchors_per_sequence=8, eval_every=20, save_every=0)
 # The default pair: about 3 s a step on a 2-core CPU (two target forwards of two conversations and 32 trees), so
 # 45 steps and four held-out checks fit in the 3 minutes the tab allows.
-CHAT_LIVE_CONFIG = ExitTrainConfig(steps=45, budget=32, lambda_exit=16.0, lr=5e-4, warmup=3, sequences_per_step=2, anchors_per_sequence=16, eval_every=15, save_every=0)
+CHAT_LIVE_CONFIG = ExitTrainConfig(steps=45, budget=32, lambda_exit=16.0, lr=1e-4, warmup=3, sequences_per_step=2, anchors_per_sequence=16, eval_every=15, save_every=0)
 LIVE_HELDOUT_BATCHES = 4  # held-out rounds for the live before/after: 4 x 2 conversations x 16 anchors
 
 

@@ -9,7 +9,7 @@ Table: ``tau`` per drafter and the gain, per setting.
 
 from __future__ import annotations
 
-from tev.bench.report.common import claim, finite, pct, rows_of
+from tev.bench.report.common import claim, finite, image, pct, rows_of
 
 __all__ = ["PAPER_EXITTRAIN_GAIN", "ABLATION", "exittrain_from_results", "exittrain_from_sweep", "exittrain_data", "check_exittrain", "exittrain_section"]
 
@@ -108,4 +108,6 @@ def exittrain_section(report: dict) -> list[str]:
                   "| drafter | 1 + C | depth 0 | depth 1 | depth 2 |", "|---|---|---|---|---|"]
         for name, t in trees.items():
             lines.append(f"| {name} | {t['expected_tau']:.3f} | " + " | ".join(f"{t['internal'][d]:.3f} + {t['leaf'][d]:.3f}" for d in range(3)) + " |")
+        if "exittrain_mass" in report.get("plots", {}):
+            lines += ["", image(report["plots"], "exittrain_mass", "exit mass by depth, before and after ExitTrain")]
     return lines

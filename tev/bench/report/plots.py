@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from tev.bench.report.common import rows_of
 from tev.engine.decode import STAGES
 
-__all__ = ["write_plots", "plot_exit_depths", "plot_mass_by_depth", "plot_budget_sweep", "plot_tau_by_method", "plot_stage_times"]
+__all__ = ["write_plots", "plot_exit_depths", "plot_mass_by_depth", "plot_exittrain_mass", "plot_budget_sweep", "plot_tau_by_method", "plot_stage_times"]
 
 
 def _save(plots_dir: Path, name: str, figure: Figure) -> str:
@@ -108,10 +108,33 @@ def plot_stage_times(e2e: dict, plots_dir: Path) -> str:
     return _save(plots_dir, "stage_times", fig)
 
 
+def plot_exittrain_mass(trees: dict, plots_dir: Path) -> str:
+    """Per depth, one bar per ablation drafter: the missing mass (solid) and the mass that
+    reached a leaf (pale) on the same held-out rounds."""
+    names = list(trees)
+    depths = [d for d in range(len(trees[names[0]]["internal"])) if any(trees[n]["internal"][d] + trees[n]["leaf"][d] > 1e-3 for n in names)]
+    width = 0.8 / len(names)
+    fig = Figure(figsize=(8, 4))
+    ax = fig.subplots()
+    for i, name in enumerate(names):
+        x = [d - 0.4 + width * (i + 0.5) for d in depths]
+        internal = [trees[name]["internal"][d] for d in depths]
+        bars = ax.bar(x, internal, width, label=f"{name} (1 + C = {trees[name]['expected_tau']:.3f})")
+        ax.bar(x, [trees[name]["leaf"][d] for d in depths], width, bottom=internal, color=bars.patches[0].get_facecolor(), alpha=0.35)
+    ax.set_xticks(depths)
+    ax.set_xlabel("depth of the exit node")
+    ax.set_ylabel("mean exit probability per tree")
+    ax.set_title("Where the target's mass leaves the trees (solid: missing; pale: tree ended)")
+    ax.legend(fontsize=8)
+    return _save(plots_dir, "exittrain_mass", fig)
+
+
 def write_plots(measurements: dict, drafters: list[str], plots_dir: Path) -> dict:
     """Every plot as a PNG; returns ``{name: "plots/name.png"}`` (paths relative to the report)."""
     profile = measurements["depth_profile"]
-    return {
+    trees = (measurements.get("exittrain") or {}).get("heldout_trees")
+    extra = {"exittrain_mass": plot_exittrain_mass(trees, plots_dir)} if trees else {}
+    return extra | {
         "exit_depth": plot_exit_depths(profile, plots_dir),
         "mass_by_depth": plot_mass_by_depth(profile, len(measurements["exit_law"]["trees"]), plots_dir),
         "budget_sweep": plot_budget_sweep(measurements["sweep"], drafters, plots_dir),
