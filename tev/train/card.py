@@ -26,7 +26,7 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
         "# The tiny pair (`--pair tiny`): a 7M code model and its drafters",
         "",
         "A small code model and its drafters, trained from scratch by this repository's own script; fast enough for the tests and a quick "
-        "look, and the pair the app's live ExitTrain mode runs on:",
+        "look (`TEV_PAIR=tiny` serves it, live ExitTrain included):",
         "",
         "```bash",
         report["command"],
@@ -129,9 +129,21 @@ def _exittrain_card_lines(entry: dict, data: str = "target-regenerated sequences
             lines += [f"Decoding `tau` on held-out prompts, {title}:", "", format_tau_table(entry["tau"][name]), ""]
     if entry.get("ablation"):
         lines += ["Ablation from the same run (equal data, steps and seed; TEV decoding `tau` on held-out prompts):", "", entry["ablation"], ""]
+    domain_rows = entry.get("domain_rows") or []
+    if domain_rows:
+        taus = {(r["drafter"], r["domain"], r["budget"], r["temperature"]): r["tau"] for r in domain_rows}
+        gains = {}
+        for (drafter, domain, budget, temperature), tau in taus.items():
+            if drafter != "base" and ("base", domain, budget, temperature) in taus:
+                gains.setdefault((drafter, domain), []).append(tau / taus[("base", domain, budget, temperature)] - 1)
+        domains = list(dict.fromkeys(r["domain"] for r in domain_rows))
+        lines += ["Mean `tau` change against the base by domain (over the settings above; each domain has a third of the prompts, so each "
+                  "figure is noisier than the pooled ones): "
+                  + "; ".join(f"{drafter}: " + ", ".join(f"{d} {100 * sum(gains[(drafter, d)]) / len(gains[(drafter, d)]):+.1f}%" for d in domains if (drafter, d) in gains)
+                              for drafter in ("none", "prefix", "exit") if any((drafter, d) in gains for d in domains)) + ".", ""]
     trees = entry.get("heldout_trees")
     if trees:
-        depths = len(next(iter(trees.values()))["internal"])
+        depths = 1 + max(d for t in trees.values() for d in range(len(t["internal"])) if t["internal"][d] + t["leaf"][d] >= 5e-4)
         lines += [
             "Where the target's mass leaves each drafter's trees (the same held-out rounds; mean exit probability per tree at each depth: "
             "missing mass, i.e. the target's next token was not among the node's children, + the mass that reached a leaf):",
@@ -140,7 +152,7 @@ def _exittrain_card_lines(entry: dict, data: str = "target-regenerated sequences
             "|---|---|" + "---|" * depths,
         ]
         for name, summary in trees.items():
-            cells = [f"{m:.3f} + {leaf:.3f}" for m, leaf in zip(summary["internal"], summary["leaf"])]
+            cells = [f"{m:.3f} + {leaf:.3f}" for m, leaf in zip(summary["internal"][:depths], summary["leaf"][:depths])]
             lines.append(f"| {name} | {summary['expected_tau']:.3f} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines
