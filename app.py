@@ -146,7 +146,7 @@ def build_app() -> gr.Blocks:
                    "its held-out ones." if shared.EXITTRAIN_CHAT else "This tab runs on the **tiny code pair**, whose training data ships with the app.")
             )
             with gr.Row():
-                et_domain = gr.Radio(list(DOMAINS), value="math", label="domain (train and judge on it)", visible=shared.EXITTRAIN_CHAT)
+                et_domain = gr.Radio(list(DOMAINS), value="dialogue", label="domain (train and judge on it; the base drafter does worst on dialogue)", visible=shared.EXITTRAIN_CHAT)
                 et_weights = gr.Radio(list(WEIGHT_MODES), value="exit", label="weights (exit: the method; prefix, none: controls)")
                 et_steps = Slider(LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, value=live.steps, step=5, label="steps")
                 et_lambda = Slider(0, LIMITS.max_lambda_exit, value=live.lambda_exit, step=1, label="lambda (weight of L_exit)")
