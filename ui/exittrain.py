@@ -14,7 +14,7 @@ from tev.data.prompts import evaluation_prompts
 from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, fit_prompt
 from tev.engine.models import shipped_drafter
-from tev.service.live_exittrain import LIVE_HELDOUT_BATCHES, coverage_change, live_config, live_data, live_trainer
+from tev.service.live_exittrain import LIVE_HELDOUT_BATCHES, coverage_change, has_domains, live_config, live_data, live_trainer
 from tev.service.service import LIMITS, UserInputError, check_number
 from tev.train.anchor_data import DOMAINS
 from ui import shared
@@ -34,10 +34,10 @@ def run_exittrain(domain, weights, steps, lambda_exit, request: gr.Request, prog
         bundle = shared.EXITTRAIN_SERVICE.bundle()
         if "block" not in bundle.drafters:
             raise UserInputError("ExitTrain needs the block drafter, which is not loaded")
-        if bundle.is_chat and domain not in DOMAINS:
+        if has_domains(bundle) and domain not in DOMAINS:
             raise UserInputError(f"choose a domain: {', '.join(DOMAINS)}")
-        domain = domain if bundle.is_chat else None
-        config = dataclasses.replace(live_config(bundle.is_chat), weights=weights, steps=steps, lambda_exit=lambda_exit)
+        domain = domain if has_domains(bundle) else None
+        config = dataclasses.replace(live_config(has_domains(bundle)), weights=weights, steps=steps, lambda_exit=lambda_exit)
         data = live_data(bundle, domain)
     except (ValueError, FileNotFoundError) as error:
         raise _user_error(error) from None
@@ -59,7 +59,7 @@ def run_exittrain(domain, weights, steps, lambda_exit, request: gr.Request, prog
                 break
             history.append(event.__dict__)
             progress(event.step / config.steps, desc=f"step {event.step}/{config.steps} · loss {event.loss:.3f}")
-            if bundle.is_chat or event.step % 5 == 0 or event.step == config.steps:
+            if has_domains(bundle) or event.step % 5 == 0 or event.step == config.steps:
                 yield training_figure(history), f"step {event.step}/{config.steps} · batch 1 + C {event.expected_tau:.3f}", *[gr.skip()] * 5
         status = "cancelled" if trainer.cancelled else "finished"
         yield training_figure(history), f"{status} after {trainer.step} steps; scoring the held-out trees again…", *[gr.skip()] * 5

@@ -165,9 +165,11 @@ def ablation_command(args) -> None:
     if args.install and "exit" not in args.modes:
         raise ValueError("--install ships the exit-weighted drafter: keep exit in --modes")
     pair = pair_of(args)
-    if pair is None and (args.install or not args.base):
-        raise ValueError("with --target, pass --base (the drafter to fine-tune) and do not --install")
+    if pair is None and args.install:
+        raise ValueError("--install ships a drafter for a shipped pair; drop --target")
     out, bundle, prompts = evaluation_setup(args)
+    if pair is None and not args.base:
+        raise ValueError("with --target, pass --base: the block drafter to fine-tune")
     config = dataclasses.replace(ExitTrainConfig.from_args(args), eval_every=0, save_every=0)
     train, heldout = exittrain_sets(bundle, args, config.seed)
     base = Path(args.base) if args.base else shipped_drafter(pair, "block")

@@ -30,7 +30,7 @@ from tev.train.exittrain_data import load_chat_exittrain_data
 from tev.train.trainer import ExitTrainConfig, ExitTrainer
 from tev.util.paths import models_dir
 
-__all__ = ["LIVE_CONFIG", "CHAT_LIVE_CONFIG", "LIVE_HELDOUT_BATCHES", "live_config", "load_live_data", "live_data", "live_trainer",
+__all__ = ["LIVE_CONFIG", "CHAT_LIVE_CONFIG", "LIVE_HELDOUT_BATCHES", "live_config", "has_domains", "load_live_data", "live_data", "live_trainer",
            "coverage_change", "run_live_check", "live_check_command"]
 
 # Calibrated on a 2-core CPU: 300 steps of the tiny pair take about 70 s; lr 1e-3 (60 steps) lowered tau by 16%.
@@ -45,6 +45,11 @@ def live_config(chat: bool) -> ExitTrainConfig:
     return CHAT_LIVE_CONFIG if chat else LIVE_CONFIG
 
 
+def has_domains(bundle) -> bool:
+    """Whether the bundle's live data comes by domain (the default pair's conversations)."""
+    return bundle.pair == "smollm2"
+
+
 def load_live_data(path: Path | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(train sequences `LongTensor[S, T]`, held-out sequences `LongTensor[S', T]`, first anchor)
     shipped for the tiny pair's live mode."""
@@ -56,9 +61,9 @@ def load_live_data(path: Path | None = None) -> tuple[torch.Tensor, torch.Tensor
 
 
 def live_data(bundle, domain: str | None = None) -> tuple[AnchorData, AnchorData]:
-    """(train, held-out) of a pair's live mode: a chat pair's conversations of ``domain`` (all
-    when None), or the tiny pair's shipped sequences."""
-    if bundle.is_chat:
+    """(train, held-out) of a pair's live mode: the default pair's conversations of ``domain``
+    (all when None), or the tiny pair's shipped sequences."""
+    if has_domains(bundle):
         train, heldout = load_chat_exittrain_data()
         return (train.domain(domain), heldout.domain(domain)) if domain else (train, heldout)
     train, heldout, first_anchor = load_live_data()
@@ -90,7 +95,7 @@ def run_live_check(bundle, seeds=(0, 1, 2), prompts: list[dict] | None = None, b
                    domain: str | None = None, progress: bool = True) -> dict:
     """The app's live mode from the base drafter, once per seed: wall time, the held-out
     ``1 + C`` change on the same anchors, and the decoding ``tau`` change on held-out prompts."""
-    config = live_config(bundle.is_chat)
+    config = live_config(has_domains(bundle))
     data = live_data(bundle, domain)
     base = BlockTreeDrafter(BlockDrafter.from_pretrained(shipped_drafter(bundle.pair or "tiny", "block"), bundle.target), name="base")
     reference = evaluate_drafter(bundle.target, bundle.tokenizer, base, prompts, budgets=(budget,), max_new_tokens=max_new_tokens, desc="tau [base]", progress=progress)

@@ -70,14 +70,15 @@ def pair_of(args) -> str | None:
 
 
 def exittrain_sets(bundle, args, seed: int, progress: bool = True) -> tuple[AnchorData, AnchorData]:
-    """(train, held-out) ExitTrain data of a command: a chat target's shipped conversations
-    (of ``args.domain`` when set), else target-regenerated corpus sequences."""
+    """(train, held-out) ExitTrain data of a command: the default pair's shipped conversations
+    (of ``args.domain`` when set; their token ids are SmolLM2's), else corpus sequences the
+    target regenerates itself (any target)."""
     domain = getattr(args, "domain", None)
-    if bundle.is_chat:
+    if bundle.pair == "smollm2":
         train, heldout = load_chat_exittrain_data()
         return (train.domain(domain), heldout.domain(domain)) if domain else (train, heldout)
     if domain:
-        raise ValueError("--domain needs a chat target (the default pair); the tiny pair's data has no domains")
+        raise ValueError("--domain needs the default pair (its conversations have domains); other data has none")
     train = training_sequences(bundle.target, bundle.tokenizer, "train", args.data_sequences, args.context_length, args.new_tokens, seed=seed + 7, cache_dir=SEQUENCE_CACHE, progress=progress)
     heldout = training_sequences(bundle.target, bundle.tokenizer, "heldout", args.heldout_sequences, args.context_length, args.new_tokens, seed=seed + 8, cache_dir=SEQUENCE_CACHE, progress=progress)
     return AnchorData.of(train, args.context_length - 1), AnchorData.of(heldout, args.context_length - 1)
@@ -114,11 +115,11 @@ def exittrain_command(args) -> None:
     if args.resume and not (out / "checkpoint").is_dir():
         raise FileNotFoundError(f"--resume: no checkpoint in {out}")
     pair = pair_of(args)
-    if pair is None and not args.base:
-        raise ValueError("with --target, pass --base: the block drafter to fine-tune")
     if pair is None and args.install:
         raise ValueError("--install ships a drafter for a shipped pair; drop --target")
     bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=pair)
+    if pair is None and not args.base:
+        raise ValueError("with --target, pass --base: the block drafter to fine-tune")
     base = Path(args.base) if args.base else shipped_drafter(pair, "block")
     drafter = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
     train, heldout = exittrain_sets(bundle, args, config.seed)
