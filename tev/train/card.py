@@ -22,6 +22,8 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
         lines += default_pair_card_lines(default_pair)
     if default_exittrain is not None:
         lines += _exittrain_card_lines(default_exittrain, "conversations the target wrote itself")
+        lines += ["What these numbers say about ExitTrain on this pair, and the settings varied to find out: "
+                  "[docs/exittrain.md](../docs/exittrain.md).", ""]
     lines += [
         "# The tiny pair (`--pair tiny`): a 7M code model and its drafters",
         "",
