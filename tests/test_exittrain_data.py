@@ -178,7 +178,7 @@ def test_the_data_command_keeps_the_drafter_split_and_caps_each_domain(tmp_path)
     assert main(["exittrain-data", "--work-dir", str(work), "--per-domain", "3", "--response-tokens", "16", "--out", str(out)]) == 0
     parts = load_anchor_data(out)
     assert {d: parts["train"].domains.count(d) for d in ("dialogue", "code", "math")} == {"dialogue": 3, "code": 3, "math": 3}
-    everything = ChatSequences(*(getattr(first, n) + getattr(second, n) for n in ("token_ids", "prompt_lengths", "domains", "requests")))
+    everything = ChatSequences.concat([first, second])
     _, heldout = split_conversations(everything, type(QUICK_RECIPE)(**recipe))
     heldout_rows = {tuple(ids[: start + 16]) for ids, start in zip(heldout.token_ids, heldout.prompt_lengths) if min(len(ids) - start, 16) >= 16}
     train_rows = {tuple(row[:length].tolist()) for row, length in zip(parts["train"].ids, parts["train"].lengths)}

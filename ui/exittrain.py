@@ -49,7 +49,7 @@ def run_exittrain(domain, weights, steps, lambda_exit, request: gr.Request, prog
         progress(0, desc="scoring the base drafter's held-out trees…")
         with shared.SERVICE.compute:
             before = trainer.heldout_trees(LIVE_HELDOUT_BATCHES)
-        start = 1 + sum(before.coverage) / len(before.coverage)
+        start = before.expected_tau
         history = [{"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_exit": float("nan"), "expected_tau": start, "heldout_expected_tau": start}]
         events = trainer.run()
         while True:

@@ -65,7 +65,7 @@ def _measure(bundle, name: str, drafter, prompts: list[dict], budgets, temperatu
 
 def _trees_summary(trainer: ExitTrainer) -> dict:
     trees = trainer.heldout_trees(HELDOUT_BATCHES)
-    return {"expected_tau": 1.0 + sum(trees.coverage) / len(trees.coverage), "trees": len(trees.trees), **trees.exit_mass_by_depth(trainer.horizon)}
+    return {"expected_tau": trees.expected_tau, "trees": len(trees.trees), **trees.exit_mass_by_depth(trainer.horizon)}
 
 
 def run_ablation(

@@ -220,10 +220,15 @@ class BlockDrafter(nn.Module):
         labels: ``V / Vd`` times less work, and a wrapped module (accelerate) still syncs.
         """
         logits = self.draft_logits(features, valid, root_ids)
-        if self.draft_vocab is None or not full_vocab:
-            return logits
-        full = logits.new_full((*logits.shape[:2], self.config.vocab_size), float("-inf"))
-        return full.index_copy_(2, self.draft_vocab, logits)
+        return self.full_vocab(logits) if full_vocab else logits
+
+    def full_vocab(self, values: torch.Tensor) -> torch.Tensor:
+        """`[..., Vd]` draft-vocabulary values as `[..., V]`, ``-inf`` outside the draft
+        vocabulary (as they are without one)."""
+        if self.draft_vocab is None:
+            return values
+        full = values.new_full((*values.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_vocab.to(values.device), values)
 
     def draft_logits(self, features: torch.Tensor, valid: torch.Tensor, root_ids: torch.Tensor) -> torch.Tensor:
         """Per-depth draft logits over the draft vocabulary.

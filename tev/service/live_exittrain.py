@@ -64,8 +64,7 @@ def live_data(bundle, domain: str | None = None) -> tuple[AnchorData, AnchorData
     """(train, held-out) of a pair's live mode: the default pair's conversations of ``domain``
     (all when None), or the tiny pair's shipped sequences."""
     if has_domains(bundle):
-        train, heldout = load_chat_exittrain_data()
-        return (train.domain(domain), heldout.domain(domain)) if domain else (train, heldout)
+        return load_chat_exittrain_data(domain)
     train, heldout, first_anchor = load_live_data()
     return AnchorData.of(train, first_anchor), AnchorData.of(heldout, first_anchor)
 
@@ -82,8 +81,7 @@ def coverage_change(before: TreeBatch, after: TreeBatch) -> dict:
     if len(before.coverage) != len(after.coverage) or not before.coverage:
         raise ValueError("compare trees of the same held-out anchors")
     n = len(before.coverage)
-    mean_before = 1 + sum(before.coverage) / n
-    mean_after = 1 + sum(after.coverage) / n
+    mean_before, mean_after = before.expected_tau, after.expected_tau
     differences = [a - b for a, b in zip(after.coverage, before.coverage)]
     mean_difference = sum(differences) / n
     spread = math.sqrt(sum((d - mean_difference) ** 2 for d in differences) / max(1, n - 1))

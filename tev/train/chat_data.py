@@ -30,6 +30,9 @@ DOMAIN_OPENINGS = {
     "code": ("Write a Python function", "Write a Python program that", "How do I", "Write a function in Python to", "Explain what this Python code does:", "Fix the bug in this Python code:"),
     "math": ("Solve", "What is", "Calculate", "A store sells", "If x", "Find the", "How many"),
 }
+_FIELDS = ("token_ids", "prompt_lengths", "domains", "requests")
+
+
 @dataclass
 class ChatSequences:
     """Conversations as token ids.
@@ -72,8 +75,17 @@ class ChatSequences:
     def split(self, heldout: int) -> tuple["ChatSequences", "ChatSequences"]:
         """(train, held-out): the last ``heldout`` conversations are held out."""
         cut = len(self) - heldout
-        parts = [slice(0, cut), slice(cut, len(self))]
-        return tuple(ChatSequences(self.token_ids[p], self.prompt_lengths[p], self.domains[p], self.requests[p]) for p in parts)
+        return self.take(range(cut)), self.take(range(cut, len(self)))
+
+    def take(self, indices) -> "ChatSequences":
+        """The conversations at ``indices``, in that order."""
+        indices = list(indices)
+        return ChatSequences(*([getattr(self, name)[i] for i in indices] for name in _FIELDS))
+
+    @classmethod
+    def concat(cls, parts: list["ChatSequences"]) -> "ChatSequences":
+        """The conversations of ``parts``, one after another."""
+        return cls(*(sum((getattr(p, name) for p in parts), []) for name in _FIELDS))
 
 
 @torch.no_grad()

@@ -112,6 +112,11 @@ class TreeBatch:
             coverage=[c for part in parts for c in part.coverage],
         )
 
+    @property
+    def expected_tau(self) -> float:
+        """Mean ``1 + C(T)`` over the trees (the expected block length)."""
+        return 1.0 + sum(self.coverage) / len(self.coverage)
+
     def exit_mass_by_depth(self, horizon: int) -> dict[str, list[float]]:
         """Mean exit mass per tree by the depth ``0..horizon`` of the node it leaves at:
         ``internal`` where the target's next token was not among the node's children (the

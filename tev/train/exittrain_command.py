@@ -75,8 +75,7 @@ def exittrain_sets(bundle, args, seed: int, progress: bool = True) -> tuple[Anch
     target regenerates itself (any target)."""
     domain = getattr(args, "domain", None)
     if bundle.pair == "smollm2":
-        train, heldout = load_chat_exittrain_data()
-        return (train.domain(domain), heldout.domain(domain)) if domain else (train, heldout)
+        return load_chat_exittrain_data(domain)
     if domain:
         raise ValueError("--domain needs the default pair (its conversations have domains); other data has none")
     train = training_sequences(bundle.target, bundle.tokenizer, "train", args.data_sequences, args.context_length, args.new_tokens, seed=seed + 7, cache_dir=SEQUENCE_CACHE, progress=progress)

@@ -49,13 +49,15 @@ def build_chat_exittrain_data(work: Path, per_domain: int, response_tokens: int,
     }
 
 
-def load_chat_exittrain_data(path: Path | None = None) -> tuple[AnchorData, AnchorData]:
-    """(train, held-out) of the default pair's shipped ExitTrain data."""
+def load_chat_exittrain_data(domain: str | None = None, path: Path | None = None) -> tuple[AnchorData, AnchorData]:
+    """(train, held-out) of the default pair's shipped ExitTrain data, of one domain when given."""
     path = Path(path or chat_exittrain_data_path())
     if not path.is_file():
         raise FileNotFoundError(f"the default pair's ExitTrain data is missing ({path}); rebuild it with "
                                 "`python -m tev exittrain-data --work-dir runs/train-drafter-smollm2` after `python -m tev train-drafter`")
     parts = load_anchor_data(path)
+    if domain:
+        return parts["train"].domain(domain), parts["heldout"].domain(domain)
     return parts["train"], parts["heldout"]
 
 

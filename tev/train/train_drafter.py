@@ -152,16 +152,14 @@ def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: 
 
         parts.append(ChatSequences.from_json(_stage_json(folder / "conversations.json", write)))
         partial.unlink(missing_ok=True)
-    return ChatSequences(*(sum((getattr(p, name) for p in parts), []) for name in ("token_ids", "prompt_lengths", "domains", "requests")))
+    return ChatSequences.concat(parts)
 
 
 def split_conversations(conversations: ChatSequences, recipe: DrafterRecipe) -> tuple[ChatSequences, ChatSequences]:
     """(train, held-out) parts of every shard's conversations; the held-out ones are a seeded
     random subset, so greedy and sampled answers are in both parts."""
     order = torch.randperm(len(conversations), generator=torch.Generator().manual_seed(recipe.seed + 2)).tolist()
-    shuffled = ChatSequences([conversations.token_ids[i] for i in order], [conversations.prompt_lengths[i] for i in order],
-                             [conversations.domains[i] for i in order], [conversations.requests[i] for i in order])
-    return shuffled.split(recipe.heldout_requests)
+    return conversations.take(order).split(recipe.heldout_requests)
 
 
 def cached_conversations(work: Path) -> tuple[ChatSequences, DrafterRecipe]:
@@ -176,7 +174,7 @@ def cached_conversations(work: Path) -> tuple[ChatSequences, DrafterRecipe]:
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: the train-drafter run in {work} did not finish its data")
         parts.append(ChatSequences.from_json(json.loads(path.read_text())))
-    return ChatSequences(*(sum((getattr(p, name) for p in parts), []) for name in ("token_ids", "prompt_lengths", "domains", "requests"))), recipe
+    return ChatSequences.concat(parts), recipe
 
 
 def _cached_features(folder: Path, target, ids, lengths, layers, vocab, soft_top: int, progress: bool):

@@ -202,7 +202,7 @@ class ExitTrainer:
         with torch.set_grad_enabled(train):
             draft_logits = self.drafter(windows, valid, root_ids, full_vocab=False)  # [s*A, K, Vd]
         # realized trees from the current drafter (detached), one target forward per sequence
-        logq = self._full_vocab(torch.log_softmax(draft_logits.detach().float(), dim=-1)).cpu()  # [s*A, K, V]
+        logq = self.raw_drafter.full_vocab(torch.log_softmax(draft_logits.detach().float(), dim=-1)).cpu()  # [s*A, K, V]
         per = anchors.shape[1]
         scored = []
         for i in range(batch.shape[0]):
@@ -233,14 +233,6 @@ class ExitTrainer:
             probs = torch.zeros_like(probs).scatter_(-1, top.indices, top.values / top.values.sum(-1, keepdim=True))
             soft = probs.flatten(0, 1) * in_range.flatten(0, 1)[..., None]  # zero rows: unlabelled
         return AnchorBatch(draft_logits, TreeBatch.join(scored), labels, soft)
-
-    def _full_vocab(self, values: torch.Tensor) -> torch.Tensor:
-        """`[..., Vd]` draft-vocabulary values as `[..., V]`, ``-inf`` outside the draft vocabulary."""
-        vocab = self.raw_drafter.draft_vocab
-        if vocab is None:
-            return values
-        full = values.new_full((*values.shape[:-1], self.raw_drafter.config.vocab_size), float("-inf"))
-        return full.index_copy_(-1, vocab.to(values.device), values)
 
     def _loss(self, batch: AnchorBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(``L``, ``L_tok``, ``L_exit``) of one batch."""
@@ -278,10 +270,9 @@ class ExitTrainer:
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        coverage = batch.scored.coverage
         return ProgressEvent(
             step=self.step, steps=self.config.steps, loss=loss.item(), loss_tok=loss_tok.item(), loss_exit=loss_exit.item(),
-            expected_tau=1.0 + sum(coverage) / len(coverage), seconds=time.perf_counter() - start, lr=lr,
+            expected_tau=batch.scored.expected_tau, seconds=time.perf_counter() - start, lr=lr,
         )
 
     @torch.no_grad()
@@ -302,8 +293,7 @@ class ExitTrainer:
         """Mean ``1 + C(T)`` of the current drafter's trees on held-out sequences (fixed anchors)."""
         if self.heldout is None:
             return float("nan")
-        coverage = self.heldout_trees(batches, seed).coverage
-        return 1.0 + sum(coverage) / len(coverage)
+        return self.heldout_trees(batches, seed).expected_tau
 
     def run(self, checkpoint_dir: Path | None = None) -> Iterator[ProgressEvent]:
         """Train until ``config.steps`` or :meth:`cancel`; yields one event per step."""
