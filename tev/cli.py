@@ -195,6 +195,10 @@ def _add_train_drafter(commands) -> None:
     parser.add_argument("--shards", type=int, default=None, help="shards of self-instruct conversations (default: the recipe's); more shards add data, the cached ones are kept")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--soft-top", type=int, default=None, help="labels: the target's top-k distribution over the draft vocabulary (0: the tokens it wrote; default: the recipe's)")
+    parser.add_argument("--hidden", type=int, default=None, help="drafter width (default: the recipe's)")
+    parser.add_argument("--layers", type=int, default=None, help="drafter blocks (default: the recipe's)")
+    parser.add_argument("--heads", type=int, default=None, help="attention heads per block; must divide --hidden (default: the recipe's)")
+    parser.add_argument("--intermediate", type=int, default=None, help="MLP width (default: the recipe's)")
     parser.add_argument("--allow-download", action="store_true", help="let a Hugging Face id download (default: offline, cache only)")
     parser.set_defaults(func=train_drafter_command)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tev.core.flow import TargetFlow, check_probs, flow_from_edge_prob
+from tev.core.head_screen import HeadScreen
 from tev.core.sampling import sample_rows
 from tev.core.tree import DraftTree
 
@@ -75,6 +76,8 @@ class TargetRows:
         hidden: `Tensor[N, H]` final hidden states with ``head``: `Tensor[V, H]`
             (``logits = hidden @ head.T``);
         temperature: ``p_v = softmax(logits_v / T)``; with ``T == 0`` only argmax is defined.
+        screen: with ``hidden``, a :class:`HeadScreen` of ``head``: at ``T == 0`` the argmaxes
+            come from its bfloat16 screen, rechecked in float32 (the same argmax, cheaper).
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class TargetRows:
         hidden: torch.Tensor | None = None,
         head: torch.Tensor | None = None,
         temperature: float = 1.0,
+        screen: HeadScreen | None = None,
     ):
         if sum(x is not None for x in (probs, logits, hidden)) != 1 or (hidden is None) != (head is None):
             raise ValueError("give exactly one of probs, logits, or hidden with head")
@@ -99,6 +103,8 @@ class TargetRows:
         self.hidden = hidden
         self.head = head
         self.temperature = temperature
+        self.screen = screen if hidden is not None and temperature == 0 else None
+        self._argmax: torch.Tensor | None = None  # every row's argmax, when the screen computed them
         self.num_rows = source.shape[0]
         self.vocab_size = head.shape[0] if head is not None else source.shape[1]
         self.device = source.device
@@ -111,6 +117,11 @@ class TargetRows:
         """`Tensor[k, V]` float32 logits of rows ``nodes`` (`LongTensor[k]`)."""
         if self.logits is not None:
             return self.logits.index_select(0, nodes).float()
+        cached = getattr(self, "_parent_rows", None)
+        if cached is not None and nodes.numel() == 1 and self.device.type == "cpu":  # TEV's exit row, when an internal node's (no device sync)
+            where = (cached[1] == nodes).nonzero()
+            if where.numel():
+                return cached[3].index_select(0, where[0])
         return torch.nn.functional.linear(self.hidden.index_select(0, nodes), self.head).float()
 
     def all_logits(self) -> torch.Tensor:
@@ -120,6 +131,27 @@ class TargetRows:
 
     def _scaled(self, logits: torch.Tensor) -> torch.Tensor:
         return logits / self.temperature
+
+    def argmax_at(self, nodes: torch.Tensor) -> torch.Tensor:
+        """`LongTensor[k]`: the argmax token of rows ``nodes`` (`LongTensor[k]`)."""
+        if self.probs is not None:
+            return self.probs.index_select(0, nodes).argmax(dim=-1)
+        if self.screen is not None:
+            if self._argmax is None:  # all rows at once: one read of the bfloat16 head serves the walk and a leaf exit
+                self._argmax = self.screen.argmax(self.hidden)
+            return self._argmax.index_select(0, nodes)
+        return self.logits_at(nodes).argmax(dim=-1)
+
+    def parent_argmax(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(``internal``: `LongTensor[k]` the nodes that have children, sorted; ``slot``:
+        `LongTensor[N - 1]` each non-root node's parent's index in ``internal``; `LongTensor[k]`
+        the argmax of each internal node's row)."""
+        if self.screen is None:
+            internal, slot, rows = self.parent_rows(tree)
+            return internal, slot, rows.argmax(dim=-1)
+        internal, slot = torch.unique(tree.parents[1:], return_inverse=True)
+        internal, slot = internal.to(self.device, non_blocking=True), slot.to(self.device, non_blocking=True)
+        return internal, slot, self.argmax_at(internal)
 
     def parent_rows(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The rows of the nodes that have children, computed once per tree.
@@ -147,11 +179,13 @@ class TargetRows:
         if n == 1:
             return edge
         tokens = tree.tokens[1:].to(self.device, non_blocking=True)
+        if self.probs is None and self.temperature == 0:
+            _, slot, best = self.parent_argmax(tree)
+            edge[1:] = (best[slot] == tokens).float()
+            return edge
         _, slot, parent_rows = self.parent_rows(tree)
         if self.probs is not None:
             edge[1:] = parent_rows[slot, tokens]
-        elif self.temperature == 0:
-            edge[1:] = (parent_rows.argmax(dim=-1)[slot] == tokens).float()
         else:
             log_norm = torch.logsumexp(self._scaled(parent_rows), dim=-1)  # [k]
             edge[1:] = torch.exp(self._scaled(parent_rows[slot, tokens]) - log_norm[slot])
@@ -245,16 +279,16 @@ def _greedy(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None
     # one transfer for the parents' argmaxes, one more when the walk ends at a leaf.
     best = {}
     if tree.num_nodes > 1:
-        _, _, parent_rows = rows.parent_rows(tree)
-        internal = sorted(set(tree.parents_list[1:]))  # the host's copy of parent_rows' (sorted) node order
-        best = dict(zip(internal, parent_rows.argmax(dim=-1).tolist()))
+        _, _, parent_best = rows.parent_argmax(tree)
+        internal = sorted(set(tree.parents_list[1:]))  # the host's copy of parent_argmax's (sorted) node order
+        best = dict(zip(internal, parent_best.tolist()))
     path = [0]
     child_by_token = tree.child_by_token
     while path[-1] in best and best[path[-1]] in child_by_token[path[-1]]:
         path.append(child_by_token[path[-1]][best[path[-1]]])
     exit_node = path[-1]
     if exit_node not in best:  # a leaf: its row is needed for the bonus
-        best[exit_node] = int(rows.logits_at(torch.tensor([exit_node]).to(rows.device, non_blocking=True)).argmax()) if rows.probs is None else int(rows.probs[exit_node].argmax())
+        best[exit_node] = int(rows.argmax_at(torch.tensor([exit_node]).to(rows.device, non_blocking=True)))
     return Verdict(path, exit_node, best[exit_node], "greedy")
 
 

@@ -13,6 +13,7 @@ it (a pageable host tensor is staged before the call returns, so this is safe).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ import transformers
 from packaging.version import Version
 from transformers import DynamicCache
 
+from tev.core.head_screen import HeadScreen
 from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows
 
@@ -43,6 +45,21 @@ def check_transformers(version: str | None = None) -> None:
                            f"install the versions of requirements.txt: python -m pip install -r requirements.txt")
 
 
+# One head screen per model (its bfloat16 head copy is shared by every session on the model).
+_SCREENS: "weakref.WeakKeyDictionary[torch.nn.Module, HeadScreen]" = weakref.WeakKeyDictionary()
+
+
+def _head_screen(model, head: torch.Tensor | None) -> HeadScreen | None:
+    """The model's :class:`HeadScreen` for greedy argmaxes (float32 heads on a CPU with a
+    float32-accumulating bfloat16 matmul), else None."""
+    if head is None or head.dtype != torch.float32 or head.device.type != "cpu":
+        return None
+    screen = _SCREENS.get(model)
+    if screen is None or screen.head.data_ptr() != head.data_ptr() or screen.head.shape != head.shape:
+        screen = _SCREENS[model] = HeadScreen(head)
+    return screen if screen.enabled else None
+
+
 @dataclass(eq=False)
 class ForwardOutput:
     """One forward's outputs. Logits are computed on demand from the final hidden states
@@ -53,12 +70,14 @@ class ForwardOutput:
             straight from the model.
         head: `Tensor[V, H]` the output head for ``hidden``.
         features: `Tensor[T, F]` the concatenated hidden states of the requested layers, or None.
+        screen: the head's :class:`HeadScreen` for greedy rows, or None.
     """
 
     hidden: torch.Tensor | None
     head: torch.Tensor | None
     features: torch.Tensor | None
     _logits: torch.Tensor | None = None
+    screen: HeadScreen | None = None
 
     @property
     def logits(self) -> torch.Tensor:
@@ -77,7 +96,7 @@ class ForwardOutput:
         """The target rows of a tree forward, projected through the head lazily."""
         if self._logits is not None:
             return TargetRows(logits=self._logits, temperature=temperature)
-        return TargetRows(hidden=self.hidden, head=self.head, temperature=temperature)
+        return TargetRows(hidden=self.hidden, head=self.head, temperature=temperature, screen=self.screen)
 
 
 class CausalLMSession:
@@ -102,6 +121,7 @@ class CausalLMSession:
         head = model.get_output_embeddings()
         self.lazy_head = getattr(model.config, "model_type", None) in _PLAIN_HEAD and head is not None and getattr(head, "bias", None) is None
         self.head = head.weight.detach() if self.lazy_head else None  # inference only: projections keep no graph
+        self.screen = _head_screen(model, self.head)
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor) -> ForwardOutput:
         want_hidden = bool(self.feature_layers)
@@ -123,7 +143,7 @@ class CausalLMSession:
         features = None
         if want_hidden:
             features = torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
-        return ForwardOutput(hidden, self.head, features, logits)
+        return ForwardOutput(hidden, self.head, features, logits, self.screen)
 
     def extend(self, token_ids) -> ForwardOutput:
         """Append tokens causally (prefill, or catching up); returns their logits/features."""

@@ -292,10 +292,13 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
 
 def train_drafter_command(args) -> None:
     recipe = QUICK_RECIPE if args.quick else DrafterRecipe()
-    overrides = {name: getattr(args, name) for name in ("steps", "shards", "seed", "soft_top") if getattr(args, name, None) is not None}
+    overrides = {name: getattr(args, name) for name in ("steps", "shards", "seed", "soft_top", "hidden", "layers", "heads", "intermediate")
+                 if getattr(args, name, None) is not None}
     recipe = replace(recipe, **overrides)
-    if recipe.steps < 1 or recipe.shards < 1:
-        raise ValueError("--steps and --shards must be at least 1")
+    if min(recipe.steps, recipe.shards, recipe.hidden, recipe.layers, recipe.heads, recipe.intermediate) < 1:
+        raise ValueError("--steps, --shards, --hidden, --layers, --heads and --intermediate must be at least 1")
+    if recipe.hidden % recipe.heads:
+        raise ValueError(f"--heads ({recipe.heads}) must divide --hidden ({recipe.hidden})")
     if recipe.soft_top < 0 or recipe.soft_top > recipe.draft_vocab:
         raise ValueError(f"--soft-top must be from 0 to the draft vocabulary size ({recipe.draft_vocab})")
     out = Path(args.out)
