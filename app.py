@@ -92,7 +92,7 @@ def build_app() -> gr.Blocks:
                 with gr.Column(scale=2):
                     drafter = gr.Radio(list(DRAFTER_KINDS), value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTER_LABELS[kind]}" for kind in DRAFTER_KINDS))
                     verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
-                    budget = Slider(1, LIMITS.max_budget, value=32, step=1, label="budget B (draft nodes per round)")
+                    budget = Slider(1, LIMITS.max_budget, value=16, step=1, label="budget B (draft nodes per round)")
                     temperature = Slider(0.0, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
                     max_new_tokens = Slider(1, LIMITS.max_new_tokens, value=96, step=1, label="max new tokens")
                     with gr.Row():

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from tev.cli import main
 from tev.core.flow import target_flow
 from tev.core.tree import DraftTree
-from tev.data.prompts import evaluation_prompts
+from tev.data.prompts import evaluation_prompts, load_prompt_set, spread_evenly
 from tev.service.live_exittrain import coverage_change
 from tev.train.anchor_data import AnchorData, anchor_data_from_conversations, load_anchor_data, save_anchor_data
 from tev.train.chat_data import ChatSequences
@@ -185,3 +185,11 @@ def test_the_data_command_keeps_the_drafter_split_and_caps_each_domain(tmp_path)
     assert not heldout_rows & train_rows  # no held-out conversation is trained on
     assert build_chat_exittrain_data(work, 3, 16)["train"].ids.shape == parts["train"].ids.shape
     assert main(["exittrain-data", "--work-dir", str(tmp_path / "nowhere")]) == 2  # one line naming the command to run first
+
+
+def test_benchmark_prompts_give_each_domain_its_share():
+    chat = load_prompt_set("chat")  # kept in domain blocks
+    for count in (3, 6, 9, 12):
+        domains = [p["domain"] for p in spread_evenly(chat, count)]
+        assert all(domains.count(d) == count // 3 for d in ("dialogue", "code", "math")), (count, domains)
+    assert spread_evenly(chat, 100) == chat and spread_evenly(chat, 0) == []

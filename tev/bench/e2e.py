@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from tqdm import tqdm
 
-from tev.data.prompts import load_prompt_set
+from tev.data.prompts import load_prompt_set, spread_evenly
 from tev.engine.decode import STAGES, GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
 from tev.engine.evaluation import fit_prompt
 from tev.bench.hf_peers import PEERS, hf_generate
@@ -176,7 +176,7 @@ def peak_memory_of_generate(extra_args: list[str] | None = None) -> float:
 def e2e_command(args) -> None:
     bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
     prompts = load_prompt_set(args.prompts or ("chat" if bundle.is_chat else "heldout"))
-    prompts = prompts[:: max(1, len(prompts) // args.num_prompts)][: args.num_prompts]  # spread over the set's domains
+    prompts = spread_evenly(prompts, args.num_prompts)  # each domain its share
     result = bench_e2e(bundle, prompts, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed)
     print(f"end-to-end decoding, {len(prompts)} prompts x {args.repeats} repeats, {args.max_new_tokens} new tokens, methods interleaved; median (IQR)")
     print(f"machine: {machine_summary(result['machine'])}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from tev.data.corpus import load_split
 from tev.util.paths import prompts_dir
 
-__all__ = ["heldout_function_prompts", "humaneval_prompts", "load_prompt_set", "evaluation_prompts"]
+__all__ = ["heldout_function_prompts", "humaneval_prompts", "load_prompt_set", "spread_evenly", "evaluation_prompts"]
 
 
 
@@ -74,6 +74,13 @@ def load_prompt_set(name: str, folder: Path | None = None) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"no prompt set {name!r} at {path}; rebuild it with `python -m tev build-assets`")
     return json.loads(path.read_text())["prompts"]
+
+
+def spread_evenly(items: list, count: int) -> list:
+    """``count`` items at evenly spaced places of ``items`` (all when there are fewer): a set kept
+    in domain blocks gives each domain its share (24 prompts, 9 asked: 3 of each of 3 domains)."""
+    count = min(max(0, count), len(items))
+    return [items[i * len(items) // count] for i in range(count)]
 
 
 def evaluation_prompts(chat: bool, count: int, domain: str | None = None) -> list[dict]:
