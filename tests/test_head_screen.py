@@ -38,6 +38,23 @@ def test_a_tie_the_bfloat16_copy_cannot_see_is_broken_as_in_float32():
     assert int(HeadScreen(head).argmax(hidden)) == 9
 
 
+def test_rows_of_near_duplicate_tokens_each_get_their_float32_winner():
+    # groups of 4 tokens whose rows (mostly) round to one bfloat16 row, yet differ clearly in float32
+    # (gaps far above float32 rounding, which can order two float32 kernels' near-equal sums either way)
+    generator = torch.Generator().manual_seed(5)
+    base = torch.randn(40, 24, generator=generator).bfloat16().float()
+    head = base.repeat_interleave(4, dim=0)  # [160, 24]
+    head += 2e-4 * torch.randn(head.shape, generator=generator)  # below bfloat16's spacing near 1 (2^-8)
+    screen = HeadScreen(head)
+    for _ in range(20):
+        groups = torch.randint(0, 40, (7,), generator=generator)
+        hidden = 30 * base[groups] + 0.01 * torch.randn(7, 24, generator=generator)
+        expected = torch.nn.functional.linear(hidden, head).argmax(dim=-1)
+        assert torch.equal(screen.argmax(hidden), expected)
+        assert torch.equal(expected // 4, groups)  # the winner is in the row's group, decided below the copy's resolution
+    assert (screen.screen.view(40, 4, 24) == screen.screen.view(40, 4, 24)[:, :1]).float().mean() > 0.8  # the copy cannot tell most apart
+
+
 def test_a_head_changed_in_place_is_screened_afresh():
     head, generator = random_head(vocab=100, size=32)
     screen = HeadScreen(head)

@@ -64,14 +64,15 @@ class HeadScreen:
             return torch.nn.functional.linear(hidden, self.head).argmax(dim=-1)
         if self.head._version != self.version:
             self._build()
-        approx = torch.nn.functional.linear(hidden.to(torch.bfloat16), self.screen).float()  # [k, V]
-        top = approx.max(dim=-1, keepdim=True).values  # [k, 1]
-        # the widest error of any token in the row, at the largest |screen value| it could take
-        reach = approx.abs().max(dim=-1, keepdim=True).values
-        slack = self.c_norm * hidden.norm(dim=-1, keepdim=True) * self.max_row_norm + self.c_out * reach  # [k, 1]
+        approx = torch.nn.functional.linear(hidden.to(torch.bfloat16), self.screen)  # [k, V], bfloat16
+        low, top = (x.float() for x in torch.aminmax(approx, dim=-1))  # [k] each
+        reach = torch.maximum(top.abs(), low.abs())  # the largest |screen value| in the row
+        slack = self.c_norm * hidden.norm(dim=-1) * self.max_row_norm + self.c_out * reach  # [k]
         margin = 2 * slack * (1 + 1e-3) + 1e-30  # both sides' error, plus this test's own rounding
-        rows, tokens = torch.nonzero(approx >= top - margin, as_tuple=True)  # candidates, row-major
+        rows, tokens = torch.nonzero(approx >= (top - margin).unsqueeze(1), as_tuple=True)  # candidates
         exact = (hidden[rows] * self.head[tokens]).sum(dim=-1)  # float32 logits of the candidates
-        logits = torch.full_like(approx, float("-inf"))
-        logits[rows, tokens] = exact
-        return logits.argmax(dim=-1)  # first maximum, as a full float32 argmax
+        best = torch.full_like(top, float("-inf")).scatter_reduce(0, rows, exact, "amax")
+        winner = exact == best[rows]
+        # the lowest winning token of each row, as a full float32 argmax picks the first maximum
+        first = torch.full(top.shape, self.head.shape[0], dtype=torch.long)
+        return first.scatter_reduce(0, rows[winner], tokens[winner], "amin")
