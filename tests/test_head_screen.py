@@ -59,6 +59,7 @@ def test_a_head_changed_in_place_is_screened_afresh():
     head, generator = random_head(vocab=100, size=32)
     screen = HeadScreen(head)
     hidden = torch.randn(8, 32, generator=generator)
+    assert torch.equal(screen.argmax(hidden), torch.nn.functional.linear(hidden, head).argmax(dim=-1))  # the copy is made
     with torch.no_grad():
         head[7] = 100 * hidden.mean(0)  # now token 7 wins most rows
     assert torch.equal(screen.argmax(hidden), torch.nn.functional.linear(hidden, head).argmax(dim=-1))

@@ -43,14 +43,22 @@ class HeadScreen:
             raise ValueError(f"the head screen takes a float32 [V, H] head, got {head.dtype} {tuple(head.shape)}")
         self.head = head
         self.enabled = head.device.type == "cpu" and _accumulates_in_float32()
-        if self.enabled:
+        self.version: int | None = None  # the head's version the copy was made from; None: not yet made
+
+    @property
+    def screen(self) -> torch.Tensor:
+        """`Tensor[V, H]` the bfloat16 copy of the head, made on first use (a model used only for
+        sampling, or as an autoregressive drafter, never pays for it) and again after the head
+        changed in place (its version counter moved)."""
+        if self.version != self.head._version:
             self._build()
+        return self._copy
 
     def _build(self) -> None:
         head = self.head
-        self.version = head._version  # a head changed in place makes the copy stale: rebuilt then
+        self.version = head._version
         with torch.no_grad():
-            self.screen = head.to(torch.bfloat16)  # [V, H]
+            self._copy = head.to(torch.bfloat16)  # [V, H]
             self.max_row_norm = float(head.norm(dim=1).max())
             size = head.shape[1]
             gamma = size * _F32_UNIT / (1 - size * _F32_UNIT)
@@ -62,8 +70,6 @@ class HeadScreen:
         """`LongTensor[k]`: the float32 argmax of each row of ``hidden`` (`Tensor[k, H]` float32)."""
         if not self.enabled or not bool(torch.isfinite(hidden).all()):
             return torch.nn.functional.linear(hidden, self.head).argmax(dim=-1)
-        if self.head._version != self.version:
-            self._build()
         approx = torch.nn.functional.linear(hidden.to(torch.bfloat16), self.screen)  # [k, V], bfloat16
         low, top = (x.float() for x in torch.aminmax(approx, dim=-1))  # [k] each
         reach = torch.maximum(top.abs(), low.abs())  # the largest |screen value| in the row

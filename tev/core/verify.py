@@ -149,9 +149,18 @@ class TargetRows:
         if self.screen is None:
             internal, slot, rows = self.parent_rows(tree)
             return internal, slot, rows.argmax(dim=-1)
+        internal, slot = self._parent_index(tree)
+        return internal, slot, self.argmax_at(internal)
+
+    def _parent_index(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``internal``, ``slot``) of :meth:`parent_rows`, computed once per tree."""
+        cached = getattr(self, "_parent_index_of", None)
+        if cached is not None and cached[0] is tree:
+            return cached[1:]
         internal, slot = torch.unique(tree.parents[1:], return_inverse=True)
         internal, slot = internal.to(self.device, non_blocking=True), slot.to(self.device, non_blocking=True)
-        return internal, slot, self.argmax_at(internal)
+        self._parent_index_of = (tree, internal, slot)
+        return internal, slot
 
     def parent_rows(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The rows of the nodes that have children, computed once per tree.
@@ -163,8 +172,7 @@ class TargetRows:
         cached = getattr(self, "_parent_rows", None)
         if cached is not None and cached[0] is tree:
             return cached[1:]
-        internal, slot = torch.unique(tree.parents[1:], return_inverse=True)
-        internal, slot = internal.to(self.device, non_blocking=True), slot.to(self.device, non_blocking=True)
+        internal, slot = self._parent_index(tree)
         rows = self.probs.index_select(0, internal) if self.probs is not None else self.logits_at(internal)
         self._parent_rows = (tree, internal, slot, rows)
         return internal, slot, rows
