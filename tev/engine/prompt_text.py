@@ -80,26 +80,52 @@ class ChatTemplate:
         user_opening: the text of a conversation up to where the user's message starts
             (the template's default system turn, if any, then the user-turn header).
         end_of_turn: the token id that ends a turn (``<|im_end|>`` for ChatML templates).
+        special_ids: the ids of the tokenizer's special tokens, less an unknown-text token that
+            plain text becomes where the vocabulary lacks a character.
+        own_special_ids: the special-token ids the template itself writes around one user
+            message, the generation prompt included, in order (ChatML: ``<|im_start|>`` and
+            ``<|im_end|>`` of the system turn, of the user turn, then ``<|im_start|>`` again).
     """
 
     user_opening: str
     end_of_turn: int
+    special_ids: frozenset[int]
+    own_special_ids: tuple[int, ...]
 
     @classmethod
     def of(cls, tokenizer) -> "ChatTemplate":
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the target's tokenizer has no chat template; chat mode needs an instruct (chat) model; use raw continuation instead")
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": SENTINEL}], tokenize=False)
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": SENTINEL}], tokenize=False, add_generation_prompt=True)
         opening, _, closing = rendered.partition(SENTINEL)
         closing_ids = tokenizer.encode(closing, add_special_tokens=False)
         if not closing_ids:
             raise ValueError("could not find the chat template's end-of-turn token")
-        return cls(opening, closing_ids[0])
+        special = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special} | set(tokenizer.all_special_ids)
+        special -= set(tokenizer.encode(SENTINEL, add_special_tokens=False))  # an unknown-text token (a word-level vocabulary's [UNK]) comes from plain text
+        own = tuple(t for t in tokenizer.encode(rendered, add_special_tokens=False) if t in special)  # the sentinel is plain text
+        return cls(opening, closing_ids[0], frozenset(special), own)
 
     def prompt_ids(self, tokenizer, user_text: str) -> list[int]:
-        """A conversation's ids up to the assistant's first token (the generation prompt added)."""
-        text = tokenizer.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True)
-        return tokenizer.encode(text, add_special_tokens=False)
+        """A conversation's ids up to the assistant's first token (the generation prompt added).
+
+        The user's text is data: a special-token string in it (``<|im_end|>``, ``<|im_start|>``)
+        is encoded as the ordinary characters it is made of, so a message cannot close its own
+        turn and forge a system or assistant turn. Only the template's own markers become
+        special tokens. transformers' ``sanitize_control_tokens`` does this without touching the
+        shared tokenizer's settings (the app encodes for many users at once); a message without
+        special-token strings gets the ids of the whole rendered conversation, as before (less
+        the private-use characters U+F0000 and U+F0001, which the library marks with). The
+        check below holds whatever the library does: the prompt's special tokens are exactly
+        the template's own.
+        """
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": user_text}], add_generation_prompt=True, tokenize=True, return_dict=False, sanitize_control_tokens=True
+        )
+        ids = [int(t) for t in ids]
+        if tuple(t for t in ids if t in self.special_ids) != self.own_special_ids:
+            raise ValueError("the message would be encoded with special tokens the chat template did not write; remove the special-token text (such as <|im_end|>) from it")
+        return ids
 
 
 def has_chat_template(tokenizer) -> bool:
