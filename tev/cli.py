@@ -28,6 +28,8 @@ from tev.train.exittrain_command import exittrain_command
 from tev.train.anchor_data import DOMAINS
 from tev.train.exittrain_data import exittrain_data_command
 from tev.train.trainer import ExitTrainConfig
+from tev.train.workload_command import DEFAULT_TREE_TERM, workload_command
+from tev.train.workload_finetune import TREE_TERMS, FinetuneSettings
 
 __all__ = ["build_parser", "main"]
 
@@ -154,6 +156,11 @@ def _add_bench(commands) -> None:
     _add_bench_report(kinds)
 
 
+def _exittrain(args) -> None:
+    """``exittrain``: on the pair's own data, or with ``--workload`` on a user's prompts."""
+    (workload_command if args.workload else exittrain_command)(args)
+
+
 def _add_exittrain(commands) -> None:
     parser = commands.add_parser("exittrain", help="fine-tune the block drafter with ExitTrain (exit-weighted loss)")
     add_dataclass_arguments(parser, ExitTrainConfig)
@@ -163,8 +170,16 @@ def _add_exittrain(commands) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.add_argument("--install", action="store_true", help="install the result as the pair's ExitTrain drafter")
     parser.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts for the before/after tau (0: skip)")
+    workload = parser.add_argument_group("workload adaptation (with --workload; the options above then do not apply, but --seed, --base, --out)")
+    workload.add_argument("--workload", help="JSON list of your own user messages (at least 16): adapt the drafter to them and measure the gain on a held-out quarter")
+    workload.add_argument("--json", help="where to write the result (default: <out>/result.json)")
+    workload.add_argument("--minutes", type=float, default=5.0, help="time budget of the answers, the fine-tune and the held-out measurement of base and adapted drafter")
+    workload.add_argument("--tree-term", choices=TREE_TERMS, default=DEFAULT_TREE_TERM[0], help="tree term added to the token loss (none: token loss only)")
+    workload.add_argument("--tree-lambda", type=float, default=DEFAULT_TREE_TERM[1], help="weight of the tree term against the token loss")
+    workload.add_argument("--workload-steps", type=int, default=FinetuneSettings().steps, help="fine-tune steps (fewer if the time budget ends first)")
+    workload.add_argument("--controls", nargs="*", default=["none"], help="tree terms trained after the budget on the same data and steps, for comparison (none: the token-only control)")
     add_model_arguments(parser)
-    parser.set_defaults(func=exittrain_command)
+    parser.set_defaults(func=_exittrain)
 
 
 def _add_exittrain_data(commands) -> None:

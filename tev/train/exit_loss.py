@@ -7,7 +7,9 @@
 with ``w`` the exit law of the realized tree ``T_i`` under ``p`` (detached), and ``L_tok`` the
 cross-entropy of the draft marginals against the target's own continuation.
 Weight modes: ``exit`` (``w(v)``, the method), ``prefix`` (``P(v)`` rescaled per tree to the
-same total as ``w``, the ablation control), ``none`` (token-only fine-tune).
+same total as ``w``, the ablation control), ``none`` (token-only fine-tune), and the official
+code's two: ``reach`` (``P(v)`` with every edge probability floored at ``REACH_FLOOR``, its
+default) and ``exit-depth`` (``w(v) * d(v)``, its "exit" option).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from tev.core.flow import flow_from_edge_prob
 from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows
 
-__all__ = ["IGNORE", "WEIGHT_MODES", "token_loss", "soft_token_loss", "node_weights", "exit_loss_terms", "TreeBatch", "score_trees"]
+__all__ = ["IGNORE", "WEIGHT_MODES", "REACH_FLOOR", "top_law", "token_loss", "soft_token_loss", "node_weights", "exit_loss_terms", "TreeBatch", "score_trees"]
 
 IGNORE = -100  # label of a depth past the end of a sequence
-WEIGHT_MODES = ("exit", "prefix", "none")
+WEIGHT_MODES = ("exit", "prefix", "none", "reach", "exit-depth")
+REACH_FLOOR = 1e-4  # the official code's floor on each edge probability of the reach weight
 
 
 def token_loss(draft_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -43,16 +46,27 @@ def soft_token_loss(draft_logits: torch.Tensor, soft_labels: torch.Tensor) -> to
     return (per_row * labelled).sum() / labelled.sum().clamp(min=1)
 
 
-def node_weights(exit_weight: torch.Tensor, reach: torch.Tensor, mode: str) -> torch.Tensor:
+def node_weights(exit_weight: torch.Tensor, reach: torch.Tensor, mode: str, tree: DraftTree | None = None, edge_prob: torch.Tensor | None = None,
+                 floor: float = REACH_FLOOR) -> torch.Tensor:
     """Per-node weights of ``L_exit`` for one tree (root entry 0).
 
     Args:
         exit_weight, reach: `Tensor[N]`, ``w`` and ``P`` of the tree.
         mode: ``exit`` -> ``w(v)``; ``prefix`` -> ``P(v)`` scaled so that its non-root total
-            equals the non-root total of ``w``; ``none`` -> zeros.
+            equals the non-root total of ``w``; ``none`` -> zeros; ``reach`` -> the product of
+            ``max(p_pa(u)(x_u), floor)`` over the path to ``v`` (needs ``tree`` and
+            ``edge_prob``); ``exit-depth`` -> ``w(v) * d(v)`` (needs ``tree``).
     """
+    if mode in ("reach", "exit-depth") and tree is None:
+        raise ValueError(f"weight mode {mode!r} needs the tree")
     if mode == "exit":
         weights = exit_weight.clone()
+    elif mode == "exit-depth":
+        weights = exit_weight * tree.depths.to(exit_weight.device, exit_weight.dtype)
+    elif mode == "reach":
+        if edge_prob is None:
+            raise ValueError("weight mode 'reach' needs the edge probabilities")
+        weights = flow_from_edge_prob(tree, edge_prob.clamp(min=floor)).reach.to(exit_weight.device, exit_weight.dtype)
     elif mode == "prefix":
         total_exit = exit_weight[1:].sum()
         total_reach = reach[1:].sum()
@@ -101,15 +115,25 @@ class TreeBatch:
     reach: list[torch.Tensor]  # P, `Tensor[N_m]` each
     exit_weight: list[torch.Tensor]  # w, `Tensor[N_m]` each
     coverage: list[float]  # C(T_m)
+    edge_prob: list[torch.Tensor] | None = None  # p_pa(v)(x_v), `Tensor[N_m]` each (1 at the root)
+    # the target's next-token law at every node, top tokens over a draft vocabulary:
+    # (positions `LongTensor[N_m, k]`, probabilities `Tensor[N_m, k]`) per tree, when asked for
+    node_soft: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @classmethod
     def join(cls, parts: list["TreeBatch"]) -> "TreeBatch":
         """One batch holding the trees of ``parts`` in order."""
+        def joined(name):
+            lists = [getattr(part, name) for part in parts]
+            return None if any(x is None for x in lists) else [x for part in lists for x in part]
+
         return cls(
             trees=[t for part in parts for t in part.trees],
             reach=[r for part in parts for r in part.reach],
             exit_weight=[w for part in parts for w in part.exit_weight],
             coverage=[c for part in parts for c in part.coverage],
+            edge_prob=joined("edge_prob"),
+            node_soft=joined("node_soft"),
         )
 
     @property
@@ -153,7 +177,8 @@ def tree_section_mask(trees: list[DraftTree], roots: list[int], cached: int, dty
 
 
 @torch.no_grad()
-def score_trees(target, sequence: torch.Tensor, cache: DynamicCache, root_logits: torch.Tensor, trees: list[DraftTree], roots: list[int], temperature: float) -> TreeBatch:
+def score_trees(target, sequence: torch.Tensor, cache: DynamicCache, root_logits: torch.Tensor, trees: list[DraftTree], roots: list[int], temperature: float,
+                soft_vocab: torch.Tensor | None = None, soft_top: int = 0) -> TreeBatch:
     """Target rows for every node of the trees of ONE sequence, in one tree-attention forward.
 
     Args:
@@ -161,6 +186,9 @@ def score_trees(target, sequence: torch.Tensor, cache: DynamicCache, root_logits
         root_logits: `Tensor[A, V]`, target logits at each root position (row ``a`` is
             ``p_root`` of ``trees[a]``, from the causal forward).
         roots: root positions in ``sequence`` (tree ``a``'s root token is ``sequence[roots[a]]``).
+        soft_vocab, soft_top: with ``soft_top > 0``, also keep every node's next-token law at
+            ``temperature`` over ``soft_vocab`` (a draft vocabulary; all tokens when None), its
+            ``soft_top`` most likely tokens renormalised (``TreeBatch.node_soft``).
     """
     device = root_logits.device
     cached = sequence.numel()
@@ -172,15 +200,30 @@ def score_trees(target, sequence: torch.Tensor, cache: DynamicCache, root_logits
         out = target(input_ids=tokens[None].to(device), position_ids=positions[None].to(device), attention_mask=mask, cache=cache, use_cache=True)
         node_logits = out.logits[0].float()  # [n, V]
         cache.crop(-tokens.numel())  # leave the sequence cache as it was
-    reach, exit_weight, coverage = [], [], []
+    reach, exit_weight, coverage, edges, node_soft = [], [], [], [], []
     offset = 0
     for a, tree in enumerate(trees):
         size = tree.num_nodes - 1
         logits = root_logits[a : a + 1] if size == 0 else torch.cat([root_logits[a : a + 1], node_logits[offset : offset + size]])
         offset += size
         rows = TargetRows(logits=logits, temperature=temperature)
-        flow = flow_from_edge_prob(tree, rows.edge_prob(tree))
+        edge = rows.edge_prob(tree)
+        flow = flow_from_edge_prob(tree, edge)
         reach.append(flow.reach.detach())
         exit_weight.append(flow.exit_weight.detach())
         coverage.append(flow.coverage)
-    return TreeBatch(trees, reach, exit_weight, coverage)
+        edges.append(edge.detach().cpu())
+        if soft_top > 0:
+            node_soft.append(top_law(logits, temperature, soft_vocab, soft_top))
+    return TreeBatch(trees, reach, exit_weight, coverage, edges, node_soft if soft_top > 0 else None)
+
+
+def top_law(logits: torch.Tensor, temperature: float, vocab: torch.Tensor | None, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`Tensor[N, V]` logits -> the law ``softmax(logits / T)`` over ``vocab`` (all tokens when
+    None) cut to its ``top`` most likely entries and renormalised: (positions in ``vocab``
+    `LongTensor[N, top]`, probabilities `Tensor[N, top]`), on the CPU."""
+    if vocab is not None:
+        logits = logits[:, vocab.to(logits.device)]
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    best = probs.topk(min(top, probs.shape[-1]), dim=-1)
+    return best.indices.cpu(), (best.values / best.values.sum(-1, keepdim=True)).cpu()

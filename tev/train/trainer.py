@@ -46,7 +46,7 @@ def _option(default, help: str | None = None, **cli):
 class ExitTrainConfig:
     """ExitTrain settings (all on the command line)."""
 
-    weights: str = _option("exit", "exit (the method), prefix (ablation), none (token-only)", choices=WEIGHT_MODES)
+    weights: str = _option("exit", "exit (w, the paper), prefix (ablation), none (token-only), reach (floored P, the official code's default), exit-depth (w * d)", choices=WEIGHT_MODES)
     steps: int = _option(400, "optimizer steps")
     budget: int = _option(32, "budget B of the training trees")
     lambda_exit: float = _option(16.0, "weight of L_exit", flag="--lambda")
@@ -246,7 +246,7 @@ class ExitTrainer:
             examples.append(torch.full((tree.num_nodes - 1,), m, dtype=torch.long))
             depths.append(tree.depths[1:])
             tokens.append(self.raw_drafter.draft_positions(tree.tokens[1:]))
-            weights.append(node_weights(scored.exit_weight[m], scored.reach[m], self.config.weights)[1:].cpu())
+            weights.append(node_weights(scored.exit_weight[m], scored.reach[m], self.config.weights, tree, scored.edge_prob[m])[1:].cpu())
         total_nodes = sum(t.num_nodes - 1 for t in scored.trees)
         if examples and self.config.weights != "none":
             loss_exit = exit_loss_terms(

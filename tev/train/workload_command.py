@@ -1,0 +1,177 @@
+"""``python -m tev exittrain --workload FILE.json``: adapt a pair's block drafter to a user's own
+workload and measure the gain on held-out prompts of it.
+
+The run, within ``--minutes`` (the target's answers included): split the prompts (a quarter held
+out, never trained on), let the target answer the training prompts, add the answers' tokens the
+draft vocabulary lacks, fine-tune a copy of the base drafter (the token loss on the answers plus
+the tree term of :data:`DEFAULT_TREE_TERM`), then decode the held-out prompts with the base and
+the adapted drafter at T = 0 (greedy) and T = 1 (TEV), budget 16, 64 new tokens. After the
+budget, the token-only control (same data, steps and seed, no tree term) and any extra tree
+terms asked for are trained and measured the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
+from tev.engine.evaluation import evaluate_drafter
+from tev.engine.models import load_bundle, shipped_drafter
+from tev.train.workload_data import answer_prompts, extend_draft_vocab, load_workload, split_workload
+from tev.train.workload_finetune import TREE_TERMS, FinetuneSettings, build_train_set, finetune_drafter
+from tev.util.paths import REPO_ROOT
+
+__all__ = ["DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "adapt_to_workload", "relative_gain", "workload_command"]
+
+DEFAULT_TREE_TERM = ("exit", 0.1)  # (weight, lambda): the tree term of the shipped recipe; see docs/exittrain.md
+EVAL_BUDGET = 16
+EVAL_NEW_TOKENS = 64
+TEMPERATURES = {"T0": 0.0, "T1": 1.0}
+# Shares of the time budget by which each phase must end: the answers, then the fine-tune; the
+# held-out evaluation of base and adapted drafter takes the rest.
+ANSWER_SHARE, TRAIN_SHARE = 0.2, 0.45
+
+
+def relative_gain(after: dict, before: dict) -> dict:
+    """``after / before - 1`` of two ``{"tau", "se"}`` cells and its standard error (the two
+    measured on the same prompts and seeds but in different rounds: errors combined as independent)."""
+    ratio = after["tau"] / before["tau"]
+    se = ratio * math.sqrt((after["se"] / after["tau"]) ** 2 + (before["se"] / before["tau"]) ** 2)
+    return {"gain": ratio - 1, "se": se}
+
+
+def _measure(bundle, model: BlockDrafter, name: str, prompts: list[dict], progress: bool) -> dict:
+    """``{"T0": {"tau", "se", ...}, "T1": {...}}`` of one drafter on the held-out prompts."""
+    drafter = BlockTreeDrafter(copy.deepcopy(model).eval().to(torch.bfloat16), name=name)
+    rows = evaluate_drafter(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(EVAL_BUDGET,), temperatures=tuple(TEMPERATURES.values()),
+                            max_new_tokens=EVAL_NEW_TOKENS, progress=progress, desc=f"held-out tau [{name}]")
+    by_temperature = {row["temperature"]: row for row in rows}
+    return {key: {"tau": by_temperature[t]["tau"], "se": by_temperature[t]["tau_se"], "tau_bound": by_temperature[t]["tau_bound"], "rounds": by_temperature[t]["rounds"]}
+            for key, t in TEMPERATURES.items()}
+
+
+def adapt_to_workload(
+    bundle,
+    prompts: list[str],
+    base: Path,
+    minutes: float = 5.0,
+    settings: FinetuneSettings = FinetuneSettings(tree_term=DEFAULT_TREE_TERM[0], lambda_tree=DEFAULT_TREE_TERM[1]),
+    controls: tuple[str, ...] = ("none",),
+    seed: int = 0,
+    progress: bool = True,
+    should_stop: Callable[[], bool] | None = None,
+    on_phase: Callable[[str, dict], None] | None = None,
+) -> tuple[dict, BlockDrafter]:
+    """The whole adaptation; returns (the result, the adapted drafter in float32).
+
+    ``controls`` are tree terms trained after the budget on the same data, steps and seed
+    (``none`` is the token-only control; the result names it ``token_only``). ``on_phase(name,
+    info)`` reports each phase as it starts or ends (``answers``, ``train``, ``evaluate``, ...).
+    """
+    report = on_phase or (lambda name, info: None)
+    start = time.monotonic()
+    budget = minutes * 60.0
+    train_prompts, heldout_prompts = split_workload(prompts, seed)
+    report("answers", {"prompts": len(train_prompts)})
+    answers = answer_prompts(bundle.target, bundle.tokenizer, train_prompts, deadline=start + ANSWER_SHARE * budget, should_stop=should_stop, progress=progress)
+    if not len(answers):
+        raise ValueError("the target wrote no answer in the time given; raise --minutes or shorten the prompts")
+    report("answers done", {"answers": len(answers), "tokens": answers.answer_tokens, "seconds": answers.seconds})
+    base_model = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
+    work = copy.deepcopy(base_model)
+    added = extend_draft_vocab(work, answers)
+    train_set = build_train_set(bundle.target, work, answers, budget=EVAL_BUDGET, soft_top=settings.soft_top, progress=progress)
+    initial = copy.deepcopy(work.state_dict())
+    report("train", {"anchors": train_set.data.num_anchors, "trees": len(train_set.scored.trees), "vocab_added": len(added)})
+    history = finetune_drafter(work, train_set, replace(settings, seed=seed), deadline=start + TRAIN_SHARE * budget, should_stop=should_stop,
+                               on_step=lambda record: report("step", record))
+    if should_stop is not None and should_stop():
+        raise InterruptedError("cancelled")
+    held = [{"text": p, "chat": True} for p in heldout_prompts]
+    report("evaluate", {"prompts": len(held)})
+    cells = {"base": _measure(bundle, base_model, "base", held, progress), "exittrain": _measure(bundle, work, "exittrain", held, progress)}
+    seconds = time.monotonic() - start
+    steps_done = len(history)
+    control_rows = {}
+    for term in controls:
+        if should_stop is not None and should_stop():
+            break
+        control = copy.deepcopy(work)
+        control.load_state_dict(initial)
+        report("control", {"tree_term": term})
+        finetune_drafter(control, train_set, replace(settings, tree_term=term, seed=seed, steps=max(1, steps_done)), should_stop=should_stop)
+        control_rows["token_only" if term == "none" else term] = _measure(bundle, control, term, held, progress)
+    cells.update(control_rows)
+    result = {
+        key: {name: {"tau": row[key]["tau"], "se": row[key]["se"]} for name, row in cells.items()} for key in TEMPERATURES
+    }
+    result.update({
+        "gain": {key: {name: relative_gain(cells[name][key], cells["base"][key]) for name in cells if name != "base"} for key in TEMPERATURES},
+        "minutes": seconds / 60.0,
+        "minutes_budget": minutes,
+        "train_prompts": len(answers),
+        "train_prompts_offered": len(train_prompts),
+        "heldout_prompts": len(heldout_prompts),
+        "answer_tokens": answers.answer_tokens,
+        "answer_seconds": answers.seconds,
+        "vocab_added": len(added),
+        "steps": steps_done,
+        "settings": asdict(settings),
+        "budget": EVAL_BUDGET,
+        "max_new_tokens": EVAL_NEW_TOKENS,
+        "tau_bound": {key: {name: row[key]["tau_bound"] for name, row in cells.items()} for key in TEMPERATURES},
+        "final_loss": history[-1] if history else None,
+    })
+    work.config.notes = {**work.config.notes, "workload_adaptation": {"steps": steps_done, "settings": asdict(settings), "train_prompts": len(answers), "vocab_added": len(added)}}
+    return result, work
+
+
+def _summary_lines(result: dict) -> list[str]:
+    lines = [f"{result['train_prompts']} training prompts answered ({result['answer_tokens']} tokens), {result['heldout_prompts']} held out; "
+             f"{result['steps']} steps; {result['minutes']:.1f} min (budget {result['minutes_budget']:g})"]
+    for key in TEMPERATURES:
+        base = result[key]["base"]
+        parts = [f"base {base['tau']:.3f} +- {base['se']:.3f}"]
+        for name, cell in result[key].items():
+            if name != "base":
+                gain = result["gain"][key][name]
+                parts.append(f"{name} {cell['tau']:.3f} +- {cell['se']:.3f} ({100 * gain['gain']:+.1f}% +- {100 * gain['se']:.1f}%)")
+        lines.append(f"{key} (B = {EVAL_BUDGET}, {EVAL_NEW_TOKENS} new tokens): " + "; ".join(parts))
+    return lines
+
+
+def workload_command(args) -> None:
+    """The command line's workload adaptation (``exittrain --workload``)."""
+    if args.minutes is None or not math.isfinite(args.minutes) or args.minutes <= 0:
+        raise ValueError(f"--minutes must be a positive number, got {args.minutes}")
+    for term in args.controls:
+        if term not in TREE_TERMS:
+            raise ValueError(f"--controls: unknown tree term {term!r}; choose from {', '.join(TREE_TERMS)}")
+    prompts = load_workload(args.workload)
+    out = Path(args.out) if args.out else REPO_ROOT / "runs" / "workload" / f"{Path(args.workload).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    assets = (REPO_ROOT / "assets").resolve()
+    if out.resolve() == assets or assets in out.resolve().parents:
+        raise ValueError(f"--out {out} is inside assets/; write the adapted drafter elsewhere")
+    json_path = Path(args.json) if args.json else out / "result.json"
+    if json_path.resolve() == assets or assets in json_path.resolve().parents:
+        raise ValueError(f"--json {json_path} is inside assets/; write it elsewhere")
+    bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=None if args.target else (args.pair or None))
+    if args.target and not args.base:
+        raise ValueError("with --target, pass --base: the block drafter to adapt")
+    base = Path(args.base) if args.base else shipped_drafter(bundle.pair, "block")
+    settings = FinetuneSettings(tree_term=args.tree_term, lambda_tree=args.tree_lambda, steps=args.workload_steps, seed=args.seed)
+    result, drafter = adapt_to_workload(bundle, prompts, base, args.minutes, settings, tuple(args.controls), seed=args.seed)
+    result["workload"] = str(args.workload)
+    drafter.save_pretrained(out / "drafter")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=1))
+    print("\n".join(_summary_lines(result)))
+    print(f"adapted drafter: {out / 'drafter'}; result: {json_path}")
