@@ -28,6 +28,7 @@ from ui.gpu import ZERO_GPU, gpu_task, quota_note
 from ui.lab import run_verifier_lab
 from ui.learn import LEARN
 from ui.live import browse_round, export_run, run_live, step_round
+from ui.workload import MAX_MINUTES, MIN_MINUTES, OWN, pack_names, run_workload
 
 # Gradio keeps every session's state and last component values in memory (about 1.5 MB per
 # session here); bound how many sessions it keeps (least recently used go first) and how long a
@@ -163,6 +164,27 @@ def build_app() -> gr.Blocks:
             with gr.Row():
                 et_tree_base = gr.Plot(label="base drafter's tree")
                 et_tree_trained = gr.Plot(label="ExitTrain drafter's tree")
+            gr.Markdown(
+                "### Adapt the drafter to your workload\n"
+                "A drafter gains most where it meets text it has not learned: pick a workload pack or paste your own prompts (one per "
+                "line, at least 16). The target answers three quarters of them, the drafter is fine-tuned on those answers (the token "
+                "loss plus ExitTrain's tree term on the trees it builds there), and the last quarter, never trained on, measures "
+                "`tau` before and after, with the token-only control beside it. Cancel stops it at once; nothing is saved to the server.",
+                visible=shared.EXITTRAIN_CHAT,
+            )
+            with gr.Row(visible=shared.EXITTRAIN_CHAT):
+                wl_pack = gr.Radio(pack_names() + [OWN], value=(pack_names() or [OWN])[0], label="workload")
+                wl_minutes = Slider(MIN_MINUTES, MAX_MINUTES, value=5, step=0.5, label="minutes (answers, fine-tune and held-out measurement)")
+            wl_text = gr.Textbox(label=f"your prompts, one per line (at least 16; each at most {LIMITS.max_prompt_chars} characters)", lines=6,
+                                 max_lines=30, max_length=200_000, visible=shared.EXITTRAIN_CHAT)
+            with gr.Row(visible=shared.EXITTRAIN_CHAT):
+                wl_start = gr.Button("Adapt to this workload", variant="primary")
+                wl_cancel = gr.Button("Cancel")
+            wl_status = gr.Markdown(visible=shared.EXITTRAIN_CHAT)
+            wl_table = gr.Markdown(visible=shared.EXITTRAIN_CHAT)
+            with gr.Row(visible=shared.EXITTRAIN_CHAT):
+                wl_tree_base = gr.Plot(label="base drafter's tree (held-out prompt)")
+                wl_tree_adapted = gr.Plot(label="adapted drafter's tree (same prompt)")
 
         with gr.Tab("Learn"):
             gr.Markdown(LEARN, latex_delimiters=[{"left": "$", "right": "$", "display": False}])
@@ -181,6 +203,8 @@ def build_app() -> gr.Blocks:
         lab_run.click(gpu_task("verifier_lab")(run_verifier_lab), [lab_source, lab_prompt, lab_drafter, lab_budget, lab_temperature, lab_draws, lab_seed], [lab_plot, lab_tree, lab_table], api_name="verifier_lab", concurrency_limit=2, concurrency_id="compute")
         et_start.click(gpu_task("exittrain")(run_exittrain), [et_domain, et_weights, et_steps, et_lambda], [et_curve, et_status, et_compare, et_table, et_mass, et_tree_base, et_tree_trained], api_name="exittrain", concurrency_limit=2, concurrency_id="compute")
         et_cancel.click(cancel_exittrain, None, et_status, api_name="exittrain_cancel")
+        wl_start.click(gpu_task("exittrain")(run_workload), [wl_pack, wl_text, wl_minutes], [wl_status, wl_table, wl_tree_base, wl_tree_adapted], api_name="exittrain_workload", concurrency_limit=2, concurrency_id="compute")
+        wl_cancel.click(cancel_exittrain, None, wl_status, api_name="exittrain_workload_cancel")
         et_shipped.click(gpu_task("compare_shipped")(compare_shipped), None, [et_compare, et_table, et_mass, et_tree_base, et_tree_trained], api_name="compare_shipped", concurrency_limit=2, concurrency_id="compute")
     return demo
 

@@ -216,3 +216,22 @@ def test_the_command_refuses_to_write_into_assets(flag, capsys):
     assert main(["exittrain", "--workload", str(PACKS[0]), flag, str(REPO_ROOT / "assets" / "x")]) == 2
     assert "inside assets/" in capsys.readouterr().err
     assert not (REPO_ROOT / "assets" / "x").exists()
+
+
+# --------------------------------------------------------------------------- the tab's words
+def test_the_tab_states_a_verdict_in_words():
+    from ui.workload import result_table, verdict
+
+    assert verdict({"gain": -0.004, "se": 0.006}).startswith("no measurable change (-0.4% +- 0.6%)")
+    assert verdict({"gain": 0.18, "se": 0.04}) == "**+18.0% +- 4.0%** (a gain)"
+    assert verdict({"gain": -0.10, "se": 0.02}).endswith("(a loss)")
+    cell = lambda tau: {"tau": tau, "se": 0.05}  # noqa: E731
+    gain = lambda g: {"gain": g, "se": 0.03}  # noqa: E731
+    result = {"heldout_prompts": 10, "budget": 16, "max_new_tokens": 64, "train_prompts": 30, "answer_tokens": 900, "vocab_added": 12,
+              "steps": 160, "minutes": 4.2, "settings": {"tree_term": "exit"},
+              "T0": {"base": cell(1.6), "exittrain": cell(2.9), "token_only": cell(2.88)},
+              "T1": {"base": cell(1.4), "exittrain": cell(1.6), "token_only": cell(1.62)},
+              "gain": {"T0": {"exittrain": gain(0.81), "token_only": gain(0.80)}, "T1": {"exittrain": gain(0.14), "token_only": gain(0.16)}}}
+    table = result_table(result)
+    assert "**+81.0% +- 3.0%** (a gain)" in table and "token-only control" in table
+    assert "the tree term adds no measurable gain over the token-only control" in table

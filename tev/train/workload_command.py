@@ -12,6 +12,7 @@ terms asked for are trained and measured the same way.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -69,35 +70,46 @@ def adapt_to_workload(
     progress: bool = True,
     should_stop: Callable[[], bool] | None = None,
     on_phase: Callable[[str, dict], None] | None = None,
+    compute=contextlib.nullcontext(),
 ) -> tuple[dict, BlockDrafter]:
     """The whole adaptation; returns (the result, the adapted drafter in float32).
 
     ``controls`` are tree terms trained after the budget on the same data, steps and seed
     (``none`` is the token-only control; the result names it ``token_only``). ``on_phase(name,
     info)`` reports each phase as it starts or ends (``answers``, ``train``, ``evaluate``, ...).
+    ``compute`` (a lock) is held for each piece of work (a batch of answers, a step, a drafter's
+    evaluation), so a server's other users take turns with the run.
     """
     report = on_phase or (lambda name, info: None)
     start = time.monotonic()
     budget = minutes * 60.0
     train_prompts, heldout_prompts = split_workload(prompts, seed)
     report("answers", {"prompts": len(train_prompts)})
-    answers = answer_prompts(bundle.target, bundle.tokenizer, train_prompts, deadline=start + ANSWER_SHARE * budget, should_stop=should_stop, progress=progress)
+    answers = answer_prompts(bundle.target, bundle.tokenizer, train_prompts, deadline=start + ANSWER_SHARE * budget, should_stop=should_stop,
+                            progress=progress, compute=compute)
     if not len(answers):
         raise ValueError("the target wrote no answer in the time given; raise --minutes or shorten the prompts")
     report("answers done", {"answers": len(answers), "tokens": answers.answer_tokens, "seconds": answers.seconds})
     base_model = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
     work = copy.deepcopy(base_model)
     added = extend_draft_vocab(work, answers)
-    train_set = build_train_set(bundle.target, work, answers, budget=EVAL_BUDGET, soft_top=settings.soft_top, progress=progress)
+    with compute:
+        train_set = build_train_set(bundle.target, work, answers, budget=EVAL_BUDGET, soft_top=settings.soft_top, seed=seed, progress=progress)
     initial = copy.deepcopy(work.state_dict())
     report("train", {"anchors": train_set.data.num_anchors, "trees": len(train_set.scored.trees), "vocab_added": len(added)})
     history = finetune_drafter(work, train_set, replace(settings, seed=seed), deadline=start + TRAIN_SHARE * budget, should_stop=should_stop,
-                               on_step=lambda record: report("step", record))
+                               on_step=lambda record: report("step", record), compute=compute)
     if should_stop is not None and should_stop():
         raise InterruptedError("cancelled")
     held = [{"text": p, "chat": True} for p in heldout_prompts]
     report("evaluate", {"prompts": len(held)})
-    cells = {"base": _measure(bundle, base_model, "base", held, progress), "exittrain": _measure(bundle, work, "exittrain", held, progress)}
+    cells = {}
+    for name, model in (("base", base_model), ("exittrain", work)):
+        if should_stop is not None and should_stop():
+            raise InterruptedError("cancelled")
+        with compute:
+            cells[name] = _measure(bundle, model, name, held, progress)
+    report("evaluated", {"base": cells["base"], "exittrain": cells["exittrain"]})
     seconds = time.monotonic() - start
     steps_done = len(history)
     control_rows = {}
@@ -107,8 +119,11 @@ def adapt_to_workload(
         control = copy.deepcopy(work)
         control.load_state_dict(initial)
         report("control", {"tree_term": term})
-        finetune_drafter(control, train_set, replace(settings, tree_term=term, seed=seed, steps=max(1, steps_done)), should_stop=should_stop)
-        control_rows["token_only" if term == "none" else term] = _measure(bundle, control, term, held, progress)
+        finetune_drafter(control, train_set, replace(settings, tree_term=term, seed=seed, steps=max(1, steps_done)), should_stop=should_stop, compute=compute)
+        if should_stop is not None and should_stop():
+            break
+        with compute:
+            control_rows["token_only" if term == "none" else term] = _measure(bundle, control, term, held, progress)
     cells.update(control_rows)
     result = {
         key: {name: {"tau": row[key]["tau"], "se": row[key]["se"]} for name, row in cells.items()} for key in TEMPERATURES

@@ -13,6 +13,7 @@ so the first round's tree (root = the last prompt token) is trained too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -106,6 +107,7 @@ def answer_prompts(
     should_stop: Callable[[], bool] | None = None,
     progress: bool = True,
     on_answer: Callable[[int, int], None] | None = None,
+    compute=contextlib.nullcontext(),
 ) -> WorkloadAnswers:
     """The target's greedy answers to ``prompts`` (each a user message through the chat
     template), ``batch`` prompts per ``generate`` call (left-padded).
@@ -115,6 +117,7 @@ def answer_prompts(
     the target writes (padding may move a near-tie, as any batch size may). Stops between
     batches at ``deadline`` (a ``time.monotonic()`` value) or when ``should_stop()``;
     ``on_answer(done, total)`` reports progress. Answers under two tokens are left out.
+    ``compute`` (a lock) is held for each batch, so a server's other users take turns with it.
     """
     start = time.perf_counter()
     answers = WorkloadAnswers()
@@ -134,8 +137,9 @@ def answer_prompts(
         for row, prompt_ids in enumerate(group):
             ids[row, width - len(prompt_ids) :] = torch.tensor(prompt_ids)
             mask[row, width - len(prompt_ids) :] = 1
-        out = target.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens, do_sample=False,
-                              pad_token_id=pad, eos_token_id=eos)
+        with compute:
+            out = target.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens, do_sample=False,
+                                  pad_token_id=pad, eos_token_id=eos)
         for row, prompt_ids in enumerate(group):
             answer = out[row, width:].tolist()
             if eos is not None and eos in answer:

@@ -21,6 +21,7 @@ the target once (their target quantities are fixed):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -172,10 +173,12 @@ def finetune_drafter(
     deadline: float | None = None,
     should_stop: Callable[[], bool] | None = None,
     on_step: Callable[[dict], None] | None = None,
+    compute=contextlib.nullcontext(),
 ) -> list[dict]:
     """Fine-tune ``drafter`` in place (its float32 weights) for ``settings.steps`` steps, or
     until ``deadline`` (``time.monotonic()``) or ``should_stop()``; returns one record per step
-    (``step``, ``loss``, ``loss_tok``, ``loss_tree``, ``seconds``)."""
+    (``step``, ``loss``, ``loss_tok``, ``loss_tree``, ``seconds``). ``compute`` (a lock) is held
+    for each step."""
     parameters = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=0.0, betas=(0.9, 0.95))
     schedule = get_cosine_with_min_lr_schedule_with_warmup(optimizer, settings.warmup, settings.steps, min_lr_rate=0.1)
@@ -187,20 +190,21 @@ def finetune_drafter(
     for step in range(settings.steps):
         if (should_stop is not None and should_stop()) or (deadline is not None and time.monotonic() > deadline):
             break
-        generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
-        pick = torch.randint(0, data.num_anchors, (settings.batch,), generator=generator)
-        _, loss_tok, _ = drafter_losses(drafter, data, data.anchors[pick], soft=True)
-        loss = loss_tok
-        loss_tree = torch.zeros(())
-        if settings.tree_term != "none" and trees:
-            tree_pick = torch.randint(0, trees, (min(settings.tree_batch, trees),), generator=generator)
-            loss_tree = tree_term(drafter, train_set, tree_pick, settings.tree_term)
-            loss = loss + settings.lambda_tree * loss_tree
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-        optimizer.step()
-        schedule.step()
+        with compute:
+            generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
+            pick = torch.randint(0, data.num_anchors, (settings.batch,), generator=generator)
+            _, loss_tok, _ = drafter_losses(drafter, data, data.anchors[pick], soft=True)
+            loss = loss_tok
+            loss_tree = torch.zeros(())
+            if settings.tree_term != "none" and trees:
+                tree_pick = torch.randint(0, trees, (min(settings.tree_batch, trees),), generator=generator)
+                loss_tree = tree_term(drafter, train_set, tree_pick, settings.tree_term)
+                loss = loss + settings.lambda_tree * loss_tree
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+            optimizer.step()
+            schedule.step()
         record = {"step": step + 1, "loss": loss.item(), "loss_tok": loss_tok.item(), "loss_tree": float(loss_tree.detach()), "seconds": time.perf_counter() - start}
         history.append(record)
         if on_step is not None:

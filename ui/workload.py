@@ -1,0 +1,176 @@
+"""The ExitTrain tab's workload mode: adapt the base drafter to a shipped workload pack or to the
+user's own prompts, then show the held-out gain of the adapted drafter and of the token-only
+control, in words and numbers, and both drafters' trees on the same held-out prompt."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import gradio as gr
+import torch
+
+from tev.bench.lab import tree_from_prompt
+from tev.engine.drafters import BlockTreeDrafter
+from tev.engine.evaluation import fit_prompt
+from tev.engine.models import shipped_drafter
+from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, adapt_to_workload
+from tev.train.workload_data import check_workload, load_workload, split_workload
+from tev.train.workload_finetune import FinetuneSettings
+from tev.util.paths import assets_dir
+from ui import shared
+from ui.shared import _user_error
+from visual import tree_figure
+
+__all__ = ["OWN", "MIN_MINUTES", "MAX_MINUTES", "pack_names", "verdict", "result_table", "run_workload"]
+
+OWN = "my own prompts (below)"
+MIN_MINUTES, MAX_MINUTES = 2.0, 10.0
+
+
+def pack_names() -> list[str]:
+    """The shipped workload packs (file stems of ``assets/workloads/*.json``)."""
+    return sorted(p.stem for p in (assets_dir() / "workloads").glob("*.json"))
+
+
+def _prompts(pack: str, own_text: str) -> list[str]:
+    if pack == OWN:
+        lines = [line.strip() for line in (own_text or "").splitlines() if line.strip()]
+        return check_workload(lines, "your prompts (one per line)")
+    if pack not in pack_names():
+        raise ValueError(f"choose a workload pack ({', '.join(pack_names())}) or '{OWN}'")
+    return load_workload(assets_dir() / "workloads" / f"{pack}.json")
+
+
+class _Cancel:
+    """What the ExitTrain slot's Cancel sets for a workload run."""
+
+    def __init__(self):
+        self.event = threading.Event()
+
+    def cancel(self) -> None:
+        self.event.set()
+
+
+def verdict(gain: dict) -> str:
+    """A relative change in words: a gain or loss outside one standard error, else none measured."""
+    text = f"{100 * gain['gain']:+.1f}% +- {100 * gain['se']:.1f}%"
+    if abs(gain["gain"]) <= gain["se"]:
+        return f"no measurable change ({text})"
+    return f"**{text}**" + (" (a gain)" if gain["gain"] > 0 else " (a loss)")
+
+
+def result_table(result: dict) -> str:
+    """The held-out comparison as markdown, each change with its verdict in words."""
+    lines = [f"Held-out: {result['heldout_prompts']} prompts never trained on; B = {result['budget']}, {result['max_new_tokens']} new tokens, "
+             f"TEV at T = 1, greedy at T = 0; +- is one standard error over rounds.", "",
+             "| T | drafter | tau | change against the base |", "|---|---|---|---|"]
+    for key, temperature in (("T0", 0), ("T1", 1)):
+        for name, cell in result[key].items():
+            change = "" if name == "base" else verdict(result["gain"][key][name])
+            label = {"exittrain": f"adapted (ExitTrain, {result['settings']['tree_term']} term)", "token_only": "token-only control"}.get(name, name)
+            lines.append(f"| {temperature} | {label} | {cell['tau']:.3f} +- {cell['se']:.3f} | {change} |")
+    lines += ["", f"The target answered {result['train_prompts']} training prompts ({result['answer_tokens']} tokens); {result['vocab_added']} of their "
+              f"tokens joined the draft vocabulary; {result['steps']} fine-tune steps; {result['minutes']:.1f} min in all "
+              f"(the control ran after)."]
+    if "token_only" in result["T0"]:
+        ours, control = result["gain"]["T0"]["exittrain"], result["gain"]["T0"]["token_only"]
+        if abs(ours["gain"] - control["gain"]) <= max(ours["se"], control["se"]):
+            lines.append("\nThe gain comes from the target's own answers (the token loss): the tree term adds no measurable gain over the "
+                         "token-only control here (see docs/exittrain.md for the measured packs).")
+    return "\n".join(lines)
+
+
+def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progress()):
+    """Adapt the base drafter to a workload in a worker thread, streaming its phases."""
+    owner = getattr(request, "session_hash", None) or "anonymous"
+    try:
+        minutes = float(minutes)
+        if not MIN_MINUTES <= minutes <= MAX_MINUTES:
+            raise ValueError(f"minutes must be from {MIN_MINUTES:g} to {MAX_MINUTES:g}, got {minutes:g}")
+        prompts = _prompts(pack, own_text)
+        bundle = shared.EXITTRAIN_SERVICE.bundle()
+        if "block" not in bundle.drafters or not bundle.is_chat:
+            raise ValueError("workload adaptation needs a chat target and its block drafter (the default pair)")
+    except (ValueError, FileNotFoundError) as error:
+        raise _user_error(error) from None
+    if not shared.EXITTRAIN_SLOT.acquire(owner):
+        raise gr.Error("another ExitTrain run is in progress on this server; wait for it to finish, then start again", print_exception=False)
+    cancel = _Cancel()
+    shared.EXITTRAIN_SLOT.trainer = cancel
+    events: queue.Queue = queue.Queue()
+    outcome: dict = {}
+
+    def work():
+        try:
+            settings = FinetuneSettings(tree_term=DEFAULT_TREE_TERM[0], lambda_tree=DEFAULT_TREE_TERM[1])
+            outcome["result"], outcome["drafter"] = adapt_to_workload(
+                bundle, prompts, shipped_drafter(bundle.pair, "block"), minutes, settings, controls=("none",), progress=False,
+                should_stop=cancel.event.is_set, on_phase=lambda name, info: events.put((name, info)), compute=shared.SERVICE.compute)
+        except InterruptedError:
+            outcome["cancelled"] = True
+        except Exception as error:  # noqa: BLE001 - reported to the user below
+            outcome["error"] = error
+        finally:
+            events.put(("done", {}))
+
+    try:
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        start = time.monotonic()
+        budget = minutes * 60
+        while True:
+            name, info = events.get()
+            elapsed = time.monotonic() - start
+            progress(min(0.99, elapsed / budget), desc=f"{name} · {elapsed:.0f} s of about {budget:.0f} s")
+            if name == "done":
+                break
+            if name == "step" and info["step"] % 10:
+                continue
+            yield _status(name, info, elapsed), gr.skip(), gr.skip(), gr.skip()
+        thread.join()
+        if outcome.get("cancelled") or cancel.event.is_set():
+            yield "cancelled: nothing was measured (no comparison of an unfinished drafter is shown)", "", None, None
+            return
+        if "error" in outcome:
+            raise _user_error(outcome["error"]) if isinstance(outcome["error"], ValueError) else outcome["error"]
+        result = outcome["result"]
+        table = result_table(result)
+        yield f"finished in {result['minutes']:.1f} min; drawing both drafters' trees on a held-out prompt…", table, gr.skip(), gr.skip()
+        _, heldout = split_workload(prompts)
+        adapted = BlockTreeDrafter(outcome["drafter"].eval().to(torch.bfloat16), name="adapted")
+        trees = _trees(bundle, {"base": bundle.drafter("block"), "adapted": adapted}, {"text": heldout[0], "chat": True})
+        yield f"finished in {result['minutes']:.1f} min", table, *trees
+    finally:
+        shared.EXITTRAIN_SLOT.release()
+
+
+def _status(name: str, info: dict, elapsed: float) -> str:
+    if name == "answers":
+        return f"{elapsed:.0f} s · the target answers {info['prompts']} training prompts…"
+    if name == "answers done":
+        return f"{elapsed:.0f} s · {info['answers']} answers ({info['tokens']} tokens); scoring the base drafter's trees on them…"
+    if name == "train":
+        return f"{elapsed:.0f} s · fine-tuning on {info['anchors']} anchors and {info['trees']} scored trees ({info['vocab_added']} new draft tokens)…"
+    if name == "step":
+        return f"{elapsed:.0f} s · step {info['step']} · token loss {info['loss_tok']:.3f}"
+    if name == "evaluate":
+        return f"{elapsed:.0f} s · decoding {info['prompts']} held-out prompts with the base and the adapted drafter (T = 0 and T = 1)…"
+    if name == "evaluated":
+        return f"{elapsed:.0f} s · held-out tau at T = 0: base {info['base']['T0']['tau']:.3f}, adapted {info['exittrain']['T0']['tau']:.3f}; training the token-only control…"
+    if name == "control":
+        return f"{elapsed:.0f} s · token-only control (same data and steps, after the budget)…"
+    return f"{elapsed:.0f} s · {name}"
+
+
+def _trees(bundle, drafters: dict, prompt: dict) -> list:
+    ids = fit_prompt(bundle.tokenizer, prompt, bundle.context_length - 8)
+    figures = []
+    for name, drafter in drafters.items():
+        with shared.SERVICE.compute:
+            lab = tree_from_prompt(bundle.target, drafter, ids, EVAL_BUDGET, 1.0)
+        figures.append(tree_figure(lab.tree, lab.flow, None, token_text=shared.EXITTRAIN_SERVICE.token_text,
+                                   title=f"{name}: 1 + C = {1 + lab.flow.coverage:.3f} on the same held-out prompt"))
+    return figures
+
