@@ -235,3 +235,36 @@ def test_the_tab_states_a_verdict_in_words():
     table = result_table(result)
     assert "**+81.0% +- 3.0%** (a gain)" in table and "token-only control" in table
     assert "the tree term adds no measurable gain over the token-only control" in table
+
+
+def test_the_tab_refuses_too_few_prompts_and_cancel_shows_no_comparison(tmp_path, monkeypatch):
+    import types
+
+    import gradio as gr
+
+    import ui.workload
+    from ui import shared
+
+    folder = save_chat_target(tmp_path / "target")
+    base = tmp_path / "base"
+    bundle = load_bundle(str(folder), dtype="float32")
+    vocab = sorted({bundle.tokenizer.convert_tokens_to_ids(w) for w in CHAT_WORDS} | {bundle.tokenizer.eos_token_id})
+    tiny_vocab_drafter(bundle.target, vocab).save_pretrained(base)
+    bundle = load_bundle(str(folder), draft=str(base), dtype="float32")
+    service = types.SimpleNamespace(bundle=lambda: bundle, token_text=lambda t: str(t))
+    monkeypatch.setattr(shared, "EXITTRAIN_SERVICE", service)
+    monkeypatch.setattr(ui.workload, "shipped_drafter", lambda pair, kind: base)
+    request = types.SimpleNamespace(session_hash="visitor")
+    with pytest.raises(gr.Error, match="at least 16"):
+        next(ui.workload.run_workload(ui.workload.OWN, "one\ntwo", 5, request, progress=lambda *a, **k: None))
+    with pytest.raises(gr.Error, match="minutes must be"):
+        next(ui.workload.run_workload(ui.workload.OWN, "x", 60, request, progress=lambda *a, **k: None))
+    prompts = "\n".join(" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 4)) for k in range(16))
+    run = ui.workload.run_workload(ui.workload.OWN, prompts, 2, request, progress=lambda *a, **k: None)
+    first = next(run)
+    assert "answers" in first[0]
+    assert shared.EXITTRAIN_SLOT.cancel("visitor")
+    outputs = list(run)
+    assert outputs[-1][0].startswith("cancelled") and outputs[-1][1] == ""
+    assert shared.EXITTRAIN_SLOT.acquire("next visitor")  # the slot was released
+    shared.EXITTRAIN_SLOT.release()

@@ -78,7 +78,7 @@ def run_exittrain(domain, weights, steps, lambda_exit, request: gr.Request, prog
         prompts = evaluation_prompts(bundle.is_chat, COMPARE_PROMPTS, domain)
         rows, table = _compare(bundle, {"base": base, f"ExitTrain ({weights}, live)": live}, prompts, COMPARE_TOKENS)
         table = summary + "\n\n" + table + _control_note(bundle, domain)
-        trees = _side_by_side(bundle, {"base": base, "ExitTrain (live)": live}, prompts[0])
+        trees = side_by_side(bundle, {"base": base, "ExitTrain (live)": live}, prompts[0])
         yield training_figure(history), f"{status} after {trainer.step} steps", before_after_figure(rows), table, mass, *trees
     finally:
         shared.EXITTRAIN_SLOT.release()
@@ -100,7 +100,7 @@ def compare_shipped(progress=gr.Progress()):
     prompts = evaluation_prompts(bundle.is_chat, 6)
     rows, table = _compare(bundle, drafters, prompts, 48)
     mass = _shipped_mass(bundle)
-    return before_after_figure(rows), table + _control_note(bundle, None), mass, *_side_by_side(bundle, drafters, prompts[0])
+    return before_after_figure(rows), table + _control_note(bundle, None), mass, *side_by_side(bundle, drafters, prompts[0])
 
 
 def _compare(bundle, drafters: dict, prompts: list[dict], max_new_tokens: int):
@@ -114,13 +114,13 @@ def _compare(bundle, drafters: dict, prompts: list[dict], max_new_tokens: int):
     return rows, "\n".join(lines) + f"\n\nDecoding: B = 32, {len(prompts)} held-out prompt(s), {max_new_tokens} new tokens each, TEV (greedy at T = 0); +- is the standard error over rounds."
 
 
-def _side_by_side(bundle, drafters: dict, prompt: dict) -> list:
-    """Each drafter's first tree on the same held-out prompt, with the target's reach and missing mass."""
+def side_by_side(bundle, drafters: dict, prompt: dict, budget: int = 32) -> list:
+    """Each drafter's first tree of ``budget`` nodes on the same held-out prompt, with the target's reach and missing mass."""
     ids = fit_prompt(bundle.tokenizer, prompt, bundle.context_length - 8)
     figures = []
     for name, drafter in drafters.items():
         with shared.SERVICE.compute:
-            lab = tree_from_prompt(bundle.target, drafter, ids, 32, 1.0)
+            lab = tree_from_prompt(bundle.target, drafter, ids, budget, 1.0)
         figures.append(tree_figure(lab.tree, lab.flow, None, token_text=shared.EXITTRAIN_SERVICE.token_text,
                                    title=f"{name}: 1 + C = {1 + lab.flow.coverage:.3f} on the same held-out prompt"))
     return figures

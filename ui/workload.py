@@ -11,17 +11,15 @@ import time
 import gradio as gr
 import torch
 
-from tev.bench.lab import tree_from_prompt
 from tev.engine.drafters import BlockTreeDrafter
-from tev.engine.evaluation import fit_prompt
 from tev.engine.models import shipped_drafter
 from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, adapt_to_workload
 from tev.train.workload_data import check_workload, load_workload, split_workload
 from tev.train.workload_finetune import FinetuneSettings
 from tev.util.paths import assets_dir
 from ui import shared
+from ui.exittrain import side_by_side
 from ui.shared import _user_error
-from visual import tree_figure
 
 __all__ = ["OWN", "MIN_MINUTES", "MAX_MINUTES", "pack_names", "verdict", "result_table", "run_workload"]
 
@@ -140,7 +138,7 @@ def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progr
         yield f"finished in {result['minutes']:.1f} min; drawing both drafters' trees on a held-out prompt…", table, gr.skip(), gr.skip()
         _, heldout = split_workload(prompts)
         adapted = BlockTreeDrafter(outcome["drafter"].eval().to(torch.bfloat16), name="adapted")
-        trees = _trees(bundle, {"base": bundle.drafter("block"), "adapted": adapted}, {"text": heldout[0], "chat": True})
+        trees = side_by_side(bundle, {"base": bundle.drafter("block"), "adapted": adapted}, {"text": heldout[0], "chat": True}, EVAL_BUDGET)
         yield f"finished in {result['minutes']:.1f} min", table, *trees
     finally:
         shared.EXITTRAIN_SLOT.release()
@@ -162,15 +160,3 @@ def _status(name: str, info: dict, elapsed: float) -> str:
     if name == "control":
         return f"{elapsed:.0f} s · token-only control (same data and steps, after the budget)…"
     return f"{elapsed:.0f} s · {name}"
-
-
-def _trees(bundle, drafters: dict, prompt: dict) -> list:
-    ids = fit_prompt(bundle.tokenizer, prompt, bundle.context_length - 8)
-    figures = []
-    for name, drafter in drafters.items():
-        with shared.SERVICE.compute:
-            lab = tree_from_prompt(bundle.target, drafter, ids, EVAL_BUDGET, 1.0)
-        figures.append(tree_figure(lab.tree, lab.flow, None, token_text=shared.EXITTRAIN_SERVICE.token_text,
-                                   title=f"{name}: 1 + C = {1 + lab.flow.coverage:.3f} on the same held-out prompt"))
-    return figures
-
