@@ -1,14 +1,21 @@
-"""Print the workload-adaptation ablation as markdown from the result files of
-``python -m tev exittrain --workload PACK.json --json OUT.json --controls none reach exit-depth next-depth``.
+"""The workload-adaptation ablation as markdown, from the result files of
+``python -m tev exittrain --workload PACK.json --json OUT.json --controls none reach exit-depth next-depth``;
+with ``--install``, also the model card's workload table (``assets/models/smollm2/workload-results.json``, then
+the card re-rendered).
 
-    python scripts/workload_table.py runs/workload/*.json
+    python scripts/workload_table.py runs/workload/*.json [--install]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+import shlex
 from pathlib import Path
+
+from tev.train.card import refresh_card
+from tev.util.files import write_text_atomic
+from tev.util.paths import assets_dir
 
 NAMES = {"exittrain": "adapted (the run's tree term)", "token_only": "token-only control"}
 
@@ -22,12 +29,9 @@ def cell(result: dict, key: str, name: str) -> str:
     return text
 
 
-def main(paths: list[str]) -> None:
-    results = {Path(p).stem: json.loads(Path(p).read_text()) for p in sorted(paths)}
-    if not results:
-        raise SystemExit("give the result files of `python -m tev exittrain --workload ... --json OUT.json`")
+def print_tables(results: dict[str, dict]) -> None:
     for key, title in (("T0", "T = 0 (greedy)"), ("T1", "T = 1 (TEV)")):
-        names = list(next(iter(results.values()))[key])
+        names = [n for n in next(iter(results.values()))[key] if all(n in r[key] for r in results.values())]
         print(f"\n{title}, B = 16, 64 new tokens: tau on held-out prompts (+- s.e.; change against the base)\n")
         print("| pack | " + " | ".join(NAMES.get(n, n) for n in names) + " |")
         print("|---" * (len(names) + 1) + "|")
@@ -41,5 +45,41 @@ def main(paths: list[str]) -> None:
         print(f"| {pack} | {r['train_prompts']} / {r['heldout_prompts']} | {r['answer_tokens']} | {r['vocab_added']} | {r['steps']} | {r['minutes']:.1f} |")
 
 
+def command_of(path: Path, result: dict) -> str:
+    """The command that measured ``result`` (recorded by the command; rebuilt for older files)."""
+    if result.get("command"):
+        return result["command"]
+    controls = ["none" if n == "token_only" else n for n in result["T0"] if n not in ("base", "exittrain")]
+    return shlex.join(["python", "-m", "tev", "exittrain", "--workload", result["workload"], "--json", str(path), "--out", str(path.with_suffix("")),
+                       "--controls", *controls])
+
+
+def task_of(workload: str) -> str:
+    """The pack's instruction, from its first prompt: up to the colon that introduces the input, else its first 100 characters."""
+    first = json.loads(Path(workload).read_text())[0]
+    colon = first.find(":")
+    text = first[: colon + 1] if 0 < colon <= 110 else (first[:100] + "…" if len(first) > 100 else first)
+    return text.replace("|", "\\|")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", help="result files of `python -m tev exittrain --workload ... --json OUT.json`")
+    parser.add_argument("--install", action="store_true", help="write assets/models/smollm2/workload-results.json and re-render the model card")
+    args = parser.parse_args()
+    paths = [Path(p) for p in sorted(args.results)]
+    results = {Path(json.loads(p.read_text()).get("workload", p)).stem: json.loads(p.read_text()) for p in paths}
+    print_tables(results)
+    if args.install:
+        entries = {}
+        for path in paths:
+            result = json.loads(path.read_text())
+            keep = {k: result[k] for k in ("T0", "T1", "gain", "minutes", "train_prompts", "heldout_prompts", "answer_tokens", "vocab_added", "steps", "settings")}
+            entries[Path(result["workload"]).stem] = {"task": task_of(result["workload"]), "command": command_of(path, result), "result": keep}
+        write_text_atomic(assets_dir() / "models" / "smollm2" / "workload-results.json", json.dumps(entries, indent=1) + "\n")
+        refresh_card(assets_dir())
+        print(f"\nwrote {assets_dir() / 'models' / 'smollm2' / 'workload-results.json'}; model card re-rendered")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -165,7 +165,7 @@ def test_learning_rate_warms_up_then_decays_to_a_tenth():
         ({"budget": 0}, "budget must be"),
         ({"lambda_exit": -1.0}, "lambda_exit must be"),
         ({"steps": 0}, "steps must be"),
-        ({"weights": "reach"}, "weights must be one of"),
+        ({"weights": "depth"}, "weights must be one of"),
         ({"temperature": 0.0}, "temperature must be > 0"),
         ({"lr": float("nan")}, "lr must be"),
     ],

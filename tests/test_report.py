@@ -57,16 +57,30 @@ def claims_rows(markdown: str) -> list[list[str]]:
     return rows
 
 
-def check_report(out, expect_exittrain: bool) -> dict:
+CLAIM_IDS = [1, 2, 3, 4, 5, "5b", 6, 7]
+
+
+def _workload_result(base: float, adapted: float, control: float) -> dict:
+    cell = lambda tau: {"tau": tau, "se": 0.02}  # noqa: E731
+    gain = lambda tau: {"gain": tau / base - 1, "se": 0.02}  # noqa: E731
+    by_t = {"base": cell(base), "exittrain": cell(adapted), "token_only": cell(control)}
+    return {"T0": by_t, "T1": by_t, "gain": {t: {"exittrain": gain(adapted), "token_only": gain(control)} for t in ("T0", "T1")},
+            "minutes": 4.5, "settings": {"tree_term": "exit"}}
+
+
+WORKLOAD = {"sql": _workload_result(1.5, 2.5, 2.45), "json": _workload_result(1.6, 3.0, 3.0)}
+
+
+def check_report(out, expect_exittrain: bool, expect_workload: bool = False) -> dict:
     markdown = (out / "report.md").read_text()
     rows = claims_rows(markdown)
-    assert [row[0] for row in rows] == [str(i) for i in range(1, 8)], rows
+    assert [row[0] for row in rows] == [str(i) for i in CLAIM_IDS], rows
     holds = [row[-1].strip("*") for row in rows]
     assert all(h in HOLDS for h in holds), holds
 
     report = json.loads((out / "report.json").read_text())
     claims = report["claims"]
-    assert [c["id"] for c in claims] == list(range(1, 8))
+    assert [c["id"] for c in claims] == CLAIM_IDS
     assert [c["holds"] for c in claims] == holds  # markdown and JSON agree
     for claim in claims:
         assert claim["rule"] and claim["paper"] and claim["this_run"]
@@ -82,6 +96,11 @@ def check_report(out, expect_exittrain: bool) -> dict:
         assert claims[4]["holds"] == "yes" and claims[4]["value"] == pytest.approx(0.10)
     else:
         assert claims[4]["holds"] == "n/a" and "not run (pass --exittrain-results)" in claims[4]["this_run"]
+    if expect_workload:  # claim 5b: +66.7% and +87.5% at T = 0, both beyond one standard error
+        assert claims[5]["holds"] == "yes" and claims[5]["value"] == pytest.approx((2.5 / 1.5 + 3.0 / 1.6) / 2 - 1)
+        assert "| sql | 1.500 +- 0.020 |" in markdown
+    else:
+        assert claims[5]["holds"] == "n/a" and "not run (pass --workload-results)" in claims[5]["this_run"]
     assert set(report["measurements"]) >= {"exit_law", "coverage", "latency", "sweep", "e2e"}
     assert {r["budget"] for r in report["measurements"]["sweep"]["rows"]} == set(QUICK.sweep_budgets)
     assert report["measurements"]["latency"]["synthetic"] is None  # skipped in --quick
@@ -99,8 +118,8 @@ def check_report(out, expect_exittrain: bool) -> dict:
 def test_build_report_quick(pair, tmp_path):
     bundle = load_bundle(pair["target"], pair["block"], device="cpu")
     out = tmp_path / "report"
-    report = build_report(bundle, out, quick=True, prompts=PROMPTS[:2], seed=0, exittrain_results=EXITTRAIN, progress=False)
-    check_report(out, expect_exittrain=True)
+    report = build_report(bundle, out, quick=True, prompts=PROMPTS[:2], seed=0, exittrain_results=EXITTRAIN, progress=False, workload_results=WORKLOAD)
+    check_report(out, expect_exittrain=True, expect_workload=True)
     assert report["prompts"][0]["id"] == "add" and report["quick"] is True
 
 
@@ -114,7 +133,7 @@ def test_report_command(pair, tmp_path, capsys):
     report = check_report(out, expect_exittrain=False)
     assert "--quick" in report["command"] and "--seed 1" in report["command"]
     printed = capsys.readouterr().out
-    assert "| # | claim |" in printed and len(re.findall(r"^\| [1-7] \|", printed, flags=re.M)) == 7  # the claims table, printed
+    assert "| # | claim |" in printed and len(re.findall(r"^\| [1-7]b? \|", printed, flags=re.M)) == 8  # the claims table, printed
 
 
 def test_the_exit_law_and_coverage_checks_catch_a_biased_verifier(pair, monkeypatch):

@@ -268,3 +268,19 @@ def test_the_tab_refuses_too_few_prompts_and_cancel_shows_no_comparison(tmp_path
     assert outputs[-1][0].startswith("cancelled") and outputs[-1][1] == ""
     assert shared.EXITTRAIN_SLOT.acquire("next visitor")  # the slot was released
     shared.EXITTRAIN_SLOT.release()
+
+
+def test_the_model_card_shows_each_packs_measured_adaptation():
+    from tev.train.card import workload_card_lines
+
+    cell = lambda tau: {"tau": tau, "se": 0.04}  # noqa: E731
+    gain = lambda g: {"gain": g, "se": 0.08}  # noqa: E731
+    result = {"T0": {"base": cell(1.5), "exittrain": cell(2.5), "token_only": cell(2.5), "next-depth": cell(2.6)},
+              "T1": {"base": cell(1.4), "exittrain": cell(1.5), "token_only": cell(1.4), "next-depth": cell(1.5)},
+              "gain": {"T0": {"exittrain": gain(0.667), "token_only": gain(0.66), "next-depth": gain(0.7)},
+                       "T1": {"exittrain": gain(0.054), "token_only": gain(0.016), "next-depth": gain(0.083)}}, "minutes": 4.6}
+    lines = workload_card_lines({"sql-queries": {"task": "Write one SQL query", "command": "python -m tev exittrain --workload x.json", "result": result}})
+    text = "\n".join(lines)
+    assert "| sql-queries | Write one SQL query | 0 | 1.500 +- 0.040 | 2.500 (+66.7% +- 8.0%) | 2.500 (+66.0% +- 8.0%) | next-depth +70.0% | 4.6 |" in text
+    assert "|  |  | 1 | 1.400 +- 0.040 | 1.500 (+5.4% +- 8.0%) | 1.400 (+1.6% +- 8.0%) | next-depth +8.3% |  |" in text
+    assert "python -m tev exittrain --workload x.json" in text

@@ -12,9 +12,10 @@ from tev.util.files import write_text_atomic
 __all__ = ["render_card", "write_card", "refresh_card"]
 
 
-def render_card(report: dict, default_pair: dict | None = None, default_exittrain: dict | None = None) -> str:
+def render_card(report: dict, default_pair: dict | None = None, default_exittrain: dict | None = None, workloads: dict | None = None) -> str:
     """The model card (``assets/README.md``): the default pair's section from its drafter's
-    ``training.json`` (when present), then the tiny pair's from its build report."""
+    ``training.json`` (when present), the workload packs' measured adaptation (``workloads``),
+    then the tiny pair's from its build report."""
     target, drafter, evaluation = report["target"], report["drafter"], report["evaluation"]
     cfg = report["config"]
     lines = ["# Shipped models: model card", ""]
@@ -24,6 +25,8 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
         lines += _exittrain_card_lines(default_exittrain, "conversations the target wrote itself")
         lines += ["What these numbers say about ExitTrain on this pair, and the settings varied to find out: "
                   "[docs/exittrain.md](../docs/exittrain.md).", ""]
+    if workloads:
+        lines += workload_card_lines(workloads)
     lines += [
         "# The tiny pair (`--pair tiny`): a 7M code model and its drafters",
         "",
@@ -160,6 +163,43 @@ def _exittrain_card_lines(entry: dict, data: str = "target-regenerated sequences
     return lines
 
 
+WORKLOAD_NAMES = {"exittrain": "adapted (token loss + tree term)", "token_only": "token-only control"}
+
+
+def workload_card_lines(workloads: dict) -> list[str]:
+    """The workload packs (``assets/workloads/``) and what adapting the base drafter to each
+    gained on its held-out prompts, from ``assets/models/smollm2/workload-results.json``."""
+    lines = [
+        "## Adapting the block drafter to a workload (`assets/workloads/`)",
+        "",
+        "Each pack is 40 hand-written user messages of one narrow task; a seeded quarter is held out. The adaptation (not a shipped "
+        "drafter: it runs in minutes on the user's machine, in the ExitTrain tab or with the command below) lets the target answer "
+        "the rest, adds the answers' tokens missing from the draft vocabulary, fine-tunes a copy of the base drafter on the answers "
+        "(token loss + tree term), and decodes the held-out prompts (B = 16, 64 new tokens, greedy at T = 0, TEV at T = 1). "
+        "+- is one standard error over rounds; one seed per pack.",
+        "",
+        "| pack | task | T | base tau | " + " | ".join(WORKLOAD_NAMES.values()) + " | other tree terms | minutes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for pack, entry in sorted(workloads.items()):
+        result = entry["result"]
+        for key, temperature in (("T0", 0), ("T1", 1)):
+            base = result[key]["base"]
+            cells = []
+            for name in WORKLOAD_NAMES:
+                gain = result["gain"][key].get(name)
+                cells.append(f"{result[key][name]['tau']:.3f} ({100 * gain['gain']:+.1f}% +- {100 * gain['se']:.1f}%)" if gain else "-")
+            others = ", ".join(f"{name} {100 * g['gain']:+.1f}%" for name, g in result["gain"][key].items() if name not in WORKLOAD_NAMES) or "-"
+            task = entry["task"] if key == "T0" else ""
+            minutes = f"{result['minutes']:.1f}" if key == "T0" else ""
+            lines.append(f"| {pack if key == 'T0' else ''} | {task} | {temperature} | {base['tau']:.3f} +- {base['se']:.3f} | " + " | ".join(cells) + f" | {others} | {minutes} |")
+    commands = sorted({entry["command"] for entry in workloads.values()})
+    lines += ["", "Measured with (one command per pack):", "", "```bash", *commands, "```", "",
+              "Where the gain comes from (the token loss on the target's answers; the tree term adds a little at T = 1 only): "
+              "[docs/exittrain.md](../docs/exittrain.md#workload-adaptation).", ""]
+    return lines
+
+
 def default_pair_card_lines(training: dict) -> list[str]:
     """The default pair's section, from the ``training.json`` that ``train-drafter`` installs."""
     recipe, data, heldout = training["recipe"], training["data"], training["heldout"]
@@ -250,19 +290,22 @@ def default_pair_card_lines(training: dict) -> list[str]:
     return lines
 
 
-def write_card(assets: Path, report: dict, default_pair: dict | None = None, default_exittrain: dict | None = None) -> None:
+def write_card(assets: Path, report: dict, default_pair: dict | None = None, default_exittrain: dict | None = None, workloads: dict | None = None) -> None:
     """Write ``assets/README.md`` (readers see the old or the new card, never half)."""
-    write_text_atomic(Path(assets) / "README.md", render_card(report, default_pair, default_exittrain))
+    write_text_atomic(Path(assets) / "README.md", render_card(report, default_pair, default_exittrain, workloads))
 
 
 def refresh_card(assets: Path) -> None:
     """Re-render ``assets/README.md`` from ``models/build.json``, the installed ExitTrain
-    drafter's ``exittrain.json`` and the default pair's ``training.json``, each when present."""
+    drafter's ``exittrain.json``, the default pair's ``training.json`` and the workload packs'
+    ``models/smollm2/workload-results.json``, each when present."""
     report = json.loads((assets / "models" / "build.json").read_text())
     exittrain = assets / "models" / "drafter-exittrain" / "exittrain.json"
     if exittrain.is_file():
         report["exittrain"] = json.loads(exittrain.read_text())
     training = assets / "models" / "smollm2" / "drafter-block" / "training.json"
     default_exittrain = assets / "models" / "smollm2" / "drafter-exittrain" / "exittrain.json"
+    workloads = assets / "models" / "smollm2" / "workload-results.json"
     write_card(assets, report, json.loads(training.read_text()) if training.is_file() else None,
-               json.loads(default_exittrain.read_text()) if default_exittrain.is_file() else None)
+               json.loads(default_exittrain.read_text()) if default_exittrain.is_file() else None,
+               json.loads(workloads.read_text()) if workloads.is_file() else None)

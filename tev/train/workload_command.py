@@ -26,6 +26,7 @@ import torch
 from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_bundle, shipped_drafter
+from tev.train.exittrain_command import invoked_command
 from tev.train.workload_data import answer_prompts, extend_draft_vocab, load_workload, split_workload
 from tev.train.workload_finetune import TREE_TERMS, FinetuneSettings, build_train_set, finetune_drafter
 from tev.util.paths import REPO_ROOT
@@ -185,6 +186,7 @@ def workload_command(args) -> None:
     settings = FinetuneSettings(tree_term=args.tree_term, lambda_tree=args.tree_lambda, steps=args.workload_steps, seed=args.seed)
     result, drafter = adapt_to_workload(bundle, prompts, base, args.minutes, settings, tuple(args.controls), seed=args.seed)
     result["workload"] = str(args.workload)
+    result["command"] = invoked_command()
     drafter.save_pretrained(out / "drafter")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(result, indent=1))

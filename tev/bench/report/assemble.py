@@ -16,6 +16,7 @@ from tev.bench.report.e2e_speed import check_e2e, e2e_section, measure_e2e
 from tev.bench.report.equivalence import check_equivalence, equivalence_section
 from tev.bench.report.exit_law import check_exit_law, exit_law_section
 from tev.bench.report.exittrain_gain import check_exittrain, exittrain_data, exittrain_section
+from tev.bench.report.workload_gain import check_workload, workload_data, workload_section
 from tev.bench.report.latency import latency_section, measure_latency
 from tev.bench.report.plots import write_plots
 from tev.bench.report.trees import depth_profile, real_trees, run_labs
@@ -30,7 +31,8 @@ __all__ = ["measure_trees", "claims_table", "render_markdown", "build_report", "
 
 TITLE = "TEV Explorer: the paper's claims on this model pair"
 SECTIONS = {  # claim id -> its markdown section
-    1: exit_law_section, 2: coverage_section, 3: equivalence_section, 4: latency_section, 5: exittrain_section, 6: sweep_section, 7: e2e_section,
+    1: exit_law_section, 2: coverage_section, 3: equivalence_section, 4: latency_section, 5: exittrain_section, "5b": workload_section,
+    6: sweep_section, 7: e2e_section,
 }
 
 
@@ -95,12 +97,14 @@ def build_report(
     progress: bool = True,
     command: str | None = None,
     settings: ReportSettings | None = None,
+    workload_results: dict[str, dict] | None = None,
 ) -> dict:
     """Measure every claim on ``bundle`` and write ``report.md``, ``report.json`` and the plots
     (``plots/*.png``) into ``out_dir``. Returns the report dict (as in report.json).
 
     ``prompts``: ``[{"id", "text"}]`` (or ``"ids"``); all of them are used (cut the list first).
     ``settings`` overrides the ``QUICK`` / ``FULL`` preset chosen by ``quick``.
+    ``workload_results``: ``{pack: result}`` of ``exittrain --workload`` runs, for claim 5b.
     """
     settings = settings or (QUICK if quick else FULL)
     if not prompts:
@@ -118,7 +122,9 @@ def build_report(
     measurements["sweep"] = measure_sweep(bundle, base, prompts, settings, seed, progress)
     measurements["e2e"] = measure_e2e(bundle, base, prompts, settings, seed, progress)
     measurements["exittrain"] = exittrain_data(exittrain_results, measurements["sweep"], "exittrain" in bundle.drafters)
-    decoding_claims = [check_exittrain(measurements["exittrain"]), check_sweep(measurements["sweep"], drafters), check_e2e(measurements["e2e"], base)]
+    measurements["workload"] = workload_data(workload_results)
+    decoding_claims = [check_exittrain(measurements["exittrain"]), check_workload(measurements["workload"]), check_sweep(measurements["sweep"], drafters),
+                       check_e2e(measurements["e2e"], base)]
     report = {
         "title": TITLE,
         "command": command or "build_report(...) (library call)",
@@ -165,6 +171,7 @@ def _command_line(args) -> str:
     parts += ["--num-prompts", str(args.num_prompts)] if args.num_prompts is not None else []
     parts += ["--seed", str(args.seed)]
     parts += ["--exittrain-results", args.exittrain_results] if args.exittrain_results else []
+    parts += ["--workload-results", *args.workload_results] if args.workload_results else []
     parts += ["--out", str(args.out)]
     return shlex.join(parts)
 
@@ -179,8 +186,15 @@ def report_command(args) -> None:
     exittrain_results = json.loads(Path(args.exittrain_results).read_text()) if args.exittrain_results else None
     if exittrain_results is not None and not isinstance(exittrain_results.get("rows") if isinstance(exittrain_results, dict) else None, list):
         raise ValueError(f"{args.exittrain_results}: expected a JSON object with a 'rows' list (from `python -m tev bench exittrain`)")
+    workload_results = {}
+    for path in args.workload_results or []:
+        result = json.loads(Path(path).read_text())
+        if not isinstance(result, dict) or not all(key in result for key in ("T0", "T1", "gain")):
+            raise ValueError(f"{path}: expected the JSON of `python -m tev exittrain --workload PACK.json --json OUT.json`")
+        workload_results[Path(result.get("workload", path)).stem] = result
     prompts = _load_prompts(args)[: settings.num_prompts]
     bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
-    report = build_report(bundle, args.out, args.quick, prompts, args.seed, exittrain_results, progress=True, command=_command_line(args), settings=settings)
+    report = build_report(bundle, args.out, args.quick, prompts, args.seed, exittrain_results, progress=True, command=_command_line(args), settings=settings,
+                          workload_results=workload_results or None)
     print(claims_table(report["claims"]))
     print(f"\nreport written to {args.out / 'report.md'} (and report.json, plots/)")

@@ -46,7 +46,7 @@ QUICK = ReportSettings(
 )
 
 
-def claim(number: int, name: str, paper: str, this_run: str, value, holds: str, rule: str, figures: dict | None = None) -> dict:
+def claim(number: int | str, name: str, paper: str, this_run: str, value, holds: str, rule: str, figures: dict | None = None) -> dict:
     """One row of the claims table; ``holds`` is one of :data:`HOLDS`."""
     assert holds in HOLDS, holds
     return {"id": number, "claim": name, "paper": paper, "this_run": this_run, "value": value, "holds": holds, "rule": rule, "figures": figures or {}}
