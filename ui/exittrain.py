@@ -62,6 +62,9 @@ def run_exittrain(domain, weights, steps, lambda_exit, request: gr.Request, prog
             if has_domains(bundle) or event.step % 5 == 0 or event.step == config.steps:
                 yield training_figure(history), f"step {event.step}/{config.steps} · batch 1 + C {event.expected_tau:.3f}", *[gr.skip()] * 5
         status = "cancelled" if trainer.cancelled else "finished"
+        if trainer.cancelled:  # Cancel stops the evaluation too: no comparison of an unfinished (or untrained) copy
+            yield training_figure(history), f"{status} after {trainer.step} steps", None, "Cancelled: nothing was measured.", None, None, None
+            return
         yield training_figure(history), f"{status} after {trainer.step} steps; scoring the held-out trees again…", *[gr.skip()] * 5
         with shared.SERVICE.compute:
             after = trainer.heldout_trees(LIVE_HELDOUT_BATCHES)
