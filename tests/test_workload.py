@@ -2,6 +2,7 @@
 vocabulary extension, and a whole run on a tiny chat pair (held-out prompts never trained on,
 the target and the shipped assets untouched)."""
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -16,7 +17,8 @@ from tev.engine.prompt_text import encode_chat
 from tev.train.distill import DistillData, SoftLabels
 from tev.train.exit_loss import TreeBatch, exit_loss_terms, node_weights
 from tev.train.workload_data import MIN_PROMPTS, WorkloadAnswers, check_workload, extend_draft_vocab, load_workload, split_workload
-from tev.train.workload_finetune import FinetuneSettings, WorkloadTrainSet, tree_term
+from tev.train.distill import ScoredTrees, tree_term
+from tev.train.workload_finetune import workload_settings
 from tev.util.paths import REPO_ROOT
 from tests.tiny import CHAT_WORDS, save_chat_target, tiny_target, tiny_vocab_drafter
 
@@ -108,7 +110,7 @@ def _train_set_of(tree, probs, flow, vocab_size=4, horizon=2):
     edge = torch.ones(tree.num_nodes, dtype=torch.float64)
     edge[1:] = probs[tree.parents[1:], tree.tokens[1:]]
     scored = TreeBatch([tree], [flow.reach], [flow.exit_weight], [flow.coverage], [edge], [law])
-    return WorkloadTrainSet(data, scored, torch.tensor([[0, 0]]))
+    return data, ScoredTrees(scored, torch.tensor([[0, 0]]))
 
 
 class _FixedLogits(torch.nn.Module):
@@ -131,7 +133,7 @@ def test_tree_terms_equal_hand_computation():
     tree, probs, flow = _hand_tree()
     draft_logits = torch.tensor([[0.0, 1.0, 0.0, 2.0], [0.5, 0.0, 3.0, 0.0]])  # [K = 2, V = 4]
     log_q = torch.log_softmax(draft_logits, dim=-1)
-    train_set = _train_set_of(tree, probs, flow)
+    data, trees = _train_set_of(tree, probs, flow)
     drafter = _FixedLogits(draft_logits)
     pick = torch.tensor([0])
     # official form: sum_v weight(v) * -log q_d(v)(x_v) / (non-root nodes = 3)
@@ -141,12 +143,12 @@ def test_tree_terms_equal_hand_computation():
         "reach": -(0.5 * log_q[0, 1] + 0.2 * log_q[1, 2] + 0.2 * log_q[0, 3]) / 3,
     }
     for mode, value in expected.items():
-        assert tree_term(drafter, train_set, pick, mode).item() == pytest.approx(value.item(), rel=1e-5), mode
+        assert tree_term(drafter, data, trees, pick, mode).item() == pytest.approx(value.item(), rel=1e-5), mode
     # next-depth: nodes above the horizon (root at depth 0, a and b at depth 1) label q_{d+1}
     # with their own target law p_v, weighted by reach P = 1, 0.5, 0.2; c (depth 2) has no q_3
     cross = lambda row, depth: -(probs[row].float() * log_q[depth]).sum()  # noqa: E731
     next_depth = (1.0 * cross(0, 0) + 0.5 * cross(1, 1) + 0.2 * cross(3, 1)) / (1.0 + 0.5 + 0.2)
-    assert tree_term(drafter, train_set, pick, "next-depth").item() == pytest.approx(next_depth.item(), rel=1e-5)
+    assert tree_term(drafter, data, trees, pick, "next-depth").item() == pytest.approx(next_depth.item(), rel=1e-5)
     # the official form is exit_loss_terms itself
     weights = node_weights(flow.exit_weight, flow.reach, "exit")
     direct = exit_loss_terms(draft_logits[None].double(), torch.zeros(3, dtype=torch.long), tree.depths[1:], tree.tokens[1:], weights[1:], 3)
@@ -193,7 +195,7 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
     monkeypatch.setattr(workload_command, "EVAL_NEW_TOKENS", 8)
     before_target = {k: v.clone() for k, v in bundle.target.state_dict().items()}
     assets = _digest(REPO_ROOT / "assets")
-    settings = FinetuneSettings(tree_term="exit", steps=4, batch=8, tree_batch=4)
+    settings = dataclasses.replace(workload_settings("exit", steps=4), batch=8, tree_batch=4)
     result, adapted = workload_command.adapt_to_workload(bundle, prompts, base, minutes=5, settings=settings, controls=("none", "next-depth"), progress=False)
     for key in ("T0", "T1"):
         assert set(result[key]) == {"base", "exittrain", "token_only", "next-depth"}

@@ -29,7 +29,7 @@ from tev.train.anchor_data import DOMAINS
 from tev.train.exittrain_data import exittrain_data_command
 from tev.train.trainer import ExitTrainConfig
 from tev.train.workload_command import DEFAULT_TREE_TERM, workload_command
-from tev.train.workload_finetune import TREE_TERMS, FinetuneSettings
+from tev.train.workload_finetune import TREE_TERMS, workload_settings
 
 __all__ = ["build_parser", "main"]
 
@@ -177,7 +177,7 @@ def _add_exittrain(commands) -> None:
     workload.add_argument("--minutes", type=float, default=5.0, help="time budget of the answers, the fine-tune and the held-out measurement of base and adapted drafter")
     workload.add_argument("--tree-term", choices=TREE_TERMS, default=DEFAULT_TREE_TERM[0], help="tree term added to the token loss (none: token loss only)")
     workload.add_argument("--tree-lambda", type=float, default=DEFAULT_TREE_TERM[1], help="weight of the tree term against the token loss")
-    workload.add_argument("--workload-steps", type=int, default=FinetuneSettings().steps, help="fine-tune steps (fewer if the time budget ends first)")
+    workload.add_argument("--workload-steps", type=int, default=workload_settings().steps, help="fine-tune steps (fewer if the time budget ends first)")
     workload.add_argument("--controls", nargs="*", default=["none"], help="tree terms trained after the budget on the same data and steps, for comparison (none: the token-only control)")
     add_model_arguments(parser)
     parser.set_defaults(func=_exittrain)

@@ -15,7 +15,7 @@ from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import shipped_drafter
 from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, adapt_to_workload
 from tev.train.workload_data import check_workload, load_workload, split_workload
-from tev.train.workload_finetune import FinetuneSettings
+from tev.train.workload_finetune import workload_settings
 from tev.util.paths import assets_dir
 from ui import shared
 from ui.exittrain import side_by_side
@@ -102,7 +102,7 @@ def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progr
 
     def work():
         try:
-            settings = FinetuneSettings(tree_term=DEFAULT_TREE_TERM[0], lambda_tree=DEFAULT_TREE_TERM[1])
+            settings = workload_settings(*DEFAULT_TREE_TERM)
             outcome["result"], outcome["drafter"] = adapt_to_workload(
                 bundle, prompts, shipped_drafter(bundle.pair, "block"), minutes, settings, controls=("none",), progress=False,
                 should_stop=cancel.event.is_set, on_phase=lambda name, info: events.put((name, info)), compute=shared.SERVICE.compute)

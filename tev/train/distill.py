@@ -17,9 +17,13 @@ short of data needs.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +33,7 @@ from transformers import DynamicCache, get_cosine_with_min_lr_schedule_with_warm
 
 from tev.core.sampling import probs_from_logits, sample_rows
 from tev.engine.drafters import BlockDrafter
-from tev.train.exit_loss import IGNORE
+from tev.train.exit_loss import IGNORE, TreeBatch, exit_loss_terms, node_weights
 from tev.util.files import atomic_folder
 
 __all__ = [
@@ -44,7 +48,12 @@ __all__ = [
     "drafter_losses",
     "train_block_drafter",
     "heldout_loss",
+    "ScoredTrees",
+    "tree_term",
+    "TREE_TERMS",
 ]
+
+TREE_TERMS = ("none", "reach", "exit", "exit-depth", "next-depth")
 
 
 @torch.no_grad()
@@ -180,6 +189,19 @@ class DistillSettings:
     save_every: int = 0  # checkpoint interval in steps (0: only at the end, when a folder is given)
     eval_every: int = 0  # held-out loss interval in steps, when held-out data is given (0: never)
     soft_labels: bool = False  # learn the target's distributions (DistillData.soft), not its written tokens
+    tree_term: str = "none"  # with ScoredTrees: none, reach, exit, exit-depth or next-depth (see tree_term)
+    lambda_tree: float = 0.1  # weight of the tree term against the token loss
+    tree_batch: int = 16  # scored trees per step
+    weight_decay: float = 0.01
+
+    def __post_init__(self):
+        if self.tree_term not in TREE_TERMS:
+            raise ValueError(f"tree term must be one of {', '.join(TREE_TERMS)}, got {self.tree_term!r}")
+        for name in ("steps", "batch", "tree_batch"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if not math.isfinite(self.lr) or self.lr <= 0 or not math.isfinite(self.lambda_tree) or self.lambda_tree < 0:
+            raise ValueError("lr must be > 0 and lambda_tree >= 0 (finite numbers)")
 
 
 @dataclass
@@ -279,6 +301,70 @@ def drafter_loss(drafter: BlockDrafter, data: DistillData, index: torch.Tensor, 
     return (soft_loss if soft else token_loss), accuracy
 
 
+@dataclass
+class ScoredTrees:
+    """Draft trees at anchors of a :class:`DistillData`, scored once by the target (fixed).
+
+    Attributes:
+        scored: the trees with ``P``, ``w``, edge probabilities and every node's next-token law
+            over the draft vocabulary (``node_soft``).
+        anchors: `LongTensor[R, 2]` (sequence, anchor position) of each tree, in the data's
+            convention (anchor ``t``: features up to ``t``, root ``x_{t+1}``).
+    """
+
+    scored: TreeBatch
+    anchors: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.scored.trees)
+
+
+def tree_term(drafter: BlockDrafter, data: DistillData, trees: ScoredTrees, picks: torch.Tensor, mode: str) -> torch.Tensor:
+    """``L_tree`` of the trees ``picks`` (`LongTensor[R]` into ``trees``).
+
+    ``reach`` / ``exit`` / ``exit-depth``: ``sum_v weight(v) * -log q_{d(v)}(x_v) / (non-root
+    nodes)``, the official code's form (weights from :func:`node_weights`); ``next-depth``: every
+    node ``v`` above the horizon labels ``q_{d(v)+1}`` with its own target law ``p_v``, weighted by
+    its reach ``P(v)`` (the root included), averaged over that weight.
+    """
+    config = drafter.config
+    device = drafter.mask_embed.device
+    features, valid, root, _ = data.batch(trees.anchors[picks], config.context_window, config.horizon)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        logits = drafter.draft_logits(features.to(device), valid.to(device), root.to(device)).float()  # [R, K, Vd]
+    scored = trees.scored
+    chosen = [scored.trees[i] for i in picks.tolist()]
+    if mode == "next-depth":
+        log_q = logits.log_softmax(-1)
+        total, weight_sum = logits.sum() * 0.0, 0.0
+        for m, i in enumerate(picks.tolist()):
+            tree = chosen[m]
+            inner = tree.depths < config.horizon  # nodes whose next token is a depth the drafter predicts
+            positions, probs = (x[inner] for x in scored.node_soft[i])
+            weight = scored.reach[i].cpu()[inner].float()
+            rows = log_q[m, tree.depths[inner]]  # [n, Vd]: q_{d(v) + 1}
+            cross = -(probs.to(device) * rows.gather(-1, positions.to(device))).sum(-1)  # [n]
+            total = total + (weight.to(device) * cross).sum()
+            weight_sum += float(weight.sum())
+        return total / max(weight_sum, 1e-9)
+    examples, depths, tokens, weights = [], [], [], []
+    for m, i in enumerate(picks.tolist()):
+        tree = chosen[m]
+        if tree.num_nodes == 1:
+            continue
+        token = drafter.draft_positions(tree.tokens[1:].to(device))
+        keep = token != IGNORE  # a token outside the draft vocabulary has no q to raise
+        weight = node_weights(scored.exit_weight[i].cpu(), scored.reach[i].cpu(), mode, tree, scored.edge_prob[i])[1:].to(device)
+        examples.append(torch.full((int(keep.sum()),), m, dtype=torch.long, device=device))
+        depths.append(tree.depths[1:].to(device)[keep])
+        tokens.append(token[keep])
+        weights.append(weight[keep])
+    total_nodes = sum(t.num_nodes - 1 for t in chosen)
+    if not examples:
+        return logits.sum() * 0.0
+    return exit_loss_terms(logits, torch.cat(examples), torch.cat(depths), torch.cat(tokens), torch.cat(weights).float(), total_nodes)
+
+
 def _save_checkpoint(folder: Path, drafter: BlockDrafter, optimizer: torch.optim.Optimizer, step: int, history: list[dict]) -> None:
     """Drafter weights and AdamW moments as safetensors, the step and history as JSON (atomic)."""
     names = {id(p): name for name, p in drafter.named_parameters()}
@@ -316,16 +402,28 @@ def train_block_drafter(
     checkpoint: Path | None = None,
     heldout: DistillData | None = None,
     progress: bool = True,
+    trees: ScoredTrees | None = None,
+    deadline: float | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    on_step: Callable[[dict], None] | None = None,
+    compute=contextlib.nullcontext(),
 ) -> list[dict]:
-    """``L_tok`` training of ``drafter`` on every anchor of ``data``; resumes from ``checkpoint``.
+    """The one drafter loop: ``L_tok`` on every anchor of ``data`` (distillation), plus
+    ``settings.lambda_tree`` times the tree term on ``trees`` when ``settings.tree_term`` is
+    not ``none`` (ExitTrain on scored trees); resumes from ``checkpoint``.
 
     The anchors of step ``s`` come from a generator seeded with ``(seed, s)``, so a resumed run
     draws the same batches as an uninterrupted one. With ``heldout`` data the held-out loss is
     measured every ``eval_every`` steps and the drafter ends with the weights of the best one
-    (early stopping: a drafter can memorise its data). Returns the loss history.
+    (early stopping: a drafter can memorise its data). The loop ends early at ``deadline`` (a
+    ``time.monotonic()`` value) or when ``should_stop()``; ``on_step(record)`` gets every step's
+    ``step``, ``loss``, ``loss_tok``, ``loss_tree``; ``compute`` (a lock) is held for each step.
+    Returns the loss history.
     """
+    if settings.tree_term != "none" and not trees:
+        raise ValueError(f"tree term {settings.tree_term!r} needs scored trees")
     parameters = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.95))
     step, history = 0, []
     if checkpoint is not None and (checkpoint / "checkpoint.json").is_file():
         step, history = _load_checkpoint(checkpoint, drafter, optimizer)
@@ -341,18 +439,28 @@ def train_block_drafter(
     running = next((h["loss"] for h in reversed(history) if "loss" in h), None)
     bar = tqdm(range(step, settings.steps), initial=step, total=settings.steps, desc="block drafter", unit="step", disable=not progress)
     for step in bar:
-        generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
-        pick = torch.randint(0, data.anchors.shape[0], (settings.batch,), generator=generator)
-        short = _short_history(settings.batch, settings.short_history_share, drafter.config.context_window, generator)
-        loss, accuracy = drafter_loss(drafter, data, data.anchors[pick], short, soft=settings.soft_labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-        optimizer.step()
-        schedule.step()
+        if (should_stop is not None and should_stop()) or (deadline is not None and time.monotonic() > deadline):
+            break
+        with compute:
+            generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
+            pick = torch.randint(0, data.anchors.shape[0], (settings.batch,), generator=generator)
+            short = _short_history(settings.batch, settings.short_history_share, drafter.config.context_window, generator)
+            loss_tok, accuracy = drafter_loss(drafter, data, data.anchors[pick], short, soft=settings.soft_labels)
+            loss, loss_tree = loss_tok, torch.zeros(())
+            if settings.tree_term != "none":
+                tree_pick = torch.randint(0, len(trees), (min(settings.tree_batch, len(trees)),), generator=generator)
+                loss_tree = tree_term(drafter, data, trees, tree_pick, settings.tree_term)
+                loss = loss_tok + settings.lambda_tree * loss_tree
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+            optimizer.step()
+            schedule.step()
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
         bar.set_postfix(loss=f"{running:.3f}", acc1=f"{accuracy[0].item():.2f}")
         done = step + 1
+        if on_step is not None:
+            on_step({"step": done, "loss": loss.item(), "loss_tok": loss_tok.item(), "loss_tree": float(loss_tree.detach())})
         if done % max(1, settings.steps // 40) == 0 or done == settings.steps:
             history.append({"step": done, "loss": running, "top1_by_depth": [round(a, 4) for a in accuracy.tolist()]})
         if heldout is not None and settings.eval_every and (done % settings.eval_every == 0 or done == settings.steps):

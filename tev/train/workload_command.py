@@ -28,7 +28,8 @@ from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_bundle, shipped_drafter
 from tev.train.exittrain_command import invoked_command
 from tev.train.workload_data import answer_prompts, extend_draft_vocab, load_workload, split_workload
-from tev.train.workload_finetune import TREE_TERMS, FinetuneSettings, build_train_set, finetune_drafter
+from tev.train.distill import DistillSettings, train_block_drafter
+from tev.train.workload_finetune import TREE_TERMS, build_train_set, workload_settings
 from tev.util.paths import REPO_ROOT
 
 __all__ = ["DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "adapt_to_workload", "relative_gain", "workload_command"]
@@ -65,7 +66,7 @@ def adapt_to_workload(
     prompts: list[str],
     base: Path,
     minutes: float = 5.0,
-    settings: FinetuneSettings = FinetuneSettings(tree_term=DEFAULT_TREE_TERM[0], lambda_tree=DEFAULT_TREE_TERM[1]),
+    settings: DistillSettings | None = None,
     controls: tuple[str, ...] = ("none",),
     seed: int = 0,
     progress: bool = True,
@@ -82,6 +83,7 @@ def adapt_to_workload(
     evaluation), so a server's other users take turns with the run.
     """
     report = on_phase or (lambda name, info: None)
+    settings = settings or workload_settings(*DEFAULT_TREE_TERM)
     start = time.monotonic()
     budget = minutes * 60.0
     train_prompts, heldout_prompts = split_workload(prompts, seed)
@@ -95,11 +97,18 @@ def adapt_to_workload(
     work = copy.deepcopy(base_model)
     added = extend_draft_vocab(work, answers)
     with compute:
-        train_set = build_train_set(bundle.target, work, answers, budget=EVAL_BUDGET, soft_top=settings.soft_top, seed=seed, progress=progress)
+        data, trees = build_train_set(bundle.target, work, answers, budget=EVAL_BUDGET, seed=seed, progress=progress)
     initial = copy.deepcopy(work.state_dict())
-    report("train", {"anchors": train_set.data.num_anchors, "trees": len(train_set.scored.trees), "vocab_added": len(added)})
-    history = finetune_drafter(work, train_set, replace(settings, seed=seed), deadline=start + TRAIN_SHARE * budget, should_stop=should_stop,
-                               on_step=lambda record: report("step", record), compute=compute)
+    report("train", {"anchors": data.num_anchors, "trees": len(trees), "vocab_added": len(added)})
+    history: list[dict] = []
+
+    def on_step(record: dict) -> None:
+        history.append(record)
+        report("step", record)
+
+    train_block_drafter(work, data, replace(settings, seed=seed), progress=progress, trees=trees, deadline=start + TRAIN_SHARE * budget,
+                        should_stop=should_stop, on_step=on_step, compute=compute)
+    steps_done = len(history)
     if should_stop is not None and should_stop():
         raise InterruptedError("cancelled")
     held = [{"text": p, "chat": True} for p in heldout_prompts]
@@ -112,7 +121,6 @@ def adapt_to_workload(
             cells[name] = _measure(bundle, model, name, held, progress)
     report("evaluated", {"base": cells["base"], "exittrain": cells["exittrain"]})
     seconds = time.monotonic() - start
-    steps_done = len(history)
     control_rows = {}
     for term in controls:
         if should_stop is not None and should_stop():
@@ -120,7 +128,8 @@ def adapt_to_workload(
         control = copy.deepcopy(work)
         control.load_state_dict(initial)
         report("control", {"tree_term": term})
-        finetune_drafter(control, train_set, replace(settings, tree_term=term, seed=seed, steps=max(1, steps_done)), should_stop=should_stop, compute=compute)
+        train_block_drafter(control, data, replace(settings, tree_term=term, seed=seed, steps=max(1, steps_done)), progress=progress, trees=trees,
+                            should_stop=should_stop, compute=compute)
         if should_stop is not None and should_stop():
             break
         with compute:
@@ -144,7 +153,7 @@ def adapt_to_workload(
         "budget": EVAL_BUDGET,
         "max_new_tokens": EVAL_NEW_TOKENS,
         "tau_bound": {key: {name: row[key]["tau_bound"] for name, row in cells.items()} for key in TEMPERATURES},
-        "final_loss": history[-1] if history else None,
+        "history": history,
     })
     work.config.notes = {**work.config.notes, "workload_adaptation": {"steps": steps_done, "settings": asdict(settings), "train_prompts": len(answers), "vocab_added": len(added)}}
     return result, work
@@ -183,7 +192,7 @@ def workload_command(args) -> None:
     if args.target and not args.base:
         raise ValueError("with --target, pass --base: the block drafter to adapt")
     base = Path(args.base) if args.base else shipped_drafter(bundle.pair, "block")
-    settings = FinetuneSettings(tree_term=args.tree_term, lambda_tree=args.tree_lambda, steps=args.workload_steps, seed=args.seed)
+    settings = workload_settings(args.tree_term, args.tree_lambda, args.workload_steps, args.seed)
     result, drafter = adapt_to_workload(bundle, prompts, base, args.minutes, settings, tuple(args.controls), seed=args.seed)
     result["workload"] = str(args.workload)
     result["command"] = invoked_command()
