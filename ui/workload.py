@@ -61,7 +61,8 @@ def verdict(gain: dict) -> str:
 
 def result_table(result: dict) -> str:
     """The held-out comparison as markdown, each change with its verdict in words."""
-    lines = [f"Held-out: {result['heldout_prompts']} prompts never trained on; B = {result['budget']}, {result['max_new_tokens']} new tokens, "
+    measured = result.get("eval_prompts", result["heldout_prompts"])
+    lines = [f"Held-out: {result['heldout_prompts']} prompts never trained on ({measured} of them decoded); B = {result['budget']}, {result['max_new_tokens']} new tokens, "
              f"TEV at T = 1, greedy at T = 0; +- is one standard error over rounds.", "",
              "| T | drafter | tau | change against the base |", "|---|---|---|---|"]
     for key, temperature in (("T0", 0), ("T1", 1)):

@@ -32,11 +32,12 @@ from tev.train.distill import DistillSettings, train_block_drafter
 from tev.train.workload_finetune import TREE_TERMS, build_train_set, workload_settings
 from tev.util.paths import REPO_ROOT
 
-__all__ = ["DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "adapt_to_workload", "relative_gain", "workload_command"]
+__all__ = ["DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "adapt_to_workload", "relative_gain", "workload_command"]
 
 DEFAULT_TREE_TERM = ("exit", 0.1)  # (weight, lambda): the tree term of the shipped recipe; see docs/exittrain.md
 EVAL_BUDGET = 16
 EVAL_NEW_TOKENS = 64
+EVAL_PROMPTS = 10  # held-out prompts decoded (the first of the held-out split): a large workload's quarter would not fit the budget
 TEMPERATURES = {"T0": 0.0, "T1": 1.0}
 # Shares of the time budget by which each phase must end: the answers, then the fine-tune; the
 # held-out evaluation of base and adapted drafter takes the rest.
@@ -111,7 +112,7 @@ def adapt_to_workload(
     steps_done = len(history)
     if should_stop is not None and should_stop():
         raise InterruptedError("cancelled")
-    held = [{"text": p, "chat": True} for p in heldout_prompts]
+    held = [{"text": p, "chat": True} for p in heldout_prompts[:EVAL_PROMPTS]]
     report("evaluate", {"prompts": len(held)})
     cells = {}
     for name, model in (("base", base_model), ("exittrain", work)):
@@ -145,6 +146,7 @@ def adapt_to_workload(
         "train_prompts": len(answers),
         "train_prompts_offered": len(train_prompts),
         "heldout_prompts": len(heldout_prompts),
+        "eval_prompts": len(held),
         "answer_tokens": answers.answer_tokens,
         "answer_seconds": answers.seconds,
         "vocab_added": len(added),
