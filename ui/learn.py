@@ -36,4 +36,11 @@ probability moves toward the nodes where target mass exits. Note what it cannot 
 own exit $w(r)$ (the target's first token is not among the root's children) has no draft token, so
 $\mathcal{L}_{exit}$ leaves it to $\mathcal{L}_{tok}$. *ExitTrain tab: where the mass leaves the trees,
 depth by depth, before and after.*
+
+**Where a drafter gains.** Fine-tuned on the text it was already distilled on, a drafter has nothing left
+to learn: the tab's domain mode shows no measurable change. Fine-tuned on a **workload it has not seen**
+(the target's answers to your own prompts), it gains a lot, and the token loss does almost all of it; a
+tree term that labels each depth with the target's law $p_v$ at every node of the drafter's own trees
+(weighted by reach $P(v)$, the root included) adds a little at $T = 1$, where the target's mass spreads
+over tokens its greedy answers never contain. *ExitTrain tab: adapt the drafter to a workload.*
 """
