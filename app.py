@@ -178,11 +178,11 @@ def build_app() -> gr.Blocks:
             wl_text = gr.Textbox(label=f"your prompts, one per line (at least 16; each at most {LIMITS.max_prompt_chars} characters)", lines=6,
                                  max_lines=30, max_length=200_000, visible=shared.EXITTRAIN_CHAT)
             with gr.Row(visible=shared.EXITTRAIN_CHAT):
-                wl_start = gr.Button("Adapt to this workload", variant="primary")
+                wl_start = gr.Button("Adapt to this workload", variant="primary", elem_id="workload-start")
                 wl_cancel = gr.Button("Cancel")
-            wl_status = gr.Markdown(visible=shared.EXITTRAIN_CHAT)
-            wl_table = gr.Markdown(visible=shared.EXITTRAIN_CHAT)
-            with gr.Row(visible=shared.EXITTRAIN_CHAT):
+            wl_status = gr.Markdown(visible=shared.EXITTRAIN_CHAT, elem_id="workload-status")
+            wl_table = gr.Markdown(visible=shared.EXITTRAIN_CHAT, elem_id="workload-table")
+            with gr.Row(visible=shared.EXITTRAIN_CHAT, elem_id="workload-trees"):
                 wl_tree_base = gr.Plot(label="base drafter's tree (held-out prompt)")
                 wl_tree_adapted = gr.Plot(label="adapted drafter's tree (same prompt)")
 

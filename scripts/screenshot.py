@@ -1,7 +1,8 @@
 """Take the README screenshot from the real app: `python scripts/screenshot.py [--out assets/screenshot.png]`.
 
 Starts `python app.py` on the default pair (SmolLM2-135M-Instruct and its block drafter), drives
-Debian Chromium with Playwright (Generate on a chat prompt at T = 0), and saves a PNG of the Live tab. `--all DIR` also saves the other tabs.
+Debian Chromium with Playwright (Generate on a chat prompt at T = 0), and saves a PNG of the Live tab. `--all DIR` also saves the other tabs;
+`--workload PACK --out FILE` instead runs the ExitTrain tab's workload mode on a shipped pack and saves the page.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "assets" / "screenshot.png"))
     parser.add_argument("--all", help="also save every tab as PNG into this folder")
     parser.add_argument("--prompt", default="Write a Python function that checks whether a number is prime.")
+    parser.add_argument("--workload", help="instead: adapt the drafter to this shipped pack in the ExitTrain tab and save the result (e.g. json-records)")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -38,6 +40,9 @@ def main() -> None:
             page.goto(server.url, wait_until="domcontentloaded")
             page.wait_for_selector("#generate-button", timeout=60_000)
             page.wait_for_function("!document.body.innerText.includes('loading models')", timeout=60_000)
+            if args.workload:
+                workload_screenshot(page, args.workload, args.out)
+                return
             page.get_by_label("your message to the model").fill(args.prompt)
             page.get_by_role("spinbutton", name="number input for temperature T").fill("0")
             page.keyboard.press("Enter")
@@ -65,6 +70,21 @@ def main() -> None:
             browser.close()
     finally:
         server.stop()
+
+
+def workload_screenshot(page, pack: str, out: str) -> None:
+    """The ExitTrain tab's workload mode on one shipped pack, run to the end in the browser."""
+    page.get_by_role("tab", name="ExitTrain").click()
+    page.get_by_label(pack).check()
+    page.click("#workload-start")
+    page.wait_for_function("document.querySelector('#workload-status').innerText.includes('finished in')", timeout=900_000)
+    page.wait_for_function("document.querySelectorAll('#workload-trees .js-plotly-plot').length == 2", timeout=120_000)
+    page.wait_for_timeout(1500)
+    print("status:", page.locator("#workload-status").inner_text())
+    print(page.locator("#workload-table").inner_text())
+    page.locator("#workload-status").scroll_into_view_if_needed()
+    page.screenshot(path=out, full_page=True)
+    print(f"saved {out}")
 
 
 if __name__ == "__main__":
