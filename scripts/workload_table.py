@@ -50,7 +50,8 @@ def command_of(path: Path, result: dict) -> str:
     if result.get("command"):
         return result["command"]
     controls = ["none" if n == "token_only" else n for n in result["T0"] if n not in ("base", "exittrain")]
-    return shlex.join(["python", "-m", "tev", "exittrain", "--workload", result["workload"], "--json", str(path), "--out", str(path.with_suffix("")),
+    stem = Path(result["workload"]).stem
+    return shlex.join(["python", "-m", "tev", "exittrain", "--workload", result["workload"], "--json", f"runs/workload/{stem}.json", "--out", f"runs/workload/{stem}",
                        "--controls", *controls])
 
 

@@ -39,8 +39,9 @@ depth by depth, before and after.*
 
 **Where a drafter gains.** Fine-tuned on the text it was already distilled on, a drafter has nothing left
 to learn: the tab's domain mode shows no measurable change. Fine-tuned on a **workload it has not seen**
-(the target's answers to your own prompts), it gains a lot, and the token loss does almost all of it; a
-tree term that labels each depth with the target's law $p_v$ at every node of the drafter's own trees
-(weighted by reach $P(v)$, the root included) adds a little at $T = 1$, where the target's mass spreads
-over tokens its greedy answers never contain. *ExitTrain tab: adapt the drafter to a workload.*
+(the target's answers to your own prompts), it gains a lot where those answers share a format, and the
+token loss does all of it: on the four shipped packs no tree term (the paper's $w(v)$, the official code's
+floored reach or $w(v)\,d(v)$, or the target's law $p_v$ at every node as the label of the next depth)
+beat the token-only control. A tree term reweights tokens the trees already hold; the answers themselves
+are what the drafter had not seen. *ExitTrain tab: adapt the drafter to a workload.*
 """

@@ -195,7 +195,8 @@ def workload_card_lines(workloads: dict) -> list[str]:
             lines.append(f"| {pack if key == 'T0' else ''} | {task} | {temperature} | {base['tau']:.3f} +- {base['se']:.3f} | " + " | ".join(cells) + f" | {others} | {minutes} |")
     commands = sorted({entry["command"] for entry in workloads.values()})
     lines += ["", "Measured with (one command per pack):", "", "```bash", *commands, "```", "",
-              "Where the gain comes from (the token loss on the target's answers; the tree term adds a little at T = 1 only): "
+              "Where the gain comes from (the token loss on the target's answers; no tree term beat the token-only control), and why "
+              "product titles gain nothing: "
               "[docs/exittrain.md](../docs/exittrain.md#workload-adaptation).", ""]
     return lines
 
