@@ -182,6 +182,7 @@ def build_app() -> gr.Blocks:
                 wl_cancel = gr.Button("Cancel")
             wl_status = gr.Markdown(visible=shared.EXITTRAIN_CHAT, elem_id="workload-status")
             wl_table = gr.Markdown(visible=shared.EXITTRAIN_CHAT, elem_id="workload-table")
+            wl_mass = gr.Plot(label="where the target's mass leaves the trees on the held-out answers: base / adapted", visible=shared.EXITTRAIN_CHAT)
             with gr.Row(visible=shared.EXITTRAIN_CHAT, elem_id="workload-trees"):
                 wl_tree_base = gr.Plot(label="base drafter's tree (held-out prompt)")
                 wl_tree_adapted = gr.Plot(label="adapted drafter's tree (same prompt)")
@@ -203,7 +204,7 @@ def build_app() -> gr.Blocks:
         lab_run.click(gpu_task("verifier_lab")(run_verifier_lab), [lab_source, lab_prompt, lab_drafter, lab_budget, lab_temperature, lab_draws, lab_seed], [lab_plot, lab_tree, lab_table], api_name="verifier_lab", concurrency_limit=2, concurrency_id="compute")
         et_start.click(gpu_task("exittrain")(run_exittrain), [et_domain, et_weights, et_steps, et_lambda], [et_curve, et_status, et_compare, et_table, et_mass, et_tree_base, et_tree_trained], api_name="exittrain", concurrency_limit=2, concurrency_id="compute")
         et_cancel.click(cancel_exittrain, None, et_status, api_name="exittrain_cancel")
-        wl_start.click(gpu_task("exittrain")(run_workload), [wl_pack, wl_text, wl_minutes], [wl_status, wl_table, wl_tree_base, wl_tree_adapted], api_name="exittrain_workload", concurrency_limit=2, concurrency_id="compute")
+        wl_start.click(gpu_task("exittrain")(run_workload), [wl_pack, wl_text, wl_minutes], [wl_status, wl_table, wl_mass, wl_tree_base, wl_tree_adapted], api_name="exittrain_workload", concurrency_limit=2, concurrency_id="compute")
         wl_cancel.click(cancel_exittrain, None, wl_status, api_name="exittrain_workload_cancel")
         et_shipped.click(gpu_task("compare_shipped")(compare_shipped), None, [et_compare, et_table, et_mass, et_tree_base, et_tree_trained], api_name="compare_shipped", concurrency_limit=2, concurrency_id="compute")
     return demo

@@ -209,6 +209,9 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
     assert all(torch.equal(before_target[k], v) for k, v in bundle.target.state_dict().items())
     assert _digest(REPO_ROOT / "assets") == assets
     assert adapted.config.notes["workload_adaptation"]["steps"] == 4
+    for name in ("base", "exittrain"):  # where the mass leaves each drafter's trees on the held-out answers: a distribution over depths
+        mass = result["heldout_mass"][name]
+        assert sum(mass["internal"]) + sum(mass["leaf"]) == pytest.approx(1.0, abs=1e-5) and mass["expected_tau"] >= 1
 
 
 @pytest.mark.parametrize("flag", ["--out", "--json"])

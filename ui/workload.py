@@ -20,6 +20,7 @@ from tev.util.paths import assets_dir
 from ui import shared
 from ui.exittrain import side_by_side
 from ui.shared import _user_error
+from visual import exit_mass_change_figure
 
 __all__ = ["OWN", "MIN_MINUTES", "MAX_MINUTES", "pack_names", "verdict", "result_table", "run_workload"]
 
@@ -127,20 +128,22 @@ def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progr
                 break
             if name == "step" and info["step"] % 10:
                 continue
-            yield _status(name, info, elapsed), gr.skip(), gr.skip(), gr.skip()
+            yield _status(name, info, elapsed), gr.skip(), gr.skip(), gr.skip(), gr.skip()
         thread.join()
         if outcome.get("cancelled") or cancel.event.is_set():
-            yield "cancelled: nothing was measured (no comparison of an unfinished drafter is shown)", "", None, None
+            yield "cancelled: nothing was measured (no comparison of an unfinished drafter is shown)", "", None, None, None
             return
         if "error" in outcome:
             raise _user_error(outcome["error"]) if isinstance(outcome["error"], ValueError) else outcome["error"]
         result = outcome["result"]
         table = result_table(result)
-        yield f"finished in {result['minutes']:.1f} min; drawing both drafters' trees on a held-out prompt…", table, gr.skip(), gr.skip()
+        mass = result.get("heldout_mass")
+        mass_figure = exit_mass_change_figure({"base": mass["base"], "adapted": mass["exittrain"]}) if mass else None
+        yield f"finished in {result['minutes']:.1f} min; drawing both drafters' trees on a held-out prompt…", table, mass_figure, gr.skip(), gr.skip()
         _, heldout = split_workload(prompts)
         adapted = BlockTreeDrafter(outcome["drafter"].eval().to(torch.bfloat16), name="adapted")
         trees = side_by_side(bundle, {"base": bundle.drafter("block"), "adapted": adapted}, {"text": heldout[0], "chat": True}, EVAL_BUDGET)
-        yield f"finished in {result['minutes']:.1f} min", table, *trees
+        yield f"finished in {result['minutes']:.1f} min", table, gr.skip(), *trees
     finally:
         shared.EXITTRAIN_SLOT.release()
 
@@ -157,7 +160,9 @@ def _status(name: str, info: dict, elapsed: float) -> str:
     if name == "evaluate":
         return f"{elapsed:.0f} s · decoding {info['prompts']} held-out prompts with the base and the adapted drafter (T = 0 and T = 1)…"
     if name == "evaluated":
-        return f"{elapsed:.0f} s · held-out tau at T = 0: base {info['base']['T0']['tau']:.3f}, adapted {info['exittrain']['T0']['tau']:.3f}; training the token-only control…"
+        return f"{elapsed:.0f} s · held-out tau at T = 0: base {info['base']['T0']['tau']:.3f}, adapted {info['exittrain']['T0']['tau']:.3f}"
+    if name == "mass":
+        return f"{elapsed:.0f} s · where the target's mass leaves each drafter's trees on the held-out answers…"
     if name == "control":
         return f"{elapsed:.0f} s · token-only control (same data and steps, after the budget)…"
     return f"{elapsed:.0f} s · {name}"

@@ -32,7 +32,7 @@ from tev.train.distill import DistillSettings, train_block_drafter
 from tev.train.workload_finetune import TREE_TERMS, build_train_set, workload_settings
 from tev.util.paths import REPO_ROOT
 
-__all__ = ["DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "adapt_to_workload", "relative_gain", "workload_command"]
+__all__ = ["DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "adapt_to_workload", "heldout_mass", "relative_gain", "workload_command"]
 
 DEFAULT_TREE_TERM = ("exit", 0.1)  # (weight, lambda): the tree term of the shipped recipe; see docs/exittrain.md
 EVAL_BUDGET = 16
@@ -74,6 +74,7 @@ def adapt_to_workload(
     should_stop: Callable[[], bool] | None = None,
     on_phase: Callable[[str, dict], None] | None = None,
     compute=contextlib.nullcontext(),
+    with_mass: bool = True,
 ) -> tuple[dict, BlockDrafter]:
     """The whole adaptation; returns (the result, the adapted drafter in float32).
 
@@ -81,7 +82,9 @@ def adapt_to_workload(
     (``none`` is the token-only control; the result names it ``token_only``). ``on_phase(name,
     info)`` reports each phase as it starts or ends (``answers``, ``train``, ``evaluate``, ...).
     ``compute`` (a lock) is held for each piece of work (a batch of answers, a step, a drafter's
-    evaluation), so a server's other users take turns with the run.
+    evaluation), so a server's other users take turns with the run. With ``with_mass``, after the
+    budget, where the target's mass leaves each drafter's trees on the held-out answers
+    (:func:`heldout_mass`).
     """
     report = on_phase or (lambda name, info: None)
     settings = settings or workload_settings(*DEFAULT_TREE_TERM)
@@ -122,6 +125,8 @@ def adapt_to_workload(
             cells[name] = _measure(bundle, model, name, held, progress)
     report("evaluated", {"base": cells["base"], "exittrain": cells["exittrain"]})
     seconds = time.monotonic() - start
+    report("mass", {})
+    mass = heldout_mass(bundle, {"base": base_model, "exittrain": work}, [p["text"] for p in held], seed, should_stop, compute, progress) if with_mass else None
     control_rows = {}
     for term in controls:
         if should_stop is not None and should_stop():
@@ -156,9 +161,29 @@ def adapt_to_workload(
         "max_new_tokens": EVAL_NEW_TOKENS,
         "tau_bound": {key: {name: row[key]["tau_bound"] for name, row in cells.items()} for key in TEMPERATURES},
         "history": history,
+        "heldout_mass": mass,
     })
     work.config.notes = {**work.config.notes, "workload_adaptation": {"steps": steps_done, "settings": asdict(settings), "train_prompts": len(answers), "vocab_added": len(added)}}
     return result, work
+
+
+def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], seed: int = 0, should_stop=None, compute=contextlib.nullcontext(),
+                 progress: bool = True) -> dict | None:
+    """Where the target's mass leaves each drafter's trees on the held-out prompts: the target's
+    greedy answers to them (for measurement only), each drafter's trees at the same anchors of
+    those answers (B = 16), scored at T = 1; per drafter the mean exit mass by depth
+    (missing / tree ended, :meth:`TreeBatch.exit_mass_by_depth`) and the mean ``1 + C``."""
+    answers = answer_prompts(bundle.target, bundle.tokenizer, prompts, should_stop=should_stop, progress=progress, compute=compute)
+    if not len(answers):
+        return None
+    summaries = {}
+    for name, drafter in drafters.items():
+        if should_stop is not None and should_stop():
+            return None
+        with compute:
+            _, trees = build_train_set(bundle.target, drafter, answers, budget=EVAL_BUDGET, seed=seed, progress=progress)
+        summaries[name] = {**trees.scored.exit_mass_by_depth(drafter.config.horizon), "expected_tau": trees.scored.expected_tau}
+    return summaries
 
 
 def _summary_lines(result: dict) -> list[str]:

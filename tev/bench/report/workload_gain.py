@@ -65,7 +65,8 @@ def workload_section(report: dict) -> list[str]:
              "the change is against the base. `exittrain` is the run's recipe (token loss + its tree term); the others train on "
              "the same answers and steps with another tree term (`token_only`: none).", ""]
     for key, title in (("T0", "T = 0 (greedy)"), ("T1", "T = 1 (TEV)")):
-        names = sorted(set.union(*(set(p[key]["cells"]) for p in data["packs"].values())) - {"base"})
+        present = set.union(*(set(p[key]["cells"]) for p in data["packs"].values())) - {"base"}
+        names = [n for n in ("exittrain", "token_only") if n in present] + sorted(present - {"exittrain", "token_only"})
         lines += [f"**{title}**", "", "| pack | base | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
         for pack, p in data["packs"].items():
             cells = []
