@@ -698,7 +698,9 @@ def test_the_ui_takes_no_paths_model_ids_or_uploads(app_server):
     kinds = {c["type"] for c in inputs}
     assert not kinds & {"file", "uploadbutton", "image", "audio", "video", "model3d", "dataframe", "fileexplorer"}, kinds
     textboxes = [c["props"].get("label") for c in config["components"] if c["type"] == "textbox"]
-    assert textboxes == ["prompt (Python code to continue)", "prompt"]
+    assert textboxes[:2] == ["prompt (Python code to continue)", "prompt"]
+    # the ExitTrain tab's workload box takes prompts (text, one per line), never a path
+    assert [label.split(",")[0] for label in textboxes[2:]] == ["your prompts"]
 
 
 def test_served_models_keep_no_autograd_graph(quick_assets_dir, monkeypatch):

@@ -175,7 +175,7 @@ def _digest(folder: Path) -> dict:
 
 
 def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch):
-    from tev.train import workload_command, workload_finetune
+    from tev.train import workload_command
 
     folder = save_chat_target(tmp_path / "target")
     bundle = load_bundle(str(folder), dtype="float32")
@@ -184,14 +184,15 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
     tiny_vocab_drafter(bundle.target, sorted(set(vocab))).save_pretrained(base)
     prompts = [" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 5)) for k in range(20)]
     _, heldout = workload_command.split_workload(prompts, seed=0)
-    seen = []
-    real = workload_finetune.DistillData.build
+    seen = []  # every sequence and every scored tree's context the trainer receives
+    real = workload_command.train_block_drafter
 
-    def recording_build(token_ids, *args, **kwargs):
-        seen.extend(token_ids.tolist())
-        return real(token_ids, *args, **kwargs)
+    def recording_trainer(drafter, data, settings, *args, trees=None, **kwargs):
+        seen.extend(data.token_ids.tolist())
+        seen.extend(data.token_ids[row].tolist() for row in trees.anchors[:, 0].tolist())
+        return real(drafter, data, settings, *args, trees=trees, **kwargs)
 
-    monkeypatch.setattr(workload_finetune.DistillData, "build", recording_build)
+    monkeypatch.setattr(workload_command, "train_block_drafter", recording_trainer)
     monkeypatch.setattr(workload_command, "EVAL_NEW_TOKENS", 8)
     before_target = {k: v.clone() for k, v in bundle.target.state_dict().items()}
     assets = _digest(REPO_ROOT / "assets")
@@ -201,7 +202,8 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
         assert set(result[key]) == {"base", "exittrain", "token_only", "next-depth"}
         assert all(cell["tau"] >= 1 and cell["se"] >= 0 for cell in result[key].values())
     assert result["heldout_prompts"] == 5 and result["train_prompts"] <= 15 and result["steps"] == 4
-    # the held-out prompts never reach the trainer
+    # the held-out prompts never reach the trainer (which did see the training answers)
+    assert len(seen) > 0
     for prompt in heldout:
         ids = encode_chat(bundle.tokenizer, prompt)
         assert not any(row[: len(ids)] == ids for row in seen)

@@ -134,6 +134,7 @@ def target_features(
     if soft_top > 0:
         head = target.get_output_embeddings().weight
         head_rows = head if soft_vocab is None else head[soft_vocab.to(head.device)]  # [Vd, H]
+        soft_top = min(soft_top, head_rows.shape[0])  # a draft vocabulary smaller than k keeps all of it
         soft = SoftLabels(torch.zeros(*token_ids.shape, soft_top, dtype=torch.int16 if head_rows.shape[0] < 2**15 else torch.int32),
                           torch.zeros(*token_ids.shape, soft_top, dtype=torch.float16))
     order = torch.argsort(lengths, descending=True)  # similar lengths share a batch: less padding
