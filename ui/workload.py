@@ -148,21 +148,17 @@ def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progr
         shared.EXITTRAIN_SLOT.release()
 
 
+PHASES = {  # what each phase of the run says while it runs
+    "answers": lambda i: f"the target answers {i['prompts']} training prompts…",
+    "answers done": lambda i: f"{i['answers']} answers ({i['tokens']} tokens); scoring the base drafter's trees on them…",
+    "train": lambda i: f"fine-tuning on {i['anchors']} anchors and {i['trees']} scored trees ({i['vocab_added']} new draft tokens)…",
+    "step": lambda i: f"step {i['step']} · token loss {i['loss_tok']:.3f}",
+    "evaluate": lambda i: f"decoding {i['prompts']} held-out prompts with the base and the adapted drafter (T = 0 and T = 1)…",
+    "evaluated": lambda i: f"held-out tau at T = 0: base {i['base']['T0']['tau']:.3f}, adapted {i['exittrain']['T0']['tau']:.3f}",
+    "mass": lambda i: "where the target's mass leaves each drafter's trees on the held-out answers…",
+    "control": lambda i: "token-only control (same data and steps, after the budget)…",
+}
+
+
 def _status(name: str, info: dict, elapsed: float) -> str:
-    if name == "answers":
-        return f"{elapsed:.0f} s · the target answers {info['prompts']} training prompts…"
-    if name == "answers done":
-        return f"{elapsed:.0f} s · {info['answers']} answers ({info['tokens']} tokens); scoring the base drafter's trees on them…"
-    if name == "train":
-        return f"{elapsed:.0f} s · fine-tuning on {info['anchors']} anchors and {info['trees']} scored trees ({info['vocab_added']} new draft tokens)…"
-    if name == "step":
-        return f"{elapsed:.0f} s · step {info['step']} · token loss {info['loss_tok']:.3f}"
-    if name == "evaluate":
-        return f"{elapsed:.0f} s · decoding {info['prompts']} held-out prompts with the base and the adapted drafter (T = 0 and T = 1)…"
-    if name == "evaluated":
-        return f"{elapsed:.0f} s · held-out tau at T = 0: base {info['base']['T0']['tau']:.3f}, adapted {info['exittrain']['T0']['tau']:.3f}"
-    if name == "mass":
-        return f"{elapsed:.0f} s · where the target's mass leaves each drafter's trees on the held-out answers…"
-    if name == "control":
-        return f"{elapsed:.0f} s · token-only control (same data and steps, after the budget)…"
-    return f"{elapsed:.0f} s · {name}"
+    return f"{elapsed:.0f} s · " + (PHASES[name](info) if name in PHASES else name)
