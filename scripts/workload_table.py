@@ -13,33 +13,15 @@ import json
 import shlex
 from pathlib import Path
 
+from tev.bench.report.workload_gain import workload_data, workload_section
 from tev.train.card import refresh_card
 from tev.util.files import write_text_atomic
 from tev.util.paths import assets_dir
 
-NAMES = {"exittrain": "adapted (the run's tree term)", "token_only": "token-only control"}
-
-
-def cell(result: dict, key: str, name: str) -> str:
-    row = result[key][name]
-    text = f"{row['tau']:.3f} +- {row['se']:.3f}"
-    if name != "base":
-        gain = result["gain"][key][name]
-        text += f" ({100 * gain['gain']:+.1f}% +- {100 * gain['se']:.1f}%)"
-    return text
-
-
 def print_tables(results: dict[str, dict]) -> None:
-    for key, title in (("T0", "T = 0 (greedy)"), ("T1", "T = 1 (TEV)")):
-        names = [n for n in next(iter(results.values()))[key] if all(n in r[key] for r in results.values())]
-        print(f"\n{title}, B = 16, 64 new tokens: tau on held-out prompts (+- s.e.; change against the base)\n")
-        print("| pack | " + " | ".join(NAMES.get(n, n) for n in names) + " |")
-        print("|---" * (len(names) + 1) + "|")
-        for pack, result in results.items():
-            print(f"| {pack} | " + " | ".join(cell(result, key, n) for n in names) + " |")
-        means = {n: sum(r["gain"][key][n]["gain"] for r in results.values()) / len(results) for n in names if n != "base"}
-        print("\nMean change over packs: " + ", ".join(f"{NAMES.get(n, n)} {100 * g:+.1f}%" for n, g in means.items()))
-    print("\n| pack | train / held-out prompts | answer tokens | new draft tokens | steps | minutes (answers, fine-tune, base and adapted measured) |")
+    """Claim 5b's tables of the report (tau per drafter and its change, per pack and temperature), then each run's size and time."""
+    print("\n".join(workload_section({"measurements": {"workload": workload_data(results)}})))
+    print("| pack | train / held-out prompts | answer tokens | new draft tokens | steps | minutes (answers, fine-tune, base and adapted measured) |")
     print("|---|---|---|---|---|---|")
     for pack, r in results.items():
         print(f"| {pack} | {r['train_prompts']} / {r['heldout_prompts']} | {r['answer_tokens']} | {r['vocab_added']} | {r['steps']} | {r['minutes']:.1f} |")

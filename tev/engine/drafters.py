@@ -203,6 +203,17 @@ class BlockDrafter(nn.Module):
             raise ValueError(f"expected {self.config.draft_vocab_size} draft-vocabulary ids, got {tuple(token_ids.shape)}")
         self.draft_vocab.copy_(token_ids.to(self.draft_vocab.device))
 
+    def widen_draft_vocab(self, token_ids: list[int]) -> None:
+        """Add target tokens to the draft vocabulary (kept sorted; ``config.draft_vocab_size``
+        follows). The drafter learns nothing per token (it reads the target's head rows), so a
+        token joins without retraining."""
+        if self.draft_vocab is None:
+            raise ValueError("this drafter proposes the whole vocabulary; there is nothing to widen")
+        merged = torch.tensor(sorted(set(self.draft_vocab.tolist()) | set(token_ids)), dtype=self.draft_vocab.dtype, device=self.draft_vocab.device)
+        self.config.draft_vocab_size = int(merged.numel())
+        self.draft_vocab = merged  # the buffer replaced: saved with the weights; _draft_head's key sees the new tensor
+        self._head_copies.clear()
+
     def draft_positions(self, token_ids: torch.Tensor, missing: int = -100) -> torch.Tensor:
         """Each target token id's index in the draft vocabulary (``missing`` where it has none);
         the identity without a draft vocabulary. Negative ids stay as they are."""

@@ -33,7 +33,7 @@ from transformers import DynamicCache, get_cosine_with_min_lr_schedule_with_warm
 
 from tev.core.sampling import probs_from_logits, sample_rows
 from tev.engine.drafters import BlockDrafter
-from tev.train.exit_loss import IGNORE, TreeBatch, exit_loss_terms, node_weights
+from tev.train.exit_loss import IGNORE, TreeBatch, next_depth_loss, tree_node_loss
 from tev.util.files import atomic_folder
 
 __all__ = [
@@ -321,49 +321,17 @@ class ScoredTrees:
 
 
 def tree_term(drafter: BlockDrafter, data: DistillData, trees: ScoredTrees, picks: torch.Tensor, mode: str) -> torch.Tensor:
-    """``L_tree`` of the trees ``picks`` (`LongTensor[R]` into ``trees``).
-
-    ``reach`` / ``exit`` / ``exit-depth``: ``sum_v weight(v) * -log q_{d(v)}(x_v) / (non-root
-    nodes)``, the official code's form (weights from :func:`node_weights`); ``next-depth``: every
-    node ``v`` above the horizon labels ``q_{d(v)+1}`` with its own target law ``p_v``, weighted by
-    its reach ``P(v)`` (the root included), averaged over that weight.
-    """
+    """``L_tree`` of the trees ``picks`` (`LongTensor[R]` into ``trees``): the drafter's logits at
+    their anchors, then :func:`tev.train.exit_loss.tree_node_loss` (``reach`` / ``exit`` /
+    ``exit-depth``, the official code's form) or :func:`tev.train.exit_loss.next_depth_loss`."""
     config = drafter.config
     device = drafter.mask_embed.device
     features, valid, root, _ = data.batch(trees.anchors[picks], config.context_window, config.horizon)
     with torch.autocast(device.type, dtype=torch.bfloat16):
         logits = drafter.draft_logits(features.to(device), valid.to(device), root.to(device)).float()  # [R, K, Vd]
-    scored = trees.scored
-    chosen = [scored.trees[i] for i in picks.tolist()]
     if mode == "next-depth":
-        log_q = logits.log_softmax(-1)
-        total, weight_sum = logits.sum() * 0.0, 0.0
-        for m, i in enumerate(picks.tolist()):
-            tree = chosen[m]
-            inner = tree.depths < config.horizon  # nodes whose next token is a depth the drafter predicts
-            positions, probs = (x[inner] for x in scored.node_soft[i])
-            weight = scored.reach[i].cpu()[inner].float()
-            rows = log_q[m, tree.depths[inner]]  # [n, Vd]: q_{d(v) + 1}
-            cross = -(probs.to(device) * rows.gather(-1, positions.to(device))).sum(-1)  # [n]
-            total = total + (weight.to(device) * cross).sum()
-            weight_sum += float(weight.sum())
-        return total / max(weight_sum, 1e-9)
-    examples, depths, tokens, weights = [], [], [], []
-    for m, i in enumerate(picks.tolist()):
-        tree = chosen[m]
-        if tree.num_nodes == 1:
-            continue
-        token = drafter.draft_positions(tree.tokens[1:].to(device))
-        keep = token != IGNORE  # a token outside the draft vocabulary has no q to raise
-        weight = node_weights(scored.exit_weight[i].cpu(), scored.reach[i].cpu(), mode, tree, scored.edge_prob[i])[1:].to(device)
-        examples.append(torch.full((int(keep.sum()),), m, dtype=torch.long, device=device))
-        depths.append(tree.depths[1:].to(device)[keep])
-        tokens.append(token[keep])
-        weights.append(weight[keep])
-    total_nodes = sum(t.num_nodes - 1 for t in chosen)
-    if not examples:
-        return logits.sum() * 0.0
-    return exit_loss_terms(logits, torch.cat(examples), torch.cat(depths), torch.cat(tokens), torch.cat(weights).float(), total_nodes)
+        return next_depth_loss(logits, trees.scored, picks.tolist(), config.horizon)
+    return tree_node_loss(logits, trees.scored, picks.tolist(), mode, drafter.draft_positions)
 
 
 def _save_checkpoint(folder: Path, drafter: BlockDrafter, optimizer: torch.optim.Optimizer, step: int, history: list[dict]) -> None:

@@ -24,7 +24,7 @@ from tev.core.flow import flow_from_edge_prob
 from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows
 
-__all__ = ["IGNORE", "WEIGHT_MODES", "REACH_FLOOR", "top_law", "token_loss", "soft_token_loss", "node_weights", "exit_loss_terms", "TreeBatch", "score_trees"]
+__all__ = ["IGNORE", "WEIGHT_MODES", "REACH_FLOOR", "top_law", "token_loss", "soft_token_loss", "node_weights", "exit_loss_terms", "tree_node_loss", "next_depth_loss", "TreeBatch", "score_trees"]
 
 IGNORE = -100  # label of a depth past the end of a sequence
 WEIGHT_MODES = ("exit", "prefix", "none", "reach", "exit-depth")
@@ -103,6 +103,51 @@ def exit_loss_terms(
     log_norm = torch.logsumexp(draft_logits, dim=-1)  # [M, K]
     log_q = draft_logits[example, depth - 1, token] - log_norm[example, depth - 1]  # [n]
     return -(weight * log_q).sum() / total_nodes
+
+
+def tree_node_loss(draft_logits: torch.Tensor, scored: "TreeBatch", indices: list[int], mode: str, draft_positions) -> torch.Tensor:
+    """The tree term in the official form for the trees ``scored.trees[indices[m]]``, each drafted
+    from ``draft_logits[m]`` (`Tensor[M, K, Vd]`): ``sum_v weight(v) * -log q_{d(v)}(x_v)`` over
+    their non-root nodes, divided by the number of those nodes; weights by :func:`node_weights`
+    (``mode``). ``draft_positions`` maps token ids to draft-vocabulary positions; a node whose
+    token the draft vocabulary lacks (``IGNORE``) has no ``q`` to raise and is left out of the sum."""
+    device = draft_logits.device
+    examples, depths, tokens, weights = [], [], [], []
+    for m, i in enumerate(indices):
+        tree = scored.trees[i]
+        if tree.num_nodes == 1:
+            continue
+        token = draft_positions(tree.tokens[1:].to(device))
+        keep = token != IGNORE
+        weight = node_weights(scored.exit_weight[i], scored.reach[i], mode, tree, scored.edge_prob[i])[1:].to(device)
+        examples.append(torch.full((int(keep.sum()),), m, dtype=torch.long, device=device))
+        depths.append(tree.depths[1:].to(device)[keep])
+        tokens.append(token[keep])
+        weights.append(weight[keep])
+    if not examples:
+        return draft_logits.sum() * 0.0
+    total_nodes = sum(scored.trees[i].num_nodes - 1 for i in indices)
+    return exit_loss_terms(draft_logits, torch.cat(examples), torch.cat(depths), torch.cat(tokens), torch.cat(weights).to(draft_logits.dtype), total_nodes)
+
+
+def next_depth_loss(draft_logits: torch.Tensor, scored: "TreeBatch", indices: list[int], horizon: int) -> torch.Tensor:
+    """The ``next-depth`` tree term: every node ``v`` of ``scored.trees[indices[m]]`` above the
+    horizon labels ``q_{d(v)+1}`` (row ``m`` of ``draft_logits``, `Tensor[M, K, Vd]`) with its own
+    target law ``p_v`` (``scored.node_soft``, over the draft vocabulary), weighted by its reach
+    ``P(v)``, the root included; the cross-entropies averaged over that weight."""
+    device = draft_logits.device
+    log_q = draft_logits.log_softmax(-1)
+    total, weight_sum = draft_logits.sum() * 0.0, 0.0
+    for m, i in enumerate(indices):
+        tree = scored.trees[i]
+        inner = tree.depths < horizon  # nodes whose next token is a depth the drafter predicts
+        positions, probs = (x[inner] for x in scored.node_soft[i])
+        weight = scored.reach[i].cpu()[inner].float()
+        rows = log_q[m, tree.depths[inner]]  # [n, Vd]: q_{d(v) + 1}
+        cross = -(probs.to(device) * rows.gather(-1, positions.to(device))).sum(-1)  # [n]
+        total = total + (weight.to(device) * cross).sum()
+        weight_sum += float(weight.sum())
+    return total / max(weight_sum, 1e-9)
 
 
 # --------------------------------------------------------------------------- target scoring

@@ -27,7 +27,7 @@ from transformers import DynamicCache, get_cosine_with_min_lr_schedule_with_warm
 from tev.core.tree import DraftTree
 from tev.engine.drafters import BlockDrafter
 from tev.train.anchor_data import AnchorData
-from tev.train.exit_loss import IGNORE, WEIGHT_MODES, TreeBatch, exit_loss_terms, node_weights, score_trees, soft_token_loss, token_loss
+from tev.train.exit_loss import IGNORE, WEIGHT_MODES, TreeBatch, score_trees, soft_token_loss, token_loss, tree_node_loss
 from tev.util.files import atomic_folder, recover_folder
 
 __all__ = ["ExitTrainConfig", "ExitTrainer", "AnchorBatch", "ProgressEvent", "MIN_LR_RATE"]
@@ -237,22 +237,9 @@ class ExitTrainer:
     def _loss(self, batch: AnchorBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(``L``, ``L_tok``, ``L_exit``) of one batch."""
         draft_logits, scored = batch.draft_logits, batch.scored
-        device = draft_logits.device
         loss_tok = token_loss(draft_logits, batch.labels) if batch.soft_labels is None else soft_token_loss(draft_logits, batch.soft_labels)
-        examples, depths, tokens, weights = [], [], [], []
-        for m, tree in enumerate(scored.trees):
-            if tree.num_nodes == 1:
-                continue
-            examples.append(torch.full((tree.num_nodes - 1,), m, dtype=torch.long))
-            depths.append(tree.depths[1:])
-            tokens.append(self.raw_drafter.draft_positions(tree.tokens[1:]))
-            weights.append(node_weights(scored.exit_weight[m], scored.reach[m], self.config.weights, tree, scored.edge_prob[m])[1:].cpu())
-        total_nodes = sum(t.num_nodes - 1 for t in scored.trees)
-        if examples and self.config.weights != "none":
-            loss_exit = exit_loss_terms(
-                draft_logits, torch.cat(examples).to(device), torch.cat(depths).to(device), torch.cat(tokens).to(device),
-                torch.cat(weights).to(device=device, dtype=draft_logits.dtype), total_nodes,
-            )
+        if self.config.weights != "none":
+            loss_exit = tree_node_loss(draft_logits, scored, list(range(len(scored.trees))), self.config.weights, self.raw_drafter.draft_positions)
         else:
             loss_exit = draft_logits.sum() * 0.0
         return loss_tok + self.config.lambda_exit * loss_exit, loss_tok, loss_exit

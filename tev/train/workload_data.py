@@ -1,5 +1,5 @@
 """A user's workload as drafter training data: its prompts, the target's answers to them, and the
-draft trees the base drafter built (and the target scored) while answering.
+answers' tokens the draft vocabulary lacks.
 
 A workload file is a JSON list of user messages. A seeded split keeps a quarter of them (at
 least :data:`MIN_HELDOUT`) as held-out prompts that never reach the trainer. The target answers
@@ -106,7 +106,6 @@ def answer_prompts(
     deadline: float | None = None,
     should_stop: Callable[[], bool] | None = None,
     progress: bool = True,
-    on_answer: Callable[[int, int], None] | None = None,
     compute=contextlib.nullcontext(),
 ) -> WorkloadAnswers:
     """The target's greedy answers to ``prompts`` (each a user message through the chat
@@ -115,8 +114,8 @@ def answer_prompts(
     Batched greedy decoding writes a workload's answers several times faster than answering
     one prompt at a time on a CPU (one weight read serves the whole batch); the text is what
     the target writes (padding may move a near-tie, as any batch size may). Stops between
-    batches at ``deadline`` (a ``time.monotonic()`` value) or when ``should_stop()``;
-    ``on_answer(done, total)`` reports progress. Answers under two tokens are left out.
+    batches at ``deadline`` (a ``time.monotonic()`` value) or when ``should_stop()``. Answers
+    under two tokens are left out.
     ``compute`` (a lock) is held for each batch, so a server's other users take turns with it.
     """
     start = time.perf_counter()
@@ -148,8 +147,6 @@ def answer_prompts(
                 answers.sequences.append(list(prompt_ids) + answer)
                 answers.prompt_lengths.append(len(prompt_ids))
         bar.update(len(group))
-        if on_answer is not None:
-            on_answer(min(first + batch, len(prompts)), len(prompts))
     bar.close()
     answers.seconds = time.perf_counter() - start
     return answers
@@ -163,20 +160,15 @@ def extend_draft_vocab(drafter, answers: WorkloadAnswers, limit: int = 512) -> l
     per token, so a workload's new tokens (another language, a format's symbols) can join it
     without retraining; the drafter's config records the new size.
     """
-    vocab = getattr(drafter, "draft_vocab", None)
-    if vocab is None:
+    if drafter.draft_vocab is None:
         return []
-    have = set(vocab.tolist())
+    have = set(drafter.draft_vocab.tolist())
     counts: dict[int, int] = {}
     for sequence, start in zip(answers.sequences, answers.prompt_lengths):
         for token in sequence[start:]:
             if token not in have:
                 counts[token] = counts.get(token, 0) + 1
     added = sorted(counts, key=lambda t: (-counts[t], t))[:limit]
-    if not added:
-        return []
-    merged = torch.tensor(sorted(have | set(added)), dtype=vocab.dtype)
-    drafter.config.draft_vocab_size = int(merged.numel())
-    drafter.draft_vocab = merged.to(vocab.device)  # a buffer: replaced, saved with the weights
-    drafter._head_copies.clear()
+    if added:
+        drafter.widen_draft_vocab(added)
     return added
