@@ -179,3 +179,39 @@ def count_host_syncs():
         finally:
             torch.cuda.set_sync_debug_mode(previous)
     sites.extend(_site(w.filename, w.lineno) for w in caught if SYNC_WARNING in str(w.message))
+
+
+def truncated_law(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
+    """Reference rows of the truncated sampling law, in float64, one row at a time in plain
+    Python (independent of ``tev.core.sampling``): ``/ T``, then top-k, top-p and min-p as
+    Hugging Face ``generate`` applies them, ties at a cut all kept.
+
+    Args:
+        logits: `Tensor[k, V]`. Returns `Tensor[k, V]` float64 probabilities.
+    """
+    out = []
+    for row in logits.double().tolist():
+        scaled = [x / temperature for x in row]
+        keep = [True] * len(scaled)
+        def probs():
+            top = max(s for s, k in zip(scaled, keep) if k)
+            e = [np.exp(s - top) if k else 0.0 for s, k in zip(scaled, keep)]
+            total = sum(e)
+            return [x / total for x in e]
+        if 0 < top_k < len(scaled):
+            kth = sorted(scaled, reverse=True)[top_k - 1]
+            keep = [k and s >= kth for s, k in zip(scaled, keep)]
+        if top_p < 1:
+            p = probs()
+            ordered = sorted(p, reverse=True)
+            before, floor = 0.0, ordered[0]
+            for value in ordered:
+                if before >= top_p:
+                    break
+                floor, before = value, before + value
+            keep = [k and x >= floor for x, k in zip(p, keep)]
+        if min_p > 0:
+            p = probs()
+            keep = [k and x >= min_p * max(p) for x, k in zip(p, keep)]
+        out.append(probs())
+    return torch.tensor(out, dtype=torch.float64)

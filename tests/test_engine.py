@@ -13,7 +13,7 @@ from tev.engine.models import ModelLoadError, load_bundle, load_drafter, load_to
 from tev.engine.prompt_text import encode_prompt
 from tev.engine.session import CausalLMSession
 from tev.core.tree import DraftTree
-from tests.helpers import ALPHA, chi_square_against
+from tests.helpers import ALPHA, chi_square_against, truncated_law
 from tests.tiny import OracleDrafter, save_pair, tiny_ar_drafter, tiny_block_drafter, tiny_target
 
 VOCAB = 48
@@ -103,14 +103,19 @@ def test_max_new_tokens_is_never_overshot():
 SMALL_VOCAB = 4
 
 
-def exact_first_tokens_law(target, prompt, length=3):
-    """Enumerate p(x1, x2, x3 | prompt) exactly from the target."""
+def exact_first_tokens_law(target, prompt, length=3, truncation=None):
+    """Enumerate p(x1, x2, x3 | prompt) exactly from the target (under ``truncation``, a
+    :class:`SamplingLaw`, when given: its rows come from the reference ``truncated_law``)."""
     law = {}
     for sequence in itertools.product(range(SMALL_VOCAB), repeat=length):
         ids = torch.tensor(prompt + list(sequence))
         with torch.no_grad():
-            logp = torch.log_softmax(target(input_ids=ids[None]).logits[0].double(), dim=-1)
-        law[sequence] = math.exp(sum(logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(sequence)))
+            logits = target(input_ids=ids[None]).logits[0].double()
+        if truncation is None:
+            rows = torch.softmax(logits, dim=-1)
+        else:
+            rows = truncated_law(logits, truncation.temperature, truncation.top_k, truncation.top_p, truncation.min_p)
+        law[sequence] = math.prod(rows[len(prompt) - 1 + i, t].item() for i, t in enumerate(sequence))
     return law
 
 
@@ -160,6 +165,25 @@ def test_sampling_is_lossless(small_target, method):
         mean = sum(lengths) / len(lengths)
         se = math.sqrt(sum((x - mean) ** 2 for x in lengths) / (len(lengths) - 1) / len(lengths))
         assert abs(mean - sum(bounds) / len(bounds)) < 4 * se + 1e-6
+
+
+@pytest.mark.parametrize("method", ["tev", "predraw", "sequential", "ar-baseline"])
+def test_sampling_with_top_k_and_top_p_is_lossless(small_target, method):
+    # the decode loop samples the truncated law the configuration names, end to end
+    config = dict(temperature=0.8, top_k=3, top_p=0.85)
+    law = exact_first_tokens_law(small_target, [1, 2, 0], truncation=GenerationConfig(**config).law)
+    assert sum(p == 0 for p in law.values()) > 10, "the truncation must remove tokens in this case"
+    samples = []
+    for seed in range(2500):
+        settings = GenerationConfig(budget=20, verifier="tev" if method == "ar-baseline" else method, max_new_tokens=3, seed=seed, stop_at_eos=False, **config)
+        if method == "ar-baseline":
+            summary = autoregressive_generate(small_target, [1, 2, 0], settings)
+        else:
+            summary = run_to_end(speculative_generate(small_target, FullTreeDrafter(), [1, 2, 0], settings))[1]
+        samples.append(tuple(summary.token_ids))
+    statistic, p_value, dof = chi_square_against(law, samples)
+    print(f"{method} with top-k 3, top-p 0.85: chi2={statistic:.1f} dof={dof} p={p_value:.3f}")
+    assert p_value > ALPHA
 
 
 def test_tau_matches_mean_coverage_bound_over_many_rounds():

@@ -12,7 +12,8 @@ from tev.core.tree import DraftTree
 from tev.core.sampling import sample_rows
 from tev.core.verify import VERIFIERS, TargetRows, verify
 from tev.engine.session import MIN_TRANSFORMERS, check_transformers
-from tests.helpers import ALPHA, chi_square_against, draws_for_power, exact_block_law, random_tree
+from tev.core.sampling import SamplingLaw
+from tests.helpers import ALPHA, chi_square_against, draws_for_power, exact_block_law, random_tree, truncated_law
 
 SAMPLERS = ("tev", "predraw", "sequential")
 
@@ -75,6 +76,72 @@ def test_output_block_matches_exact_target_law(name, case):
     statistic, p_value, dof = chi_square_against(law, [tuple(v.block_tokens(tree)) for v in verdicts])
     print(f"{name} on {case}: draws={draws} chi2={statistic:.1f} dof={dof} p={p_value:.3f}")
     assert p_value > ALPHA, f"{name} on {case}: chi2={statistic:.1f}, dof={dof}, p={p_value:.2e}"
+
+
+TRUNCATIONS = {
+    "top_k": SamplingLaw(0.8, top_k=3),
+    "top_p": SamplingLaw(0.7, top_p=0.8),
+    "all_three": SamplingLaw(1.3, top_k=5, top_p=0.9, min_p=0.1),
+}
+
+
+def truncation_case(law: SamplingLaw):
+    """A bushy tree over 6 tokens with logits whose truncation removes some child tokens."""
+    generator = torch.Generator().manual_seed(31)
+    tree = random_tree(generator, vocab=6, budget=12, horizon=3, root_token=2)
+    logits = 2.0 * torch.randn(tree.num_nodes, 6, generator=generator)
+    return tree, logits, truncated_law(logits, law.temperature, law.top_k, law.top_p, law.min_p)
+
+
+@pytest.mark.parametrize("truncation", TRUNCATIONS)
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_verifiers_are_exact_for_the_truncated_law(name, truncation):
+    # top-k / top-p / min-p are applied to the logits inside the verifier; the reference law is
+    # truncated independently in float64. A removed token is never drawn (chi_square_against fails on one).
+    law = TRUNCATIONS[truncation]
+    tree, logits, reference = truncation_case(law)
+    assert (reference == 0).any(), "the case must truncate something"
+    rows = TargetRows(logits=logits, law=law)
+    assert torch.allclose(rows.all_rows().double(), reference, atol=1e-6)
+    block_law = exact_block_law(tree, reference)
+    draws = 40_000
+    generator = torch.Generator().manual_seed(5 + SAMPLERS.index(name))
+    verdicts = [verify(name, tree, logits=logits, law=law, generator=generator) for _ in range(draws)]
+    statistic, p_value, dof = chi_square_against(block_law, [tuple(v.block_tokens(tree)) for v in verdicts])
+    print(f"{name} under {law.describe()}: draws={draws} chi2={statistic:.1f} dof={dof} p={p_value:.3f}")
+    assert p_value > ALPHA
+    lengths = torch.tensor([v.block_length for v in verdicts], dtype=torch.float64)
+    tau_bound = target_flow(tree, reference).tau_bound
+    assert abs(lengths.mean().item() - tau_bound) < 4 * lengths.std().item() / math.sqrt(draws)
+
+
+def test_the_truncation_matches_hugging_face_warpers_on_large_rows():
+    from transformers.generation.logits_process import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    generator = torch.Generator().manual_seed(3)
+    for trial in range(12):
+        logits = torch.randn(4, 5000, generator=generator) * (1 + trial % 4) * 2
+        law = SamplingLaw(0.5 + 0.1 * trial, top_k=(0, 40, 1000)[trial % 3], top_p=(0.5, 0.9, 0.99, 1.0)[trial % 4], min_p=(0.0, 0.05)[trial % 2])
+        expected = TemperatureLogitsWarper(law.temperature)(None, logits.clone())
+        for warper, on in ((TopKLogitsWarper(max(law.top_k, 1)), law.top_k), (TopPLogitsWarper(law.top_p), law.top_p < 1), (MinPLogitsWarper(max(law.min_p, 1e-9)), law.min_p)):
+            expected = warper(None, expected) if on else expected
+        assert torch.equal(torch.isinf(law.warp(logits)), torch.isinf(expected)), law.describe()
+    # the cut is looked for among the 256 largest entries first; rows whose cut lies beyond them
+    # are sorted whole: a flat row (every entry ties at the cut), a peaked one, a slow ramp
+    rows = torch.zeros(3, 3000)
+    rows[1, :10] = 8.0
+    rows[2] = -1e-3 * torch.arange(3000.0)
+    kept = torch.isfinite(SamplingLaw(1.0, top_p=0.5).warp(rows)).sum(dim=-1).tolist()
+    reference = (truncated_law(rows, 1.0, top_p=0.5) > 0).sum(dim=-1).tolist()
+    assert kept == reference and reference[0] == 3000 and reference[1] == 10 and 256 < reference[2] < 3000
+
+
+def test_a_bad_sampling_law_is_refused():
+    for bad in (dict(top_k=-1), dict(top_k=1.5), dict(top_p=0.0), dict(top_p=1.5), dict(min_p=1.0), dict(min_p=-0.1), dict(temperature=float("nan"))):
+        with pytest.raises(ValueError):
+            SamplingLaw(**bad)
+    with pytest.raises(ValueError, match="greedy"):
+        SamplingLaw(0.0).warp(torch.zeros(3))
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -196,3 +263,29 @@ def test_a_transformers_older_than_the_engine_needs_is_refused():
     with pytest.raises(RuntimeError, match=f">= {MIN_TRANSFORMERS}"):
         check_transformers("5.17.0")
     check_transformers(MIN_TRANSFORMERS)
+
+
+def test_the_lab_s_folded_rows_keep_the_exit_law_exactly():
+    # the verifier lab draws on rows folded to the tree's tokens + "any other token": the exit law
+    # (and so 1 + C) is the same number, and the folded verifiers' exit frequencies follow it
+    from tev.bench.lab import LabTree, folded, run_lab
+
+    generator = torch.Generator().manual_seed(8)
+    tree = random_tree(generator, vocab=40, budget=14, horizon=4, root_token=3)
+    logits = 2.0 * torch.randn(tree.num_nodes, 40, generator=generator)
+    for v in range(1, tree.num_nodes):  # drafted tokens likely, as with a good drafter
+        logits[tree.parents[v], tree.tokens[v]] += 3.0
+    rows = TargetRows(logits=logits, law=SamplingLaw(0.8, top_p=0.95))
+    flow = target_flow(tree, rows.all_rows().double())
+    lab = LabTree(tree, rows, flow, "test")
+    assert flow.coverage > 0.1 and (flow.exit_weight == 0).any()  # some mass flows down; truncation closes some edges
+    small_tree, small_rows = folded(lab)
+    assert small_rows.vocab_size == len(set(tree.tokens_list)) + 1
+    assert torch.allclose(target_flow(small_tree, small_rows.probs).exit_weight, flow.exit_weight, atol=1e-6)
+    result = run_lab(lab, draws=20_000, seed=1, timed_draws=2)
+    law = {v: float(flow.exit_weight[v]) for v in range(tree.num_nodes)}
+    for name, frequencies in result.frequencies.items():
+        counts = [round(f * 20_000) for f in frequencies]
+        _, p_value, _ = chi_square_against(law, [v for v, c in enumerate(counts) for _ in range(c)])
+        assert p_value > ALPHA, name
+        assert abs(result.mean_lengths[name] - flow.tau_bound) < 4 * result.length_se[name] + 1e-9

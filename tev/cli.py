@@ -44,6 +44,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-download", action="store_true", help="let Hugging Face ids download (default: offline, cache only)")
 
 
+def add_truncation_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--top-k``, ``--top-p``, ``--min-p``: the target's rows truncated as Hugging Face ``generate``
+    does, before every verifier (each stays exact for the truncated law)."""
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens at each step (0: all)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the most likely tokens until their mass reaches p (1: all)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="keep tokens at least min-p times as likely as the most likely one (0: all)")
+
+
 def _add_generate(commands) -> None:
     parser = commands.add_parser("generate", help="generate text with tree speculation (or --ar)")
     parser.add_argument("--prompt", required=True)
@@ -51,7 +59,8 @@ def _add_generate(commands) -> None:
     parser.add_argument("--verifier", choices=VERIFIERS, default="tev", help="at temperature 0 the greedy verifier is used")
     parser.add_argument("--ar", action="store_true", help="plain autoregressive decoding (the baseline)")
     parser.add_argument("--budget", type=int, default=16, help="draft-tree budget B (non-root nodes; 16, the fastest of 8, 16 and 32 in docs/benchmarks.md that still draws a tree worth reading)")
-    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy decoding (the default); > 0 samples")
+    add_truncation_arguments(parser)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--stop", action="append", help="stop string (repeatable)")
@@ -79,6 +88,7 @@ def _add_bench_e2e(kinds) -> None:
     parser = kinds.add_parser("e2e", help="end-to-end speed: autoregressive vs chain vs DDTree+predraw vs DDTree+TEV")
     parser.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    add_truncation_arguments(parser)
     parser.add_argument("--prompts", default=None, help="prompt set in assets/prompts: chat (dialogue, code, math; the default for a chat target), heldout, humaneval")
     parser.add_argument("--num-prompts", type=int, default=12, help="prompts used, spread evenly over the set (and so over its domains)")
     parser.add_argument("--max-new-tokens", type=int, default=64)

@@ -43,6 +43,7 @@ def bench_e2e(
     seed: int = 0,
     peers=PEERS,
     progress: bool = True,
+    truncation: dict | None = None,
 ) -> dict:
     """End-to-end decoding speed, all methods interleaved per (prompt, repeat).
 
@@ -52,7 +53,8 @@ def bench_e2e(
     runs of (method tokens/s) / (autoregressive tokens/s); ``speedup_vs_hf`` and
     ``speedup_vs_lookup`` divide by the two peers instead. Prompts with a ``"domain"`` also
     get these medians per domain. At T = 0 every verifier is greedy, so methods that differ
-    only in verifier are run once.
+    only in verifier are run once. ``truncation`` (``top_k``, ``top_p``, ``min_p``) applies at
+    every T > 0, to the project's methods and the peers alike.
     """
     device = next(bundle.target.parameters()).device
     encoded = [fit_prompt(bundle.tokenizer, p, bundle.context_length - max_new_tokens) for p in prompts]
@@ -77,7 +79,7 @@ def bench_e2e(
         runs = {name: [] for name, _, _ in baselines + names}
         for repeat in range(repeats):
             for i, ids in enumerate(encoded):
-                config = GenerationConfig(budget=budget, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 1000 * repeat + i)
+                config = GenerationConfig(budget=budget, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 1000 * repeat + i, **((truncation or {}) if temperature > 0 else {}))
                 order = baselines + list(names)
                 order_rng.shuffle(order)
                 paired = {}
@@ -132,7 +134,7 @@ def bench_e2e(
                 "runs": len(items),
             })
     bar.close()
-    return {"machine": machine_info(device), "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(encoded), "rows": results}
+    return {"machine": machine_info(device), "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(encoded), "truncation": dict(truncation or {}), "rows": results}
 
 
 def format_e2e_table(result: dict) -> str:
@@ -177,9 +179,14 @@ def e2e_command(args) -> None:
     bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
     prompts = load_prompt_set(args.prompts or ("chat" if bundle.is_chat else "heldout"))
     prompts = spread_evenly(prompts, args.num_prompts)  # each domain its share
-    result = bench_e2e(bundle, prompts, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed)
+    truncation = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
+    GenerationConfig(**truncation)  # a bad flag fails before the models load
+    result = bench_e2e(bundle, prompts, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed, truncation=truncation)
     print(f"end-to-end decoding, {len(prompts)} prompts x {args.repeats} repeats, {args.max_new_tokens} new tokens, methods interleaved; median (IQR)")
     print(f"machine: {machine_summary(result['machine'])}")
+    law = GenerationConfig(temperature=1.0, **truncation).law
+    if law.truncates:
+        print(f"at T > 0 every method and peer samples with {law.describe().split(', ', 1)[1]}")
     print(format_e2e_table(result))
     if any("domain" in p for p in prompts):
         print()

@@ -32,7 +32,8 @@ def hf_generate(target, prompt_ids: list[int], config: GenerationConfig, tokeniz
     if config.temperature == 0:
         kwargs["do_sample"] = False
     else:
-        kwargs.update(do_sample=True, temperature=config.temperature, top_k=0, top_p=1.0)
+        # the same law as the project's verifiers: temperature, then top-k, top-p, min-p
+        kwargs.update(do_sample=True, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p, min_p=config.min_p or None)
         torch.manual_seed(config.seed)
     if method == "hf-prompt-lookup":
         kwargs["prompt_lookup_num_tokens"] = PROMPT_LOOKUP_TOKENS

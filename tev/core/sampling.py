@@ -1,10 +1,18 @@
-"""Exact categorical sampling shared by every verifier and the autoregressive baseline."""
+"""Exact categorical sampling shared by every verifier and the autoregressive baseline, and the
+sampling law (temperature, top-k, top-p, min-p) that turns target logits into the rows ``p_v``."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["sample_rows", "probs_from_logits"]
+__all__ = ["sample_rows", "probs_from_logits", "SamplingLaw", "as_law"]
+
+# Top-p looks for its cut among the largest entries first (a top-k, far cheaper than sorting a
+# 49k-token row); only a row whose largest entries hold less than top_p is sorted whole.
+_TOP_P_PREFIX = 256
 
 
 def sample_rows(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -41,3 +49,113 @@ def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 to sample, got {temperature}")
     return torch.softmax(logits.float() / temperature, dim=-1)
+
+
+@dataclass(frozen=True)
+class SamplingLaw:
+    """How target logits become the law ``p_v`` every verifier reproduces exactly.
+
+    Applied in the order Hugging Face ``generate`` applies its warpers: ``logits / T``, then
+    top-k, then top-p, then min-p. Each removes tokens (their logit becomes ``-inf``); at
+    least the most likely token always stays. Ties at a cut are all kept, so the law does not
+    depend on how a sort orders equal entries. ``temperature == 0`` is greedy decoding (the
+    argmax; the other settings then change nothing).
+
+    Attributes:
+        temperature: ``T >= 0``.
+        top_k: keep the ``k`` largest logits (and ties with the k-th); 0 keeps all.
+        top_p: keep the smallest set of most likely tokens whose mass reaches ``top_p``
+            (nucleus sampling); 1 keeps all.
+        min_p: keep tokens with probability at least ``min_p`` times the largest; 0 keeps all.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def __post_init__(self):
+        t, k, p, m = self.temperature, self.top_k, self.top_p, self.min_p
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"top_k must be a whole number >= 0 (0 keeps every token), got {k!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise ValueError(f"top_p must be a number in (0, 1] (1 keeps every token), got {p!r}")
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < 1:
+            raise ValueError(f"min_p must be a number in [0, 1) (0 keeps every token), got {m!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def truncates(self) -> bool:
+        """Whether any token can be removed (top-k, top-p or min-p is on)."""
+        return self.top_k > 0 or self.top_p < 1 or self.min_p > 0
+
+    def describe(self) -> str:
+        """A short label, e.g. ``T = 0.7, top-p 0.9``."""
+        if self.greedy:
+            return "T = 0 (greedy)"
+        parts = [f"T = {self.temperature:g}"]
+        parts += [f"top-k {self.top_k}"] if self.top_k else []
+        parts += [f"top-p {self.top_p:g}"] if self.top_p < 1 else []
+        parts += [f"min-p {self.min_p:g}"] if self.min_p > 0 else []
+        return ", ".join(parts)
+
+    def warp(self, logits: torch.Tensor) -> torch.Tensor:
+        """`Tensor[k, V]` float32 ``logits / T`` with the removed tokens at ``-inf``; each row
+        is warped on its own (the result for a row never depends on the other rows).
+
+        Args:
+            logits: `Tensor[k, V]` (or `Tensor[V]`) target logits; ``T`` must be > 0.
+        """
+        if self.greedy:
+            raise ValueError("temperature 0 is greedy: there is no law to sample from, only the argmax")
+        scaled = logits.float() / self.temperature
+        vocab = scaled.shape[-1]
+        if 0 < self.top_k < vocab:
+            kth = scaled.topk(self.top_k, dim=-1).values[..., -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if self.top_p < 1:
+            probs = torch.softmax(scaled, dim=-1)
+            scaled = scaled.masked_fill(probs < _top_p_floor(probs, self.top_p), float("-inf"))
+        if self.min_p > 0:
+            probs = torch.softmax(scaled, dim=-1)
+            floor = self.min_p * probs.max(dim=-1, keepdim=True).values
+            scaled = scaled.masked_fill(probs < floor, float("-inf"))
+        return scaled
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """`Tensor[k, V]` float32 rows of the law (zeros where a token was removed)."""
+        return torch.softmax(self.warp(logits), dim=-1)
+
+
+def _top_p_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """`Tensor[..., 1]`: the smallest probability top-p keeps in each row of ``probs`` `[..., V]`.
+
+    In descending order entry ``j`` is kept while the mass before it is below ``top_p``; the
+    floor is the last kept entry's value (every entry equal to it is kept too). The mass is
+    summed in float64 over the same leading values whether a row is cut in its prefix or sorted
+    whole, so both give the same floor.
+    """
+    prefix = min(_TOP_P_PREFIX, probs.shape[-1])
+    floor, mass = _floor_in(probs.topk(prefix, dim=-1).values, top_p)
+    short = mass < top_p  # the cut may lie beyond the prefix: sort those rows whole
+    if prefix < probs.shape[-1] and bool(short.any()):
+        floor[short] = _floor_in(probs[short].sort(dim=-1, descending=True).values, top_p)[0]
+    return floor
+
+
+def _floor_in(descending: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`Tensor[..., 1]` the floor, `Tensor[...]` float64 mass of all of ``descending``)."""
+    through = descending.double().cumsum(dim=-1)
+    before = torch.cat([torch.zeros_like(through[..., :1]), through[..., :-1]], dim=-1)  # mass strictly before each entry
+    kept = (before < top_p).sum(dim=-1, keepdim=True).clamp(min=1)
+    return descending.gather(-1, kept - 1), through[..., -1]
+
+
+def as_law(sampling: "SamplingLaw | float") -> SamplingLaw:
+    """A :class:`SamplingLaw` from a law or a bare temperature."""
+    return sampling if isinstance(sampling, SamplingLaw) else SamplingLaw(float(sampling))

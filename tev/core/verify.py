@@ -22,7 +22,7 @@ import torch
 
 from tev.core.flow import TargetFlow, check_probs, flow_from_edge_prob
 from tev.core.head_screen import HeadScreen
-from tev.core.sampling import sample_rows
+from tev.core.sampling import SamplingLaw, sample_rows
 from tev.core.tree import DraftTree
 
 __all__ = ["VERIFIERS", "Verdict", "TargetRows", "verify", "verify_rows"]
@@ -76,6 +76,8 @@ class TargetRows:
         hidden: `Tensor[N, H]` final hidden states with ``head``: `Tensor[V, H]`
             (``logits = hidden @ head.T``);
         temperature: ``p_v = softmax(logits_v / T)``; with ``T == 0`` only argmax is defined.
+        law: instead of ``temperature``, the whole :class:`SamplingLaw` (top-k, top-p, min-p
+            applied to every logit row; given probabilities are taken as they are).
         screen: with ``hidden``, a :class:`HeadScreen` of ``head``: at ``T == 0`` the argmaxes
             come from its bfloat16 screen, rechecked in float32 (the same argmax, cheaper).
     """
@@ -88,6 +90,7 @@ class TargetRows:
         hidden: torch.Tensor | None = None,
         head: torch.Tensor | None = None,
         temperature: float = 1.0,
+        law: SamplingLaw | None = None,
         screen: HeadScreen | None = None,
     ):
         if sum(x is not None for x in (probs, logits, hidden)) != 1 or (hidden is None) != (head is None):
@@ -95,9 +98,13 @@ class TargetRows:
         source = next(x for x in (probs, logits, hidden) if x is not None)
         if source.dim() != 2:
             raise ValueError(f"target rows must have shape [N, V] (or [N, H] hidden states), got {tuple(source.shape)}")
-        temperature = float(temperature)
-        if not temperature >= 0 or temperature == float("inf"):
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+        if law is None:
+            temperature = float(temperature)
+            if not temperature >= 0 or temperature == float("inf"):
+                raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+            law = SamplingLaw(temperature)
+        temperature = law.temperature
+        self.law = law
         self.probs = probs
         self.logits = logits
         self.hidden = hidden
@@ -130,7 +137,8 @@ class TargetRows:
         return torch.nn.functional.linear(self.hidden, self.head).float()
 
     def _scaled(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits / self.temperature
+        """`Tensor[k, V]` logits of the law: ``/ T``, truncated tokens at ``-inf``."""
+        return self.law.warp(logits)
 
     def argmax_at(self, nodes: torch.Tensor) -> torch.Tensor:
         """`LongTensor[k]`: the argmax token of rows ``nodes`` (`LongTensor[k]`)."""
@@ -195,8 +203,9 @@ class TargetRows:
         if self.probs is not None:
             edge[1:] = parent_rows[slot, tokens]
         else:
-            log_norm = torch.logsumexp(self._scaled(parent_rows), dim=-1)  # [k]
-            edge[1:] = torch.exp(self._scaled(parent_rows[slot, tokens]) - log_norm[slot])
+            scaled = self._scaled(parent_rows)  # [k, V]
+            log_norm = torch.logsumexp(scaled, dim=-1)  # [k]
+            edge[1:] = torch.exp(scaled[slot, tokens] - log_norm[slot])
         return edge
 
     def rows_at(self, nodes: torch.Tensor) -> torch.Tensor:
@@ -321,6 +330,7 @@ def verify(
     *,
     logits: torch.Tensor | None = None,
     temperature: float = 1.0,
+    law: SamplingLaw | None = None,
     validate: bool = True,
 ) -> Verdict:
     """Verify a draft tree with the named exact verifier.
@@ -329,7 +339,8 @@ def verify(
         name: one of ``VERIFIERS``.
         tree: the draft tree, ``N`` nodes.
         probs: `Tensor[N, V]`, row ``v`` is ``p_v`` (temperature already applied). Or
-        logits: `Tensor[N, V]` target logits, with ``temperature`` (0 means greedy only).
+        logits: `Tensor[N, V]` target logits, with ``temperature`` (0 means greedy only) or
+            the whole sampling ``law`` (top-k, top-p, min-p).
         generator: the source of randomness (same seed, same verdict).
         validate: check that ``probs`` rows are finite, non-negative and normalised.
     """
@@ -339,5 +350,5 @@ def verify(
         check_probs(probs, tree.num_nodes)
     if logits is not None and validate and (torch.isnan(logits).any() or (logits == float("inf")).any()):
         raise ValueError("logits contain NaN or +infinity")
-    rows = TargetRows(probs, logits=logits, temperature=temperature)
+    rows = TargetRows(probs, logits=logits, temperature=temperature, law=law)
     return verify_rows(name, tree, rows, generator)

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import torch
 
 from tev.core.flow import TargetFlow
-from tev.core.sampling import probs_from_logits, sample_rows
+from tev.core.sampling import SamplingLaw, sample_rows
 from tev.engine.prompt_text import check_prompt_ids
 from tev.engine.session import CausalLMSession
 from tev.util.timing import StageTimer
@@ -39,11 +39,16 @@ class GenerationConfig:
     """Sampling settings that travel together.
 
     ``temperature == 0`` is greedy decoding (the ``greedy`` verifier, whatever ``verifier``
-    says). ``budget`` counts non-root draft nodes.
+    says). ``top_k``, ``top_p`` and ``min_p`` truncate the target's rows as Hugging Face
+    ``generate`` does (0, 1 and 0 turn them off; see :class:`SamplingLaw`): every verifier is
+    exact for the truncated law. ``budget`` counts non-root draft nodes.
     """
 
     budget: int = 16
     temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
     verifier: str = "tev"
     max_new_tokens: int = 64
     seed: int = 0
@@ -57,12 +62,18 @@ class GenerationConfig:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if 0 < self.temperature < MIN_TEMPERATURE:
             raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {self.temperature!r}")
+        self.law  # checks top_k, top_p and min_p
         if self.verifier not in VERIFIERS:
             raise ValueError(f"unknown verifier {self.verifier!r}; choose one of {', '.join(VERIFIERS)}")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
+
+    @property
+    def law(self) -> SamplingLaw:
+        """The target's sampling law (temperature and truncation)."""
+        return SamplingLaw(float(self.temperature), self.top_k, float(self.top_p), float(self.min_p))
 
     @property
     def effective_verifier(self) -> str:
@@ -108,22 +119,30 @@ class RoundRecord:
     def bonus_token(self) -> int:
         return self.verdict.bonus_token
 
-    def to_dict(self) -> dict:
+    def to_dict(self, token_text: Callable[[int], str] | None = None) -> dict:
         """The round as plain JSON values (the app's export and ``generate --json``).
 
         Per-node lists (``tree``, ``reach``, ``rho``, ``exit_weight``) have length ``N``;
-        probabilities are rounded to 6 decimals; ``stage_seconds`` holds ``timings``.
+        probabilities are rounded to 6 decimals; ``stage_seconds`` holds ``timings``. With
+        ``token_text`` (token id -> text) the tree's tokens, the accepted tokens and the bonus
+        token are also given as text (``tree.text``, ``accepted_text``, ``bonus_text``).
         """
         def rounded(tensor) -> list[float]:
             return [round(float(x), 6) for x in tensor.tolist()]
 
+        words = {}
+        if token_text is not None:
+            words = {"accepted_text": [token_text(t) for t in self.accepted_tokens], "bonus_text": token_text(self.bonus_token)}
+        tree = {"tokens": self.tree.tokens.tolist(), "parents": self.tree.parents.tolist(), "draft_logprob": rounded(self.tree.draft_logprob)}
+        if token_text is not None:
+            tree["text"] = [token_text(t) for t in self.tree.tokens_list]
         return {
             "round": self.index,
             "position": self.position,
             "drafter": self.drafter,
             "verifier": self.verifier,
             "budget": self.tree.budget,
-            "tree": {"tokens": self.tree.tokens.tolist(), "parents": self.tree.parents.tolist(), "draft_logprob": rounded(self.tree.draft_logprob)},
+            "tree": tree,
             "reach": rounded(self.flow.reach),
             "rho": rounded(self.flow.rho),
             "exit_weight": rounded(self.flow.exit_weight),
@@ -133,6 +152,7 @@ class RoundRecord:
             "exit_node": self.verdict.exit_node,
             "accepted": self.accepted_tokens,
             "bonus_token": self.bonus_token,
+            **words,
             "block_length": self.block_length,
             "emitted": self.emitted,
             "text": self.text,
@@ -286,7 +306,7 @@ def speculative_generate(
             break
         timer = StageTimer(device)
         step = speculation_round(
-            session, drafter, committed, features, min(config.budget, MAX_BUDGET), verifier, config.temperature, generator, drafter_state, timer
+            session, drafter, committed, features, min(config.budget, MAX_BUDGET), verifier, config.law, generator, drafter_state, timer
         )
         tree, flow, verdict, features = step.tree, step.flow, step.verdict, step.features
         block = verdict.block_tokens(tree)
@@ -333,6 +353,7 @@ def autoregressive_generate(
     generator = torch.Generator(device=session.device).manual_seed(config.seed)
     eos_id = eos_token_id(target, tokenizer)
     output = _Output(tokenizer, config, eos_id)
+    law = config.law
     logits = session.extend(prompt).last_logits()
     prefill_seconds = time.perf_counter() - start
     first_token_at = None
@@ -341,7 +362,7 @@ def autoregressive_generate(
         if config.temperature == 0:
             token = int(logits.argmax())
         else:
-            token = int(sample_rows(probs_from_logits(logits, config.temperature), generator))
+            token = int(sample_rows(law.probs(logits), generator))
         output.add([token])
         steps += 1
         if first_token_at is None:

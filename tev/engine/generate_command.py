@@ -21,6 +21,9 @@ def generate_command(args) -> None:
     config = GenerationConfig(  # checked before the models load: a bad flag fails at once
         budget=args.budget,
         temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
         verifier=args.verifier,
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
@@ -50,7 +53,8 @@ def generate_command(args) -> None:
         bar.close()
     if args.json:
         payload = summary.to_dict()
-        payload["rounds_detail"] = [record.to_dict() for record in records]
+        text = lambda token: bundle.tokenizer.decode([token], clean_up_tokenization_spaces=False)  # noqa: E731
+        payload["rounds_detail"] = [record.to_dict(text) for record in records]
         print(json.dumps(payload, indent=2))
         return
     if args.ar:

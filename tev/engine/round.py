@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from tev.core.flow import TargetFlow, flow_from_edge_prob
+from tev.core.sampling import SamplingLaw
 from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows, Verdict, verify_rows
 from tev.engine.drafters import DraftContext
@@ -78,13 +79,14 @@ def speculation_round(
     features: torch.Tensor | None,
     budget: int,
     verifier: str,
-    temperature: float,
+    sampling: SamplingLaw | float,
     generator: torch.Generator,
     drafter_state,
     timer: StageTimer,
 ) -> RoundResult:
     """One round on ``session``: draft, target forward, verdict, then commit the accepted path
     to the cache. ``committed`` is read, not changed (the caller appends the block it keeps).
+    ``sampling`` is the target's law (or a bare temperature; 0 is greedy).
 
     On a GPU a round with the block drafter waits for the device twice: the drafter's marginals
     come to the host (the tree is built there) and the verdict does (one transfer for TEV and
@@ -92,7 +94,7 @@ def speculation_round(
     (:class:`StageTimer` on a CUDA device synchronises around each stage)."""
     tree, output = draft_and_forward(session, drafter, committed, features, budget, drafter_state, timer)
     with timer.stage("verify_decision"):
-        rows = output.rows(temperature)  # lazy: the head projects only the rows the verifier reads
+        rows = output.rows(sampling)  # lazy: the head projects only the rows the verifier reads
         verdict = verify_rows(verifier, tree, rows, generator)
     with timer.stage("commit"):
         session.commit(verdict.path)

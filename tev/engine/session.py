@@ -22,6 +22,7 @@ from packaging.version import Version
 from transformers import DynamicCache
 
 from tev.core.head_screen import HeadScreen
+from tev.core.sampling import SamplingLaw, as_law
 from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows
 
@@ -92,11 +93,13 @@ class ForwardOutput:
             return self._logits[-1]
         return torch.nn.functional.linear(self.hidden[-1], self.head).float()
 
-    def rows(self, temperature: float):
-        """The target rows of a tree forward, projected through the head lazily."""
+    def rows(self, sampling: SamplingLaw | float):
+        """The target rows of a tree forward under ``sampling`` (a law or a bare temperature),
+        projected through the head lazily."""
+        law = as_law(sampling)
         if self._logits is not None:
-            return TargetRows(logits=self._logits, temperature=temperature)
-        return TargetRows(hidden=self.hidden, head=self.head, temperature=temperature, screen=self.screen)
+            return TargetRows(logits=self._logits, law=law)
+        return TargetRows(hidden=self.hidden, head=self.head, law=law, screen=self.screen)
 
 
 class CausalLMSession:
