@@ -18,7 +18,7 @@ from tev.data.prompts import load_prompt_set
 from tev.engine.models import DRAFTER_KINDS
 from tev.service.live_exittrain import live_config
 from tev.train.anchor_data import DOMAINS
-from tev.service.service import LIMITS
+from tev.service.service import DEFAULT_SAMPLING, LIMITS
 from tev.train.exit_loss import WEIGHT_MODES
 from tev.util.cpus import available_cpus
 from ui import shared
@@ -27,7 +27,7 @@ from ui.exittrain import cancel_exittrain, compare_shipped, run_exittrain
 from ui.gpu import ZERO_GPU, gpu_task, quota_note
 from ui.lab import run_verifier_lab
 from ui.learn import LEARN
-from ui.live import browse_round, export_run, run_live, step_round
+from ui.live import arm_stop, browse_round, export_run, run_live, step_round, stop_live
 from ui.workload import MAX_MINUTES, MIN_MINUTES, OWN, pack_names, run_workload
 
 # Gradio keeps every session's state and last component values in memory (about 1.5 MB per
@@ -73,17 +73,19 @@ def build_app() -> gr.Blocks:
     examples = _examples()
     with gr.Blocks(title="TEV Explorer") as demo:
         gr.Markdown(
-            "# TEV Explorer\nTree speculative decoding, made visible and exact: each round a drafter `q` proposes a tree, the target `p` "
-            "scores it in one forward, and **TEV** keeps a path plus a bonus token. Node colour is the target's **reach P(v)**, the ring is "
-            "the **missing mass w(v)** that leaves the tree there."
+            "# TEV Explorer\nSpeculative decoding makes a language model write several tokens per step: a small drafter guesses a "
+            "**tree** of continuations and the model checks them all in one pass, keeping the longest path it agrees with, with exactly "
+            "the text it would have written alone. **Press Generate** and watch each round's tree: a node's colour is how much of the "
+            "model's probability reaches it, its size how much leaves the tree there, the thick path is what the model kept and the red "
+            "ring where it left the tree. The Learn tab explains each quantity."
         )
         device_info = gr.Markdown("loading models…")
         with gr.Tab("Live"):
             with gr.Row():
                 with gr.Column(scale=3):
-                    prompt = gr.Textbox(
-                        label="your message to the model" if shared.CHAT_DEFAULT else "prompt (Python code to continue)",
-                        value=examples[0], lines=6 if shared.CHAT_DEFAULT else 8, max_lines=20, max_length=LIMITS.max_prompt_chars,
+                    prompt = gr.Textbox(  # no max_length: a longer prompt is refused with a message, never cut silently
+                        label=("your message to the model" if shared.CHAT_DEFAULT else "prompt (Python code to continue)") + f" · at most {LIMITS.max_prompt_chars:,} characters",
+                        value=examples[0], lines=6 if shared.CHAT_DEFAULT else 8, max_lines=20,
                     )
                     chat = gr.Checkbox(value=shared.CHAT_DEFAULT, label="chat: send the prompt as a user message (chat template, stops at the end of the answer); untick to continue the raw text")
                     gr.Examples(
@@ -93,15 +95,18 @@ def build_app() -> gr.Blocks:
                 with gr.Column(scale=2):
                     drafter = gr.Radio(list(DRAFTER_KINDS), value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTER_LABELS[kind]}" for kind in DRAFTER_KINDS))
                     verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
-                    budget = Slider(1, LIMITS.max_budget, value=16, step=1, label="budget B (draft nodes per round)")
-                    temperature = Slider(0.0, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
+                    budget = Slider(0, LIMITS.max_budget, value=16, step=1, label="budget B (draft nodes per round; 0 drafts nothing: plain decoding)")
+                    temperature = Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T (0: greedy)")
+                    with gr.Row():
+                        top_p = Slider(LIMITS.min_top_p, 1.0, value=DEFAULT_SAMPLING.top_p, step=0.01, label="top-p (1: off)")
+                        top_k = Slider(0, LIMITS.max_top_k, value=DEFAULT_SAMPLING.top_k, step=1, label="top-k (0: off)")
                     max_new_tokens = Slider(1, LIMITS.max_new_tokens, value=96, step=1, label="max new tokens")
                     with gr.Row():
                         seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed")
                         compare_ar = gr.Checkbox(value=True, label="also time an autoregressive run (speedup)")
                     with gr.Row():
                         generate = gr.Button("Generate", variant="primary", elem_id="generate-button")
-                        stop = gr.Button("Stop")
+                        stop = gr.Button("Stop", elem_id="stop-button")
                     gr.Markdown(quota_note("generate"), visible=ZERO_GPU)
             stats = gr.Markdown("Press **Generate**.", elem_id="live-stats")
             text_view = gr.HTML(elem_id="text-view", elem_classes="tev-text")
@@ -109,9 +114,9 @@ def build_app() -> gr.Blocks:
                 tree_plot = gr.Plot(label="draft tree of the round", elem_id="tree-plot")
             with gr.Row():
                 mass_plot = gr.Plot(label="where the tree loses target mass")
-                timeline_plot = gr.Plot(label="rounds")
+                timeline_plot = gr.Plot(label="rounds", elem_id="timeline-plot")
             with gr.Row():
-                round_slider = Slider(1, 2, value=1, step=1, label="browse rounds", interactive=False)
+                round_slider = Slider(1, 2, value=1, step=1, label="browse rounds", interactive=False, elem_id="round-slider")
                 previous_round = gr.Button("◀ previous", scale=0)
                 next_round = gr.Button("next ▶", scale=0)
             round_info = gr.Markdown()
@@ -129,17 +134,17 @@ def build_app() -> gr.Blocks:
                 lab_temperature = Slider(LIMITS.min_lab_temperature, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
                 lab_draws = Slider(100, LIMITS.max_lab_draws, value=3000, step=100, label="draws per verifier")
                 lab_seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed")
-            lab_prompt = gr.Textbox(label="prompt", value=examples[1] if len(examples) > 1 else examples[0], lines=4, max_length=LIMITS.max_prompt_chars)
-            lab_run = gr.Button("Run the verifiers", variant="primary")
+            lab_prompt = gr.Textbox(label=f"prompt · at most {LIMITS.max_prompt_chars:,} characters", value=examples[1] if len(examples) > 1 else examples[0], lines=4)
+            lab_run = gr.Button("Run the verifiers", variant="primary", elem_id="lab-run")
             gr.Markdown(quota_note("verifier_lab"), visible=ZERO_GPU)
-            lab_table = gr.Markdown()
+            lab_table = gr.Markdown(elem_id="lab-table")
             lab_plot = gr.Plot(label="exit law vs empirical exit frequencies")
             lab_tree = gr.Plot(label="the fixed tree")
 
         with gr.Tab("ExitTrain"):
             live = live_config(shared.EXITTRAIN_CHAT)
             gr.Markdown(
-                "Fine-tune the base block drafter for a few minutes with **ExitTrain**: the frozen target scores the trees the drafter "
+                "Fine-tune the base block drafter with **ExitTrain** (a run takes at most 3 minutes, scoring included; Cancel stops it at any point): the frozen target scores the trees the drafter "
                 "actually builds, and the loss pushes draft probability toward nodes where target mass exits. Before and after, the same "
                 "held-out rounds are scored, so the change in `1 + C` is paired, with its standard error; the bars below show at which "
                 "depth the target's mass leaves each drafter's trees. One run at a time per server; generations take turns with it. "
@@ -152,14 +157,14 @@ def build_app() -> gr.Blocks:
                 et_steps = Slider(LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, value=live.steps, step=5, label="steps")
                 et_lambda = Slider(0, LIMITS.max_lambda_exit, value=live.lambda_exit, step=1, label="lambda (weight of L_exit)")
             with gr.Row():
-                et_start = gr.Button("Start fine-tune", variant="primary")
-                et_cancel = gr.Button("Cancel")
+                et_start = gr.Button("Start fine-tune", variant="primary", elem_id="exittrain-start")
+                et_cancel = gr.Button("Cancel", elem_id="exittrain-cancel")
                 et_shipped = gr.Button("Compare the shipped ExitTrain drafter instead")
             gr.Markdown(quota_note("exittrain"), visible=ZERO_GPU)
-            et_status = gr.Markdown()
+            et_status = gr.Markdown(elem_id="exittrain-status")
             et_curve = gr.Plot(label="training")
             et_compare = gr.Plot(label="tau before / after")
-            et_table = gr.Markdown()
+            et_table = gr.Markdown(elem_id="exittrain-table")
             et_mass = gr.Plot(label="where the target's mass leaves the trees, before / after")
             with gr.Row():
                 et_tree_base = gr.Plot(label="base drafter's tree")
@@ -193,10 +198,13 @@ def build_app() -> gr.Blocks:
         # ------------------------------------------------------------------ events
         demo.load(_device_markdown, outputs=device_info, api_name=False)
         live_outputs = [text_view, tree_plot, mass_plot, timeline_plot, stats, round_slider, run_state]
-        generate_event = generate.click(
-            gpu_task("generate")(run_live), [prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat], live_outputs, api_name="generate", concurrency_limit=2, concurrency_id="compute"
+        # Stop is a flag the generation polls between rounds (not Gradio's cancel, which would
+        # mark every output as failed and leave the figures of a half-drawn run)
+        generate.click(arm_stop, None, None, queue=False, api_name=False).then(
+            gpu_task("generate")(run_live), [prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k],
+            live_outputs, api_name="generate", concurrency_limit=2, concurrency_id="compute",
         )
-        stop.click(None, cancels=[generate_event], api_name=False)
+        stop.click(stop_live, None, None, queue=False, api_name=False)
         round_slider.release(browse_round, [round_slider, run_state], [tree_plot, mass_plot, round_info], api_name="browse_round")
         previous_round.click(step_round, [round_slider, gr.State(-1), run_state], round_slider, api_name=False).then(browse_round, [round_slider, run_state], [tree_plot, mass_plot, round_info], api_name=False)
         next_round.click(step_round, [round_slider, gr.State(1), run_state], round_slider, api_name=False).then(browse_round, [round_slider, run_state], [tree_plot, mass_plot, round_info], api_name=False)

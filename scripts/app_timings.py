@@ -3,7 +3,9 @@
 Starts `python app.py` (the default pair, SmolLM2-135M-Instruct) and reports how long until it
 answers, then presses Generate through the API and reports when the first round streamed back
 and the server's peak resident memory. With `--starts 2` the server is started twice (the second
-start loads the converted target from the cache). Numbers from a shared CPU are noisy.
+start loads the converted target from the cache). With `--tabs` the first start also times the
+verifier lab's default run and the ExitTrain tab's default run (its limit is 3 minutes, scoring
+included). Numbers from a shared CPU are noisy.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=2)
     parser.add_argument("--prompt", default="What is the capital of France?")
     parser.add_argument("--pair", default="smollm2")
+    parser.add_argument("--tabs", action="store_true", help="also time the verifier lab's and the ExitTrain tab's default runs")
     args = parser.parse_args()
     for start in range(1, args.starts + 1):
         server = AppServer(assets_dir(), Path(tempfile.mkdtemp()) / "app.log", extra_env={"TEV_PAIR": args.pair})
@@ -58,8 +61,26 @@ def main() -> None:
                 f"(includes model loading if it was still under way); 64 tokens in {total:.1f} s; server peak memory {peak_rss_mb(server.process.pid):.0f} MB",
                 flush=True,
             )
+            if args.tabs and start == 1:
+                time_tabs(client)
         finally:
             server.stop()
+
+
+def time_tabs(client: Client) -> None:
+    """The verifier lab and the ExitTrain tab at their default settings, as the page sends them."""
+    from tev.data.prompts import load_prompt_set
+    from tev.service.live_exittrain import CHAT_LIVE_CONFIG
+
+    prompt = load_prompt_set("chat")[3]["text"]  # the lab's default prompt (the page's second example)
+    started = time.perf_counter()
+    _, _, table = client.predict("prompt", prompt, "block", 16, 1.0, 3000, 0, api_name="/verifier_lab")
+    print(f"verifier lab, default run (3,000 draws per verifier, B = 16): {time.perf_counter() - started:.1f} s", flush=True)
+    print("   " + " | ".join(line for line in table.splitlines() if line.startswith("| t") or line.startswith("| p") or line.startswith("| s")), flush=True)
+    started = time.perf_counter()
+    outputs = client.predict("dialogue", "exit", CHAT_LIVE_CONFIG.steps, CHAT_LIVE_CONFIG.lambda_exit, api_name="/exittrain")
+    print(f"ExitTrain tab, default run ({CHAT_LIVE_CONFIG.steps} steps, dialogue): {time.perf_counter() - started:.1f} s; {outputs[1]}", flush=True)
+    print("   " + outputs[3].split("\n")[0], flush=True)
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def plain_text(view_html: str) -> str:
 
 
 def prompt_shown(view_html: str) -> str:
-    match = re.search(r'<span class="tev-prompt"[^>]*>(.*?)</span>', view_html or "", flags=re.S)
+    match = re.search(r'<div class="tev-prompt"[^>]*>(.*?)</div>', view_html or "", flags=re.S)
     return html.unescape(match.group(1)) if match else ""
 
 
@@ -128,9 +128,13 @@ class Settings:
     max_new_tokens: int = 32
     seed: int = 0
     compare_ar: bool = False
+    chat: bool = False
+    top_p: float = 1.0
+    top_k: int = 0
 
     def args(self) -> tuple:
-        return (self.prompt, self.drafter, self.verifier, self.budget, self.temperature, self.max_new_tokens, self.seed, self.compare_ar)
+        return (self.prompt, self.drafter, self.verifier, self.budget, self.temperature, self.max_new_tokens, self.seed, self.compare_ar,
+                self.chat, self.top_p, self.top_k)
 
 
 @dataclass

@@ -29,7 +29,8 @@ def test_generate_streams_rounds_and_is_reproducible(client):
     streamed = job.outputs()
     assert len(streamed) >= 2  # at least the first round and the final update
     text_html, tree, mass, timeline, stats, rounds = final  # the per-session state is not an API output
-    assert "rounds" in stats and "speedup" in stats
+    assert "rounds" in stats and "timed again with the page idle" in stats and "one-token steps" in stats
+    assert re.search(r"→ \*\*\d+\.\d\dx\*\*", stats)  # the speedup of the quiet rerun over plain decoding
     assert "tev-" in text_html and "bonus" in text_html
     assert tree is not None and timeline is not None and mass is not None
     again = client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 16, 7, True, api_name="/generate").result()
@@ -65,11 +66,17 @@ def test_verifier_lab_synthetic_and_prompt(client):
     assert "1 + C" in table
 
 
+def test_budget_zero_drafts_nothing_and_decodes_plainly(client):
+    stats = generate(client, budget=0, max_new=6)[4]
+    assert "**tau** (mean block length) 1.00" in stats  # one token per target forward, not a silent budget of 1
+
+
 def test_tiny_exittrain_run(client):
     job = client.submit("math", "exit", 5, 16, api_name="/exittrain")
     curve, status, compare, table, mass, tree_base, tree_trained = job.result()
-    assert "finished after 5 steps" in status
-    assert "| base |" in table and "ExitTrain" in table
+    assert status.startswith("trained 5 steps")
+    assert "Held-out 1 + C" in table and re.search(r"no measurable change|\(a gain\)|\(a loss\)", table)  # the paired change, in words
+    assert compare is not None and tree_base is not None and tree_trained is not None
 
 
 # Out-of-range numbers and unknown choices are stopped by the component itself ("Value 0 is less than minimum
@@ -83,7 +90,7 @@ CHOICE = r"not in the list of choices"  # the radio's own check, same idea
     [
         (dict(prompt=""), "prompt is empty"),
         (dict(prompt="   \n\t "), "prompt is empty"),
-        (dict(budget=0), RANGE),
+        (dict(budget=-1), RANGE),
         (dict(budget=10_000), RANGE),
         (dict(temperature=9.0), RANGE),
         (dict(max_new=0), RANGE),

@@ -52,3 +52,67 @@ def test_page_generates_and_draws_the_tree(app_server, browser, tmp_path):
     assert shot.stat().st_size > 10_000
     print(f"screenshot: {shot}")
     page.close()
+
+
+def _open(app_server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 2200})
+    page.goto(app_server.url, wait_until="domcontentloaded")
+    page.wait_for_selector("#generate-button", timeout=60_000)
+    return page
+
+
+def _error_badges(page) -> int:
+    """Outputs Gradio marks as failed (a red 'Error' over the component)."""
+    return page.evaluate("[...document.querySelectorAll('.wrap, .status-tracker, .error')].filter(e => e.innerText.trim() === 'Error').length")
+
+
+def test_stop_keeps_the_figures_of_what_ran(app_server, browser):
+    page = _open(app_server, browser)
+    page.get_by_label("prompt (Python code to continue)").fill("def add(a, b):\n    ")
+    tokens = page.get_by_role("spinbutton", name="number input for max new tokens")
+    tokens.fill("256")
+    tokens.press("Enter")
+    page.click("#generate-button")
+    page.wait_for_function("document.querySelector('#live-stats').innerText.includes('rounds')", timeout=90_000)
+    page.click("#stop-button")
+    page.wait_for_function("document.querySelector('#live-stats').innerText.includes('you pressed Stop')", timeout=60_000)
+    assert _error_badges(page) == 0
+    page.wait_for_selector("#timeline-plot .js-plotly-plot", timeout=30_000)  # the rounds chart covers what ran
+    page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer .trace", timeout=30_000)
+    rounds = int(page.inner_text("#live-stats").split("rounds")[1].split()[0])
+    slider = page.locator("#round-slider input[type=number]")
+    assert int(slider.input_value()) == rounds  # the round browser ends at the last round that ran
+    page.close()
+
+
+def test_a_refused_input_says_why_and_changes_nothing(app_server, browser):
+    page = _open(app_server, browser)
+    page.get_by_label("prompt (Python code to continue)").fill("x" * 4100)  # over the stated limit: refused, not cut
+    page.click("#generate-button")
+    page.wait_for_selector("text=shorten it to at most 4000", timeout=30_000)
+    assert page.get_by_label("prompt (Python code to continue)").input_value() == "x" * 4100
+    assert "Press" in page.inner_text("#live-stats")  # nothing ran
+    page.close()
+
+
+def test_the_verifier_lab_runs_and_reports_each_verifier(app_server, browser):
+    page = _open(app_server, browser)
+    page.get_by_role("tab", name="Verifier lab").click()
+    page.click("#lab-run")
+    page.wait_for_function("document.querySelector('#lab-table').innerText.includes('mean block length')", timeout=60_000)
+    table = page.inner_text("#lab-table")
+    assert "tev" in table and "predraw" in table and "folded" in table
+    assert _error_badges(page) == 0
+    page.close()
+
+
+def test_exittrain_cancel_measures_nothing(app_server, browser):
+    page = _open(app_server, browser)
+    page.get_by_role("tab", name="ExitTrain").click()
+    page.click("#exittrain-start")
+    page.wait_for_function("document.querySelector('#exittrain-status').innerText.trim().length > 0", timeout=60_000)
+    page.click("#exittrain-cancel")
+    page.wait_for_function("document.querySelector('#exittrain-table').innerText.includes('Cancelled: nothing was measured')", timeout=90_000)
+    assert "+0.0%" not in page.inner_text("#exittrain-table")
+    assert _error_badges(page) == 0
+    page.close()

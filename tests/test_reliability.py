@@ -163,16 +163,16 @@ def test_clients_that_leave_free_their_slots_and_stop_generating(slow_server):
 
 
 def test_leaving_during_the_autoregressive_comparison_stops_it(slow_server):
-    """The speedup's autoregressive run is one long call: it now runs in a worker that a closed
+    """The speedup's quiet reruns (speculation, then plain decoding) are one long call: they run in a worker that a closed
     generator stops. A client that vanishes there leaves the server idle, and a cancel there
     returns at once (before the fix: ~5 s more of CPU, and a /cancel that timed out)."""
     settings = Settings(**{**LONG.__dict__, "max_new_tokens": 192, "compare_ar": True})
-    gone = leave_after(slow_server.url, settings, until="timing an autoregressive run")
+    gone = leave_after(slow_server.url, settings, until="timing speculation and plain decoding again")
     assert gone.wait(timeout=120) == 0, gone.stdout.read()
     time.sleep(0.5)
     assert busiest_thread(slow_server.pid) < BUSY
     job = new_client(slow_server.url).submit(*settings.args(), api_name="/generate")
-    while not (job.outputs() and "timing an autoregressive run" in str(job.outputs()[-1][4])):
+    while not (job.outputs() and "timing speculation and plain decoding again" in str(job.outputs()[-1][4])):
         assert not job.done(), "the run ended before its autoregressive comparison"
         time.sleep(0.01)
     assert busiest_thread(slow_server.pid, 1.0) > BUSY  # the measure sees the worker computing
@@ -232,7 +232,7 @@ def test_exittrain_one_run_at_a_time_only_the_owner_cancels(exittrain_server):
     assert owner.predict(api_name="/exittrain_cancel") == "cancelling after this step…"
     outputs = job.result(timeout=120)
     steps = int(re.fullmatch(r"cancelled after (\d+) steps", outputs[1]).group(1))
-    assert 5 <= steps < 400
+    assert 0 <= steps < 400  # cancelled wherever it was: scoring or training
     assert outputs[3] == "Cancelled: nothing was measured."  # no comparison of the unfinished copy
 
 
@@ -254,7 +254,7 @@ os._exit(0)
         except Exception as error:  # noqa: BLE001
             assert "in progress" in str(error) and time.time() < deadline, str(error)
             time.sleep(0.5)
-    assert status == "finished after 5 steps"
+    assert status.startswith("trained 5 steps")
 
 
 def test_killing_the_server_mid_exittrain_leaves_the_assets_intact(exittrain_server, exittrain_assets):
@@ -373,7 +373,7 @@ def test_the_page_shows_why_the_models_did_not_load(broken_server):
 
 # =============================================================================== bad input: the UI API
 def gen(**changes) -> tuple:
-    values = dict(prompt=PROMPT, drafter="block", verifier="tev", budget=8, temperature=1.0, max_new=16, seed=0, compare_ar=False, chat=False)
+    values = dict(prompt=PROMPT, drafter="block", verifier="tev", budget=8, temperature=1.0, max_new=16, seed=0, compare_ar=False, chat=False, top_p=1.0, top_k=0)
     values.update(changes)
     return ("/generate", tuple(values.values()))
 
@@ -404,7 +404,15 @@ API_CASES = [
     ("emoji", gen(prompt="def 😀():\n"), OK),
     ("HTML/script prompt (shown escaped)", gen(prompt="<script>alert(1)</script>\n"), OK),
     ("prompt is not text (null)", gen(prompt=None), "prompt must be text"),
-    ("budget 0", gen(budget=0), RANGE),
+    ("budget -1", gen(budget=-1), RANGE),
+    ("budget 0 (drafts nothing: plain decoding)", gen(budget=0), OK),
+    ("top-p 0", gen(top_p=0.0), RANGE),
+    ("top-p 1.5", gen(top_p=1.5), RANGE),
+    ("top-p 'most'", gen(top_p="most"), NOT_A_NUMBER),
+    ("top-k -1", gen(top_k=-1), RANGE),
+    ("top-k 2.5", gen(top_k=2.5), "whole number"),
+    ("top-k 1 (only the argmax survives: greedy text, sampled)", gen(top_k=1), OK),
+    ("top-p 0.05 with top-k 3", gen(top_p=0.05, top_k=3), OK),
     ("budget 10,000", gen(budget=10_000), RANGE),
     ("budget 3.5", gen(budget=3.5), "whole number"),
     ("budget 'abc'", gen(budget="abc"), NOT_A_NUMBER),
@@ -469,12 +477,13 @@ def test_bad_input_through_the_api(api, what, call, expected):
 
 # JSON a client library would refuse to send, posted raw: (what, body, expected error)
 RAW_CASES = [
-    ("lone surrogate in the prompt (JSON \\ud800)", '["def f():\\ud800", "block", "tev", 8, 1.0, 16, 0, false, false]', "invalid Unicode"),
-    ("budget NaN", f'[{json.dumps(PROMPT)}, "block", "tev", NaN, 1.0, 16, 0, false, false]', NOT_A_NUMBER + ".*got nan"),
-    ("temperature Infinity", f'[{json.dumps(PROMPT)}, "block", "tev", 8, Infinity, 16, 0, false, false]', NOT_A_NUMBER + ".*got inf"),
-    ("max new tokens -Infinity", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, -Infinity, 0, false, false]', NOT_A_NUMBER),
-    ("seed NaN", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, 16, NaN, false, false]', NOT_A_NUMBER + ".*got nan"),
-    ("seed as a string", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, 16, "7", false, false]', NOT_A_NUMBER),
+    ("lone surrogate in the prompt (JSON \\ud800)", '["def f():\\ud800", "block", "tev", 8, 1.0, 16, 0, false, false, 1.0, 0]', "invalid Unicode"),
+    ("budget NaN", f'[{json.dumps(PROMPT)}, "block", "tev", NaN, 1.0, 16, 0, false, false, 1.0, 0]', NOT_A_NUMBER + ".*got nan"),
+    ("temperature Infinity", f'[{json.dumps(PROMPT)}, "block", "tev", 8, Infinity, 16, 0, false, false, 1.0, 0]', NOT_A_NUMBER + ".*got inf"),
+    ("max new tokens -Infinity", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, -Infinity, 0, false, false, 1.0, 0]', NOT_A_NUMBER),
+    ("seed NaN", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, 16, NaN, false, false, 1.0, 0]', NOT_A_NUMBER + ".*got nan"),
+    ("top-p NaN", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, 16, 0, false, false, NaN, 0]', NOT_A_NUMBER + ".*got nan"),
+    ("seed as a string", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, 16, "7", false, false, 1.0, 0]', NOT_A_NUMBER),
 ]
 
 
@@ -698,7 +707,7 @@ def test_the_ui_takes_no_paths_model_ids_or_uploads(app_server):
     kinds = {c["type"] for c in inputs}
     assert not kinds & {"file", "uploadbutton", "image", "audio", "video", "model3d", "dataframe", "fileexplorer"}, kinds
     textboxes = [c["props"].get("label") for c in config["components"] if c["type"] == "textbox"]
-    assert textboxes[:2] == ["prompt (Python code to continue)", "prompt"]
+    assert textboxes[:2] == ["prompt (Python code to continue) · at most 4,000 characters", "prompt · at most 4,000 characters"]
     # the ExitTrain tab's workload box takes prompts (text, one per line), never a path
     assert [label.split(",")[0] for label in textboxes[2:]] == ["your prompts"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from html.parser import HTMLParser
@@ -131,10 +132,18 @@ def test_node_colours_are_the_flow_reach(small):
     tree, flow, verdict = small
     fig = tree_figure(tree, flow, verdict, token_text=token_text)
     nodes = trace(fig, "nodes")
-    assert list(nodes.marker.color) == pytest.approx([1.0, 0.5, 0.3, 0.3])
-    assert list(nodes.marker.color) == flow.reach.tolist()
-    assert (nodes.marker.cmin, nodes.marker.cmax) == (0.0, 1.0)
+    # log10 of the reach on a fixed -3..0 scale: below the root a few percent still differ in colour
+    assert list(nodes.marker.color) == pytest.approx([math.log10(r) for r in flow.reach.tolist()])
+    assert (nodes.marker.cmin, nodes.marker.cmax) == (-3.0, 0.0)
     assert nodes.marker.colorbar.title.text == "reach P(v)"
+    assert list(nodes.marker.colorbar.ticktext)[-1] == "1"
+
+
+def test_a_zero_reach_takes_the_floor_colour_and_special_tokens_stay_whole(small):
+    tree, flow, verdict = small
+    zero = dataclasses.replace(flow, reach=torch.tensor([1.0, 0.5, 0.0, 1e-6], dtype=flow.reach.dtype))
+    assert list(trace(tree_figure(tree, zero, verdict, token_text=token_text), "nodes").marker.color)[2:] == [-3.0, -3.0]
+    assert token_label(1, lambda t: "<|im_end|>") == "&lt;|im_end|&gt;"  # not cut to 8 characters
 
 
 def test_node_size_grows_with_missing_mass(small):
@@ -274,7 +283,7 @@ def test_budget_256_renders_and_keeps_path_labels():
     assert set(sent) == {"edges", "accepted path", "nodes", "exit node", "bonus edge", "bonus token"}
     x, y = tidy_layout(tree.parents_list + [verdict.exit_node])
     assert sent["nodes"]["x"] == x[: tree.num_nodes] and sent["nodes"]["y"] == y[: tree.num_nodes]
-    assert sent["nodes"]["marker"]["color"] == pytest.approx(flow.reach.tolist())
+    assert sent["nodes"]["marker"]["color"] == pytest.approx([max(-3.0, math.log10(r)) if r > 0 else -3.0 for r in flow.reach.tolist()])
     segments = [tuple(sent["edges"]["x"][i : i + 3]) for i in range(0, len(sent["edges"]["x"]), 3)]
     assert segments == [(x[u], x[v], None) for v, u in enumerate(tree.parents_list) if v > 0]  # one per edge pa(v) -> v
     assert fig.layout.height <= MAX_HEIGHT

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import time
 
 import gradio as gr
 import torch
@@ -17,16 +19,23 @@ from tev.engine.models import shipped_drafter
 from tev.service.live_exittrain import LIVE_HELDOUT_BATCHES, coverage_change, has_domains, live_config, live_data, live_trainer
 from tev.service.service import LIMITS, UserInputError, check_number
 from tev.train.anchor_data import DOMAINS
+from tev.util.stats import change_in_words
 from ui import shared
 from ui.shared import _user_error
 from visual import before_after_figure, exit_mass_change_figure, training_figure, tree_figure
 
-COMPARE_PROMPTS = 2  # held-out prompts per temperature in the decoding comparison after a live run
-COMPARE_TOKENS = 32
+RUN_SECONDS = 180  # the whole live run, both held-out scorings included: training stops in time to keep it
+TREES_SECONDS = 15  # the side-by-side trees at the end (two tree forwards and figures; measured 5-10 s)
+
+
+def _cancelled(history, trainer):
+    return training_figure(history), f"cancelled after {trainer.step} steps", None, "Cancelled: nothing was measured.", None, None, None
 
 
 def run_exittrain(domain, weights, steps, lambda_exit, request: gr.Request, progress=gr.Progress()):
-    """A short live fine-tune of the base drafter; then base vs trained on held-out rounds and prompts."""
+    """A short live fine-tune of the base drafter, within :data:`RUN_SECONDS`; then base and
+    trained drafter on the same held-out rounds (a paired change in words) and side by side.
+    Cancel stops every phase (scoring, training, scoring again) and measures nothing."""
     owner = getattr(request, "session_hash", None) or "anonymous"
     try:
         steps = check_number("steps", steps, LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, integer=True)
@@ -44,47 +53,69 @@ def run_exittrain(domain, weights, steps, lambda_exit, request: gr.Request, prog
     if not shared.EXITTRAIN_SLOT.acquire(owner):
         raise gr.Error("another ExitTrain run is in progress on this server; wait for it to finish, then start again", print_exception=False)
     try:
+        started = time.monotonic()
         trainer = live_trainer(bundle, config, data)
         shared.EXITTRAIN_SLOT.trainer = trainer
+        history = []
+        stop = lambda: trainer.cancelled  # noqa: E731
         progress(0, desc="scoring the base drafter's held-out trees…")
+        yield training_figure(history), "scoring the base drafter's held-out trees (the 'before')…", *[gr.skip()] * 5
         with shared.SERVICE.compute:
-            before = trainer.heldout_trees(LIVE_HELDOUT_BATCHES)
-        start = before.expected_tau
-        history = [{"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_exit": float("nan"), "expected_tau": start, "heldout_expected_tau": start}]
-        events = trainer.run()
+            before = trainer.heldout_trees(LIVE_HELDOUT_BATCHES, should_stop=stop)
+        if before is None or trainer.cancelled:
+            yield _cancelled(history, trainer)
+            return
+        scoring = time.monotonic() - started
+        deadline = started + RUN_SECONDS - scoring - TREES_SECONDS  # the 'after' scoring costs what the 'before' did
+        history.append({"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_exit": float("nan"), "expected_tau": before.expected_tau, "heldout_expected_tau": before.expected_tau})
+        events = trainer.run(deadline=deadline)
         while True:
             with shared.SERVICE.compute:  # a step at a time, so another user's generation takes turns with it
                 event = next(events, None)
             if event is None:
                 break
             history.append(event.__dict__)
-            progress(event.step / config.steps, desc=f"step {event.step}/{config.steps} · loss {event.loss:.3f}")
+            left = max(0.0, deadline - time.monotonic())
+            progress(event.step / config.steps, desc=f"step {event.step}/{config.steps} · loss {event.loss:.3f} · {left:.0f} s of training left")
             if has_domains(bundle) or event.step % 5 == 0 or event.step == config.steps:
-                yield training_figure(history), f"step {event.step}/{config.steps} · batch 1 + C {event.expected_tau:.3f}", *[gr.skip()] * 5
-        status = "cancelled" if trainer.cancelled else "finished"
-        if trainer.cancelled:  # Cancel stops the evaluation too: no comparison of an unfinished (or untrained) copy
-            yield training_figure(history), f"{status} after {trainer.step} steps", None, "Cancelled: nothing was measured.", None, None, None
+                yield training_figure(history), f"step {event.step}/{config.steps} · batch 1 + C {event.expected_tau:.3f} · at most {left:.0f} s of training left", *[gr.skip()] * 5
+        if trainer.cancelled:
+            yield _cancelled(history, trainer)
             return
-        yield training_figure(history), f"{status} after {trainer.step} steps; scoring the held-out trees again…", *[gr.skip()] * 5
+        if trainer.step == 0:
+            yield training_figure(history), "no training step fit in the time", None, "Nothing was measured: the server was too busy to train within the run's time; try again.", None, None, None
+            return
+        cut = f" (stopped at {trainer.step} of {config.steps} steps to keep within {RUN_SECONDS // 60} minutes)" if trainer.step < config.steps else ""
+        status = f"trained {trainer.step} steps{cut}"
+        yield training_figure(history), f"{status}; scoring the held-out trees again…", *[gr.skip()] * 5
         with shared.SERVICE.compute:
-            after = trainer.heldout_trees(LIVE_HELDOUT_BATCHES)
+            after = trainer.heldout_trees(LIVE_HELDOUT_BATCHES, should_stop=stop)
+        if after is None or trainer.cancelled:
+            yield _cancelled(history, trainer)
+            return
         change = coverage_change(before, after)
+        label = f"ExitTrain ({weights}, live)"
         mass = exit_mass_change_figure({"base": {**before.exit_mass_by_depth(trainer.horizon), "expected_tau": change["before"]},
-                                        f"ExitTrain ({weights})": {**after.exit_mass_by_depth(trainer.horizon), "expected_tau": change["after"]}})
-        summary = (f"**Held-out 1 + C** ({change['anchors']} held-out rounds{' of ' + domain if domain else ''}, the same for both, B = {config.budget}, "
-                   f"T = {config.temperature:g}): base {change['before']:.3f} -> {change['after']:.3f}, "
-                   f"**{100 * change['change']:+.1f}% +- {100 * change['change_se']:.1f}%** (paired standard error).")
-        yield training_figure(history), f"{status} after {trainer.step} steps; {summary} Comparing decoding on held-out prompts…", gr.skip(), gr.skip(), mass, gr.skip(), gr.skip()
+                                        label: {**after.exit_mass_by_depth(trainer.horizon), "expected_tau": change["after"]}})
+        bars = before_after_figure(
+            [{"drafter": "base", "temperature": config.temperature, "tau": change["before"]}, {"drafter": label, "temperature": config.temperature, "tau": change["after"]}],
+            title="Held-out 1 + C (the expected tau) of the same rounds, before and after", yaxis="1 + C",
+        )
+        table = (f"**Held-out 1 + C**, the same {change['anchors']} rounds{' of ' + domain if domain else ''} for both drafters (B = {config.budget}, "
+                 f"T = {config.temperature:g}): base {change['before']:.3f} -> {change['after']:.3f}: "
+                 f"{change_in_words(change['change'], change['change_se'])} (paired standard error)."
+                 + _control_note(bundle, domain) + _NO_HEADROOM)
         trained = trainer.accelerator.unwrap_model(trainer.drafter).eval().to(torch.bfloat16)  # served like the shipped drafters
         base = BlockTreeDrafter(BlockDrafter.from_pretrained(shipped_drafter(bundle.pair or "tiny", "block"), bundle.target), name="base")
-        live = BlockTreeDrafter(trained, name="live")
-        prompts = evaluation_prompts(bundle.is_chat, COMPARE_PROMPTS, domain)
-        rows, table = _compare(bundle, {"base": base, f"ExitTrain ({weights}, live)": live}, prompts, COMPARE_TOKENS)
-        table = summary + "\n\n" + table + _control_note(bundle, domain)
-        trees = side_by_side(bundle, {"base": base, "ExitTrain (live)": live}, prompts[0])
-        yield training_figure(history), f"{status} after {trainer.step} steps", before_after_figure(rows), table, mass, *trees
+        trees = side_by_side(bundle, {"base": base, "ExitTrain (live)": BlockTreeDrafter(trained, name="live")}, evaluation_prompts(bundle.is_chat, 1, domain)[0])
+        seconds = time.monotonic() - started
+        yield training_figure(history), f"{status}; {seconds:.0f} s in all", bars, table, mass, *trees
     finally:
         shared.EXITTRAIN_SLOT.release()
+
+
+_NO_HEADROOM = ("\n\nWhy so little: the base drafter was distilled on these very conversations, so a fine-tune on them has no headroom "
+                "(docs/exittrain.md). The workload mode below adapts it to text it has not seen, where the gain is large.")
 
 
 def cancel_exittrain(request: gr.Request):
@@ -102,6 +133,12 @@ def compare_shipped(progress=gr.Progress()):
     drafters = {"base": bundle.drafter("block"), "ExitTrain (shipped)": bundle.drafter("exittrain")}
     prompts = evaluation_prompts(bundle.is_chat, 6)
     rows, table = _compare(bundle, drafters, prompts, 48)
+    verdicts = []
+    for temperature in sorted({r["temperature"] for r in rows}):
+        base, shipped = (next(r for r in rows if r["drafter"] == name and r["temperature"] == temperature) for name in drafters)
+        se = math.hypot(base["tau_se"], shipped["tau_se"]) / base["tau"]  # independent rounds: the two drafters decode differently
+        verdicts.append(f"T = {temperature:g}: {change_in_words(shipped['tau'] / base['tau'] - 1, se)}")
+    table = "**Shipped ExitTrain drafter against the base, decoding tau:** " + "; ".join(verdicts) + ".\n\n" + table
     mass = _shipped_mass(bundle)
     return before_after_figure(rows), table + _control_note(bundle, None), mass, *side_by_side(bundle, drafters, prompts[0])
 
@@ -112,7 +149,7 @@ def _compare(bundle, drafters: dict, prompts: list[dict], max_new_tokens: int):
         with shared.SERVICE.compute:
             measured = evaluate_drafter(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(32,), temperatures=(0.0, 1.0), max_new_tokens=max_new_tokens, progress=False)
         for row in measured:
-            rows.append({"drafter": name, "temperature": row["temperature"], "tau": row["tau"], "tau_q25": row["prompt_tau_q25"], "tau_q75": row["prompt_tau_q75"]})
+            rows.append({"drafter": name, "temperature": row["temperature"], "tau": row["tau"], "tau_se": row["tau_se"], "tau_q25": row["prompt_tau_q25"], "tau_q75": row["prompt_tau_q75"]})
             lines.append(f"| {name} | {row['temperature']:g} | {row['tau']:.3f} +- {row['tau_se']:.3f} | {row['tau_bound']:.3f} | {row['prompt_tau_q25']:.2f}-{row['prompt_tau_q75']:.2f} |")
     return rows, "\n".join(lines) + f"\n\nDecoding: B = 32, {len(prompts)} held-out prompt(s), {max_new_tokens} new tokens each, TEV (greedy at T = 0); +- is the standard error over rounds."
 

@@ -11,7 +11,13 @@ drawn from the target. The output is distributed exactly as if the target had ge
 the probability that plain sampling from $p$ walks to $v$. *Live tab: node colour.*
 
 **Exit law (missing mass).** $\rho(v) = 1 - \sum_{u \in \mathrm{Ch}(v)} p_v(x_u)$ and $w(v) = P(v)\,\rho(v)$: the target mass that
-**leaves the tree at $v$**. The $w(v)$ sum to 1. Adding a child with token $a$ under $v$ raises coverage by $P(v)\,p_v(a)$. *Live tab: node ring; mass-by-depth chart.*
+**leaves the tree at $v$**. The $w(v)$ sum to 1. Adding a child with token $a$ under $v$ raises coverage by $P(v)\,p_v(a)$. *Live tab: node size; mass-by-depth chart.*
+
+**Sampling settings.** $p_v$ is the law the target samples from: its logits divided by the temperature $T$, then
+truncated by top-k (keep the $k$ likeliest tokens), top-p (keep the likeliest tokens until their mass reaches $p$) and
+min-p, in the order Hugging Face `generate` applies them, and renormalised. Every verifier is exact for that law,
+whatever it is. At $T = 0$ the law is a point mass on the argmax: every reach is 0 or 1 and the tree shows no gradation;
+pure sampling at $T = 1$ from a 135M model writes word salad. The page opens at $T = 0.7$, top-p $0.9$: sense, and graded reach.
 
 **Coverage bound.** $C(T) = \sum_{v \ne r} P(v)$. Every exact verifier has expected block length $E[L] \le 1 + C(T)$.
 *Live tab: the timeline plots each round's $L$ against $1 + C$.*

@@ -17,6 +17,7 @@ from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, adapt_to_
 from tev.train.workload_data import check_workload, load_workload, split_workload
 from tev.train.workload_finetune import workload_settings
 from tev.util.paths import assets_dir
+from tev.util.stats import change_in_words
 from ui import shared
 from ui.exittrain import side_by_side
 from ui.shared import _user_error
@@ -53,11 +54,8 @@ class _Cancel:
 
 
 def verdict(gain: dict) -> str:
-    """A relative change in words: a gain or loss outside one standard error, else none measured."""
-    text = f"{100 * gain['gain']:+.1f}% +- {100 * gain['se']:.1f}%"
-    if abs(gain["gain"]) <= gain["se"]:
-        return f"no measurable change ({text})"
-    return f"**{text}**" + (" (a gain)" if gain["gain"] > 0 else " (a loss)")
+    """A workload gain (``{"gain", "se"}``) in words (:func:`change_in_words`)."""
+    return change_in_words(gain["gain"], gain["se"])
 
 
 def result_table(result: dict) -> str:

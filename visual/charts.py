@@ -76,15 +76,15 @@ def mass_by_depth_figure(flow_or_flows) -> go.Figure:
         barmode="stack",
         title=dict(text=(
             f"Where the tree loses target mass: most at depth {worst} ({exits[worst]:.1%} of it){over}"
-            f"<br><sup>bar height = reach at depth d (sums to C(T) = {coverage:.3f}); "
-            "red = missing mass w leaving at d; depth 0 = the root's exit</sup>"
+            f"<br><sup>bar = reach at depth d (the bars sum to C(T) = {coverage:.3f}) · red = missing mass w leaving at d"
+            "<br>depth 0: the mass that leaves at the root</sup>"
         )),
         xaxis=dict(title="depth d", dtick=1),
         yaxis=dict(title="target probability", rangemode="tozero"),
         legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
         plot_bgcolor="white",
         height=420,
-        margin=dict(t=90),
+        margin=dict(t=110),
     )
     return fig
 
@@ -216,8 +216,9 @@ def _quartile_error(rows) -> dict | None:
     return dict(type="data", symmetric=False, array=up, arrayminus=down)
 
 
-def before_after_figure(rows) -> go.Figure:
-    """Measured ``tau`` by drafter and temperature.
+def before_after_figure(rows, title: str | None = None, yaxis: str = "tau = mean L") -> go.Figure:
+    """Measured ``tau`` (or another per-drafter figure, named by ``title`` and ``yaxis``) by
+    drafter and temperature.
 
     Args:
         rows: dicts ``{"drafter", "temperature", "tau", "tau_q25", "tau_q75"}`` (the quartiles
@@ -234,11 +235,11 @@ def before_after_figure(rows) -> go.Figure:
         error = _quartile_error(mine)
         fig.add_trace(go.Bar(
             x=[f"T = {float(r['temperature']):g}" for r in mine], y=[r["tau"] for r in mine], name=drafter, error_y=error,
-            hovertemplate="%{x}<br>tau = %{y:.3f}<extra>" + html.escape(str(drafter)) + "</extra>",
+            hovertemplate="%{x}<br>" + html.escape(yaxis) + " = %{y:.3f}<extra>" + html.escape(str(drafter)) + "</extra>",
         ))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888", annotation_text="autoregressive (tau = 1)", annotation_position="bottom right")
-    fig.update_layout(barmode="group", height=420, title="Mean block length tau by drafter (bars: 25th-75th percentile)",
-                      yaxis=dict(title="tau = mean L", rangemode="tozero"), xaxis=dict(title="temperature"), plot_bgcolor="white")
+    fig.update_layout(barmode="group", height=420, title=title or "Mean block length tau by drafter (bars: 25th-75th percentile)",
+                      yaxis=dict(title=yaxis, rangemode="tozero"), xaxis=dict(title="temperature"), plot_bgcolor="white")
     return fig
 
 
@@ -262,7 +263,7 @@ def verifier_lab_figure(
     frequencies as markers. Right: each verifier's mean ``L`` against ``1 + C(T)`` (dashed).
     """
     nodes = list(range(tree.num_nodes))
-    ticks = [f"{v}:{token_label(t, token_text, 6)}" for v, t in zip(nodes, tree.tokens_list)]
+    ticks = [f"v{v} {token_label(t, token_text, 8)}" for v, t in zip(nodes, tree.tokens_list)]  # node, then its token
     fig = make_subplots(rows=1, cols=2, column_widths=[0.75, 0.25], horizontal_spacing=0.08,
                         subplot_titles=("exit law w(v) and empirical exit frequency", "mean block length"))
     w = floats(flow.exit_weight)

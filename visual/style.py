@@ -31,12 +31,15 @@ def token_label(token: int, token_text: TokenText = str, max_chars: int | None =
     """The token's text with whitespace made visible, cut to ``max_chars`` with '…'.
 
     The result is HTML-escaped (plotly renders a subset of HTML in text and hover).
-    An empty decoding shows as ``⟨id⟩``.
+    An empty decoding shows as ``⟨id⟩``; a special token (``<|im_end|>``, ``</s>``) is never cut,
+    so it stays readable.
     """
-    text = _visible(token_text(int(token)))
+    raw = token_text(int(token))
+    text = _visible(raw)
     if not text:
         text = f"⟨{int(token)}⟩"
-    if max_chars is not None and len(text) > max_chars:
+    special = len(raw) <= 24 and raw.startswith("<") and raw.endswith(">") and " " not in raw
+    if max_chars is not None and len(text) > max_chars and not special:
         text = text[: max_chars - 1] + "…"
     return html.escape(text, quote=False)
 

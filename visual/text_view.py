@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from .style import TokenText
+from .style import BONUS_COLOUR, TokenText
 
 __all__ = ["text_view_html"]
 
@@ -14,8 +14,9 @@ NEWLINE_MARK = '<span class="tev-nl" style="opacity:0.45">↵</span>'
 
 
 def _span(text: str, css_class: str, background: str, title: str, bold: bool = False, round_index: int | None = None) -> str:
-    """One coloured token; a newline keeps its line break and shows a faint '↵' before it."""
-    weight = "font-weight:600;" if bold else ""
+    """One coloured token; a newline keeps its line break and shows a faint '↵' before it. A bold
+    (bonus) token is also underlined in the tree figure's bonus colour, so it differs by more than weight."""
+    weight = f"font-weight:600;border-bottom:2px solid {BONUS_COLOUR};" if bold else ""
     data = f' data-round="{round_index}"' if round_index is not None else ""
     body = html.escape(text).replace("\n", NEWLINE_MARK + "\n")
     return (
@@ -48,7 +49,7 @@ def text_view_html(records, token_text: TokenText = str, prompt_text: str = "") 
             kept (the last round may be cut at a stop): the first ``len(accepted)`` are
             accepted draft tokens, the rest is the bonus token.
         token_text: token id -> text (each token is decoded on its own).
-        prompt_text: shown first, in grey.
+        prompt_text: shown first, in grey, on its own lines above the generated text.
 
     Spans carry ``class="tev-draft"`` or ``"tev-bonus"``, ``data-round`` and a ``title``
     (hover) naming the round and the kind. Text is HTML-escaped; whitespace is kept
@@ -56,7 +57,8 @@ def text_view_html(records, token_text: TokenText = str, prompt_text: str = "") 
     """
     parts = []
     if prompt_text:
-        parts.append(f'<span class="tev-prompt" style="color:#777" title="prompt">{html.escape(prompt_text)}</span>')
+        parts.append(f'<div class="tev-prompt" style="color:#777;border-bottom:1px dashed #bbb;padding-bottom:4px;margin-bottom:6px" '
+                     f'title="prompt">{html.escape(prompt_text)}</div>')
     for record in records:
         parts += _round_spans(record, token_text)
     legend = (
@@ -64,7 +66,7 @@ def text_view_html(records, token_text: TokenText = str, prompt_text: str = "") 
         + _span("accepted draft", "tev-key", TEXT_PALETTES[0][0], "accepted draft tokens")
         + " "
         + _span("bonus", "tev-key", TEXT_PALETTES[0][1], "bonus token from the target", bold=True)
-        + " · colours alternate per round; hover a token for its round</div>"
+        + " · the prompt is grey, above the line · colours alternate per round; hover a token for its round</div>"
     )
     body = "".join(parts)
     return f'{legend}<div class="tev-text" style="white-space:pre-wrap;font-family:ui-monospace,monospace;line-height:1.7">{body}</div>'

@@ -21,6 +21,9 @@ __all__ = ["NODE_FIELDS", "tree_figure"]
 NODE_FIELDS = ("node", "depth", "token", "text", "q", "edge_prob", "reach", "rho", "w")
 
 REACH_SCALE = "Viridis"
+# Reach is drawn on a log scale from 1e-3 to 1: below the root most nodes hold a few percent or
+# less, and a linear 0..1 scale gives them all one colour.
+REACH_LOG_FLOOR = -3.0
 EDGE_COLOUR = "#9a9a9a"
 FADED = 0.45  # opacity of nodes off the accepted path (edges: FADED_EDGE)
 FADED_EDGE = 0.3
@@ -111,7 +114,7 @@ def _tree_title(tree, flow, verdict, title: str | None) -> str:
     numbers = f"B = {tree.budget}, C(T) = {flow.coverage:.3f}, 1 + C = {flow.tau_bound:.3f}"
     if verdict is not None:
         numbers += f", this round L = {verdict.block_length} ({verdict.verifier})"
-    key = "colour = reach P(v) · marker size grows with missing mass w(v)"
+    key = "colour = reach P(v) (log scale) · marker size grows with missing mass w(v)"
     if verdict is not None:
         key += " · bold = accepted path · red ring = exit node"
     head = title if title is not None else "Draft tree"
@@ -140,7 +143,7 @@ def tree_figure(
         max_label_nodes: at most this many node labels (the accepted path and the bonus are
             labelled first, then nodes by decreasing reach); ``None``: as many as fit.
 
-    Node ``v``: colour = ``P(v)`` on a fixed 0..1 scale, size grows with ``w(v)``, text = its
+    Node ``v``: colour = ``P(v)`` on a fixed log scale (1e-3 .. 1), size grows with ``w(v)``, text = its
     token, hover = token, ``v``, ``d(v)``, ``q``, ``p_pa(v)(x_v)``, ``P(v)``, ``rho(v)``, ``w(v)``
     (also in ``customdata``, columns ``NODE_FIELDS``).
     """
@@ -177,6 +180,11 @@ def tree_figure(
     return fig
 
 
+def _log_reach(flow) -> list[float]:
+    """``log10 P(v)``, floored at :data:`REACH_LOG_FLOOR` (a reach of 0 takes the floor's colour)."""
+    return [max(REACH_LOG_FLOOR, math.log10(r)) if r > 0 else REACH_LOG_FLOOR for r in floats(flow.reach)]
+
+
 def _node_sizes(flow, row_px: float) -> list[float]:
     """Marker diameter (px) per node: grows with ``sqrt(w(v))`` from a floor that fits a row."""
     smallest = max(4.0, min(8.0, 0.8 * row_px))
@@ -205,17 +213,20 @@ def _nodes_trace(tree, flow, x, y, sizes, path_nodes, labelled, font, token_text
     exit_node = verdict.exit_node if verdict is not None else -1  # its label sits outside the exit ring
     labels = [token_label(t, token_text) if v in labelled and v != exit_node else "" for v, t in enumerate(tree.tokens_list)]
     on_path = [verdict is None or v in path_nodes for v in range(n)]
+    # an accepted node's label sits above it: to its right runs the thick path line
+    positions = ["top center" if verdict is not None and v in path_nodes else "middle right" for v in range(n)]
     return go.Scatter(
-        x=x[:n], y=y[:n], mode="markers+text", name="nodes", showlegend=False,
-        text=labels, textposition="middle right", textfont=dict(size=font, color="#333"),
+        x=x[:n], y=y[:n], mode="markers+text", name="nodes", showlegend=False, cliponaxis=False,
+        text=labels, textposition=positions, textfont=dict(size=font, color="#333"),
         customdata=_node_customdata(tree, flow, token_text, draft_logprob),
         hovertemplate=_node_hovertemplate(draft_logprob),
         marker=dict(
-            color=floats(flow.reach), colorscale=REACH_SCALE, cmin=0.0, cmax=1.0, size=sizes,
+            color=_log_reach(flow), colorscale=REACH_SCALE, cmin=REACH_LOG_FLOOR, cmax=0.0, size=sizes,
             opacity=[1.0 if keep else FADED for keep in on_path],
             line=dict(color=[PATH_COLOUR if verdict is not None and keep else "white" for keep in on_path],
                       width=[2 if verdict is not None and keep else 0.5 for keep in on_path]),
-            colorbar=dict(title=dict(text="reach P(v)"), thickness=12, yanchor="top", y=1.0),
+            colorbar=dict(title=dict(text="reach P(v)"), thickness=12, yanchor="top", y=1.0,
+                          tickvals=[-3, -2, -1, 0], ticktext=["≤ 0.001", "0.01", "0.1", "1"]),
         ),
     )
 
@@ -224,7 +235,7 @@ def _exit_and_bonus_traces(tree, flow, verdict, x, y, sizes, labelled, font, tok
     v, b = verdict.exit_node, tree.num_nodes  # b: the bonus point appended to the layout
     w = floats(flow.exit_weight)[v]
     exit_trace = go.Scatter(
-        x=[x[v]], y=[y[v]], mode="markers+text", name="exit node", customdata=[[v, w]],
+        x=[x[v]], y=[y[v]], mode="markers+text", name="exit node", customdata=[[v, w]], cliponaxis=False,
         text=[token_label(tree.tokens_list[v], token_text) if v in labelled else ""], textposition="middle right",
         textfont=dict(size=font, color=EXIT_COLOUR),
         marker=dict(symbol="circle-open", size=sizes[v] + 12, color=EXIT_COLOUR, line=dict(width=3)),
@@ -239,7 +250,7 @@ def _exit_and_bonus_traces(tree, flow, verdict, x, y, sizes, labelled, font, tok
     )
     text = token_label(verdict.bonus_token, token_text)
     bonus = go.Scatter(
-        x=[x[b]], y=[y[b]], mode="markers+text", name="bonus token",
+        x=[x[b]], y=[y[b]], mode="markers+text", name="bonus token", cliponaxis=False,
         text=[text if b in labelled else ""], textposition="middle right",
         textfont=dict(size=font, color=BONUS_COLOUR), customdata=[[verdict.bonus_token, v]],
         marker=dict(symbol="diamond", size=max(10, sizes[v]), color=BONUS_COLOUR, line=dict(color="white", width=1)),

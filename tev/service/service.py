@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tev.core.sampling import SamplingLaw
 from tev.core.verify import VERIFIERS
 from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, GenerationConfig, GenerationSummary, RoundRecord, autoregressive_generate, speculative_generate
 from tev.engine.models import ModelBundle, load_bundle
 from tev.engine.prompt_text import encode_chat, encode_prompt
 
-__all__ = ["Limits", "LIMITS", "ModelService", "check_number", "finite_number", "check_settings", "records_to_json", "ExitTrainSlot", "UserInputError"]
+__all__ = ["Limits", "LIMITS", "DEFAULT_SAMPLING", "ModelService", "check_number", "finite_number", "check_settings", "records_to_json", "ExitTrainSlot", "UserInputError"]
 
 
 class UserInputError(ValueError):
@@ -36,6 +37,8 @@ class Limits:
     max_budget: int = 256
     max_new_tokens: int = 256
     max_temperature: float = 2.0
+    min_top_p: float = 0.05
+    max_top_k: int = 1000
     min_temperature: float = MIN_TEMPERATURE  # a policy floor for a positive T (0 is greedy), the library's own
     max_seed: int = 2**31 - 1
     max_lab_budget: int = 64
@@ -47,6 +50,10 @@ class Limits:
 
 
 LIMITS = Limits()
+
+# The app's opening sampling law, chosen by measurement (scripts/sampling_defaults.py,
+# docs/sampling-defaults.json): coherent answers on the held-out prompts and graded reach.
+DEFAULT_SAMPLING = SamplingLaw(0.7, top_p=0.9)
 
 
 def finite_number(name: str, value, low, high) -> int | float:
@@ -71,22 +78,25 @@ def check_number(name: str, value, low, high, integer: bool = False) -> int | fl
     return number
 
 
-def check_settings(drafter: str, verifier: str, budget, temperature, max_new_tokens, seed, drafters_available) -> GenerationConfig:
-    """Validate UI values and build a :class:`GenerationConfig`; raises :class:`UserInputError`."""
+def check_settings(drafter: str, verifier: str, budget, temperature, max_new_tokens, seed, drafters_available, top_p=1.0, top_k=0) -> GenerationConfig:
+    """Validate UI values and build a :class:`GenerationConfig`; raises :class:`UserInputError`.
+    ``top_p`` 1 and ``top_k`` 0 leave the target's rows untruncated."""
     if drafter not in drafters_available:
         raise UserInputError(f"unknown drafter {drafter!r}; choose one of {', '.join(drafters_available)}")
     if verifier not in VERIFIERS:
         raise UserInputError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)}")
-    budget = check_number("budget", budget, 1, min(LIMITS.max_budget, MAX_BUDGET), integer=True)
+    budget = check_number("budget", budget, 0, min(LIMITS.max_budget, MAX_BUDGET), integer=True)
     temperature = check_number("temperature", temperature, 0.0, LIMITS.max_temperature)
     max_new_tokens = check_number("max new tokens", max_new_tokens, 1, LIMITS.max_new_tokens, integer=True)
     seed = check_number("seed", seed, 0, LIMITS.max_seed, integer=True)
+    top_p = check_number("top-p", top_p, LIMITS.min_top_p, 1.0)
+    top_k = check_number("top-k", top_k, 0, LIMITS.max_top_k, integer=True)
     if 0 < temperature < LIMITS.min_temperature:
         raise UserInputError(f"temperature must be 0 (greedy) or from {LIMITS.min_temperature} to {LIMITS.max_temperature}, got {temperature!r}")
     if verifier == "greedy" and temperature > 0:
         sampling = ", ".join(name for name in VERIFIERS if name != "greedy")
         raise UserInputError(f"the greedy verifier needs temperature 0; set temperature to 0 or pick a sampling verifier ({sampling})")
-    return GenerationConfig(budget=budget, temperature=temperature, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed)
+    return GenerationConfig(budget=budget, temperature=temperature, top_k=top_k, top_p=top_p, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed)
 
 
 class ModelService:
@@ -165,12 +175,13 @@ class ModelService:
         return self.bundle().tokenizer.decode([token], clean_up_tokenization_spaces=False)
 
 
-def records_to_json(records: list[RoundRecord], summary: GenerationSummary | None, settings: dict, folder: str | None = None) -> str:
-    """Write a run's rounds to a JSON file (in a fresh temp folder); returns its path."""
+def records_to_json(records: list[RoundRecord], summary: GenerationSummary | None, settings: dict, folder: str | None = None, token_text=None) -> str:
+    """Write a run's rounds to a JSON file (in a fresh temp folder); returns its path. With
+    ``token_text`` (token id -> text) every token also comes as text."""
     payload = {
         "settings": settings,
         "summary": summary.to_dict() if summary is not None else None,
-        "rounds": [record.to_dict() for record in records],
+        "rounds": [record.to_dict(token_text) for record in records],
     }
     directory = tempfile.mkdtemp(prefix="tev-run-", dir=folder)
     path = os.path.join(directory, f"tev-run-{time.strftime('%Y%m%d-%H%M%S')}.json")

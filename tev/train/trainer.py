@@ -263,15 +263,17 @@ class ExitTrainer:
         )
 
     @torch.no_grad()
-    def heldout_trees(self, batches: int = 4, seed: int = 12345) -> TreeBatch:
+    def heldout_trees(self, batches: int = 4, seed: int = 12345, should_stop=None) -> TreeBatch | None:
         """The current drafter's trees on held-out sequences (fixed anchors: the same rounds every
-        call), scored by the target."""
+        call), scored by the target; None when ``should_stop()`` turned true between batches."""
         if self.heldout is None:
             raise ValueError("no held-out sequences")
         self.drafter.eval()
         generator = torch.Generator().manual_seed(seed)
         parts = []
         for _ in range(batches):
+            if should_stop is not None and should_stop():
+                return None
             rows, anchors = self._sample(self.heldout, generator)
             parts.append(self._forward_batch(self.heldout, rows, anchors, train=False).scored)
         return TreeBatch.join(parts)
@@ -282,10 +284,11 @@ class ExitTrainer:
             return float("nan")
         return self.heldout_trees(batches, seed).expected_tau
 
-    def run(self, checkpoint_dir: Path | None = None) -> Iterator[ProgressEvent]:
-        """Train until ``config.steps`` or :meth:`cancel`; yields one event per step."""
+    def run(self, checkpoint_dir: Path | None = None, deadline: float | None = None) -> Iterator[ProgressEvent]:
+        """Train until ``config.steps``, :meth:`cancel`, or ``deadline`` (a ``time.monotonic()``
+        value: no step starts after it); yields one event per step."""
         config = self.config
-        while self.step < config.steps and not self.cancelled:
+        while self.step < config.steps and not self.cancelled and (deadline is None or time.monotonic() < deadline):
             event = self.train_step()
             if config.eval_every and (self.step % config.eval_every == 0 or self.step == config.steps):
                 event.heldout_expected_tau = self.heldout_expected_tau()

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-__all__ = ["quantile", "median", "spread", "standard_error", "standard_error_of_mean"]
+__all__ = ["quantile", "median", "spread", "standard_error", "standard_error_of_mean", "change_in_words"]
 
 
 def _floats(values) -> np.ndarray:
@@ -43,3 +43,12 @@ def standard_error_of_mean(errors) -> float:
     """Standard error of the plain mean of independent estimates with standard errors ``errors``."""
     data = _floats(errors)
     return float(np.sqrt(np.sum(data**2)) / data.size) if data.size else float("nan")
+
+
+def change_in_words(change: float, se: float) -> str:
+    """A relative change as a verdict: a gain or a loss when it lies outside two standard errors,
+    else "no measurable change"; markdown, e.g. ``**+18.0% +- 4.0%** (a gain)``."""
+    text = f"{100 * change:+.1f}% +- {100 * se:.1f}%"
+    if abs(change) <= 2 * se:
+        return f"no measurable change ({text})"
+    return f"**{text}**" + (" (a gain)" if change > 0 else " (a loss)")
