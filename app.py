@@ -23,11 +23,12 @@ from tev.train.exit_loss import WEIGHT_MODES
 from tev.util.cpus import available_cpus
 from ui import shared
 from ui.components import Number, Slider
-from ui.exittrain import cancel_exittrain, compare_shipped, run_exittrain
+from ui.exittrain import CHAT_TAB_STEPS, cancel_exittrain, compare_shipped, run_exittrain
 from ui.gpu import ZERO_GPU, gpu_task, quota_note
 from ui.lab import run_verifier_lab
 from ui.learn import LEARN
 from ui.live import arm_stop, browse_round, export_run, run_live, step_round, stop_live
+from ui.walkthrough import export_walkthrough, replay_walkthrough, run_walkthrough, step_walkthrough
 from ui.workload import MAX_MINUTES, MIN_MINUTES, OWN, pack_names, run_workload
 
 # Gradio keeps every session's state and last component values in memory (about 1.5 MB per
@@ -125,6 +126,38 @@ def build_app() -> gr.Blocks:
                 export_file = gr.File(label="rounds JSON", interactive=False)
             run_state = gr.State({"records": [], "summary": None}, time_to_live=RUN_STATE_SECONDS)
 
+        with gr.Tab("Walkthrough"):
+            gr.Markdown(
+                "Watch **one round** happen, step by step: the drafter's guesses, the tree, the one target forward, where the target's "
+                "mass flows and leaves, the verifier's decision, the bonus token, the commit. Every number is this round's. "
+                "The defaults sample (T = 0.7, top-p 0.9) so the reach is graded; at T = 0 every reach is 0 or 1 and step 6 is an argmax walk."
+            )
+            with gr.Row():
+                with gr.Column(scale=3):
+                    wk_prompt = gr.Textbox(label=f"prompt · at most {LIMITS.max_prompt_chars:,} characters", value=examples[2] if len(examples) > 2 else examples[0], lines=3, elem_id="walk-prompt")
+                with gr.Column(scale=2):
+                    wk_drafter = gr.Radio(list(DRAFTER_KINDS), value="block", label="drafter q")
+                    wk_verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier")
+                    with gr.Row():
+                        wk_budget = Slider(0, LIMITS.max_lab_budget, value=16, step=1, label="budget B")
+                        wk_temperature = Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T")
+                        wk_top_p = Slider(LIMITS.min_top_p, 1.0, value=DEFAULT_SAMPLING.top_p, step=0.01, label="top-p")
+                        wk_seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed (same settings and seed: the same round)")
+            wk_run = gr.Button("Run one round", variant="primary", elem_id="walk-run")
+            wk_where = gr.Markdown("Press **Run one round**.", elem_id="walk-where")
+            with gr.Row():
+                wk_back = gr.Button("◀ Back", elem_id="walk-back")
+                wk_next = gr.Button("Next ▶", elem_id="walk-next")
+            wk_text = gr.Markdown(elem_id="walk-text", latex_delimiters=[{"left": "$", "right": "$", "display": False}])
+            wk_plot = gr.Plot(label="this step", elem_id="walk-plot")
+            with gr.Row():
+                wk_replay = gr.Button("Replay this round's tree 3,000 times (each verifier)", elem_id="walk-replay")
+                wk_export = gr.Button("Export the walkthrough as HTML", elem_id="walk-export")
+            wk_replay_table = gr.Markdown(elem_id="walk-replay-table", latex_delimiters=[{"left": "$", "right": "$", "display": False}])
+            wk_replay_plot = gr.Plot(label="the verifiers on this round's tree")
+            wk_file = gr.File(label="walkthrough HTML (opens offline)", interactive=False)
+            wk_state = gr.State({}, time_to_live=RUN_STATE_SECONDS)
+
         with gr.Tab("Verifier lab"):
             gr.Markdown("Fix **one** tree and run each exact verifier many times: the exit-node frequencies follow the exit law w(v) and the mean block length is 1 + C(T), for TEV, predraw and sequential alike (fixed-tree equivalence).")
             with gr.Row():
@@ -154,7 +187,7 @@ def build_app() -> gr.Blocks:
             with gr.Row():
                 et_domain = gr.Radio(list(DOMAINS), value="dialogue", label="domain (train and judge on it; the base drafter does worst on dialogue)", visible=shared.EXITTRAIN_CHAT)
                 et_weights = gr.Radio(list(WEIGHT_MODES), value="exit", label="weights (exit: the method; prefix, none: controls)")
-                et_steps = Slider(LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, value=live.steps, step=5, label="steps")
+                et_steps = Slider(LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, value=CHAT_TAB_STEPS if shared.EXITTRAIN_CHAT else live.steps, step=1, label="steps (training stops early if the 3 minutes run out)")
                 et_lambda = Slider(0, LIMITS.max_lambda_exit, value=live.lambda_exit, step=1, label="lambda (weight of L_exit)")
             with gr.Row():
                 et_start = gr.Button("Start fine-tune", variant="primary", elem_id="exittrain-start")
@@ -209,6 +242,13 @@ def build_app() -> gr.Blocks:
         previous_round.click(step_round, [round_slider, gr.State(-1), run_state], round_slider, api_name=False).then(browse_round, [round_slider, run_state], [tree_plot, mass_plot, round_info], api_name=False)
         next_round.click(step_round, [round_slider, gr.State(1), run_state], round_slider, api_name=False).then(browse_round, [round_slider, run_state], [tree_plot, mass_plot, round_info], api_name=False)
         export.click(export_run, run_state, export_file, api_name="export")
+        wk_outputs = [wk_where, wk_text, wk_plot, wk_state]
+        wk_run.click(gpu_task("generate")(run_walkthrough), [wk_prompt, wk_drafter, wk_verifier, wk_budget, wk_temperature, wk_top_p, wk_seed],
+                     wk_outputs + [wk_replay_plot, wk_replay_table], api_name="walkthrough", concurrency_limit=2, concurrency_id="compute")
+        wk_back.click(step_walkthrough, [gr.State(-1), wk_state], wk_outputs, api_name=False, concurrency_limit=2, concurrency_id="compute")
+        wk_next.click(gpu_task("generate")(step_walkthrough), [gr.State(1), wk_state], wk_outputs, api_name="walkthrough_next", concurrency_limit=2, concurrency_id="compute")
+        wk_replay.click(gpu_task("verifier_lab")(replay_walkthrough), wk_state, [wk_replay_plot, wk_replay_table], api_name="walkthrough_replay", concurrency_limit=2, concurrency_id="compute")
+        wk_export.click(export_walkthrough, wk_state, wk_file, api_name="walkthrough_export")
         lab_run.click(gpu_task("verifier_lab")(run_verifier_lab), [lab_source, lab_prompt, lab_drafter, lab_budget, lab_temperature, lab_draws, lab_seed], [lab_plot, lab_tree, lab_table], api_name="verifier_lab", concurrency_limit=2, concurrency_id="compute")
         et_start.click(gpu_task("exittrain")(run_exittrain), [et_domain, et_weights, et_steps, et_lambda], [et_curve, et_status, et_compare, et_table, et_mass, et_tree_base, et_tree_trained], api_name="exittrain", concurrency_limit=2, concurrency_id="compute")
         et_cancel.click(cancel_exittrain, None, et_status, api_name="exittrain_cancel")

@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
     parser.add_argument("--threads", default=os.environ.get("TEV_THREADS", "2"))
     parser.add_argument("--json", help="write the per-prompt figures here")
+    parser.add_argument("--api", action="store_true", help="call the page's Generate through the API instead (no browser on this machine)")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -54,36 +55,64 @@ def main() -> None:
     rows = []
     try:
         print(f"app ready in {server.wait_ready():.1f}s", flush=True)
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(server.url, wait_until="domcontentloaded")
-            page.wait_for_function("!document.body.innerText.includes('loading models')", timeout=120_000)
-            set_number(page, "max new tokens", 64)
-            set_number(page, "budget B (draft nodes per round; 0 drafts nothing: plain decoding)", 16)
-            for temperature in args.temperatures:
-                set_number(page, "temperature T (0: greedy)", temperature)
-                for prompt in prompts:
-                    page.get_by_label("your message to the model").fill(prompt["text"])
-                    page.click("#generate-button")
-                    page.wait_for_function("document.querySelector('#live-stats').innerText.includes('timed again')", timeout=300_000)
-                    stats = page.inner_text("#live-stats")
-                    speedup = float(re.search(r"→ (\d+\.\d+)x", stats).group(1))
-                    live = float(re.search(r"(\d+\.\d+) tokens/s while the page drew", stats).group(1))
-                    quiet = float(re.search(r"speculation (\d+\.\d+) tokens/s", stats).group(1))
-                    rows.append({"temperature": temperature, "prompt": prompt["id"], "domain": prompt.get("domain"), "speedup": speedup,
-                                 "tokens_per_second_live": live, "tokens_per_second_quiet": quiet})
-                    print(f"T={temperature:g} {prompt['id']}: page speedup {speedup:.2f}x (speculation {quiet:.1f} tok/s quiet, {live:.1f} while drawing)", flush=True)
-                    # the next Generate must not be mistaken for this one's finished stats
-                    page.evaluate("document.querySelector('#live-stats').innerText = ''")
-            browser.close()
+        if args.api:
+            rows = api_rows(server.url, prompts, args.temperatures)
+        else:
+            rows = browser_rows(server.url, prompts, args.temperatures, sync_playwright)
     finally:
         server.stop()
     for temperature in args.temperatures:
         mine = [r["speedup"] for r in rows if r["temperature"] == temperature]
         print(f"T={temperature:g}: median page speedup {statistics.median(mine):.2f}x over {len(mine)} prompts")
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": args.threads, "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"threads": args.threads, "api": args.api, "rows": rows}, indent=1))
+
+
+def parse(stats: str, temperature: float, prompt: dict) -> dict:
+    stats = stats.replace("**", "")  # the API gives markdown, the page its text
+    speedup = float(re.search(r"→ (\d+\.\d+)x", stats).group(1))
+    live = float(re.search(r"(\d+\.\d+) tokens/s while the page drew", stats).group(1))
+    quiet = float(re.search(r"speculation (\d+\.\d+) tokens/s", stats).group(1))
+    print(f"T={temperature:g} {prompt['id']}: page speedup {speedup:.2f}x (speculation {quiet:.1f} tok/s quiet, {live:.1f} while drawing)", flush=True)
+    return {"temperature": temperature, "prompt": prompt["id"], "domain": prompt.get("domain"), "speedup": speedup,
+            "tokens_per_second_live": live, "tokens_per_second_quiet": quiet}
+
+
+def api_rows(url: str, prompts: list[dict], temperatures) -> list[dict]:
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+    rows = []
+    for temperature in temperatures:
+        for prompt in prompts:
+            stats = client.predict(prompt["text"], "block", "tev", 16, temperature, 64, 0, True, True, 0.9, 0, api_name="/generate")[4]
+            rows.append(parse(stats, temperature, prompt))
+    return rows
+
+
+def browser_rows(url: str, prompts: list[dict], temperatures, sync_playwright) -> list[dict]:
+    rows = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url, wait_until="domcontentloaded")
+        page.wait_for_function("!document.body.innerText.includes('loading models')", timeout=120_000)
+        set_number(page, "max new tokens", 64)
+        set_number(page, "budget B (draft nodes per round; 0 drafts nothing: plain decoding)", 16)
+        for temperature in temperatures:
+            set_number(page, "temperature T (0: greedy)", temperature)
+            for prompt in prompts:
+                page.get_by_label("your message to the model").fill(prompt["text"])
+                page.click("#generate-button")
+                # this run's text view shows its own prompt from its first round, in the same update
+                # that replaces the previous run's stats; its stats say 'timed again' only at the end
+                page.wait_for_function(
+                    "start => document.querySelector('#text-view').innerText.includes(start) && "
+                    "document.querySelector('#live-stats').innerText.includes('timed again')",
+                    arg=prompt["text"][:40], timeout=300_000)
+                rows.append(parse(page.inner_text("#live-stats"), temperature, prompt))
+        browser.close()
+    return rows
 
 
 if __name__ == "__main__":

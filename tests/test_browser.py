@@ -116,3 +116,26 @@ def test_exittrain_cancel_measures_nothing(app_server, browser):
     assert "+0.0%" not in page.inner_text("#exittrain-table")
     assert _error_badges(page) == 0
     page.close()
+
+
+def test_the_walkthrough_steps_through_one_round_and_exports_it(app_server, browser):
+    from visual.walkthrough import STEP_TITLES
+
+    page = _open(app_server, browser)
+    page.get_by_role("tab", name="Walkthrough").click()
+    page.locator("#walk-prompt textarea").fill("def add(a, b):\n    ")  # the quick assets' context is 128 tokens
+    page.click("#walk-run")
+    page.wait_for_function("document.querySelector('#walk-where').innerText.includes('step 1 of 8')", timeout=60_000)
+    for number, title in enumerate(STEP_TITLES, start=1):
+        page.wait_for_function(f"document.querySelector('#walk-where').innerText.includes('step {number} of 8')", timeout=30_000)
+        page.wait_for_function("title => document.querySelector('#walk-text').innerText.includes(title)", arg=title.split(". ", 1)[1], timeout=30_000)
+        page.wait_for_selector("#walk-plot .js-plotly-plot .main-svg", timeout=30_000)  # the step's figure rendered
+        page.click("#walk-next")
+    page.wait_for_function("document.querySelector('#walk-where').innerText.includes('round 2 · step 1 of 8')", timeout=60_000)
+    page.click("#walk-back")
+    page.click("#walk-replay")
+    page.wait_for_function("document.querySelector('#walk-replay-table').innerText.includes('mean block length')", timeout=60_000)
+    page.click("#walk-export")
+    page.wait_for_selector("a[href*='tev-walkthrough-']", timeout=30_000)
+    assert _error_badges(page) == 0
+    page.close()

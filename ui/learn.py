@@ -6,12 +6,18 @@ LEARN = r"""
 A small **draft model `q`** proposes a tree of possible next tokens; the **target model `p`** scores every node of
 the tree in **one** forward pass (tree attention); a **verifier** keeps a path of the tree and adds one **bonus token**
 drawn from the target. The output is distributed exactly as if the target had generated it alone.
+*Walkthrough tab: one round, step by step, on the live model.*
+
+**Notation.** A tree has a root $r$ (the last committed token) and $B$ other nodes; node $v$ carries a token $x_v$ at
+depth $d(v)$ (the root has depth 0), its **parent** is $\mathrm{pa}(v)$ and its **children** are $\mathrm{Ch}(v)$. $p_v$ is the
+target's next-token law after the path root $\to v$ (one row of the tree forward), $q_d$ the drafter's guess at depth $d$.
+*Walkthrough: steps 2-4.*
 
 **Reach.** With $p_v$ the target's next-token distribution at node $v$: $P(r) = 1$, $P(v) = P(\mathrm{pa}(v))\, p_{\mathrm{pa}(v)}(x_v)$,
-the probability that plain sampling from $p$ walks to $v$. *Live tab: node colour.*
+the probability that plain sampling from $p$ walks to $v$. *Live tab: node colour. Walkthrough: step 5.*
 
 **Exit law (missing mass).** $\rho(v) = 1 - \sum_{u \in \mathrm{Ch}(v)} p_v(x_u)$ and $w(v) = P(v)\,\rho(v)$: the target mass that
-**leaves the tree at $v$**. The $w(v)$ sum to 1. Adding a child with token $a$ under $v$ raises coverage by $P(v)\,p_v(a)$. *Live tab: node size; mass-by-depth chart.*
+**leaves the tree at $v$**. The $w(v)$ sum to 1. Adding a child with token $a$ under $v$ raises coverage by $P(v)\,p_v(a)$. *Live tab: node size; mass-by-depth chart. Walkthrough: step 5.*
 
 **Sampling settings.** $p_v$ is the law the target samples from: its logits divided by the temperature $T$, then
 truncated by top-k (keep the $k$ likeliest tokens), top-p (keep the likeliest tokens until their mass reaches $p$) and
@@ -33,7 +39,21 @@ relative to one plain forward (tree forward + drafter + verifier). *Live tab: st
 **TEV (Tree Exit Verification).** Draw the exit node $V \sim w$ in one step, then the bonus $Y$ from the residual
 $p_V^{\mathrm{res}}(a) \propto p_V(a)\,[a \notin \mathrm{Ch}(V)]$. It attains the bound, needs only the parent rows normalised, and one
 host sync. Predraw-and-follow and sequential residual verification reach the same law by other routes.
-*Verifier lab: all three match $w(v)$ and $1 + C$ on one fixed tree.*
+*Verifier lab: all three match $w(v)$ and $1 + C$ on one fixed tree. Walkthrough: steps 6 and 7.*
+
+**Why the output is exact, in words.** Think of the target sampling its own next tokens while walking down the tree:
+at each node it either picks one of the node's children (and walks on) or picks something else (and leaves). The
+chance that it reaches $v$ and leaves there is exactly $w(v)$. TEV draws where it leaves ($V \sim w$) and then what
+it picked instead, from $p_V$ with the children removed: together that is one draw of the target's own walk, so every
+block of tokens comes out with the target's own probability. The drafter only decides *which* paths are offered; a bad
+drafter makes blocks short, never wrong.
+
+**What a round costs and what it gains.** A round costs one drafter pass, one target forward over $B + 1$ tokens and
+the decision; it gains $L$ tokens ($\tau$ on average). Plain decoding gains one token per target forward. On a GPU a
+forward over 17 tokens costs about as much as over one (the weights are read once either way), so the speedup is close
+to $\tau$. On this 2-core CPU a 17-token forward costs noticeably more than a one-token one and the decision at $T > 0$
+normalises rows over the 49,152-token vocabulary, so a round can cost more steps than it yields tokens: the Live tab
+says so with this run's numbers when it happens. *Live tab: the speed line; Walkthrough: step 8.*
 
 **ExitTrain.** Fine-tune the drafter on the trees inference actually builds:
 $\mathcal{L} = \mathcal{L}_{tok} + \lambda\,\mathcal{L}_{exit}$ with

@@ -1,0 +1,95 @@
+"""The walkthrough traces the decode loop's own round, and its steps agree with each other."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from tev.core.sampling import SamplingLaw
+from tev.core.verify import VERIFIERS
+from tev.engine.decode import GenerationConfig, run_to_end, speculative_generate
+from tev.engine.models import load_bundle
+from tev.engine.walkthrough import trace_round
+from tests.tiny import tiny_ar_drafter, tiny_block_drafter, tiny_target
+from visual.walkthrough import STEP_TITLES, walkthrough_html, walkthrough_steps
+
+VOCAB = 40
+PROMPT = [1, 5, 9, 3, 7]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    torch.manual_seed(0)
+    target = tiny_target(VOCAB, scale=2.0)
+    return target, {"block": tiny_block_drafter(target), "ar": tiny_ar_drafter(VOCAB)}
+
+
+CASES = [(drafter, verifier, law) for drafter in ("block", "ar") for verifier in VERIFIERS if verifier != "greedy"
+         for law in (SamplingLaw(0.7, top_p=0.9), SamplingLaw(1.0))] + [("block", "greedy", SamplingLaw(0.0)), ("ar", "tev", SamplingLaw(0.0))]
+
+
+@pytest.mark.parametrize("drafter,verifier,law", CASES, ids=lambda x: x.describe() if isinstance(x, SamplingLaw) else str(x))
+def test_every_step_reads_the_same_round(pair, drafter, verifier, law):
+    target, drafters = pair
+    trace = trace_round(target, drafters[drafter], PROMPT, law, verifier, 8, seed=3)
+    assert trace.verifier == ("greedy" if law.greedy else verifier)
+    steps = walkthrough_steps(trace, str)
+    assert [s.title for s in steps] == list(STEP_TITLES)
+    n = trace.tree.num_nodes
+    for step in steps:
+        assert step.text and step.figure.data, step.title
+        json.loads(step.figure.to_json())  # every figure serialises for the browser
+    # the tree of step 5 and of step 8 is the traced tree; step 5's exit law sums to 1
+    for index in (4, 7):
+        nodes = next(t for t in steps[index].figure.data if t.name == "nodes")
+        assert len(nodes.customdata) == n
+    assert abs(float(trace.flow.exit_weight.sum()) - 1) < 1e-5
+    assert trace.positions.tolist() == [len(PROMPT) - 1 + d for d in trace.tree.depths.tolist()]
+    if trace.verifier == "tev":  # step 6's categorical is step 5's exit law
+        bars = steps[5].figure.data[0]
+        assert list(bars.y) == pytest.approx(trace.flow.exit_weight.tolist())
+    assert trace.block == trace.verdict.block_tokens(trace.tree) and trace.next_context == PROMPT + trace.block
+    # the bonus is never one of the exit node's children
+    assert trace.verdict.bonus_token not in {trace.tree.tokens_list[u] for u in trace.tree.children(trace.verdict.exit_node)}
+
+
+def test_same_settings_and_seed_give_the_same_round(pair):
+    target, drafters = pair
+    law = SamplingLaw(1.0)
+    first, again = (trace_round(target, drafters["block"], PROMPT, law, "predraw", 8, seed=11) for _ in range(2))
+    assert (first.verdict.path, first.verdict.bonus_token, first.decision) == (again.verdict.path, again.verdict.bonus_token, again.decision)
+    other = [trace_round(target, drafters["block"], PROMPT, law, "predraw", 8, seed=s).block for s in range(12, 20)]
+    assert any(block != first.block for block in other)  # the seed is what fixes the round
+
+
+def test_the_first_round_is_the_decode_loop_s_first_round(pair):
+    # same prompt, tree and verdict as speculative_generate's first round with the same seed
+    target, drafters = pair
+    for verifier in ("tev", "predraw", "sequential"):
+        trace = trace_round(target, drafters["block"], PROMPT, SamplingLaw(1.0), verifier, 8, seed=5)
+        records, _ = run_to_end(speculative_generate(target, drafters["block"], PROMPT, GenerationConfig(budget=8, temperature=1.0, verifier=verifier, seed=5, max_new_tokens=1, stop_at_eos=False)))
+        assert records[0].tree.tokens_list == trace.tree.tokens_list and records[0].verdict.path == trace.verdict.path
+        assert records[0].bonus_token == trace.verdict.bonus_token
+
+
+def test_the_html_export_holds_every_step_and_opens_offline(pair):
+    target, drafters = pair
+    traces = [trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.7, top_p=0.9), "tev", 8, seed=1)]
+    traces.append(trace_round(target, drafters["block"], traces[0].next_context, traces[0].law, "tev", 8, seed=1, round_index=1))
+    page = walkthrough_html(traces, str)
+    assert page.count("class='step'") == 2 * len(STEP_TITLES)
+    assert page.count("plotly.js v") == 1  # the library inlined once, no network needed
+    assert not re.search(r"<script[^>]+src=", page)
+
+
+def test_the_command_line_export_writes_the_steps(tmp_path, monkeypatch):
+    from tests.tiny import save_pair
+    from visual import walkthrough_export
+
+    paths = save_pair(tmp_path / "pair")
+    monkeypatch.setattr(walkthrough_export, "load_bundle", lambda pair=None: load_bundle(paths["target"], paths["block"]))
+    out = tmp_path / "walk.html"
+    walkthrough_export.main(["--prompt", "def add(a, b):\n    ", "--rounds", "2", "--out", str(out), "--budget", "6"])
+    page = out.read_text()
+    assert page.count("class='step'") == 16 and "8. The commit" in page

@@ -1,0 +1,187 @@
+"""One speculation round, traced step by step for the walkthrough: every intermediate the
+round computes, kept for the figures (the context, the drafter's marginals, the builder's
+order, the tree-attention mask, the target's rows on the tree, the verifier's decision, the
+bonus token's residual, the commit).
+
+The round is the decode loop's own (:func:`~tev.engine.round.draft_and_forward`, then the named
+verifier on the target rows); the decision details are replayed from the same generator state
+and checked against the verdict, so what the walkthrough shows is what the verifier did.
+``p`` is the target, ``q`` the drafter.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from tev.core.flow import TargetFlow, flow_from_edge_prob
+from tev.core.sampling import SamplingLaw, sample_rows
+from tev.core.tree import DraftTree
+from tev.core.verify import TargetRows, Verdict, verify_rows
+from tev.engine.round import draft_and_forward, prefill, room_left
+from tev.engine.session import CausalLMSession
+
+__all__ = ["RoundTrace", "trace_round", "TOP_TOKENS"]
+
+TOP_TOKENS = 6  # tokens shown per depth (marginals) and per row (the bonus step)
+
+
+@dataclass(eq=False)
+class RoundTrace:
+    """Everything one round did, step by step.
+
+    Attributes:
+        context: `list[int]` committed tokens before the round; the root is ``context[-1]``.
+        round_index: which round of the walkthrough (0 first).
+        law: the target's sampling law; verifier: the verifier that decided (greedy at T = 0).
+        marginals: ``(tokens, probs)``, each `Tensor[K, TOP_TOKENS]`: the block drafter's top
+            tokens per depth ``q_1 .. q_K`` (None for a drafter without per-depth marginals).
+        tree: the draft tree (node order = the order the builder added them).
+        positions: `LongTensor[N]` each node's position id (``len(context) - 1 + d(v)``).
+        flow: reach, local exit, exit law and coverage of the tree under ``p``.
+        verdict: the accepted path, exit node and bonus token.
+        decision: what the verifier did, by verifier: ``tev``: ``exit_law`` (`list[N]`);
+            ``predraw``: ``draws`` (one token per node); ``sequential``: ``tests`` (per visited
+            node, ``(child, token, g, accepted)`` in test order); ``greedy``: ``argmax`` (node ->
+            its row's argmax, on the path).
+        bonus: the exit row ``p_V`` and its residual: ``row`` (top ``(token, p)``), ``removed``
+            (V's child tokens), ``residual`` (top ``(token, p_res)``), ``greedy`` (T = 0: the
+            row is shown as softmax at T = 1 and the bonus is its argmax).
+        rows: the target rows (for replaying the decision many times).
+        seconds: wall time of the round (draft, forward, decision).
+    """
+
+    context: list[int]
+    round_index: int
+    law: SamplingLaw
+    verifier: str
+    marginals: tuple[torch.Tensor, torch.Tensor] | None
+    tree: DraftTree
+    positions: torch.Tensor
+    flow: TargetFlow
+    verdict: Verdict
+    decision: dict
+    bonus: dict
+    rows: TargetRows = field(repr=False)
+    seconds: float = 0.0
+
+    @property
+    def block(self) -> list[int]:
+        """The tokens this round commits: accepted draft tokens, then the bonus token."""
+        return self.verdict.block_tokens(self.tree)
+
+    @property
+    def next_context(self) -> list[int]:
+        return self.context + self.block
+
+
+def trace_round(target, drafter, context: list[int], law: SamplingLaw, verifier: str, budget: int, seed: int, round_index: int = 0) -> RoundTrace:
+    """Run one round after ``context`` (prompt and tokens committed so far) and keep every step.
+
+    The target caches the context first (the decode loop's prefill); the round's randomness
+    comes from ``seed + round_index``, so the same settings give the same round.
+    """
+    verifier = "greedy" if law.greedy else verifier
+    session = CausalLMSession(target, feature_layers=drafter.feature_layers)
+    features = prefill(session, context)
+    if room_left(session) < 1:
+        raise ValueError("the context fills the target's context window; start again with a shorter prompt")
+    round_start = time.perf_counter()
+    marginals = _marginals(drafter, context, features, room_left(session))
+    tree, output = draft_and_forward(session, drafter, list(context), features, budget, drafter.new_state())
+    rows = output.rows(law)
+    generator = torch.Generator(device=rows.device).manual_seed(seed + round_index)
+    before = generator.get_state()
+    verdict = verify_rows(verifier, tree, rows, generator)
+    flow = verdict.flow or flow_from_edge_prob(tree, rows.edge_prob(tree))
+    seconds = time.perf_counter() - round_start
+    replay = torch.Generator(device=rows.device)
+    replay.set_state(before)
+    decision = _DECISIONS[verifier](tree, rows, flow, replay)
+    if "path" in decision and decision.pop("path") != verdict.path:
+        raise RuntimeError("the walkthrough's replay of the verifier parted from its verdict")
+    positions = (len(context) - 1) + tree.depths
+    return RoundTrace(list(context), round_index, law, verifier, marginals, tree, positions, flow, verdict, decision, _bonus(tree, rows, verdict, law), rows, seconds)
+
+
+def _marginals(drafter, context, features, room) -> tuple[torch.Tensor, torch.Tensor] | None:
+    model = getattr(drafter, "model", None)
+    if not hasattr(model, "marginals") or not hasattr(drafter, "horizon"):
+        return None  # an AR drafter grows its tree depth by depth: the tree itself shows its q
+    with torch.no_grad():
+        logq = model.marginals(features, context[-1])[: min(drafter.horizon, room)].float().cpu()  # [K, V]
+    probs, tokens = torch.softmax(logq, dim=-1).topk(TOP_TOKENS, dim=-1)
+    return tokens, probs
+
+
+def _tev(tree, rows, flow, generator) -> dict:
+    return {"exit_law": [float(x) for x in flow.exit_weight.tolist()]}
+
+
+def _predraw(tree, rows, flow, generator) -> dict:
+    draws = sample_rows(rows.all_rows(), generator).tolist()  # the verifier's own draws, replayed
+    path = [0]
+    while (child := tree.child_by_token[path[-1]].get(draws[path[-1]])) is not None:
+        path.append(child)
+    return {"draws": draws, "path": path}
+
+
+def _sequential(tree, rows, flow, generator) -> dict:
+    tokens, path, tests = tree.tokens_list, [0], []
+    while True:
+        v = path[-1]
+        residual = rows.rows_at(torch.tensor([v], device=rows.device))[0].double().clone()
+        accepted, tried = None, []
+        for u in tree.children(v):
+            mass = float(residual.sum())
+            g = float(residual[tokens[u]]) / mass if mass > 0 else 0.0
+            ok = g > 0 and float(torch.rand((), generator=generator, device=rows.device)) < g
+            tried.append((u, tokens[u], g, ok))
+            if ok:
+                accepted = u
+                break
+            residual[tokens[u]] = 0.0
+        tests.append((v, tried))
+        if accepted is None:
+            return {"tests": tests, "path": path}
+        path.append(accepted)
+
+
+def _greedy(tree, rows, flow, generator) -> dict:
+    path = [0]
+    best = {}
+    while True:
+        v = path[-1]
+        best[v] = int(rows.argmax_at(torch.tensor([v], device=rows.device))[0])
+        child = tree.child_by_token[v].get(best[v])
+        if child is None:
+            return {"argmax": best, "path": path}
+        path.append(child)
+
+
+_DECISIONS = {"tev": _tev, "predraw": _predraw, "sequential": _sequential, "greedy": _greedy}
+
+
+def _bonus(tree, rows, verdict, law) -> dict:
+    v = verdict.exit_node
+    node = torch.tensor([v], device=rows.device)
+    if law.greedy:
+        row = torch.softmax(rows.logits_at(node)[0], dim=-1)
+    else:
+        row = rows.rows_at(node)[0].float()
+    removed = sorted({tree.tokens_list[u] for u in tree.children(v)})
+    residual = row.clone()
+    if removed:
+        residual[torch.tensor(removed, device=residual.device)] = 0.0
+    residual = residual / residual.sum() if float(residual.sum()) > 0 else row
+    top = row.topk(TOP_TOKENS)
+    top_residual = residual.topk(TOP_TOKENS)
+    return {
+        "row": list(zip(top.indices.tolist(), top.values.tolist())),
+        "removed": [(t, float(row[t])) for t in removed],
+        "residual": list(zip(top_residual.indices.tolist(), top_residual.values.tolist())),
+        "bonus_residual_prob": float(residual[verdict.bonus_token]),
+        "greedy": law.greedy,
+    }

@@ -1,0 +1,307 @@
+"""The walkthrough's eight steps of one round: a figure and a few sentences each, with the paper's
+quantities and this round's numbers, all read from a :class:`~tev.engine.walkthrough.RoundTrace`.
+
+Every step's tree is the same tree (the trace's), and step 6's categorical is step 5's exit law.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from .layout import tidy_layout
+from .style import BONUS_COLOUR, EXIT_COLOUR, PATH_COLOUR, TokenText, floats, token_label
+from .tree_view import tree_figure
+
+__all__ = ["STEP_TITLES", "Step", "walkthrough_steps", "walkthrough_html"]
+
+STEP_TITLES = (
+    "1. The context and the root",
+    "2. The drafter's guesses, depth by depth",
+    "3. The tree the builder makes of them",
+    "4. One target forward over the whole tree",
+    "5. Where the target's mass flows and leaves",
+    "6. The verifier's decision",
+    "7. The bonus token",
+    "8. The commit",
+)
+GREY = "#bbbbbb"
+ACCEPT = "#2ca02c"
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One step: its title, its markdown text and its figure."""
+
+    title: str
+    text: str
+    figure: go.Figure
+
+
+def _q(text: str) -> str:
+    """A token's text for a sentence, quoted (markdown-safe)."""
+    return "`" + text.replace("`", "'") + "`"
+
+
+def walkthrough_steps(trace, token_text: TokenText = str) -> list[Step]:
+    """The eight steps of ``trace`` (a :class:`~tev.engine.walkthrough.RoundTrace`)."""
+    word = lambda t: _q(html.unescape(token_label(t, token_text, 24)))  # noqa: E731
+    builders = (_context, _marginals, _builder, _forward, _rows, _decision, _bonus, _commit)
+    return [Step(title, *build(trace, token_text, word)) for title, build in zip(STEP_TITLES, builders)]
+
+
+# ------------------------------------------------------------------------------- steps
+def _context(trace, token_text, word):
+    shown = trace.context[-24:]
+    labels = [html.unescape(token_label(t, token_text, 12)) for t in shown]
+    fig = go.Figure(go.Scatter(
+        x=list(range(len(shown))), y=[0] * len(shown), mode="markers+text", text=[html.escape(s, quote=False) for s in labels], textposition="top center",
+        marker=dict(symbol="square", size=18, color=[GREY] * (len(shown) - 1) + [PATH_COLOUR]),
+        hovertemplate="position %{customdata}<extra></extra>", customdata=list(range(len(trace.context) - len(shown), len(trace.context))),
+    ))
+    fig.add_annotation(x=len(shown) - 1, y=0, text="root r", showarrow=True, ay=40, font=dict(color=PATH_COLOUR))
+    _plain(fig, f"the last {len(shown)} of {len(trace.context)} committed tokens; the black one is the root", height=260)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    text = (f"The model has committed **{len(trace.context)} tokens** (the prompt{' and earlier rounds' if trace.round_index else ''}). "
+            f"The last one, the **root** $r$ = {word(trace.context[-1])} at position {len(trace.context) - 1}, is where this round starts: "
+            "its next token is what the target would sample next, and nobody has seen it yet. The target's cache already holds every "
+            "token before the root.")
+    return text, fig
+
+
+def _marginals(trace, token_text, word):
+    if trace.marginals is None:
+        depths = trace.tree.depths.tolist()
+        q = [math.exp(v) for v in floats(trace.tree.draft_logprob)]
+        fig = go.Figure(go.Scatter(
+            x=depths[1:], y=q[1:], mode="markers+text", text=[html.escape(html.unescape(token_label(t, token_text))) for t in trace.tree.tokens_list[1:]],
+            textposition="middle right", marker=dict(size=10, color="#3b7dd8"), hovertemplate="depth %{x}<br>q = %{y:.3f}<extra></extra>"))
+        _plain(fig, "the drafter's q of each token it proposed, by depth", xaxis="depth d", yaxis="q")
+        text = ("This drafter is a small language model: it grows the tree depth by depth (EAGLE-2 style), one forward per depth, "
+                "each node's children its most likely next tokens $q(\\cdot \\mid \\text{path})$. The dots are the $q$ of every token it proposed.")
+        return text, fig
+    tokens, probs = trace.marginals
+    depth_count, top = tokens.shape
+    z = probs.T.tolist()  # [rank, depth]
+    labels = [[html.escape(html.unescape(token_label(int(tokens[d, r]), token_text, 10))) for d in range(depth_count)] for r in range(top)]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[f"q{d + 1}" for d in range(depth_count)], y=[f"#{r + 1}" for r in range(top)], text=labels, texttemplate="%{text}",
+        colorscale="Blues", zmin=0, zmax=max(0.05, float(probs.max())), colorbar=dict(title="q"),
+        hovertemplate="%{x}, rank %{y}: %{text}<br>q = %{z:.3f}<extra></extra>",
+    ))
+    _plain(fig, f"the block drafter's top {top} tokens at each depth, from one pass", yaxis="rank", height=360)
+    fig.update_yaxes(autorange="reversed")
+    first = float(probs[0, 0])
+    text = (f"The block drafter reads the target's hidden states at the committed tokens and, **in one pass**, gives a distribution "
+            f"$q_d$ over the next token at each depth $d = 1..{depth_count}$ (independently per depth: the block's marginals). "
+            f"Its best guess for the root's next token: {word(int(tokens[0, 0]))} with $q_1$ = {first:.2f}; at depth {depth_count} its best "
+            f"guess has only $q_{{{depth_count}}}$ = {float(probs[-1, 0]):.2f}: guesses further ahead are less sure.")
+    return text, fig
+
+
+def _builder(trace, token_text, word):
+    tree = trace.tree
+    scores = _path_scores(tree)
+    labels = [f"#{v} {token_label(t, token_text)}" if v else "r" for v, t in enumerate(tree.tokens_list)]
+    fig = _tree_scatter(tree, labels, [math.log10(max(s, 1e-6)) for s in scores], "path score ∏q (log10)",
+                        [f"node v = {v} (taken {v}{'st' if v == 1 else 'th'})<br>path score ∏q = {s:.4f}" for v, s in enumerate(scores)])
+    _plain(fig, f"the {tree.num_nodes - 1} nodes in the order the builder took them (#1 first); colour = path score ∏q", xaxis="depth d")
+    last = tree.num_nodes - 1
+    text = (f"DDTree's builder keeps a heap of prefixes scored by the product of their $q$'s and takes the best one each time, "
+            f"adding it as a node (its parent is always already in the tree), until the budget **B = {tree.budget}** is spent. "
+            + (f"It took {word(tree.tokens_list[1])} first (path score {scores[1]:.3f}) and {word(tree.tokens_list[last])} last "
+               f"({scores[last]:.4f}); the tree is {tree.max_depth} deep." if last else "With B = 0 there is no node: this round is one plain step.")
+            )
+    return text, fig
+
+
+def _forward(trace, token_text, word):
+    tree = trace.tree
+    n = tree.num_nodes
+    names = [f"v{v} {html.unescape(token_label(t, token_text, 8))} @{int(p)}" for v, (t, p) in enumerate(zip(tree.tokens_list, trace.positions.tolist()))]
+    sees = tree.ancestors.int().tolist()
+    fig = go.Figure(go.Heatmap(
+        z=sees, x=names, y=names, colorscale=[[0, "#f4f4f4"], [1, "#3b7dd8"]], showscale=False, xgap=1, ygap=1,
+        hovertemplate="%{y} sees %{x}: %{z}<extra></extra>",
+    ))
+    _plain(fig, "tree attention: row v sees column u (blue) when u is v or one of its ancestors", height=max(360, 18 * n + 160))
+    fig.update_yaxes(autorange="reversed", visible=True, tickfont=dict(size=9))
+    fig.update_xaxes(tickangle=-60, tickfont=dict(size=9), visible=True)
+    context = len(trace.context) - 1
+    text = (f"The target scores **all {n} tree tokens in one forward pass**. Node $v$ sits at position {context} + $d(v)$ (the @ in the "
+            f"labels) and attends to the {context} cached context tokens and to its own ancestors only (this mask), so each node's output "
+            f"row $p_v$ is exactly the target's next-token law after the path to $v$. One forward costs about one plain step on a GPU; "
+            f"on this CPU, more.")
+    return text, fig
+
+
+def _rows(trace, token_text, word):
+    flow, tree = trace.flow, trace.tree
+    fig = tree_figure(tree, flow, None, token_text=token_text, title="The target's reach and missing mass on the tree")
+    w = floats(flow.exit_weight)
+    root_w = w[0]
+    best = max(range(1, tree.num_nodes), key=lambda v: float(flow.reach[v]), default=0)
+    text = (f"From the rows: each edge's probability $p_{{pa(v)}}(x_v)$, the **reach** $P(v) = P(pa(v))\\,p_{{pa(v)}}(x_v)$ (colour), the "
+            f"**local exit** $\\rho(v) = 1 - \\sum_{{u \\in Ch(v)}} p_v(x_u)$ and the **exit law** $w(v) = P(v)\\,\\rho(v)$ (size): the "
+            f"target mass that leaves the tree at $v$. The $w(v)$ sum to **{sum(w):.3f}**; {root_w:.0%} leaves at the root already. "
+            + (f"The best-reached node is {word(tree.tokens_list[best])} ($P$ = {float(flow.reach[best]):.3f}). " if best else "")
+            + f"Coverage $C(T) = \\sum_{{v \\ne r}} P(v)$ = **{flow.coverage:.3f}**: any exact verifier keeps on average "
+            f"$E[L] \\le 1 + C$ = **{flow.tau_bound:.3f}** tokens from this tree.")
+    return text, fig
+
+
+def _decision(trace, token_text, word):
+    verdict, tree = trace.verdict, trace.tree
+    exit_text = f"node v{verdict.exit_node} ({word(tree.tokens_list[verdict.exit_node]) if verdict.exit_node else 'the root'}, depth {int(tree.depths[verdict.exit_node])})"
+    if trace.verifier == "tev":
+        w = trace.decision["exit_law"]
+        names = [f"v{v} {html.unescape(token_label(t, token_text, 8))}" for v, t in enumerate(tree.tokens_list)]
+        colours = [EXIT_COLOUR if v == verdict.exit_node else GREY for v in range(tree.num_nodes)]
+        fig = go.Figure(go.Bar(x=names, y=w, marker_color=colours, hovertemplate="%{x}: w = %{y:.4f}<extra></extra>"))
+        _plain(fig, "TEV's categorical over nodes: the exit law w(v); red = the node drawn", xaxis="node", yaxis="w(v)")
+        fig.update_xaxes(tickangle=-60, visible=True)
+        text = (f"**TEV** draws the exit node in one step, $V \\sim w$: the categorical over the tree's nodes is exactly step 5's exit law. "
+                f"This round it drew {exit_text}, which had $w(V)$ = {w[verdict.exit_node]:.3f}. The path to $V$ is accepted: "
+                f"{len(verdict.path) - 1} draft token(s).")
+    elif trace.verifier == "predraw":
+        draws = trace.decision["draws"]
+        labels = [f"{token_label(t, token_text)} → {token_label(draws[v], token_text)}" for v, t in enumerate(tree.tokens_list)]
+        fig = _tree_scatter(tree, labels, [1.0 if v in verdict.path else 0.0 for v in range(tree.num_nodes)], None,
+                            [f"node v{v}: the target drew {html.escape(html.unescape(token_label(draws[v], token_text, 20)))}" for v in range(tree.num_nodes)],
+                            colours=[ACCEPT if v in verdict.path else GREY for v in range(tree.num_nodes)])
+        _plain(fig, "predraw: one draw R_v ~ p_v at every node (→); follow the child whose token matches; green = the walk", xaxis="depth d")
+        text = (f"**Predraw** (DDTree) draws one token $R_v \\sim p_v$ at every node, then walks from the root to the child whose "
+                f"token equals the draw, while there is one. The walk stopped at {exit_text}: its draw {word(draws[verdict.exit_node])} "
+                f"matched no child, so it is the bonus token. Same exit law $w$ as TEV, a different route.")
+    elif trace.verifier == "sequential":
+        lines = []
+        xs, ys, texts, colours = [], [], [], []
+        for row, (v, tried) in enumerate(trace.decision["tests"]):
+            for col, (u, token, g, ok) in enumerate(tried):
+                xs.append(col)
+                ys.append(row)
+                texts.append(f"{token_label(token, token_text)} g={g:.2f}")
+                colours.append(ACCEPT if ok else EXIT_COLOUR)
+            lines.append(f"at v{v}: " + ", ".join(f"{word(token)} {'accepted' if ok else 'rejected'} (g = {g:.2f})" for _, token, g, ok in tried) if tried else f"at v{v}: no child")
+        fig = go.Figure(go.Scatter(x=xs, y=ys, mode="markers+text", text=texts, textposition="middle right", marker=dict(size=14, color=colours)))
+        _plain(fig, "sequential: each visited node's children tested in order (green accepted, red rejected)", xaxis="test", yaxis="visited node (depth)")
+        fig.update_yaxes(autorange="reversed", visible=True)
+        text = ("**Sequential** verification (EAGLE/SpecInfer style) tests a node's children in order: child $x$ is accepted with "
+                "probability $g(x)$ under the current residual $g$ (which starts as $p_v$); a rejection removes $x$ and renormalises. "
+                + "; ".join(lines) + f". It exited at {exit_text}.")
+    else:
+        best = trace.decision["argmax"]
+        labels = [f"{token_label(t, token_text)}" + (f" → {token_label(best[v], token_text)}" if v in best else "") for v, t in enumerate(tree.tokens_list)]
+        fig = _tree_scatter(tree, labels, [1.0 if v in verdict.path else 0.0 for v in range(tree.num_nodes)], None,
+                            [f"node v{v}" for v in range(tree.num_nodes)], colours=[ACCEPT if v in verdict.path else GREY for v in range(tree.num_nodes)])
+        _plain(fig, "greedy: follow the target's argmax (→) while it is a child; green = the walk", xaxis="depth d")
+        text = (f"At **T = 0** the target's law is a point mass on its argmax, so verification is a walk: from the root, follow the child "
+                f"whose token is the argmax of $p_v$ while there is one. It stopped at {exit_text}. (At T = 0 every reach is 0 or 1: "
+                "sample with T > 0 to see mass spread over the tree.)")
+    return text, fig
+
+
+def _bonus(trace, token_text, word):
+    bonus, verdict = trace.bonus, trace.verdict
+    removed = {t for t, _ in bonus["removed"]}
+    names = [html.unescape(token_label(t, token_text, 12)) for t, _ in bonus["row"]]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(y=names, x=[p for _, p in bonus["row"]], orientation="h", name="p_V" + (" (softmax at T = 1)" if bonus["greedy"] else ""),
+                         marker_color=[GREY if t in removed else "#3b7dd8" for t, _ in bonus["row"]]))
+    fig.add_trace(go.Bar(y=[html.unescape(token_label(t, token_text, 12)) for t, _ in bonus["residual"]], x=[p for _, p in bonus["residual"]],
+                         orientation="h", name="residual p_V^res", marker_color=[BONUS_COLOUR if t == verdict.bonus_token else "#ffbf80" for t, _ in bonus["residual"]]))
+    _plain(fig, "the exit row p_V (grey: V's children, removed) and the residual the bonus is drawn from", xaxis="probability")
+    fig.update_yaxes(autorange="reversed", visible=True)
+    fig.update_layout(barmode="group", showlegend=True)
+    removed_text = ", ".join(f"{word(t)} ({p:.2f})" for t, p in bonus["removed"]) or "none (V is a leaf)"
+    if bonus["greedy"]:
+        text = (f"At T = 0 the bonus token is the target's argmax at the exit node: {word(verdict.bonus_token)}. It is never one of $V$'s "
+                f"children ({removed_text}): had it been, the walk would have gone on.")
+    else:
+        text = (f"The bonus token is drawn from the **residual** at the exit node, $p_V^{{res}}(a) \\propto p_V(a)\\,[a \\notin Ch(V)]$: "
+                f"the children the tree already offered at $V$ are removed ({removed_text}), because the target did not go there. "
+                f"Drawn: {word(verdict.bonus_token)}, with $p_V^{{res}}$ = {bonus['bonus_residual_prob']:.3f}. This is what makes the "
+                "output exact: the path's probability times the residual is the target's own probability of the block.")
+    return text, fig
+
+
+def _commit(trace, token_text, word):
+    verdict, tree = trace.verdict, trace.tree
+    fig = tree_figure(tree, trace.flow, verdict, token_text=token_text, title=f"Round {trace.round_index + 1}")
+    accepted = verdict.accepted_tokens(tree)
+    kept = " ".join(word(t) for t in accepted) or "no draft token"
+    text = (f"Committed: {kept} + the bonus {word(verdict.bonus_token)}: **L = {verdict.block_length} token(s) for one target forward** "
+            f"(this tree's bound $1 + C$ = {trace.flow.tau_bound:.2f}; over many rounds the mean of $L$, $\\tau$, equals the mean "
+            f"$1 + C$). The cache keeps the accepted path and drops the rest of the tree; the next round starts from the root "
+            f"{word(verdict.bonus_token)}. The round took {1e3 * trace.seconds:.0f} ms on this machine. **Next** runs the next round.")
+    return text, fig
+
+
+# ------------------------------------------------------------------------------- helpers
+def _path_scores(tree) -> list[float]:
+    q = [math.exp(v) for v in floats(tree.draft_logprob)]
+    scores = [1.0] * tree.num_nodes
+    for v in range(1, tree.num_nodes):
+        scores[v] = scores[tree.parents_list[v]] * q[v]
+    return scores
+
+
+def _tree_scatter(tree, labels, colour_values, colour_title, hovers, colours=None) -> go.Figure:
+    """Nodes at the tree layout (depth across), with labels, colours and hover text."""
+    x, y = tidy_layout(tree.parents_list)
+    fig = go.Figure()
+    xs, ys = [], []
+    for v in range(1, tree.num_nodes):
+        p = tree.parents_list[v]
+        xs += [x[p], x[v], None]
+        ys += [y[p], y[v], None]
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="#cccccc", width=1), hoverinfo="skip", showlegend=False))
+    marker = dict(size=12, color=colours) if colours is not None else dict(
+        size=12, color=colour_values, colorscale="Viridis", colorbar=dict(title=colour_title, thickness=12))
+    fig.add_trace(go.Scatter(x=x, y=y, mode="markers+text", text=[html.escape(html.unescape(s), quote=False) for s in labels], textposition="middle right",
+                             textfont=dict(size=10), marker=marker, hovertext=hovers, hoverinfo="text", showlegend=False, cliponaxis=False))
+    fig.update_yaxes(autorange="reversed", visible=False)
+    fig.update_xaxes(range=[-0.4, max(x) + 1.2], dtick=1)
+    fig.update_layout(height=max(360, 22 * (int(max(y)) + 1) + 140))
+    return fig
+
+
+def _plain(fig: go.Figure, title: str, xaxis: str | None = None, yaxis: str | None = None, height: int | None = None) -> None:
+    fig.update_layout(title=dict(text=html.escape(title), font=dict(size=14)), plot_bgcolor="white", margin=dict(l=40, r=20, t=60, b=60))
+    if height:
+        fig.update_layout(height=height)
+    if xaxis:
+        fig.update_xaxes(title_text=xaxis)
+    if yaxis:
+        fig.update_yaxes(title_text=yaxis)
+
+
+def walkthrough_html(traces, token_text: TokenText = str, title: str = "TEV Explorer: one round, step by step") -> str:
+    """A standalone HTML page (plotly.js inlined once: it opens offline) with every step of every
+    round in ``traces``: each step's title, text and figure."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;line-height:1.5} .step{margin:2.5em 0}"
+             " code{background:#f2f2f2;padding:0 3px}</style>",
+             "</head><body>", f"<h1>{html.escape(title)}</h1>"]
+    first = True
+    for trace in traces:
+        parts.append(f"<h2>Round {trace.round_index + 1}: {html.escape(trace.law.describe())}, verifier {html.escape(trace.verifier)}, B = {trace.tree.budget}</h2>")
+        for step in walkthrough_steps(trace, token_text):
+            figure = step.figure.to_html(full_html=False, include_plotlyjs=True if first else False)
+            first = False
+            parts.append(f"<div class='step'><h3>{html.escape(step.title)}</h3><p>{_markdown_inline(step.text)}</p>{figure}</div>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _markdown_inline(text: str) -> str:
+    """The steps' markdown (bold, code) as HTML; the $...$ formulas stay as text (readable as they are)."""
+    out = html.escape(text, quote=False)
+    for mark, tag in (("**", "b"), ("`", "code")):
+        pieces = out.split(mark)
+        out = "".join(piece if i % 2 == 0 else f"<{tag}>{piece}</{tag}>" for i, piece in enumerate(pieces))
+    return out
