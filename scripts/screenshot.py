@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--prompt", default="Write a Python function that checks whether a number is prime.")
     parser.add_argument("--workload", help="instead: adapt the drafter to this shipped pack in the ExitTrain tab and save the result (e.g. json-records)")
     parser.add_argument("--walkthrough", type=int, help="instead: run one round in the Walkthrough tab and save this step (1-8) into --out")
+    parser.add_argument("--walkthrough-all", help="instead: run one round in the Walkthrough tab and save every step into this folder (step1.png ..)")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -45,8 +46,8 @@ def main() -> None:
             if args.workload:
                 workload_screenshot(page, args.workload, args.out)
                 return
-            if args.walkthrough:
-                walkthrough_screenshot(page, args.walkthrough, args.out)
+            if args.walkthrough or args.walkthrough_all:
+                walkthrough_screenshots(page, args.walkthrough, args.out, args.walkthrough_all)
                 return
             page.get_by_label("your message to the model").fill(args.prompt)
             page.click("#generate-button")
@@ -75,19 +76,24 @@ def main() -> None:
         server.stop()
 
 
-def walkthrough_screenshot(page, step: int, out: str) -> None:
-    """One step of a round in the Walkthrough tab, at the tab's defaults."""
+def walkthrough_screenshots(page, step: int | None, out: str, folder: str | None) -> None:
+    """Steps of one round in the Walkthrough tab, at the tab's defaults: ``step`` into ``out``, or
+    every step into ``folder``."""
     page.get_by_role("tab", name="Walkthrough").click()
     page.click("#walk-run")
-    page.wait_for_function("document.querySelector('#walk-where').innerText.includes('step 1 of 8')", timeout=120_000)
-    for number in range(2, step + 1):
-        page.click("#walk-next")
-        page.wait_for_function(f"document.querySelector('#walk-where').innerText.includes('step {number} of 8')", timeout=60_000)
-    page.wait_for_timeout(1500)
-    print("step:", page.locator("#walk-text").inner_text()[:400])
-    top = page.locator("#walk-where").bounding_box()["y"] - 10
-    page.screenshot(path=out, clip={"x": 0, "y": top, "width": 1400, "height": 1150}, full_page=True)
-    print(f"saved {out}")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    last = step or 8
+    for number in range(1, last + 1):
+        if number > 1:
+            page.click("#walk-next")
+        page.wait_for_function(f"document.querySelector('#walk-where').innerText.includes('step {number} of 8')", timeout=120_000)
+        if folder or number == step:
+            page.wait_for_timeout(1500)
+            top = page.locator("#walk-where").bounding_box()["y"] - 10
+            target = str(Path(folder) / f"step{number}.png") if folder else out
+            page.screenshot(path=target, clip={"x": 0, "y": top, "width": 1400, "height": 1150}, full_page=True)
+            print(f"saved {target}: " + page.locator("#walk-text").inner_text()[:120].replace("\n", " "))
 
 
 def workload_screenshot(page, pack: str, out: str) -> None:

@@ -390,6 +390,12 @@ def exittrain(**changes) -> tuple:
     return ("/exittrain", tuple(values.values()))
 
 
+def walk(**changes) -> tuple:
+    values = dict(prompt=PROMPT, drafter="block", verifier="tev", budget=8, temperature=0.7, top_p=0.9, seed=0)
+    values.update(changes)
+    return ("/walkthrough", tuple(values.values()))
+
+
 # (what is tried, (endpoint, inputs), what must happen: a regex of the error, or OK)
 API_CASES = [
     ("empty prompt", gen(prompt=""), "prompt is empty"),
@@ -454,6 +460,14 @@ API_CASES = [
     ("ExitTrain weights 'bogus'", exittrain(weights="bogus"), "not in the list of choices"),
     ("ExitTrain domain 'poetry'", exittrain(domain="poetry"), "not in the list of choices"),
     ("browse round 'abc'", ("/browse_round", ("abc",)), NOT_A_NUMBER),
+    ("walkthrough empty prompt", walk(prompt=""), "prompt is empty"),
+    ("walkthrough prompt longer than the context", walk(prompt="def f():\n" * 200), "context"),
+    ("walkthrough budget 1000", walk(budget=1000), RANGE),
+    ("walkthrough temperature 9", walk(temperature=9.0), RANGE),
+    ("walkthrough top-p 0", walk(top_p=0.0), RANGE),
+    ("walkthrough greedy verifier at T = 0.7", walk(verifier="greedy"), "greedy verifier needs temperature 0"),
+    ("walkthrough drafter 'bogus'", walk(drafter="bogus"), "not in the list of choices"),
+    ("walkthrough Next before any round", ("/walkthrough_next", ()), "Run one round"),
 ]
 
 
@@ -707,9 +721,9 @@ def test_the_ui_takes_no_paths_model_ids_or_uploads(app_server):
     kinds = {c["type"] for c in inputs}
     assert not kinds & {"file", "uploadbutton", "image", "audio", "video", "model3d", "dataframe", "fileexplorer"}, kinds
     textboxes = [c["props"].get("label") for c in config["components"] if c["type"] == "textbox"]
-    assert textboxes[:2] == ["prompt (Python code to continue) · at most 4,000 characters", "prompt · at most 4,000 characters"]
-    # the ExitTrain tab's workload box takes prompts (text, one per line), never a path
-    assert [label.split(",")[0] for label in textboxes[2:]] == ["your prompts"]
+    # Live, Walkthrough and lab prompts, then the ExitTrain tab's workload box: prompts (text, one per line), never a path
+    assert textboxes[:3] == ["prompt (Python code to continue) · at most 4,000 characters"] + ["prompt · at most 4,000 characters"] * 2
+    assert [label.split(",")[0] for label in textboxes[3:]] == ["your prompts"]
 
 
 def test_served_models_keep_no_autograd_graph(quick_assets_dir, monkeypatch):

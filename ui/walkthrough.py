@@ -15,7 +15,7 @@ from tev.service.service import check_settings
 from ui import shared
 from ui.shared import _user_error
 from visual import verifier_lab_figure
-from visual.walkthrough import STEP_TITLES, walkthrough_html, walkthrough_steps
+from visual.walkthrough import STEP_TITLES, walkthrough_html, walkthrough_step
 
 KEPT_ROUNDS = 12  # rounds a session keeps for the HTML export (each holds its tree's target rows)
 REPLAY_DRAWS = 3000
@@ -26,7 +26,7 @@ __all__ = ["run_walkthrough", "step_walkthrough", "replay_walkthrough", "export_
 def _view(state: dict):
     """(position line, step title and text, figure) of the state's current round and step."""
     trace = state["traces"][-1]
-    step = walkthrough_steps(trace, shared.SERVICE.token_text)[state["step"]]
+    step = walkthrough_step(trace, state["step"], shared.SERVICE.token_text)
     where = (f"**round {trace.round_index + 1} · step {state['step'] + 1} of {len(STEP_TITLES)}** · {trace.law.describe()} · "
              f"verifier {trace.verifier} · B = {trace.tree.budget} · seed {state['seed']}")
     return where, f"### {step.title}\n\n{step.text}", step.figure

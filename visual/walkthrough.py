@@ -16,7 +16,7 @@ from .layout import tidy_layout
 from .style import BONUS_COLOUR, EXIT_COLOUR, PATH_COLOUR, TokenText, floats, token_label
 from .tree_view import tree_figure
 
-__all__ = ["STEP_TITLES", "Step", "walkthrough_steps", "walkthrough_html"]
+__all__ = ["STEP_TITLES", "Step", "walkthrough_step", "walkthrough_steps", "walkthrough_html"]
 
 STEP_TITLES = (
     "1. The context and the root",
@@ -46,11 +46,15 @@ def _q(text: str) -> str:
     return "`" + text.replace("`", "'") + "`"
 
 
-def walkthrough_steps(trace, token_text: TokenText = str) -> list[Step]:
-    """The eight steps of ``trace`` (a :class:`~tev.engine.walkthrough.RoundTrace`)."""
+def walkthrough_step(trace, index: int, token_text: TokenText = str) -> Step:
+    """Step ``index`` (0-7) of ``trace`` (a :class:`~tev.engine.walkthrough.RoundTrace`)."""
     word = lambda t: _q(html.unescape(token_label(t, token_text, 24)))  # noqa: E731
-    builders = (_context, _marginals, _builder, _forward, _rows, _decision, _bonus, _commit)
-    return [Step(title, *build(trace, token_text, word)) for title, build in zip(STEP_TITLES, builders)]
+    return Step(STEP_TITLES[index], *_BUILDERS[index](trace, token_text, word))
+
+
+def walkthrough_steps(trace, token_text: TokenText = str) -> list[Step]:
+    """The eight steps of ``trace``."""
+    return [walkthrough_step(trace, i, token_text) for i in range(len(STEP_TITLES))]
 
 
 # ------------------------------------------------------------------------------- steps
@@ -239,6 +243,9 @@ def _commit(trace, token_text, word):
             f"$1 + C$). The cache keeps the accepted path and drops the rest of the tree; the next round starts from the root "
             f"{word(verdict.bonus_token)}. The round took {1e3 * trace.seconds:.0f} ms on this machine. **Next** runs the next round.")
     return text, fig
+
+
+_BUILDERS = (_context, _marginals, _builder, _forward, _rows, _decision, _bonus, _commit)
 
 
 # ------------------------------------------------------------------------------- helpers
