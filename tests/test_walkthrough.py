@@ -9,6 +9,7 @@ import torch
 from tev.core.sampling import SamplingLaw
 from tev.core.verify import VERIFIERS
 from tev.engine.decode import GenerationConfig, run_to_end, speculative_generate
+from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import load_bundle
 from tev.engine.walkthrough import trace_round
 from tests.tiny import tiny_ar_drafter, tiny_block_drafter, tiny_target
@@ -22,11 +23,13 @@ PROMPT = [1, 5, 9, 3, 7]
 def pair():
     torch.manual_seed(0)
     target = tiny_target(VOCAB, scale=2.0)
-    return target, {"block": tiny_block_drafter(target), "ar": tiny_ar_drafter(VOCAB)}
+    block = tiny_block_drafter(target)
+    return target, {"block": block, "chain": BlockTreeDrafter(block.model, shape="chain"), "ar": tiny_ar_drafter(VOCAB)}
 
 
 CASES = [(drafter, verifier, law) for drafter in ("block", "ar") for verifier in VERIFIERS if verifier != "greedy"
-         for law in (SamplingLaw(0.7, top_p=0.9), SamplingLaw(1.0))] + [("block", "greedy", SamplingLaw(0.0)), ("ar", "tev", SamplingLaw(0.0))]
+         for law in (SamplingLaw(0.7, top_p=0.9), SamplingLaw(1.0))] + [("block", "greedy", SamplingLaw(0.0)), ("ar", "tev", SamplingLaw(0.0)),
+                                                                 ("chain", "tev", SamplingLaw(0.7, top_p=0.9)), ("chain", "greedy", SamplingLaw(0.0))]
 
 
 @pytest.mark.parametrize("drafter,verifier,law", CASES, ids=lambda x: x.describe() if isinstance(x, SamplingLaw) else str(x))

@@ -113,13 +113,18 @@ def _builder(trace, token_text, word):
     labels = [f"#{v} {token_label(t, token_text)}" if v else "r" for v, t in enumerate(tree.tokens_list)]
     fig = _tree_scatter(tree, labels, [math.log10(max(s, 1e-6)) for s in scores], "path score ∏q (log10)",
                         [f"node v = {v} (taken {v}{'st' if v == 1 else 'th'})<br>path score ∏q = {s:.4f}" for v, s in enumerate(scores)])
-    _plain(fig, f"the {tree.num_nodes - 1} nodes in the order the builder took them (#1 first); colour = path score ∏q", xaxis="depth d")
+    _plain(fig, f"the {tree.num_nodes - 1} nodes in the order they were added (#1 first); colour = path score ∏q", xaxis="depth d")
     last = tree.num_nodes - 1
-    text = (f"DDTree's builder keeps a heap of prefixes scored by the product of their $q$'s and takes the best one each time, "
-            f"adding it as a node (its parent is always already in the tree), until the budget **B = {tree.budget}** is spent. "
-            + (f"It took {word(tree.tokens_list[1])} first (path score {scores[1]:.3f}) and {word(tree.tokens_list[last])} last "
-               f"({scores[last]:.4f}); the tree is {tree.max_depth} deep." if last else "With B = 0 there is no node: this round is one plain step.")
-            )
+    how = {
+        "tree": (f"DDTree's builder keeps a heap of prefixes scored by the product of their $q$'s and takes the best one each time, "
+                 f"adding it as a node (its parent is always already in the tree), until the budget **B = {tree.budget}** is spent. "),
+        "chain": (f"The chain drafter keeps only the top guess of each depth: one path of at most B = {tree.budget} nodes, however "
+                  "sure or unsure each guess is (a tree would spend the same budget on second guesses where $q$ is spread). "),
+        "dynamic": (f"The AR drafter grew the tree depth by depth, expanding the best frontier nodes by path score, and kept the "
+                    f"B = {tree.budget} best nodes overall (a child never outscores its parent, so they form a tree). "),
+    }[trace.shape]
+    text = how + (f"It took {word(tree.tokens_list[1])} first (path score {scores[1]:.3f}) and {word(tree.tokens_list[last])} last "
+                  f"({scores[last]:.4f}); the tree is {tree.max_depth} deep." if last else "With B = 0 there is no node: this round is one plain step.")
     return text, fig
 
 

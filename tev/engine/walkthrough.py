@@ -35,6 +35,8 @@ class RoundTrace:
     Attributes:
         context: `list[int]` committed tokens before the round; the root is ``context[-1]``.
         round_index: which round of the walkthrough (0 first).
+        drafter: the drafter's name (``block``, ``chain``, ``ar``, ...) and ``shape`` (``tree``,
+            ``chain``, or ``dynamic`` for an AR drafter's tree grown depth by depth).
         law: the target's sampling law; verifier: the verifier that decided (greedy at T = 0).
         marginals: ``(tokens, probs)``, each `Tensor[K, TOP_TOKENS]`: the block drafter's top
             tokens per depth ``q_1 .. q_K`` (None for a drafter without per-depth marginals).
@@ -55,6 +57,8 @@ class RoundTrace:
 
     context: list[int]
     round_index: int
+    drafter: str
+    shape: str
     law: SamplingLaw
     verifier: str
     marginals: tuple[torch.Tensor, torch.Tensor] | None
@@ -103,7 +107,8 @@ def trace_round(target, drafter, context: list[int], law: SamplingLaw, verifier:
     if "path" in decision and decision.pop("path") != verdict.path:
         raise RuntimeError("the walkthrough's replay of the verifier parted from its verdict")
     positions = (len(context) - 1) + tree.depths
-    return RoundTrace(list(context), round_index, law, verifier, marginals, tree, positions, flow, verdict, decision, _bonus(tree, rows, verdict, law), rows, seconds)
+    shape = getattr(drafter, "shape", "tree") if hasattr(drafter.model, "marginals") else "dynamic"
+    return RoundTrace(list(context), round_index, drafter.name, shape, law, verifier, marginals, tree, positions, flow, verdict, decision, _bonus(tree, rows, verdict, law), rows, seconds)
 
 
 def _marginals(drafter, context, features, room) -> tuple[torch.Tensor, torch.Tensor] | None:
