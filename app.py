@@ -51,6 +51,16 @@ def _examples() -> list[str]:
     return [p["text"] for p in heldout[3:40:6]] + [p["text"] for p in humaneval[:3]]
 
 
+def _walkthrough_example(examples: list[str]) -> str:
+    """The walkthrough's opening prompt: for the chat pair the first code request, whose first round
+    already accepts a few draft tokens (a greeting's first word is often missed at the root)."""
+    if shared.CHAT_DEFAULT:
+        code = [p["text"] for p in load_prompt_set("chat") if p.get("domain") == "code"]
+        if code:
+            return code[0]
+    return examples[2] if len(examples) > 2 else examples[0]
+
+
 # ----------------------------------------------------------------------------------- page
 CSS = """
 .tev-text { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 13px; line-height: 1.5; }
@@ -134,7 +144,7 @@ def build_app() -> gr.Blocks:
             )
             with gr.Row():
                 with gr.Column(scale=3):
-                    wk_prompt = gr.Textbox(label=f"prompt · at most {LIMITS.max_prompt_chars:,} characters", value=examples[2] if len(examples) > 2 else examples[0], lines=3, elem_id="walk-prompt")
+                    wk_prompt = gr.Textbox(label=f"prompt · at most {LIMITS.max_prompt_chars:,} characters", value=_walkthrough_example(examples), lines=3, elem_id="walk-prompt")
                 with gr.Column(scale=2):
                     wk_drafter = gr.Radio(list(DRAFTER_KINDS), value="block", label="drafter q")
                     wk_verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier")
