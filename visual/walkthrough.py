@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 
 from .layout import tidy_layout
 from .style import BONUS_COLOUR, EXIT_COLOUR, PATH_COLOUR, TokenText, floats, token_label
-from .tree_view import tree_figure
+from .tree_view import _edge_lines, tree_figure
 
 __all__ = ["STEP_TITLES", "Step", "walkthrough_step", "walkthrough_steps", "walkthrough_html"]
 
@@ -266,11 +266,7 @@ def _tree_scatter(tree, labels, colour_values, colour_title, hovers, colours=Non
     """Nodes at the tree layout (depth across), with labels, colours and hover text."""
     x, y = tidy_layout(tree.parents_list)
     fig = go.Figure()
-    xs, ys = [], []
-    for v in range(1, tree.num_nodes):
-        p = tree.parents_list[v]
-        xs += [x[p], x[v], None]
-        ys += [y[p], y[v], None]
+    xs, ys = _edge_lines(((tree.parents_list[v], v) for v in range(1, tree.num_nodes)), x, y)
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="#cccccc", width=1), hoverinfo="skip", showlegend=False))
     marker = dict(size=12, color=colours) if colours is not None else dict(
         size=12, color=colour_values, colorscale="Viridis", colorbar=dict(title=colour_title, thickness=12))

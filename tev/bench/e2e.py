@@ -176,15 +176,14 @@ def peak_memory_of_generate(extra_args: list[str] | None = None) -> float:
 
 
 def e2e_command(args) -> None:
+    truncation = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
+    law = GenerationConfig(temperature=1.0, **truncation).law  # a bad flag fails before the models load
     bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
     prompts = load_prompt_set(args.prompts or ("chat" if bundle.is_chat else "heldout"))
     prompts = spread_evenly(prompts, args.num_prompts)  # each domain its share
-    truncation = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
-    GenerationConfig(**truncation)  # a bad flag fails before the models load
     result = bench_e2e(bundle, prompts, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed, truncation=truncation)
     print(f"end-to-end decoding, {len(prompts)} prompts x {args.repeats} repeats, {args.max_new_tokens} new tokens, methods interleaved; median (IQR)")
     print(f"machine: {machine_summary(result['machine'])}")
-    law = GenerationConfig(temperature=1.0, **truncation).law
     if law.truncates:
         print(f"at T > 0 every method and peer samples with {law.describe().split(', ', 1)[1]}")
     print(format_e2e_table(result))

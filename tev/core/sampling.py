@@ -48,7 +48,7 @@ def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """`softmax(logits / T)` in float32; ``temperature`` must be > 0."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 to sample, got {temperature}")
-    return torch.softmax(logits.float() / temperature, dim=-1)
+    return SamplingLaw(float(temperature)).probs(logits)
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ import torch
 
 from tev.core.flow import TargetFlow, check_probs, flow_from_edge_prob
 from tev.core.head_screen import HeadScreen
-from tev.core.sampling import SamplingLaw, sample_rows
+from tev.core.sampling import SamplingLaw, as_law, sample_rows
 from tev.core.tree import DraftTree
 
-__all__ = ["VERIFIERS", "Verdict", "TargetRows", "verify", "verify_rows"]
+__all__ = ["VERIFIERS", "Verdict", "TargetRows", "verify", "verify_rows", "walk_tree", "exit_residual"]
 
 VERIFIERS = ("tev", "predraw", "sequential", "greedy")
 
@@ -98,11 +98,7 @@ class TargetRows:
         source = next(x for x in (probs, logits, hidden) if x is not None)
         if source.dim() != 2:
             raise ValueError(f"target rows must have shape [N, V] (or [N, H] hidden states), got {tuple(source.shape)}")
-        if law is None:
-            temperature = float(temperature)
-            if not temperature >= 0 or temperature == float("inf"):
-                raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
-            law = SamplingLaw(temperature)
+        law = as_law(temperature) if law is None else law  # SamplingLaw checks the temperature
         temperature = law.temperature
         self.law = law
         self.probs = probs
@@ -228,7 +224,7 @@ def _check_tree_fits(tree: DraftTree, rows: TargetRows) -> None:
         raise ValueError(f"tree token {int(tree.tokens.max())} is outside the target vocabulary of {rows.vocab_size}")
 
 
-def _walk(tree: DraftTree, choice: list[int]) -> list[int]:
+def walk_tree(tree: DraftTree, choice: list[int]) -> list[int]:
     """Follow from the root the child whose token equals ``choice[v]``; return the path."""
     path = [0]
     child_by_token = tree.child_by_token
@@ -239,20 +235,26 @@ def _walk(tree: DraftTree, choice: list[int]) -> list[int]:
         path.append(child)
 
 
+def exit_residual(tree: DraftTree, row: torch.Tensor, exit_node: torch.Tensor) -> torch.Tensor:
+    """The residual ``p_V^res`` the bonus token is drawn from, unnormalised: ``row`` (`Tensor[V]`,
+    ``p_V``) with the child tokens of ``exit_node`` (`LongTensor[1]`, on ``row``'s device, so no
+    host sync) removed."""
+    parents = tree.parents[1:].to(row.device, non_blocking=True)
+    tokens = tree.tokens[1:].to(row.device, non_blocking=True)
+    # a count per token, so repeated tokens elsewhere in the tree are safe
+    is_child = (parents == exit_node).to(row.dtype)
+    child_count = torch.zeros_like(row).index_add_(0, tokens, is_child)
+    residual = torch.where(child_count > 0, torch.zeros_like(row), row)
+    # Not in the algorithm, but needed: if rounding left no residual mass, fall back to p_V.
+    return torch.where(residual.sum() > 0, residual, row)
+
+
 def _tev(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
     # Level-parallel: the exit law for all nodes at once, one exit draw, one bonus draw.
     flow = flow_from_edge_prob(tree, rows.edge_prob(tree))
     exit_node = sample_rows(flow.exit_weight.unsqueeze(0), generator)  # [1]
     row = rows.rows_at(exit_node)[0]  # p_V, [V]
-    parents = tree.parents[1:].to(rows.device, non_blocking=True)
-    tokens = tree.tokens[1:].to(rows.device, non_blocking=True)
-    # Residual at V: remove V's child tokens (a count per token, so repeated tokens elsewhere are safe).
-    is_child = (parents == exit_node).to(row.dtype)
-    child_count = torch.zeros_like(row).index_add_(0, tokens, is_child)
-    residual = torch.where(child_count > 0, torch.zeros_like(row), row)
-    # Not in the algorithm, but needed: if rounding left no residual mass, fall back to p_V.
-    residual = torch.where(residual.sum() > 0, residual, row)
-    bonus = sample_rows(residual.unsqueeze(0), generator)  # [1]
+    bonus = sample_rows(exit_residual(tree, row, exit_node).unsqueeze(0), generator)  # [1]
     exit_value, bonus_value = torch.cat([exit_node, bonus]).tolist()  # the one host sync
     return Verdict(tree.path_to(exit_value), exit_value, bonus_value, "tev", flow)
 
@@ -260,7 +262,7 @@ def _tev(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -
 def _predraw(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
     # DDTree: one draw R_v ~ p_v at every node, follow matches, bonus = R_exit.
     draws = sample_rows(rows.all_rows(), generator).tolist()
-    path = _walk(tree, draws)
+    path = walk_tree(tree, draws)
     return Verdict(path, path[-1], draws[path[-1]], "predraw")
 
 

@@ -19,7 +19,7 @@ import torch
 from tev.core.flow import TargetFlow, flow_from_edge_prob
 from tev.core.sampling import SamplingLaw, sample_rows
 from tev.core.tree import DraftTree
-from tev.core.verify import TargetRows, Verdict, verify_rows
+from tev.core.verify import TargetRows, Verdict, exit_residual, verify_rows, walk_tree
 from tev.engine.round import draft_and_forward, prefill, room_left
 from tev.engine.session import CausalLMSession
 
@@ -127,10 +127,7 @@ def _tev(tree, rows, flow, generator) -> dict:
 
 def _predraw(tree, rows, flow, generator) -> dict:
     draws = sample_rows(rows.all_rows(), generator).tolist()  # the verifier's own draws, replayed
-    path = [0]
-    while (child := tree.child_by_token[path[-1]].get(draws[path[-1]])) is not None:
-        path.append(child)
-    return {"draws": draws, "path": path}
+    return {"draws": draws, "path": walk_tree(tree, draws)}
 
 
 def _sequential(tree, rows, flow, generator) -> dict:
@@ -155,15 +152,9 @@ def _sequential(tree, rows, flow, generator) -> dict:
 
 
 def _greedy(tree, rows, flow, generator) -> dict:
-    path = [0]
-    best = {}
-    while True:
-        v = path[-1]
-        best[v] = int(rows.argmax_at(torch.tensor([v], device=rows.device))[0])
-        child = tree.child_by_token[v].get(best[v])
-        if child is None:
-            return {"argmax": best, "path": path}
-        path.append(child)
+    best = rows.argmax_at(torch.arange(tree.num_nodes, device=rows.device)).tolist()  # every row's argmax: a tree of a few dozen rows
+    path = walk_tree(tree, best)
+    return {"argmax": {v: best[v] for v in path}, "path": path}
 
 
 _DECISIONS = {"tev": _tev, "predraw": _predraw, "sequential": _sequential, "greedy": _greedy}
@@ -177,10 +168,8 @@ def _bonus(tree, rows, verdict, law) -> dict:
     else:
         row = rows.rows_at(node)[0].float()
     removed = sorted({tree.tokens_list[u] for u in tree.children(v)})
-    residual = row.clone()
-    if removed:
-        residual[torch.tensor(removed, device=residual.device)] = 0.0
-    residual = residual / residual.sum() if float(residual.sum()) > 0 else row
+    residual = exit_residual(tree, row, node)  # what TEV draws the bonus from
+    residual = residual / residual.sum()
     top = row.topk(TOP_TOKENS)
     top_residual = residual.topk(TOP_TOKENS)
     return {
