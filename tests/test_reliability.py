@@ -735,3 +735,14 @@ def test_served_models_keep_no_autograd_graph(quick_assets_dir, monkeypatch):
     assert not any(p.requires_grad for p in bundle.drafter("block").model.parameters())
     records, _ = run_to_end(speculative_generate(bundle.target, bundle.drafter("block"), encode_prompt(bundle.tokenizer, PROMPT), GenerationConfig(budget=8, max_new_tokens=8), bundle.tokenizer))
     assert not records[0].flow.reach.requires_grad and not records[0].tree.draft_logprob.requires_grad
+
+
+def test_the_server_caps_malloc_arenas_unless_the_operator_did(monkeypatch):
+    import platform
+
+    from tev.util.memory import limit_malloc_arenas
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert limit_malloc_arenas() is False  # the operator's setting stands
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    assert limit_malloc_arenas() is (platform.libc_ver()[0] == "glibc")

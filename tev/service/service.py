@@ -106,10 +106,11 @@ class ModelService:
     generation steps take ``compute`` in turn; Gradio's queue bounds how many wait.
     """
 
-    def __init__(self, target: str | None = None, draft: str | None = None, device: str = "auto", pair: str | None = None):
+    def __init__(self, target: str | None = None, draft: str | None = None, device: str = "auto", pair: str | None = None, dtype: str = "auto"):
         self.target_source = target
         self.draft_source = draft
         self.device = device
+        self.dtype = dtype  # the target's precision ("auto": float32 on a CPU, the exact default)
         self.pair = pair  # a shipped pair when no target is given (None: $TEV_PAIR or the default)
         self._bundle: ModelBundle | None = None
         self._load_lock = threading.Lock()
@@ -119,7 +120,7 @@ class ModelService:
         if self._bundle is None:
             with self._load_lock:
                 if self._bundle is None:
-                    self._bundle = load_bundle(self.target_source, self.draft_source, device=self.device, pair=self.pair)
+                    self._bundle = load_bundle(self.target_source, self.draft_source, device=self.device, dtype=self.dtype, pair=self.pair)
         return self._bundle
 
     def info(self) -> dict:
