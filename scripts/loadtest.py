@@ -157,6 +157,20 @@ class Result:
         return text_div(self.view_html), self.tree_digest
 
 
+def warm_up_settings(user: int) -> Settings:
+    """User ``user``'s warm-up request. The first four take each code path once at its largest
+    size (greedy with the autoregressive comparison, which also makes the head screen's 56 MB
+    bfloat16 copy; then each sampling verifier), so a path's one-time allocations are in the
+    memory read after warm-up and not counted as growth; the others send a short request (16
+    heavy warm-ups at once would wait past the client's timeout on two cores)."""
+    prompt = f"# user {user}\n" + PROMPTS[user % len(PROMPTS)]
+    if user >= 4:
+        return Settings(prompt=prompt, budget=16, max_new_tokens=32, seed=user)
+    verifier = ("greedy", "tev", "predraw", "sequential")[user]
+    return Settings(prompt=prompt, drafter=DRAFTERS[user % len(DRAFTERS)], verifier=verifier, budget=64,
+                    temperature=0.0 if verifier == "greedy" else 1.0, max_new_tokens=96, seed=user, compare_ar=verifier == "greedy")
+
+
 def random_settings(rng: random.Random, user: int) -> Settings:
     verifier = rng.choice(VERIFIERS)
     temperature = 0.0 if verifier == "greedy" else rng.choice(TEMPERATURES)
@@ -227,16 +241,52 @@ def percentile(values: list[float], q: float) -> float:
     return quantile([v for v in values if v == v], q, method="nearest")
 
 
-def run_level(url: str, pid: int | None, users: int, seconds: float, seed: int = 0, timeout: float = 180.0, poll: float = 0.02) -> tuple[dict, list[Result]]:
-    """N users, each looping /generate for ``seconds`` after one warm-up request each."""
+class PeakMemory:
+    """Polls a process's VmRSS in a thread (every ``interval`` s) and keeps the largest value."""
+
+    def __init__(self, pid: int | None, interval: float = 0.5):
+        self.pid, self.interval, self.peak = pid, interval, rss_kib(pid) or 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self):
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, rss_kib(self.pid) or 0)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, rss_kib(self.pid) or 0)
+
+
+def start_workload(url: str, pack: str, minutes: float):
+    """Submit one workload ExitTrain run (the ExitTrain tab's workload mode) from its own client."""
+    return new_client(url).submit(pack, "", minutes, api_name="/exittrain_workload"), time.perf_counter()
+
+
+def workload_outcome(job, started: float, timeout: float) -> dict:
+    """Wait for a workload run to end; its outcome, time and last status line."""
+    try:
+        outputs = job.result(timeout=timeout)
+        return {"outcome": "ok", "seconds": round(time.perf_counter() - started, 1), "status": str(outputs[0])[:200]}
+    except Exception as error:  # noqa: BLE001 - recorded, judged by the caller
+        return {"outcome": "error", "seconds": round(time.perf_counter() - started, 1), "status": f"{type(error).__name__}: {str(error)[:200]}"}
+
+
+def run_level(url: str, pid: int | None, users: int, seconds: float, seed: int = 0, timeout: float = 180.0, poll: float = 0.02,
+              workload: str | None = None) -> tuple[dict, list[Result]]:
+    """N users, each looping /generate for ``seconds`` after one warm-up request each; with
+    ``workload`` (a shipped pack), a workload ExitTrain run starts with the loop and the level
+    waits for it to end. The server's peak memory is sampled throughout."""
     clients = [new_client(url) for _ in range(users)]
     rss_start = rss_kib(pid)
+    peak = PeakMemory(pid)
     results: list[Result] = []
     lock = threading.Lock()
 
     def warm(user: int):
-        settings = Settings(prompt=f"# user {user}\n" + PROMPTS[user % len(PROMPTS)], budget=16, max_new_tokens=32, seed=user)
-        outcome = run_one(clients[user], settings, user, timeout, poll, phase="warm-up")
+        outcome = run_one(clients[user], warm_up_settings(user), user, timeout, poll, phase="warm-up")
         with lock:
             results.append(outcome)
 
@@ -244,6 +294,7 @@ def run_level(url: str, pid: int | None, users: int, seconds: float, seed: int =
     [t.start() for t in threads]
     [t.join() for t in threads]
     rss_warm = rss_kib(pid)
+    training = start_workload(url, workload, 5) if workload else None
     deadline = time.perf_counter() + seconds
     started = time.perf_counter()
 
@@ -259,7 +310,9 @@ def run_level(url: str, pid: int | None, users: int, seconds: float, seed: int =
     [t.join(timeout=seconds + timeout + 30) for t in threads]
     hung = sum(t.is_alive() for t in threads)
     elapsed = time.perf_counter() - started
+    trained = workload_outcome(*training, timeout=900) if training else None
     rss_end = rss_kib(pid)
+    rss_peak = peak.stop()
     for client in clients:
         close = getattr(client, "close", None)
         if close:
@@ -294,7 +347,10 @@ def run_level(url: str, pid: int | None, users: int, seconds: float, seed: int =
         "rss_after_warmup_mib": round(rss_warm / 1024, 1) if rss_warm else None,
         "rss_end_mib": round(rss_end / 1024, 1) if rss_end else None,
         "rss_growth_after_warmup": round(growth, 4) if growth is not None else None,
+        "rss_peak_mib": round(rss_peak / 1024, 1) if rss_peak else None,
     }
+    if trained is not None:
+        summary["workload_run"] = {"pack": workload, **trained}
     return summary, results
 
 
@@ -411,8 +467,8 @@ def markdown(report: dict) -> str:
         f"Server: {report['url']} (pid {report.get('pid')}), assets {report.get('assets') or ('as the attached server has them' if report.get('attached') else 'the app default')}; "
         f"{report['seconds_per_level']} s per level; machine: {os.cpu_count()} CPUs. Command: `{report['command']}`",
         "",
-        "| users N | requests served | errors | p50 latency | p95 latency | queue wait p50 / p95 | first output p50 / p95 | tokens/s | RSS start | RSS after warm-up | RSS end | growth after warm-up |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| users N | requests served | errors | p50 latency | p95 latency | queue wait p50 / p95 | first output p50 / p95 | tokens/s | RSS start | RSS after warm-up | RSS end | growth after warm-up | RSS peak |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level in report["levels"]:
         def mib(key):
@@ -422,8 +478,12 @@ def markdown(report: dict) -> str:
         lines.append(
             f"| {level['users']} | {level['served']} (+{level['warm_up_requests']} warm-up) | {level['errors']} | {level['latency_p50_s']:.2f} s | {level['latency_p95_s']:.2f} s | "
             f"{level['queue_wait_p50_s']:.2f} / {level['queue_wait_p95_s']:.2f} s | {level['first_output_p50_s']:.2f} / {level['first_output_p95_s']:.2f} s | {level['tokens_per_second']} | "
-            f"{mib('rss_start_mib')} | {mib('rss_after_warmup_mib')} | {mib('rss_end_mib')} | {growth} |"
+            f"{mib('rss_start_mib')} | {mib('rss_after_warmup_mib')} | {mib('rss_end_mib')} | {growth} | {mib('rss_peak_mib')} |"
         )
+    for level in report["levels"]:
+        if "workload_run" in level:
+            w = level["workload_run"]
+            lines.append(f"\nN={level['users']}: a workload ExitTrain run ({w['pack']}) beside the users: {w['outcome']} in {w['seconds']} s ({w['status']})")
     errors = {k: v for level in report["levels"] for k, v in level["errors_by_kind"].items()}
     lines += ["", "Errors by kind: " + (json.dumps(errors) if errors else "none."), ""]
     if "identical_seeds" in report:
@@ -464,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-queue-check", action="store_true", help="skip the queue-full check")
     parser.add_argument("--queue-extra", type=int, default=8, help="submits beyond the queue's max_size (32) in the queue-full check")
     parser.add_argument("--out", help="folder for loadtest.json and loadtest.md")
+    parser.add_argument("--workload", default=None, help="a shipped workload pack: each level also runs one workload ExitTrain (5 minutes) beside the users")
     args = parser.parse_args(argv)
 
     server = None
@@ -481,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     all_results: list[Result] = []
     try:
         for users in args.users:
-            summary, results = run_level(url, pid, users, args.seconds, seed=args.seed + users, timeout=args.timeout, poll=args.poll)
+            summary, results = run_level(url, pid, users, args.seconds, seed=args.seed + users, timeout=args.timeout, poll=args.poll, workload=args.workload)
             report["levels"].append(summary)
             all_results += results
             print(json.dumps(summary), flush=True)
@@ -507,6 +568,8 @@ def main(argv: list[str] | None = None) -> int:
             failures.append(f"N={level['users']}: {level['hung_users']} users hung")
         if level["served"] == 0:
             failures.append(f"N={level['users']}: nothing served")
+        if level.get("workload_run", {}).get("outcome", "ok") != "ok":
+            failures.append(f"N={level['users']}: the workload run failed ({level['workload_run']['status']})")
         if level.get("rss_growth_after_warmup") is not None and level["rss_growth_after_warmup"] > MEMORY_GOAL:
             failures.append(f"N={level['users']}: memory grew {100 * level['rss_growth_after_warmup']:.1f}% after warm-up")
     for check in ("identical_seeds", "own_outputs", "queue_full"):

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.tiny import save_chat_target
@@ -95,12 +96,19 @@ def test_two_servers_starting_at_once_convert_once(cache):
     assert default_target._conversion_problem(results[0]) is None and _staging_leftovers() == []
 
 
-def test_a_full_disk_while_converting_leaves_nothing_and_says_what_to_do(cache, monkeypatch, tiny_chat):
+FULL_DISK = {  # how the writers report a full disk: the OS's error, and safetensors' own error around it
+    "oserror": lambda: OSError(errno.ENOSPC, "No space left on device"),
+    "safetensors": lambda: SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+}
+
+
+@pytest.mark.parametrize("writer", sorted(FULL_DISK))
+def test_a_full_disk_while_converting_leaves_nothing_and_says_what_to_do(cache, monkeypatch, tiny_chat, writer):
     model, _ = tiny_chat
 
     def full(self, folder, **kwargs):
         (folder / "model.safetensors").write_bytes(b"half")  # a partial write before the disk filled
-        raise OSError(errno.ENOSPC, "No space left on device")
+        raise FULL_DISK[writer]()
 
     with monkeypatch.context() as disk:
         disk.setattr(type(model), "save_pretrained", full)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from safetensors import SafetensorError
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
@@ -218,9 +219,12 @@ def save_converted(model, tokenizer, destination: Path) -> None:
             record = {"gguf": GGUF_FILE, "gguf_sha256": GGUF_SHA256, "package": GGUF_PACKAGE, "dtype": "bfloat16",
                       "files": files, "weights_sha256": file_sha256(staging / WEIGHTS)}
             (staging / MARKER).write_text(json.dumps(record, indent=1))  # written last: its presence means complete
-    except OSError as error:  # the staging folder is already removed: nothing half-written stays
-        space = " (the disk is full: free about 300 MB there or set TEV_CACHE_DIR to another disk)" if error.errno == errno.ENOSPC else ""
-        raise DefaultTargetError(f"could not write the converted default target into {destination.parent}: {error.strerror or error}{space}") from None
+    except (OSError, SafetensorError) as error:  # the staging folder is already removed: nothing half-written stays
+        # safetensors reports a full disk as its own error, with the OS message inside
+        full = getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error)
+        reason = getattr(error, "strerror", None) or str(error).splitlines()[-1]
+        space = " (the disk is full: free about 300 MB there or set TEV_CACHE_DIR to another disk)" if full else ""
+        raise DefaultTargetError(f"could not write the converted default target into {destination.parent}: {reason}{space}") from None
 
 
 @contextmanager
