@@ -214,7 +214,11 @@ def run_one(client, settings: Settings, user: int, timeout: float = 180.0, poll:
                 result.first_output = now
             if now > timeout:
                 job.cancel()
-                raise TimeoutError(f"no answer within {timeout:.0f}s (a hang)")
+                if result.queue_wait != result.queue_wait:  # never left the queue: the server is busy, not stuck
+                    raise TimeoutError(f"no answer within {timeout:.0f}s: still waiting in the queue")
+                if result.first_output == result.first_output:
+                    raise TimeoutError(f"no answer within {timeout:.0f}s: started and streaming, not finished")
+                raise TimeoutError(f"no answer within {timeout:.0f}s: started, no output (a hang)")
             time.sleep(poll)
         outputs = job.result(timeout=timeout)
         result.latency = time.perf_counter() - t0
@@ -518,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="duration of each level")
     parser.add_argument("--seed", type=int, default=0, help="seed of the users' random settings")
     parser.add_argument("--poll", type=float, default=0.02, help="status polling interval of each user (s)")
-    parser.add_argument("--timeout", type=float, default=180.0, help="a request with no answer by then counts as a hang")
+    parser.add_argument("--timeout", type=float, default=180.0, help="a request with no answer by then counts as an error (its message says whether it was still queued, streaming, or stuck)")
     parser.add_argument("--identical-copies", type=int, default=4, help="users per seed in the identical-seed check (0: skip)")
     parser.add_argument("--rerun-sample", type=int, default=24, help="load requests re-run alone to compare (0: skip)")
     parser.add_argument("--no-queue-check", action="store_true", help="skip the queue-full check")

@@ -174,6 +174,21 @@ def _digest(folder: Path) -> dict:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+class _HoldCounter:
+    """A stand-in for the server's compute lock that counts holds and how deeply they nest."""
+
+    def __init__(self):
+        self.holds, self.depth, self.deepest = 0, 0, 0
+
+    def __enter__(self):
+        self.holds += 1
+        self.depth += 1
+        self.deepest = max(self.deepest, self.depth)
+
+    def __exit__(self, *exc):
+        self.depth -= 1
+
+
 def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch):
     from tev.train import workload_command
 
@@ -197,7 +212,12 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
     before_target = {k: v.clone() for k, v in bundle.target.state_dict().items()}
     assets = _digest(REPO_ROOT / "assets")
     settings = dataclasses.replace(workload_settings("exit", steps=4), batch=8, tree_batch=4)
-    result, adapted = workload_command.adapt_to_workload(bundle, prompts, base, minutes=5, settings=settings, controls=("none", "next-depth"), progress=False)
+    compute = _HoldCounter()
+    result, adapted = workload_command.adapt_to_workload(bundle, prompts, base, minutes=5, settings=settings, controls=("none", "next-depth"), progress=False,
+                                                         compute=compute)
+    # the server's compute lock is taken per piece of work, never nested: a held-out prompt's
+    # decoding (5 prompts x 2 temperatures x 4 drafters), a training step, an answer's scoring
+    assert compute.deepest == 1 and compute.holds >= 5 * 2 * 4 + 3 * 4 + 15
     for key in ("T0", "T1"):
         assert set(result[key]) == {"base", "exittrain", "token_only", "next-depth"}
         assert all(cell["tau"] >= 1 and cell["se"] >= 0 for cell in result[key].values())

@@ -52,11 +52,11 @@ def relative_gain(after: dict, before: dict) -> dict:
     return {"gain": ratio - 1, "se": se}
 
 
-def _measure(bundle, model: BlockDrafter, name: str, prompts: list[dict], progress: bool) -> dict:
+def _measure(bundle, model: BlockDrafter, name: str, prompts: list[dict], progress: bool, compute=contextlib.nullcontext()) -> dict:
     """``{"T0": {"tau", "se", ...}, "T1": {...}}`` of one drafter on the held-out prompts."""
     drafter = BlockTreeDrafter(copy.deepcopy(model).eval().to(torch.bfloat16), name=name)
     rows = evaluate_drafter(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(EVAL_BUDGET,), temperatures=tuple(TEMPERATURES.values()),
-                            max_new_tokens=EVAL_NEW_TOKENS, progress=progress, desc=f"held-out tau [{name}]")
+                            max_new_tokens=EVAL_NEW_TOKENS, progress=progress, desc=f"held-out tau [{name}]", compute=compute)
     by_temperature = {row["temperature"]: row for row in rows}
     return {key: {"tau": by_temperature[t]["tau"], "se": by_temperature[t]["tau_se"], "tau_bound": by_temperature[t]["tau_bound"], "rounds": by_temperature[t]["rounds"]}
             for key, t in TEMPERATURES.items()}
@@ -100,8 +100,7 @@ def adapt_to_workload(
     base_model = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
     work = copy.deepcopy(base_model)
     added = extend_draft_vocab(work, answers)
-    with compute:
-        data, trees = build_train_set(bundle.target, work, answers, budget=EVAL_BUDGET, seed=seed, progress=progress)
+    data, trees = build_train_set(bundle.target, work, answers, budget=EVAL_BUDGET, seed=seed, progress=progress, compute=compute)
     initial = copy.deepcopy(work.state_dict())
     report("train", {"anchors": data.num_anchors, "trees": len(trees), "vocab_added": len(added)})
     history: list[dict] = []
@@ -121,8 +120,7 @@ def adapt_to_workload(
     for name, model in (("base", base_model), ("exittrain", work)):
         if should_stop is not None and should_stop():
             raise InterruptedError("cancelled")
-        with compute:
-            cells[name] = _measure(bundle, model, name, held, progress)
+        cells[name] = _measure(bundle, model, name, held, progress, compute)
     report("evaluated", {"base": cells["base"], "exittrain": cells["exittrain"]})
     seconds = time.monotonic() - start
     report("mass", {})
@@ -138,8 +136,7 @@ def adapt_to_workload(
                             should_stop=should_stop, compute=compute)
         if should_stop is not None and should_stop():
             break
-        with compute:
-            control_rows["token_only" if term == "none" else term] = _measure(bundle, control, term, held, progress)
+        control_rows["token_only" if term == "none" else term] = _measure(bundle, control, term, held, progress, compute)
     cells.update(control_rows)
     result = {
         key: {name: {"tau": row[key]["tau"], "se": row[key]["se"]} for name, row in cells.items()} for key in TEMPERATURES
@@ -180,8 +177,7 @@ def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], 
     for name, drafter in drafters.items():
         if should_stop is not None and should_stop():
             return None
-        with compute:
-            _, trees = build_train_set(bundle.target, drafter, answers, budget=EVAL_BUDGET, seed=seed, progress=progress)
+        _, trees = build_train_set(bundle.target, drafter, answers, budget=EVAL_BUDGET, seed=seed, progress=progress, compute=compute)
         summaries[name] = {**trees.scored.exit_mass_by_depth(drafter.config.horizon), "expected_tau": trees.scored.expected_tau}
     return summaries
 

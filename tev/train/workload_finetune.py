@@ -22,6 +22,8 @@ drafter builds at some of those anchors, scored by the target once (fixed):
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from tqdm import tqdm
 from transformers import DynamicCache
@@ -46,13 +48,15 @@ def workload_settings(tree_term: str = "exit", lambda_tree: float = 0.1, steps: 
 
 @torch.no_grad()
 def build_train_set(target, drafter: BlockDrafter, answers: WorkloadAnswers, budget: int = 16, soft_top: int = SOFT_TOP, trees_per_answer: int = 8,
-                    seed: int = 0, progress: bool = True) -> tuple[DistillData, ScoredTrees]:
+                    seed: int = 0, progress: bool = True, compute=contextlib.nullcontext()) -> tuple[DistillData, ScoredTrees]:
     """The target's features and laws on the answers; at ``trees_per_answer`` anchors of each
     answer (seeded), the tree of ``budget`` nodes ``drafter`` builds there (the tree inference
     builds on that text), scored by the target at T = 1 in one tree-attention forward per answer.
 
     Scoring every anchor's tree costs a forward of ``anchors x budget`` nodes per answer (about
-    9 s for a 90-token answer on a 2-core CPU); a few trees per answer keep it near one second."""
+    9 s for a 90-token answer on a 2-core CPU); a few trees per answer keep it near one second.
+    ``compute`` (a lock) is held for the feature forward and for each answer's scoring, so a
+    server's other users take turns with it."""
     if not len(answers):
         raise ValueError("no answers to train on")
     device = next(target.parameters()).device
@@ -61,7 +65,8 @@ def build_train_set(target, drafter: BlockDrafter, answers: WorkloadAnswers, bud
     for row, sequence in enumerate(answers.sequences):
         ids[row, : len(sequence)] = torch.tensor(sequence)
     vocab = drafter.draft_vocab
-    features, soft = target_features(target, ids, lengths, list(drafter.config.feature_layers), progress=progress, soft_vocab=vocab, soft_top=soft_top)
+    with compute:
+        features, soft = target_features(target, ids, lengths, list(drafter.config.feature_layers), progress=progress, soft_vocab=vocab, soft_top=soft_top)
     data = DistillData.build(ids, lengths, torch.tensor(answers.prompt_lengths), features, soft)
     config = drafter.config
     was_training = drafter.training
@@ -69,17 +74,18 @@ def build_train_set(target, drafter: BlockDrafter, answers: WorkloadAnswers, bud
     parts, chosen = [], []
     generator = torch.Generator().manual_seed(seed)
     for row in tqdm(range(len(answers)), desc="score trees", unit="answer", disable=not progress):
-        index = data.anchors[data.anchors[:, 0] == row]  # [A, 2]
-        keep = torch.randperm(index.shape[0], generator=generator)[:trees_per_answer].sort().values
-        index = index[keep]
-        chosen.append(index)
-        window, valid, root, _ = data.batch(index, config.context_window, config.horizon)
-        log_q = drafter.full_vocab(drafter.draft_logits(window.to(device), valid.to(device), root.to(device)).float().log_softmax(-1)).cpu()  # [A, K, V]
-        roots = (index[:, 1] + 1).tolist()
-        trees = [DraftTree.from_marginals(log_q[a], budget, root_token=int(root[a])) for a in range(len(roots))]
-        tokens = ids[row, : int(lengths[row])].to(device)
-        cache = DynamicCache(config=target.config)
-        logits = target(input_ids=tokens[None], cache=cache, use_cache=True).logits[0].float()  # [S, V]
-        parts.append(score_trees(target, tokens, cache, logits[roots], trees, roots, 1.0, soft_vocab=vocab, soft_top=soft_top))
+        with compute:
+            index = data.anchors[data.anchors[:, 0] == row]  # [A, 2]
+            keep = torch.randperm(index.shape[0], generator=generator)[:trees_per_answer].sort().values
+            index = index[keep]
+            chosen.append(index)
+            window, valid, root, _ = data.batch(index, config.context_window, config.horizon)
+            log_q = drafter.full_vocab(drafter.draft_logits(window.to(device), valid.to(device), root.to(device)).float().log_softmax(-1)).cpu()  # [A, K, V]
+            roots = (index[:, 1] + 1).tolist()
+            trees = [DraftTree.from_marginals(log_q[a], budget, root_token=int(root[a])) for a in range(len(roots))]
+            tokens = ids[row, : int(lengths[row])].to(device)
+            cache = DynamicCache(config=target.config)
+            logits = target(input_ids=tokens[None], cache=cache, use_cache=True).logits[0].float()  # [S, V]
+            parts.append(score_trees(target, tokens, cache, logits[roots], trees, roots, 1.0, soft_vocab=vocab, soft_top=soft_top))
     drafter.train(was_training)
     return data, ScoredTrees(TreeBatch.join(parts), torch.cat(chosen))
