@@ -392,11 +392,18 @@ def autoregressive_generate(
     )
 
 
-def run_to_end(events) -> tuple[list[RoundRecord], GenerationSummary]:
-    """Drain a :func:`speculative_generate` generator: (round records, summary)."""
+def run_to_end(events, compute=None) -> tuple[list[RoundRecord], GenerationSummary]:
+    """Drain a :func:`speculative_generate` generator: (round records, summary). With
+    ``compute`` (a lock), each round runs holding it, so other users take turns between rounds."""
     records = []
-    for event in events:
+    while True:
+        if compute is None:
+            event = next(events, None)
+        else:
+            with compute:
+                event = next(events, None)
+        if event is None:
+            raise RuntimeError("the generation ended without a summary")
         if isinstance(event, GenerationSummary):
             return records, event
         records.append(event)
-    raise RuntimeError("the generation ended without a summary")

@@ -6,8 +6,6 @@ the drafter.
 
 from __future__ import annotations
 
-import contextlib
-
 from tqdm import tqdm
 
 from tev.engine.decode import GenerationConfig, run_to_end, speculative_generate
@@ -45,10 +43,10 @@ def evaluate_drafter(
     verifier: str = "tev",
     progress: bool = True,
     desc: str = "evaluate",
-    compute=contextlib.nullcontext(),
+    compute=None,
 ) -> list[dict]:
     """Measured ``tau`` (mean block length over all rounds) and mean ``1 + C`` per setting.
-    ``compute`` (a lock) is held for each prompt's decoding, so a server's other users take turns.
+    ``compute`` (a lock) is held for each round, so a server's other users take turns.
 
     Returns one row per (budget, temperature): ``tau``, its standard error over rounds,
     ``tau_bound``, the spread of per-prompt ``tau`` (q25/q75), rounds and tokens.
@@ -62,8 +60,7 @@ def evaluate_drafter(
         lengths, bounds, per_prompt, tokens, seconds = [], [], [], 0, 0.0
         for i, ids in enumerate(encoded):
             config = GenerationConfig(budget=budget, temperature=temperature, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed + i)
-            with compute:
-                _, summary = run_to_end(speculative_generate(target, drafter, ids, config, tokenizer))
+            _, summary = run_to_end(speculative_generate(target, drafter, ids, config, tokenizer), compute)
             lengths += summary.block_lengths
             bounds += summary.tau_bounds
             per_prompt.append(summary.tau)

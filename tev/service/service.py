@@ -20,6 +20,7 @@ from tev.core.sampling import SamplingLaw
 from tev.core.verify import VERIFIERS
 from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, GenerationConfig, GenerationSummary, RoundRecord, autoregressive_generate, speculative_generate
 from tev.engine.models import ModelBundle, load_bundle
+from tev.util.fair_lock import FairLock
 from tev.engine.prompt_text import encode_chat, encode_prompt
 
 __all__ = ["Limits", "LIMITS", "DEFAULT_SAMPLING", "ModelService", "check_number", "finite_number", "check_settings", "records_to_json", "ExitTrainSlot", "UserInputError"]
@@ -114,7 +115,7 @@ class ModelService:
         self.pair = pair  # a shipped pair when no target is given (None: $TEV_PAIR or the default)
         self._bundle: ModelBundle | None = None
         self._load_lock = threading.Lock()
-        self.compute = threading.Lock()
+        self.compute = FairLock()  # first come, first served: a fine-tune's steps cannot starve users' rounds
 
     def bundle(self) -> ModelBundle:
         if self._bundle is None:

@@ -81,8 +81,8 @@ def adapt_to_workload(
     ``controls`` are tree terms trained after the budget on the same data, steps and seed
     (``none`` is the token-only control; the result names it ``token_only``). ``on_phase(name,
     info)`` reports each phase as it starts or ends (``answers``, ``train``, ``evaluate``, ...).
-    ``compute`` (a lock) is held for each piece of work (a batch of answers, a step, a drafter's
-    evaluation), so a server's other users take turns with the run. With ``with_mass``, after the
+    ``compute`` (a lock) is held for each piece of work (a batch of answers, an answer's scored
+    trees, a step, a round of the held-out decoding), so a server's other users take turns with the run. With ``with_mass``, after the
     budget, where the target's mass leaves each drafter's trees on the held-out answers
     (:func:`heldout_mass`).
     """
