@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -15,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.tiny import save_chat_target
 from tev.engine import default_target
 from tev.engine.models import load_causal_lm
+from tev.util.files import atomic_folder
 
 
 @pytest.fixture(scope="module")
@@ -120,11 +123,6 @@ def test_a_full_disk_while_converting_leaves_nothing_and_says_what_to_do(cache, 
 
 
 def test_a_killed_writers_staging_is_removed_but_a_live_writers_is_kept(tmp_path):
-    import subprocess
-    import sys
-
-    from tev.util.files import atomic_folder
-
     destination = tmp_path / "converted"
     finished = subprocess.Popen([sys.executable, "-c", "pass"])
     finished.wait()

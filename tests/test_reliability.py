@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import platform
 import random
 import re
 import shutil
@@ -28,6 +29,7 @@ from tests.appserver import REPO, AppServer
 from tev.engine.decode import GenerationConfig, run_to_end, speculative_generate
 from tev.engine.models import ModelLoadError, load_bundle
 from tev.engine.prompt_text import encode_prompt
+from tev.util.memory import limit_malloc_arenas
 
 _spec = importlib.util.spec_from_file_location("loadtest", REPO / "scripts" / "loadtest.py")
 loadtest = sys.modules.setdefault("loadtest", importlib.util.module_from_spec(_spec))  # dataclasses look it up there
@@ -738,10 +740,6 @@ def test_served_models_keep_no_autograd_graph(quick_assets_dir, monkeypatch):
 
 
 def test_the_server_caps_malloc_arenas_unless_the_operator_did(monkeypatch):
-    import platform
-
-    from tev.util.memory import limit_malloc_arenas
-
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert limit_malloc_arenas() is False  # the operator's setting stands
     monkeypatch.delenv("MALLOC_ARENA_MAX")

@@ -36,6 +36,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 from tev.util.files import atomic_file, atomic_folder
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX (no lock: one server at a time)
+    fcntl = None
+
 __all__ = [
     "GGUF_PACKAGE",
     "GGUF_SHA256",
@@ -233,9 +238,7 @@ def _conversion_lock() -> Iterator[None]:
     finds the folder converted). Without ``fcntl`` (not POSIX) there is no lock."""
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
+    if fcntl is None:  # pragma: no cover - not POSIX
         yield
         return
     with open(root / LOCK, "a+") as handle:
