@@ -152,7 +152,7 @@ def _compare(bundle, drafters: dict, prompts: list[dict], max_new_tokens: int):
     rows, lines = [], ["| drafter | T | tau | 1 + C | per-prompt tau q25-q75 |", "|---|---|---|---|---|"]
     for name, drafter in drafters.items():
         measured = evaluate_drafter(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(32,), temperatures=(0.0, 1.0), max_new_tokens=max_new_tokens,
-                                    progress=False, compute=shared.SERVICE.compute)  # the lock per prompt: other users take turns
+                                    progress=False, compute=shared.SERVICE.compute)  # the lock per round: other users take turns
         for row in measured:
             rows.append({"drafter": name, "temperature": row["temperature"], "tau": row["tau"], "tau_se": row["tau_se"], "tau_q25": row["prompt_tau_q25"], "tau_q75": row["prompt_tau_q75"]})
             lines.append(f"| {name} | {row['temperature']:g} | {row['tau']:.3f} +- {row['tau_se']:.3f} | {row['tau_bound']:.3f} | {row['prompt_tau_q25']:.2f}-{row['prompt_tau_q75']:.2f} |")

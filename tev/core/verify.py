@@ -191,7 +191,7 @@ class TargetRows:
             return cached[1:]
         internal, slot = self._parent_index(tree)
         if self.hidden is not None and self.num_rows <= ALL_ROWS_AT_ONCE:
-            self._every_row = self.all_logits()  # one read of the head serves the parents and the exit row
+            self.all_logits()  # kept: one read of the head serves the parents and the exit row
         rows = self.probs.index_select(0, internal) if self.probs is not None else self.logits_at(internal)
         self._parent_rows = (tree, internal, slot, rows)
         return internal, slot, rows

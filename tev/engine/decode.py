@@ -23,7 +23,7 @@ from tev.core.tree import DraftTree
 from tev.core.verify import VERIFIERS, Verdict
 from tev.engine.round import prefill, room_left, speculation_round
 
-__all__ = ["GenerationConfig", "RoundRecord", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "eos_token_id", "STAGES"]
+__all__ = ["GenerationConfig", "RoundRecord", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "rounds_in_turn", "eos_token_id", "STAGES"]
 
 STAGES = ("draft", "tree_build", "verify", "verify_decision", "commit")
 MAX_BUDGET = 1024
@@ -392,18 +392,22 @@ def autoregressive_generate(
     )
 
 
-def run_to_end(events, compute=None) -> tuple[list[RoundRecord], GenerationSummary]:
-    """Drain a :func:`speculative_generate` generator: (round records, summary). With
-    ``compute`` (a lock), each round runs holding it, so other users take turns between rounds."""
-    records = []
+def rounds_in_turn(events, compute) -> Iterator:
+    """Yield the events of a :func:`speculative_generate` generator, each round computed while
+    holding ``compute`` (a lock): other users of the lock take turns between rounds."""
     while True:
-        if compute is None:
+        with compute:
             event = next(events, None)
-        else:
-            with compute:
-                event = next(events, None)
         if event is None:
-            raise RuntimeError("the generation ended without a summary")
+            return
+        yield event
+
+
+def run_to_end(events) -> tuple[list[RoundRecord], GenerationSummary]:
+    """Drain a :func:`speculative_generate` generator: (round records, summary)."""
+    records = []
+    for event in events:
         if isinstance(event, GenerationSummary):
             return records, event
         records.append(event)
+    raise RuntimeError("the generation ended without a summary")

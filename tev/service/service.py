@@ -18,7 +18,7 @@ import torch
 
 from tev.core.sampling import SamplingLaw
 from tev.core.verify import VERIFIERS
-from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, GenerationConfig, GenerationSummary, RoundRecord, autoregressive_generate, speculative_generate
+from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, GenerationConfig, GenerationSummary, RoundRecord, autoregressive_generate, rounds_in_turn, speculative_generate
 from tev.engine.models import ModelBundle, load_bundle
 from tev.util.fair_lock import FairLock
 from tev.engine.prompt_text import encode_chat, encode_prompt
@@ -160,12 +160,7 @@ class ModelService:
         """Yields RoundRecords then a GenerationSummary; each round runs under the compute lock."""
         bundle = self.bundle()
         events = speculative_generate(bundle.target, bundle.drafter(drafter), prompt_ids, config, bundle.tokenizer, should_stop=should_stop)
-        while True:
-            with self.compute:
-                event = next(events, None)
-            if event is None:
-                return
-            yield event
+        yield from rounds_in_turn(events, self.compute)
 
     def autoregressive(self, prompt_ids: list[int], config: GenerationConfig, should_stop=None) -> GenerationSummary:
         """The autoregressive baseline; ``should_stop`` is polled after every token."""
