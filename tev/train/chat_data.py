@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from tev.engine.batch_generate import generate_batch
 from tev.engine.prompt_text import ChatTemplate
 
 __all__ = ["DOMAIN_OPENINGS", "ChatSequences", "write_requests", "write_responses"]
@@ -88,29 +89,10 @@ class ChatSequences:
         return cls(*(sum((getattr(p, name) for p in parts), []) for name in _FIELDS))
 
 
-@torch.no_grad()
 def _generate(target, tokenizer, prompts: list[list[int]], max_new_tokens: int, temperature: float, stop_id: int, seed: int) -> list[list[int]]:
-    """Continue each prompt (left-padded batch) until ``stop_id`` (kept) or ``max_new_tokens``."""
-    device = next(target.parameters()).device
-    width = max(len(p) for p in prompts)
+    """Continue each prompt until ``stop_id`` (kept) or ``max_new_tokens``."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_id
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    torch.manual_seed(seed)  # generate samples from the global generator
-    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {"do_sample": False}
-    out = target.generate(
-        input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-        eos_token_id=stop_id, pad_token_id=pad, **sampling,
-    )
-    continuations = []
-    for row in out[:, width:].tolist():
-        if stop_id in row:
-            row = row[: row.index(stop_id) + 1]
-        continuations.append(row)
-    return continuations
+    return generate_batch(target, prompts, max_new_tokens, temperature, stop_id, seed, pad_id=pad)
 
 
 def write_requests(target, tokenizer, count: int, seed: int, max_tokens: int = 64, domain_shares=(0.5, 0.25, 0.25), exclude=(), batch: int = 48, progress: bool = True) -> list[tuple[str, str]]:

@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from tev.engine.batch_generate import generate_batch
 from tev.engine.prompt_text import check_prompt_text, encode_chat
 
 __all__ = ["MIN_PROMPTS", "MIN_HELDOUT", "MAX_PROMPT_CHARS", "load_workload", "check_workload", "split_workload", "WorkloadAnswers", "answer_prompts", "extend_draft_vocab"]
@@ -109,7 +110,7 @@ def answer_prompts(
     compute=contextlib.nullcontext(),
 ) -> WorkloadAnswers:
     """The target's greedy answers to ``prompts`` (each a user message through the chat
-    template), ``batch`` prompts per ``generate`` call (left-padded).
+    template), ``batch`` prompts per batch (left-padded, :func:`generate_batch`).
 
     Batched greedy decoding writes a workload's answers several times faster than answering
     one prompt at a time on a CPU (one weight read serves the whole batch); the text is what
@@ -120,7 +121,6 @@ def answer_prompts(
     """
     start = time.perf_counter()
     answers = WorkloadAnswers()
-    device = next(target.parameters()).device
     context = int(getattr(target.config, "max_position_embeddings", 1 << 30))
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
@@ -130,19 +130,10 @@ def answer_prompts(
         if (should_stop is not None and should_stop()) or (deadline is not None and time.monotonic() > deadline):
             break
         group = encoded[first : first + batch]
-        width = max(len(ids) for ids in group)
-        ids = torch.full((len(group), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(group), width), dtype=torch.long)
-        for row, prompt_ids in enumerate(group):
-            ids[row, width - len(prompt_ids) :] = torch.tensor(prompt_ids)
-            mask[row, width - len(prompt_ids) :] = 1
         with compute:
-            out = target.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens, do_sample=False,
-                                  pad_token_id=pad, eos_token_id=eos)
-        for row, prompt_ids in enumerate(group):
-            answer = out[row, width:].tolist()
-            if eos is not None and eos in answer:
-                answer = answer[: answer.index(eos) + 1]  # keep the end of turn: the drafter should predict it too
+            written = generate_batch(target, group, max_new_tokens, 0.0, eos, seed=0, pad_id=pad)
+        for prompt_ids, answer in zip(group, written):
+            # the end of turn stays: the drafter should predict it too
             if len(answer) >= 2:
                 answers.sequences.append(list(prompt_ids) + answer)
                 answers.prompt_lengths.append(len(prompt_ids))
