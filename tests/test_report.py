@@ -11,11 +11,13 @@ from tev.cli import main
 from tev.engine.models import load_bundle
 from tev.bench.report import QUICK, build_report
 from tev.bench.report.coverage import check_coverage_bound
+from tev.bench.report.e2e_speed import best_budget_rows, check_e2e, e2e_section
 from tev.bench.report.exit_law import check_exit_law, chi_square_cells
 from tev.bench.report.exittrain_gain import check_exittrain, exittrain_from_results, exittrain_section
 from tev.bench.report.plots import plot_exittrain_mass
 from tev.bench.report.trees import real_trees, run_labs
 from tev.core import verify
+from tev.engine.decode import STAGES
 from tests.tiny import save_pair
 
 # The tiny target's context is 96 tokens: short snippets only.
@@ -195,3 +197,39 @@ def test_claim_5_reads_the_pooled_rows_and_shows_domains_errors_and_the_exit_mas
     lines = "\n".join(exittrain_section({"measurements": {"exittrain": data}, "plots": plots}))
     assert "2.100 +- 0.050" in lines and "math +10.0%" in lines and "| exit | 1.800 | 0.300 + 0.000" in lines
     assert "plots/exittrain_mass.png" in lines and (tmp_path / "plots" / "exittrain_mass.png").is_file()
+
+
+def _e2e_row(temperature, budget, method, speedup, tokens_per_second, vs_hf=float("nan")):
+    return {"temperature": temperature, "budget": budget, "method": method, "tau": 2.0, "tau_bound": 2.0, "tokens_per_second": tokens_per_second,
+            "tokens_per_second_q25": tokens_per_second, "tokens_per_second_q75": tokens_per_second, "speedup": speedup, "speedup_q25": speedup,
+            "speedup_q75": speedup, "speedup_vs_hf": vs_hf, "speedup_vs_lookup": vs_hf, "ms_per_token": 1e3 / tokens_per_second,
+            "weight_reads_per_token": 1e3 / tokens_per_second / 25.0, "stage_ms_per_round": dict.fromkeys(STAGES, 1.0), "by_domain": {}, "runs": 6}
+
+
+def test_claim_7_from_a_bench_e2e_file_takes_the_best_budget_and_names_the_reference():
+    """Given ``--e2e-results``, claim 7 reads the budget where TEV is fastest at T = 1, gives
+    the speed-up over HF generate and the weight reads per token, and names the command."""
+    rows = []
+    for budget, tev, predraw in ((8, 0.9, 0.8), (16, 1.2, 1.3)):
+        rows += [_e2e_row(1.0, budget, "autoregressive", 1.0, 10.0), _e2e_row(1.0, budget, "hf-generate", 1.0, 10.0, 1.0),
+                 _e2e_row(1.0, budget, "block+tev", tev, 10.0 * tev, tev), _e2e_row(1.0, budget, "block+predraw", predraw, 10.0 * predraw)]
+    e2e = {"prompts": 6, "repeats": 1, "max_new_tokens": 64, "rows": rows, "command": "python -m tev bench e2e --budgets 8 16",
+           "weight_read": {"bytes": 540e6, "gb_per_s": 21.6, "ms": 25.0}}
+    chosen = best_budget_rows(e2e, "block")
+    assert {r["budget"] for r in chosen["rows"]} == {16} and chosen["weight_read"] == e2e["weight_read"]
+    claim = check_e2e(chosen, "block")
+    assert claim["value"] == pytest.approx(1.2) and claim["holds"] == "no"  # faster than AR, slower than predraw
+    assert "T=1 block+tev: 12.0 tok/s, 1.20x (1.20x HF generate), 3.3 weight reads/token" in claim["this_run"]
+    assert "T=1 block+predraw: 13.0 tok/s, 1.30x, 3.1 weight reads/token" in claim["this_run"]  # no peer: no NaN shown
+    lines = "\n".join(e2e_section({"measurements": {"e2e": chosen}, "plots": {"tau_by_method": "plots/a.png", "stage_times": "plots/b.png"}}))
+    assert "`python -m tev bench e2e --budgets 8 16`" in lines and "540 MB" in lines and "25.0 ms" in lines
+    faster = {**chosen, "rows": [{**r, "tokens_per_second": 99.0} if r["method"] == "block+tev" else r for r in chosen["rows"]]}
+    assert check_e2e(faster, "block")["holds"] == "yes"
+
+
+def test_report_command_refuses_an_e2e_file_of_another_shape(tmp_path, capsys):
+    wrong = tmp_path / "not-e2e.json"
+    wrong.write_text(json.dumps({"rows": []}))
+    assert main(["bench", "report", "--quick", "--e2e-results", str(wrong), "--out", str(tmp_path / "r")]) != 0
+    assert "expected the JSON of `python -m tev bench e2e --json OUT.json`" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # refused before any model loads or anything is written

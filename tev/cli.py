@@ -152,6 +152,7 @@ def _add_bench_report(kinds) -> None:
     parser.add_argument("--num-prompts", type=int, default=None, help=f"prompts used (default {FULL.num_prompts}, {QUICK.num_prompts} with --quick)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--exittrain-results", help="JSON from `python -m tev bench exittrain` (rows of base/none/prefix/exit tau) for claim 5")
+    parser.add_argument("--e2e-results", help="JSON from `python -m tev bench e2e --json OUT.json` for claim 7 (instead of the report's own shorter run)")
     parser.add_argument("--workload-results", nargs="+", help="JSON files from `python -m tev exittrain --workload PACK.json --json OUT.json` (one per pack) for claim 5b")
     parser.add_argument("--out", help="output folder (default: runs/report-<YYYYmmdd-HHMMSS>)")
     add_model_arguments(parser)

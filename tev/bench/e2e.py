@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import resource
+import shlex
 import subprocess
 import sys
 from dataclasses import replace
@@ -22,8 +23,9 @@ from tev.bench.hf_peers import PEERS, hf_generate
 from tev.engine.models import load_bundle
 from tev.util.stats import spread
 from tev.util.timing import machine_info, machine_summary
+from tev.util.weight_read import weight_read_reference
 
-__all__ = ["E2E_METHODS", "bench_e2e", "format_e2e_table", "format_domain_table", "peak_memory_of_generate", "e2e_command"]
+__all__ = ["E2E_METHODS", "bench_e2e", "format_e2e_table", "weight_read_line", "format_domain_table", "peak_memory_of_generate", "e2e_command"]
 
 E2E_METHODS = (
     ("chain", "tev"),
@@ -51,12 +53,15 @@ def bench_e2e(
     alongside the project's autoregressive loop and the ``peers`` (Hugging Face ``generate``,
     plain and with prompt lookup) on the same prompt. ``speedup`` is the median over those
     runs of (method tokens/s) / (autoregressive tokens/s); ``speedup_vs_hf`` and
-    ``speedup_vs_lookup`` divide by the two peers instead. Prompts with a ``"domain"`` also
+    ``speedup_vs_lookup`` divide by the two peers instead. ``weight_read`` is the physical
+    reference: the time to read the target's weights once at the measured read bandwidth;
+    each row's ``weight_reads_per_token`` is its median time per token over that. Prompts with a ``"domain"`` also
     get these medians per domain. At T = 0 every verifier is greedy, so methods that differ
     only in verifier are run once. ``truncation`` (``top_k``, ``top_p``, ``min_p``) applies at
     every T > 0, to the project's methods and the peers alike.
     """
     device = next(bundle.target.parameters()).device
+    reference = weight_read_reference(bundle.target)
     encoded = [fit_prompt(bundle.tokenizer, p, bundle.context_length - max_new_tokens) for p in prompts]
     domains = [p.get("domain", "all") for p in prompts]
     baselines = [("autoregressive", None, None)] + [(peer, None, None) for peer in peers]
@@ -121,6 +126,8 @@ def bench_e2e(
                 "tokens_per_second": speed["median"],
                 "tokens_per_second_q25": speed["q25"],
                 "tokens_per_second_q75": speed["q75"],
+                "ms_per_token": 1e3 / speed["median"],
+                "weight_reads_per_token": 1e3 / speed["median"] / reference["ms"],
                 "speedup": speedup["median"],
                 "speedup_q25": speedup["q25"],
                 "speedup_q75": speedup["q75"],
@@ -134,14 +141,15 @@ def bench_e2e(
                 "runs": len(items),
             })
     bar.close()
-    return {"machine": machine_info(device), "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(encoded), "truncation": dict(truncation or {}), "rows": results}
+    return {"machine": machine_info(device), "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(encoded), "truncation": dict(truncation or {}),
+            "weight_read": reference, "rows": results}
 
 
 def format_e2e_table(result: dict) -> str:
     """The rows of :func:`bench_e2e` as a markdown table."""
     lines = [
-        "| T | B | method | tau | 1 + C | tok/s (IQR) | vs own AR (IQR) | vs HF generate | vs HF prompt lookup | draft / build / verify / decision / commit ms per round |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| T | B | method | tau | 1 + C | tok/s (IQR) | ms/token (weight reads) | vs own AR (IQR) | vs HF generate | vs HF prompt lookup | draft / build / verify / decision / commit ms per round |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         speculative = r["method"] not in ("autoregressive", *PEERS)
@@ -149,10 +157,26 @@ def format_e2e_table(result: dict) -> str:
         tau = f"{r['tau']:.2f} | {r['tau_bound']:.2f}" if speculative else "1.00 | 1.00"
         lines.append(
             f"| {r['temperature']:g} | {r['budget']} | {r['method']} | {tau} | "
-            f"{r['tokens_per_second']:.1f} ({r['tokens_per_second_q25']:.1f}-{r['tokens_per_second_q75']:.1f}) | "
+            f"{r['tokens_per_second']:.1f} ({r['tokens_per_second_q25']:.1f}-{r['tokens_per_second_q75']:.1f}) | {_per_token(r)} | "
             f"{r['speedup']:.2f}x ({r['speedup_q25']:.2f}-{r['speedup_q75']:.2f}) | {r['speedup_vs_hf']:.2f}x | {r['speedup_vs_lookup']:.2f}x | {stages} |"
         )
     return "\n".join(lines)
+
+
+def _per_token(row: dict) -> str:
+    """``ms (x reads)``: time per token and how many reads of the weights it equals."""
+    if "ms_per_token" not in row:  # a result written before the reference was measured
+        return f"{1e3 / row['tokens_per_second']:.1f}"
+    return f"{row['ms_per_token']:.1f} ({row['weight_reads_per_token']:.1f}x)"
+
+
+def weight_read_line(result: dict) -> str:
+    """One sentence: the target's weight bytes, the read bandwidth and one read's time."""
+    reference = result.get("weight_read")
+    if not reference:
+        return "weight read: not measured in this result"
+    return (f"physical reference: the target's weights are {reference['bytes'] / 1e6:.0f} MB; read at the measured "
+            f"{reference['gb_per_s']:.1f} GB/s once they take {reference['ms']:.1f} ms (a method at 1.0x reads the weights once per token)")
 
 
 def format_domain_table(result: dict) -> str:
@@ -184,6 +208,7 @@ def e2e_command(args) -> None:
     result = bench_e2e(bundle, prompts, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed, truncation=truncation)
     print(f"end-to-end decoding, {len(prompts)} prompts x {args.repeats} repeats, {args.max_new_tokens} new tokens, methods interleaved; median (IQR)")
     print(f"machine: {machine_summary(result['machine'])}")
+    print(weight_read_line(result))
     if law.truncates:
         print(f"at T > 0 every method and peer samples with {law.describe().split(', ', 1)[1]}")
     print(format_e2e_table(result))
@@ -194,5 +219,6 @@ def e2e_command(args) -> None:
         result["peak_memory_mb"] = peak_memory_of_generate(["--pair", bundle.pair])
         print(f"peak resident memory of one `python -m tev generate` (64 tokens, {bundle.pair} pair): {result['peak_memory_mb']:.0f} MB")
     if args.json:
+        result["command"] = shlex.join(["python", "-m", "tev", *sys.argv[1:]])
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=2)

@@ -12,7 +12,7 @@ from pathlib import Path
 from tev.bench.report.budget_sweep import check_sweep, measure_sweep, sweep_drafters, sweep_section
 from tev.bench.report.common import FULL, QUICK, ReportSettings, clean
 from tev.bench.report.coverage import check_coverage_bound, coverage_section
-from tev.bench.report.e2e_speed import check_e2e, e2e_section, measure_e2e
+from tev.bench.report.e2e_speed import best_budget_rows, check_e2e, e2e_section, measure_e2e
 from tev.bench.report.equivalence import check_equivalence, equivalence_section
 from tev.bench.report.exit_law import check_exit_law, exit_law_section
 from tev.bench.report.exittrain_gain import check_exittrain, exittrain_data, exittrain_section
@@ -98,6 +98,7 @@ def build_report(
     command: str | None = None,
     settings: ReportSettings | None = None,
     workload_results: dict[str, dict] | None = None,
+    e2e_results: dict | None = None,
 ) -> dict:
     """Measure every claim on ``bundle`` and write ``report.md``, ``report.json`` and the plots
     (``plots/*.png``) into ``out_dir``. Returns the report dict (as in report.json).
@@ -105,6 +106,8 @@ def build_report(
     ``prompts``: ``[{"id", "text"}]`` (or ``"ids"``); all of them are used (cut the list first).
     ``settings`` overrides the ``QUICK`` / ``FULL`` preset chosen by ``quick``.
     ``workload_results``: ``{pack: result}`` of ``exittrain --workload`` runs, for claim 5b.
+    ``e2e_results``: a ``bench e2e --json`` result for claim 7 instead of the report's own
+    (shorter) run; its best budget for TEV at T = 1 is shown.
     """
     settings = settings or (QUICK if quick else FULL)
     if not prompts:
@@ -120,7 +123,7 @@ def build_report(
     latency_claim, measurements["latency"] = measure_latency(bundle, drafter, encoded, settings, seed, progress)
     drafters = sweep_drafters(bundle, base)
     measurements["sweep"] = measure_sweep(bundle, base, prompts, settings, seed, progress)
-    measurements["e2e"] = measure_e2e(bundle, base, prompts, settings, seed, progress)
+    measurements["e2e"] = best_budget_rows(e2e_results, base) if e2e_results else measure_e2e(bundle, base, prompts, settings, seed, progress)
     measurements["exittrain"] = exittrain_data(exittrain_results, measurements["sweep"], "exittrain" in bundle.drafters)
     measurements["workload"] = workload_data(workload_results)
     decoding_claims = [check_exittrain(measurements["exittrain"]), check_workload(measurements["workload"]), check_sweep(measurements["sweep"], drafters),
@@ -172,6 +175,7 @@ def _command_line(args) -> str:
     parts += ["--seed", str(args.seed)]
     parts += ["--exittrain-results", args.exittrain_results] if args.exittrain_results else []
     parts += ["--workload-results", *args.workload_results] if args.workload_results else []
+    parts += ["--e2e-results", args.e2e_results] if args.e2e_results else []
     parts += ["--out", str(args.out)]
     return shlex.join(parts)
 
@@ -192,9 +196,13 @@ def report_command(args) -> None:
         if not isinstance(result, dict) or not all(key in result for key in ("T0", "T1", "gain")):
             raise ValueError(f"{path}: expected the JSON of `python -m tev exittrain --workload PACK.json --json OUT.json`")
         workload_results[Path(result.get("workload", path)).stem] = result
+    e2e_results = json.loads(Path(args.e2e_results).read_text()) if args.e2e_results else None
+    if e2e_results is not None and not (isinstance(e2e_results, dict) and isinstance(e2e_results.get("rows"), list) and e2e_results["rows"]
+                                        and "weight_read" in e2e_results):
+        raise ValueError(f"{args.e2e_results}: expected the JSON of `python -m tev bench e2e --json OUT.json` (rows and the weight-read reference)")
     prompts = _load_prompts(args)[: settings.num_prompts]
     bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
     report = build_report(bundle, args.out, args.quick, prompts, args.seed, exittrain_results, progress=True, command=_command_line(args), settings=settings,
-                          workload_results=workload_results or None)
+                          workload_results=workload_results or None, e2e_results=e2e_results)
     print(claims_table(report["claims"]))
     print(f"\nreport written to {args.out / 'report.md'} (and report.json, plots/)")
