@@ -114,6 +114,7 @@ def _exittrain_card_lines(entry: dict, data: str = "target-regenerated sequences
     lines = [
         "## ExitTrain drafter `q` (fine-tuned from the base drafter)",
         "",
+        *([entry["base_note"], ""] if entry.get("base_note") else []),
         "Trained by:",
         "",
         "```bash",
@@ -201,6 +202,19 @@ def workload_card_lines(workloads: dict) -> list[str]:
     return lines
 
 
+def _after_best(best: dict, checks: list[dict], data: dict) -> str:
+    """What the held-out loss did after the kept step: still falling, level, or rising."""
+    if best["step"] == checks[-1]["step"]:
+        return " (the last: the held-out loss was still falling)."
+    rise = checks[-1]["heldout_loss"] - best["heldout_loss"]
+    if rise < 0.02:
+        return (f"; after it the held-out loss stays level (within {rise:.2f}): more steps on these {data['response_tokens'] // 1000}k response "
+                "tokens buy nothing, more self-written conversations are the lever.")
+    return (": past it the held-out loss rises while the training loss keeps falling, i.e. the drafter starts to memorise its data. "
+            f"With about {data['response_tokens'] // 1000}k response tokens the drafter is data-limited; more self-written conversations "
+            "are the next lever.")
+
+
 def default_pair_card_lines(training: dict) -> list[str]:
     """The default pair's section, from the ``training.json`` that ``train-drafter`` installs."""
     recipe, data, heldout = training["recipe"], training["data"], training["heldout"]
@@ -229,7 +243,7 @@ def default_pair_card_lines(training: dict) -> list[str]:
         f"words that steer towards code or mathematics (training mix: {', '.join(f'{k} {v}' for k, v in sorted(data['domains'].items()))}); "
         f"then the target's own answers (at most {recipe['response_tokens']} tokens; {100 * recipe['greedy_share']:.0f}% greedy, the rest "
         f"sampled at T = 1), written in {recipe.get('shards', 1)} seeded shard(s) of {recipe.get('shard_requests', data['conversations'] + data['heldout_conversations']):,} "
-        f"conversations. {data['heldout_conversations']} conversations are held out for the loss below; the 24 evaluation prompts "
+        f"conversations by the target in bfloat16, {recipe.get('generation_batch', 48)} at a time ({data['response_tokens']:,} response tokens). {data['heldout_conversations']} conversations are held out for the loss below; the 24 evaluation prompts "
         "(`assets/prompts/chat.json`, written by hand) are never among the requests. Sample requests: "
         + "; ".join(f"\"{r[:80]}\"" for r in data["sample_requests"][:4]) + ".",
         "",
@@ -255,7 +269,8 @@ def default_pair_card_lines(training: dict) -> list[str]:
         "",
         f"**Held-out loss** ({heldout['anchors']:,} anchors of the held-out conversations): {heldout.get('token_loss', heldout['loss']):.3f} nats "
         "per labelled depth against the written tokens; "
-        f"top-1 accuracy by depth: {top1}.",
+        f"top-1 accuracy by depth: {top1}. The held-out conversations are this build's own: builds on other data are compared by "
+        "`tau` on the fixed prompts below.",
         "",
     ]
     checks = [h for h in training["history"] if "heldout_loss" in h]
@@ -263,16 +278,14 @@ def default_pair_card_lines(training: dict) -> list[str]:
         best = min(checks, key=lambda h: h["heldout_loss"])
         lines += [
             "Held-out training loss (the objective above) during training: " + ", ".join(f"step {h['step']}: {h['heldout_loss']:.2f}" for h in checks)
-            + f". The drafter keeps the weights of step {best['step']}, the best"
-            + (": past it the held-out loss rises while the training loss keeps falling, i.e. the drafter starts to memorise its data. "
-               f"With about {data['response_tokens'] // 1000}k response tokens the drafter is data-limited; more self-written conversations "
-               "are the next lever." if best["step"] < checks[-1]["step"] else " (the last: the held-out loss was still falling)."),
+            + f". The drafter keeps the weights of step {best['step']}, the best" + _after_best(best, checks, data),
             "",
         ]
     compared = training.get("label_comparison")
     if compared:
         lines += [
-            "**Soft against hard labels**, the same data, split, seed and steps (held-out top-1 at depth 1 and `tau` at B = "
+            "**Soft against hard labels**" + (f" ({training['label_comparison_note']})" if training.get("label_comparison_note") else "")
+            + ", the same data, split, seed and steps (held-out top-1 at depth 1 and `tau` at B = "
             f"{recipe['eval_budget']}, T = 0 / T = 1): "
             + "; ".join(f"{row['labels']}: held-out loss against the written tokens {row['heldout_token_loss']:.3f}, top-1 "
                         f"{100 * row['heldout_top1'][0]:.1f}%, tau {row['tau'][0]:.3f} / {row['tau'][1]:.3f}" for row in compared)
@@ -285,6 +298,11 @@ def default_pair_card_lines(training: dict) -> list[str]:
         "",
         format_tau_table(training["tau"]),
         "",
+    ]
+    previous = training.get("previous_build")
+    if previous:
+        lines += [previous["note"], "", format_tau_table(previous["tau"]), ""]
+    lines += [
         "Speed against Hugging Face `generate` on the same target: [docs/benchmarks.md](../docs/benchmarks.md).",
         "",
     ]

@@ -55,7 +55,7 @@ class DrafterRecipe:
     # data the target writes, in shards (each seeded on its own, cached and resumable; more
     # shards add data without changing the earlier ones)
     shard_requests: int = 1056
-    shards: int = 4
+    shards: int = 3
     heldout_requests: int = 32  # conversations of all the shards kept out of training, for the held-out loss
     request_tokens: int = 64
     response_tokens: int = 192
