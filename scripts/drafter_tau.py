@@ -1,7 +1,9 @@
 """`tau` of shipped or earlier block drafters on the held-out chat prompts, the way
 `python -m tev train-drafter` measures it (float32 target, TEV, greedy at T = 0, seed 0):
 
-    python scripts/drafter_tau.py FOLDER [FOLDER ...] [--budgets 16 32] [--json OUT.json]
+    python scripts/drafter_tau.py FOLDER [FOLDER ...] [--json OUT.json]
+
+(the recipe's budgets, new tokens and seed, through the same function as the build).
 
 An earlier drafter can be taken out of git first, e.g.
 `git show REV:assets/models/smollm2/drafter-block/drafter.safetensors > old/drafter.safetensors`
@@ -22,16 +24,14 @@ import torch  # noqa: E402
 
 from tev.data.prompts import load_prompt_set  # noqa: E402
 from tev.engine.default_target import ensure_default_target  # noqa: E402
-from tev.engine.drafters import BlockDrafter, BlockTreeDrafter  # noqa: E402
-from tev.engine.evaluation import evaluate_drafter  # noqa: E402
+from tev.engine.drafters import BlockDrafter  # noqa: E402
 from tev.engine.models import load_causal_lm, load_tokenizer  # noqa: E402
+from tev.train.train_drafter import DrafterRecipe, chat_prompt_tau  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("drafters", nargs="+", help="drafter folders (drafter.safetensors + drafter_config.json)")
-    parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32])
-    parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
     source = str(ensure_default_target())
@@ -40,9 +40,7 @@ def main() -> None:
     prompts = load_prompt_set("chat")
     results = {}
     for folder in args.drafters:
-        drafter = BlockTreeDrafter(BlockDrafter.from_pretrained(folder, target, dtype=torch.bfloat16).eval(), name="block")
-        rows = evaluate_drafter(target, tokenizer, drafter, prompts, budgets=tuple(args.budgets), temperatures=(0.0, 1.0),
-                                max_new_tokens=args.new_tokens, seed=0, desc=f"tau of {folder}")
+        rows = chat_prompt_tau(target, tokenizer, BlockDrafter.from_pretrained(folder, target, dtype=torch.bfloat16), prompts, DrafterRecipe())
         results[folder] = rows
         for row in rows:
             print(f"{folder}: T={row['temperature']:g} B={row['budget']}: tau {row['tau']:.3f} +- {row['tau_se']:.3f} (1 + C {row['tau_bound']:.3f})", flush=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import random
 import resource
-import shlex
 import subprocess
 import sys
 from dataclasses import replace
@@ -21,6 +20,7 @@ from tev.engine.decode import STAGES, GenerationConfig, autoregressive_generate,
 from tev.engine.evaluation import fit_prompt
 from tev.bench.hf_peers import PEERS, hf_generate
 from tev.engine.models import load_bundle
+from tev.train.exittrain_command import invoked_command
 from tev.util.stats import spread
 from tev.util.timing import machine_info, machine_summary
 from tev.util.weight_read import weight_read_reference
@@ -219,6 +219,6 @@ def e2e_command(args) -> None:
         result["peak_memory_mb"] = peak_memory_of_generate(["--pair", bundle.pair])
         print(f"peak resident memory of one `python -m tev generate` (64 tokens, {bundle.pair} pair): {result['peak_memory_mb']:.0f} MB")
     if args.json:
-        result["command"] = shlex.join(["python", "-m", "tev", *sys.argv[1:]])
+        result["command"] = invoked_command()
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=2)

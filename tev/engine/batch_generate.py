@@ -27,7 +27,7 @@ def generate_batch(
     """The continuation of each prompt, until ``stop_id`` (kept) or ``max_new_tokens``.
 
     Args:
-        target: a Hugging Face causal LM (``.model`` body and ``.lm_head``, as Llama and Qwen).
+        target: a Hugging Face causal LM with a ``.model`` body and an output head (Llama, Qwen).
         prompts: token ids, one list per row (any lengths, at least one token each).
         temperature: 0 for greedy decoding, else sampling from ``softmax(logits / T)``.
         stop_id: the token that ends a row (``None``: rows run to ``max_new_tokens``).
@@ -73,8 +73,9 @@ def generate_batch(
             break
         if len(keep) < len(writing):  # finished rows leave the batch and the cache
             kept = torch.tensor(keep)
-            cache.batch_select_indices(kept.to(device))
-            writing, chosen, mask, position = writing[kept], chosen[kept], mask[kept.to(device)], position[kept.to(device)]
+            on_device = kept.to(device)
+            cache.batch_select_indices(on_device)
+            writing, chosen, mask, position = writing[kept], chosen[kept], mask[on_device], position[on_device]
         mask = torch.cat([mask, mask.new_ones((len(writing), 1))], dim=1)
         position = position + 1
         hidden = target.model(input_ids=chosen[:, None].to(device), attention_mask=mask, position_ids=position, cache=cache,

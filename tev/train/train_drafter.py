@@ -43,7 +43,7 @@ from tev.train.distill import DistillData, DistillSettings, SoftLabels, heldout_
 from tev.util.files import atomic_folder, write_text_atomic
 from tev.util.paths import REPO_ROOT, assets_dir
 
-__all__ = ["split_conversations", "cached_conversations", "DrafterRecipe", "QUICK_RECIPE", "draft_vocabulary", "train_drafter_pipeline", "train_drafter_command"]
+__all__ = ["split_conversations", "cached_conversations", "DrafterRecipe", "QUICK_RECIPE", "draft_vocabulary", "chat_prompt_tau", "train_drafter_pipeline", "train_drafter_command"]
 
 
 
@@ -82,6 +82,10 @@ class DrafterRecipe:
     # evaluation on the held-out chat prompts
     eval_budget: int = 32  # measured with B = 16 as well (the benchmarks' budget)
     eval_new_tokens: int = 64
+
+    def eval_budgets(self) -> tuple[int, ...]:
+        """The budgets ``tau`` is measured at: ``eval_budget`` and the benchmarks' B = 16."""
+        return tuple(sorted({16, self.eval_budget}))
 
     def distill_settings(self) -> DistillSettings:
         return DistillSettings(self.steps, self.batch, self.lr, self.warmup, self.seed, self.short_history_share, self.save_every, self.eval_every,
@@ -198,6 +202,14 @@ def _cached_features(folder: Path, target, ids, lengths, layers, vocab, soft_top
     return features, SoftLabels(soft.positions[..., :soft_top].contiguous(), soft.probs[..., :soft_top].contiguous())
 
 
+def chat_prompt_tau(target, tokenizer, drafter: BlockDrafter, prompts: list[dict], recipe: DrafterRecipe, progress: bool = True) -> list[dict]:
+    """``tau`` of ``drafter`` (run in bfloat16, as shipped) on ``prompts`` at the recipe's budgets,
+    T = 0 (greedy) and T = 1 (TEV), its new tokens and seed: rows of :func:`evaluate_drafter`."""
+    tree_drafter = BlockTreeDrafter(drafter.to(torch.bfloat16).eval(), name="block")
+    return evaluate_drafter(target, tokenizer, tree_drafter, prompts, budgets=recipe.eval_budgets(), temperatures=(0.0, 1.0),
+                            max_new_tokens=recipe.eval_new_tokens, seed=recipe.seed, progress=progress, desc="tau on held-out chat prompts")
+
+
 def _stage_json(path: Path, make):
     """Load a cached JSON stage, or make it and write it atomically."""
     if path.is_file():
@@ -261,11 +273,8 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
 
     t = time.time()
     inference = drafter.to(torch.bfloat16).eval()
-    tree_drafter = BlockTreeDrafter(inference, name="block")
     target = target.float()  # tau as served: the data was written in bfloat16, the default pair runs in float32
-    budgets = tuple(sorted({16, recipe.eval_budget}))
-    rows = evaluate_drafter(target, tokenizer, tree_drafter, eval_prompts, budgets=budgets,
-                            temperatures=(0.0, 1.0), max_new_tokens=recipe.eval_new_tokens, seed=recipe.seed, progress=progress, desc="tau on held-out chat prompts")
+    rows = chat_prompt_tau(target, tokenizer, inference, eval_prompts, recipe, progress)
     timings["evaluation_s"] = time.time() - t
     report = {
         "target": target_source,
