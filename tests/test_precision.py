@@ -1,0 +1,48 @@
+"""Precision follows what the CPU does: each branch forced, and the measurement's own logic."""
+
+import torch
+
+from tev.util import precision
+
+
+def test_forced_float32_on_a_cpu(monkeypatch):
+    monkeypatch.setenv(precision.FORCE_ENV, "0")
+    assert precision.low_precision("cpu") == torch.float32
+
+
+def test_forced_bfloat16_on_a_cpu(monkeypatch):
+    monkeypatch.setenv(precision.FORCE_ENV, "1")
+    assert precision.low_precision("cpu") == torch.bfloat16
+
+
+def test_measured_choice_follows_the_speedup(monkeypatch):
+    monkeypatch.delenv(precision.FORCE_ENV, raising=False)
+    monkeypatch.setattr(precision, "bf16_speedup", lambda: 1 / 145)  # emulated bfloat16 (AVX2)
+    assert precision.low_precision("cpu") == torch.float32
+    monkeypatch.setattr(precision, "bf16_speedup", lambda: 2.3)  # native bfloat16 instructions
+    assert precision.low_precision("cpu") == torch.bfloat16
+
+
+def test_cuda_is_bfloat16_whatever_the_cpu(monkeypatch):
+    monkeypatch.setenv(precision.FORCE_ENV, "0")
+    assert precision.low_precision("cuda") == torch.bfloat16
+
+
+def test_capability_names_bf16_instructions(tmp_path):
+    avx2 = tmp_path / "avx2"
+    avx2.write_text("processor\t: 0\nflags\t\t: fpu sse avx avx2 fma\n")
+    bf16 = tmp_path / "bf16"
+    bf16.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    amx = tmp_path / "amx"
+    amx.write_text("processor\t: 0\nflags\t\t: avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    assert precision.cpu_capability(bf16) == "AVX512_BF16"
+    assert precision.cpu_capability(amx) == "AMX"
+    assert precision.cpu_capability(avx2) == torch.backends.cpu.get_cpu_capability()
+
+
+def test_record_says_what_was_forced(monkeypatch):
+    monkeypatch.setenv(precision.FORCE_ENV, "0")
+    record = precision.precision_record("cpu")
+    assert record["low_precision"] == "float32"
+    assert record["forced_by"] == "TEV_CPU_BF16=0"
+    assert record["threads"] == torch.get_num_threads()

@@ -1,0 +1,92 @@
+"""Which precision is fast on this machine: measured once per process, never assumed.
+
+On a CPU with bfloat16 instructions (AVX-512 BF16, AMX) a bfloat16 matrix product of a few
+rows runs about 2x faster than float32; on one without them (AVX2-only parts, AVX-512 Xeons
+before Cooper Lake) torch emulates it, about 145x slower. Every optional bfloat16 path of the
+project (the drafter's weights at inference, its training autocast, the data writer, the
+feature caches, the greedy head screen) asks :func:`low_precision` which dtype to use.
+
+``TEV_CPU_BF16=1`` / ``=0`` forces the CPU's answer (tests force each branch this way).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["cpu_capability", "bf16_speedup", "low_precision", "precision_record", "FORCE_ENV"]
+
+FORCE_ENV = "TEV_CPU_BF16"
+# A product the size of the drafter's work in a round: 16 rows through a 576-wide layer.
+_PROBE_SHAPE = (16, 576, 4096)
+_WORTH_IT = 1.2  # bfloat16 is used only when measured at least this much faster
+
+
+def cpu_capability(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """torch's vector capability (``AVX2``, ``AVX512``, ...), refined by the CPU's own flags to
+    ``AVX512_BF16`` or ``AMX`` where it has bfloat16 instructions."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    if "amx_bf16" in flags:
+        return "AMX"
+    if "avx512_bf16" in flags:
+        return "AVX512_BF16"
+    return capability
+
+
+def _median_seconds(a: torch.Tensor, b: torch.Tensor, repeats: int, give_up: float) -> float:
+    """Median time of ``a @ b`` over ``repeats`` (after one warm-up); stops at the first run
+    slower than ``give_up`` seconds and returns that run's time."""
+    a @ b
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+        if times[-1] > give_up:
+            return times[-1]
+    return sorted(times)[len(times) // 2]
+
+
+@functools.cache
+def bf16_speedup() -> float:
+    """float32 time / bfloat16 time of the probe product on this CPU (> 1: bfloat16 is faster).
+    A few milliseconds where bfloat16 is native; where it is emulated, the first slow run ends it."""
+    rows, inner, cols = _PROBE_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(rows, inner, generator=generator)
+    b = torch.randn(inner, cols, generator=generator)
+    full = _median_seconds(a, b, repeats=7, give_up=float("inf"))
+    half = _median_seconds(a.bfloat16(), b.bfloat16(), repeats=7, give_up=4 * full)
+    return full / half
+
+
+def low_precision(device: torch.device | str = "cpu") -> torch.dtype:
+    """bfloat16 where it is faster on ``device``, float32 otherwise. On CUDA bfloat16;
+    on a CPU by measurement (:func:`bf16_speedup`) unless ``TEV_CPU_BF16`` forces it."""
+    if torch.device(device).type == "cuda":
+        return torch.bfloat16
+    forced = os.environ.get(FORCE_ENV, "").strip()
+    if forced in ("0", "1"):
+        return torch.bfloat16 if forced == "1" else torch.float32
+    return torch.bfloat16 if bf16_speedup() >= _WORTH_IT else torch.float32
+
+
+def precision_record(device: torch.device | str = "cpu") -> dict:
+    """What a figure's reader needs to know of the machine: the CPU's capability, torch's
+    threads, bfloat16's measured speed-up and the low precision chosen here."""
+    record = {"cpu_capability": cpu_capability(), "threads": torch.get_num_threads(),
+              "low_precision": str(low_precision(device)).removeprefix("torch.")}
+    if torch.device(device).type == "cpu":
+        record["bf16_matmul_speedup"] = round(bf16_speedup(), 2)
+        forced = os.environ.get(FORCE_ENV, "").strip()
+        if forced in ("0", "1"):
+            record["forced_by"] = f"{FORCE_ENV}={forced}"
+    return record
