@@ -84,6 +84,7 @@ def check_report(out, expect_exittrain: bool, expect_workload: bool = False) -> 
     claims = report["claims"]
     assert [c["id"] for c in claims] == CLAIM_IDS
     assert [c["holds"] for c in claims] == holds  # markdown and JSON agree
+    assert report["precision"]["target_dtype"] == "float32" and f"CPU capability {report['precision']['cpu_capability']}" in markdown
     for claim in claims:
         assert claim["rule"] and claim["paper"] and claim["this_run"]
         if claim["holds"] != "n/a":
