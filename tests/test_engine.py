@@ -272,5 +272,6 @@ def test_generate_command_line_json(pair_folders, capsys):
     assert len(payload["token_ids"]) <= 10 and payload["rounds"] == len(payload["rounds_detail"])
     assert all(r["block_length"] >= 1 and 0 <= r["coverage"] <= r["budget"] for r in payload["rounds_detail"])
     assert {"draft", "verify", "verify_decision", "commit"} <= set(payload["stage_seconds"])
+    assert payload["precision"]["target_dtype"] == "float32" and set(payload["precision"]["drafter_dtypes"]) == {"block"}
     code = main(["generate", "--prompt", "", "--target", str(pair_folders["target"]), "--draft", str(pair_folders["block"])])
     assert code == 2 and "prompt is empty" in capsys.readouterr().err

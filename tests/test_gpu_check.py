@@ -95,6 +95,7 @@ def test_bench_steps_run_the_command_line(options):
     assert e2e["ok"], e2e["problems"]
     methods = {row["method"] for row in e2e["result"]["rows"]}
     assert {"autoregressive", "block+greedy", "block+tev"} <= methods
+    assert e2e["result"]["precision"]["cpu_capability"] and e2e["result"]["precision"]["drafter_dtypes"]
 
 
 def test_smollm2_shape_step_times_one_token_and_tree_forwards(options):

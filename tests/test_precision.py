@@ -46,3 +46,15 @@ def test_record_says_what_was_forced(monkeypatch):
     assert record["low_precision"] == "float32"
     assert record["forced_by"] == "TEV_CPU_BF16=0"
     assert record["threads"] == torch.get_num_threads()
+
+
+def test_figure_precision_names_each_part(monkeypatch):
+    monkeypatch.setenv(precision.FORCE_ENV, "1")
+    target = torch.nn.Linear(2, 2)
+    drafter = type("Wrapper", (), {"model": torch.nn.Linear(2, 2).bfloat16()})()  # a drafter read through its model
+    record = precision.figure_precision("cpu", target, {"block": drafter})
+    assert record["target_dtype"] == "float32" and record["drafter_dtypes"] == {"block": "bfloat16"}
+    assert record["cpu_capability"] == precision.cpu_capability() and record["low_precision"] == "bfloat16"
+    line = precision.precision_summary(record)
+    assert line.startswith(f"CPU capability {record['cpu_capability']}, {torch.get_num_threads()} threads, low precision bfloat16 (TEV_CPU_BF16=1)")
+    assert line.endswith("target float32, block bfloat16")

@@ -22,6 +22,7 @@ from tev.bench.hf_peers import PEERS, hf_generate
 from tev.engine.models import load_bundle
 from tev.train.exittrain_command import invoked_command
 from tev.util.stats import spread
+from tev.util.precision import figure_precision, precision_summary
 from tev.util.timing import machine_info, machine_summary
 from tev.util.weight_read import weight_read_reference
 
@@ -141,7 +142,7 @@ def bench_e2e(
                 "runs": len(items),
             })
     bar.close()
-    return {"machine": machine_info(device), "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(encoded), "truncation": dict(truncation or {}),
+    return {"machine": machine_info(device), "precision": figure_precision(device, bundle.target, bundle.drafters), "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(encoded), "truncation": dict(truncation or {}),
             "weight_read": reference, "rows": results}
 
 
@@ -208,6 +209,7 @@ def e2e_command(args) -> None:
     result = bench_e2e(bundle, prompts, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed, truncation=truncation)
     print(f"end-to-end decoding, {len(prompts)} prompts x {args.repeats} repeats, {args.max_new_tokens} new tokens, methods interleaved; median (IQR)")
     print(f"machine: {machine_summary(result['machine'])}")
+    print(f"precision: {precision_summary(result['precision'])}")
     print(weight_read_line(result))
     if law.truncates:
         print(f"at T > 0 every method and peer samples with {law.describe().split(', ', 1)[1]}")

@@ -10,6 +10,7 @@ from tqdm import tqdm
 from tev.engine.decode import GenerationConfig, GenerationSummary, autoregressive_generate, speculative_generate
 from tev.engine.models import load_bundle
 from tev.engine.prompt_text import check_prompt_text, encode_chat, encode_prompt
+from tev.util.precision import figure_precision
 
 __all__ = ["generate_command"]
 
@@ -53,6 +54,7 @@ def generate_command(args) -> None:
         bar.close()
     if args.json:
         payload = summary.to_dict()
+        payload["precision"] = figure_precision(next(bundle.target.parameters()).device, bundle.target, {} if args.ar else {args.drafter: bundle.drafter(args.drafter)})
         text = lambda token: bundle.tokenizer.decode([token], clean_up_tokenization_spaces=False)  # noqa: E731
         payload["rounds_detail"] = [record.to_dict(text) for record in records]
         print(json.dumps(payload, indent=2))

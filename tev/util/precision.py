@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["cpu_capability", "bf16_speedup", "low_precision", "precision_record", "FORCE_ENV"]
+__all__ = ["cpu_capability", "bf16_speedup", "low_precision", "precision_record", "part_dtype", "figure_precision", "precision_summary", "FORCE_ENV"]
 
 FORCE_ENV = "TEV_CPU_BF16"
 # A product the size of the drafter's work in a round: 16 rows through a 576-wide layer.
@@ -90,3 +90,33 @@ def precision_record(device: torch.device | str = "cpu") -> dict:
         if forced in ("0", "1"):
             record["forced_by"] = f"{FORCE_ENV}={forced}"
     return record
+
+
+def part_dtype(part) -> str:
+    """The dtype a model part computes in: its own ``dtype`` where it states one, else its
+    first floating-point parameter's (a drafter wrapper is read through its ``model``)."""
+    stated = getattr(part, "dtype", None)
+    if isinstance(stated, torch.dtype):
+        return str(stated).removeprefix("torch.")
+    module = part if isinstance(part, torch.nn.Module) else getattr(part, "model", None)
+    if isinstance(module, torch.nn.Module):
+        for parameter in module.parameters():
+            if parameter.is_floating_point():
+                return str(parameter.dtype).removeprefix("torch.")
+    return "unknown"
+
+
+def figure_precision(device: torch.device | str, target, drafters: dict | None = None) -> dict:
+    """:func:`precision_record` plus the precision each part ran in: ``target_dtype`` and
+    ``drafter_dtypes`` (``{name: dtype}``), for a figure's JSON."""
+    return {**precision_record(device), "target_dtype": part_dtype(target),
+            "drafter_dtypes": {name: part_dtype(drafter) for name, drafter in (drafters or {}).items()}}
+
+
+def precision_summary(record: dict) -> str:
+    """One line from :func:`figure_precision`: capability, threads, the low precision chosen
+    (and why), each part's dtype."""
+    speedup = f", bf16 matmul {record['bf16_matmul_speedup']:g}x float32" if "bf16_matmul_speedup" in record else ""
+    chosen = f"low precision {record['low_precision']}" + (f" ({record['forced_by']})" if "forced_by" in record else speedup)
+    parts = ", ".join([f"target {record['target_dtype']}", *(f"{name} {dtype}" for name, dtype in record["drafter_dtypes"].items())])
+    return f"CPU capability {record['cpu_capability']}, {record['threads']} threads, {chosen}; {parts}"

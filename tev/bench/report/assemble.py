@@ -25,6 +25,7 @@ from tev.engine.default_target import DEFAULT_TARGET_NAME, converted_folder
 from tev.engine.evaluation import fit_prompt
 from tev.engine.models import load_bundle
 from tev.util.paths import REPO_ROOT
+from tev.util.precision import figure_precision, precision_summary
 from tev.util.timing import machine_info
 
 __all__ = ["measure_trees", "claims_table", "render_markdown", "build_report", "report_command"]
@@ -61,7 +62,7 @@ def render_markdown(report: dict) -> str:
     machine = f"{info['cpu']}, {info['torch_threads']} torch threads ({info['cpu_count']} CPUs), torch {info['torch']}, device {info['device']}" + (f" ({info['gpu']})" if "gpu" in info else "")
     lines = [
         f"# {TITLE}", "",
-        f"- command: `{report['command']}`", f"- machine: {machine}", f"- target: `{report['target']}`; drafters: {', '.join(report['drafters'])}",
+        f"- command: `{report['command']}`", f"- machine: {machine}; {precision_summary(report['precision'])}", f"- target: `{report['target']}`; drafters: {', '.join(report['drafters'])}",
         f"- seed: {report['seed']}; mode: {'quick' if report['quick'] else 'full'}; prompts: {len(report['prompts'])}", f"- date: {report['date']}", "",
         "## Claims", "", claims_table(report["claims"]), "",
     ]
@@ -135,6 +136,7 @@ def build_report(
         "seed": seed,
         "quick": quick,
         "machine": machine_info(next(bundle.target.parameters()).device),
+        "precision": figure_precision(next(bundle.target.parameters()).device, bundle.target, bundle.drafters),
         "target": _shown_source(bundle.target_source),
         "drafters": list(bundle.drafters),
         "tree_drafter": base,
