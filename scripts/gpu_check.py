@@ -68,7 +68,7 @@ from tests.helpers import (  # noqa: E402
 from tev.bench.verifiers_bench import synthetic_case  # noqa: E402
 from tev.cli import main as tev_main  # noqa: E402
 from tev.core.tree import DraftTree  # noqa: E402
-from tev.core.verify import verify_rows  # noqa: E402
+from tev.core.verify import SAMPLING_VERIFIERS, verify_rows  # noqa: E402
 from tev.data.prompts import load_prompt_set  # noqa: E402
 from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate  # noqa: E402
 from tev.engine.drafters import DraftContext  # noqa: E402
@@ -80,7 +80,6 @@ from tev.util.stats import spread  # noqa: E402
 from tev.util.timing import StageTimer, machine_info, time_once  # noqa: E402
 
 MIN_TRANSFORMERS = Version("5.24")  # requirements.txt; the engine passes forward(cache=...)
-SAMPLERS = ("tev", "predraw", "sequential")
 SCRIPT = Path(__file__).resolve()
 # The suite's files that need none of gradio, plotly, hypothesis, a browser or the real SmolLM2
 # weights, most GPU-relevant first, and the tests in them that are slow CPU-only statistics.
@@ -214,7 +213,7 @@ def step_chi_square(options: Options) -> dict:
     bound = sum(probability * len(block) for block, probability in law.items())  # E[L] = 1 + C(T) under the exact law
     draws = 500 if options.quick else 40_000
     problems, results = [], []
-    for index, name in enumerate(SAMPLERS):
+    for index, name in enumerate(SAMPLING_VERIFIERS):
         generator = torch.Generator(device=options.device).manual_seed(index)
         start = time.perf_counter()
         verdicts = [verify_rows(name, tree, rows, generator) for _ in range(draws)]
@@ -307,7 +306,7 @@ def step_bench_verifiers(options: Options) -> dict:
     """``python -m tev bench verifiers`` on the device: the verdict stage from target logits."""
     sizes = ["--budgets", "8", "--vocabs", "512", "--repeats", "2"] if options.quick else ["--budgets", "32", "64", "128", "--vocabs", "49152", "151936", "--repeats", "20"]
     result = _run_cli(["bench", "verifiers", "--device", options.device, *sizes], options.work, "bench-verifiers")
-    problems = [f"B={r['budget']} V={r['vocab']} {name}: no finite time" for r in result["rows"] for name in SAMPLERS if not math.isfinite(r[name]["median"])]
+    problems = [f"B={r['budget']} V={r['vocab']} {name}: no finite time" for r in result["rows"] for name in SAMPLING_VERIFIERS if not math.isfinite(r[name]["median"])]
     markdown = ["| B | V | TEV ms | predraw ms | sequential ms | TEV / predraw |", "|---|---|---|---|---|---|"]
     markdown += [f"| {r['budget']} | {r['vocab']} | {1e3 * r['tev']['median']:.3f} | {1e3 * r['predraw']['median']:.3f} | {1e3 * r['sequential']['median']:.3f} | {r['tev_over_predraw']:.2f}x |" for r in result["rows"]]
     summary = ", ".join(f"B={r['budget']} V={r['vocab']}: TEV {1e3 * r['tev']['median']:.2f} ms" for r in result["rows"][:3])

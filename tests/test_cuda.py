@@ -12,7 +12,7 @@ import torch
 
 from tev.core.sampling import sample_rows
 from tev.core.tree import DraftTree
-from tev.core.verify import verify_rows
+from tev.core.verify import SAMPLING_VERIFIERS, verify_rows
 from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
 from tev.engine.drafters import ARTreeDrafter, BlockTreeDrafter, DraftContext
 from tev.engine.models import load_causal_lm
@@ -37,7 +37,6 @@ from tests.tiny import tiny_block_drafter, tiny_target
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 VOCAB = 48
-SAMPLERS = ("tev", "predraw", "sequential")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 KINDS = ("block", "chain", "ar")
 BUDGETS = (4, 32)
@@ -133,12 +132,12 @@ def cuda_case(tmp_path_factory):
     return tree, rows, exact_block_law(tree, rows.all_rows().double().cpu())
 
 
-@pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("name", SAMPLING_VERIFIERS)
 def test_output_block_matches_the_exact_target_law_on_cuda(cuda_case, name):
     tree, rows, law = cuda_case
     assert sum(law.values()) == pytest.approx(1.0)
     draws = draws_for_power(law)  # a 1-point mass shift between the two largest cells fails (power >= 0.9)
-    generator = torch.Generator(device="cuda").manual_seed(SAMPLERS.index(name))
+    generator = torch.Generator(device="cuda").manual_seed(SAMPLING_VERIFIERS.index(name))
     blocks = [tuple(verify_rows(name, tree, rows, generator).block_tokens(tree)) for _ in range(draws)]
     statistic, p_value, dof = chi_square_against(law, blocks)
     print(f"{name} on CUDA: draws={draws} chi2={statistic:.1f} dof={dof} p={p_value:.3f}")

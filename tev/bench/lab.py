@@ -13,7 +13,7 @@ import torch
 
 from tev.core.flow import TargetFlow, flow_from_edge_prob, target_flow
 from tev.core.tree import DraftTree
-from tev.core.verify import TargetRows, verify_rows
+from tev.core.verify import SAMPLING_VERIFIERS, TargetRows, verify_rows
 from tev.engine.round import draft_and_forward, prefill, room_left
 from tev.engine.session import CausalLMSession
 from tev.util.stats import median, standard_error
@@ -95,7 +95,7 @@ def folded(lab: LabTree) -> tuple[DraftTree, TargetRows]:
     return tree, TargetRows((probs / probs.sum(dim=1, keepdim=True)).cpu())
 
 
-def run_lab(lab: LabTree, verifiers=("tev", "predraw", "sequential"), draws: int = 2000, seed: int = 0, should_stop=None, timed_draws: int = 20,
+def run_lab(lab: LabTree, verifiers=SAMPLING_VERIFIERS, draws: int = 2000, seed: int = 0, should_stop=None, timed_draws: int = 20,
             on_verifier=None) -> LabResult:
     """Run each verifier ``draws`` times on the same tree (same seed for each).
 

@@ -25,9 +25,7 @@ from tev.core.head_screen import HeadScreen
 from tev.core.sampling import SamplingLaw, as_law, sample_rows
 from tev.core.tree import DraftTree
 
-__all__ = ["VERIFIERS", "Verdict", "TargetRows", "verify", "verify_rows", "walk_tree", "exit_residual"]
-
-VERIFIERS = ("tev", "predraw", "sequential", "greedy")
+__all__ = ["SAMPLING_VERIFIERS", "VERIFIERS", "Verdict", "TargetRows", "verify", "verify_rows", "walk_tree", "exit_residual"]
 
 # Up to this many nodes, a tree's rows are projected through the head all at once when the
 # parent rows are first asked for: the projection reads the whole head whatever the row count
@@ -326,7 +324,12 @@ def _greedy(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None
     return Verdict(path, exit_node, best[exit_node], "greedy")
 
 
-_IMPLEMENTATIONS = {"tev": _tev, "predraw": _predraw, "sequential": _sequential, "greedy": _greedy}
+# The sampling verifiers (T > 0), by name: a new one is a function above and one line here, and
+# the lab, the benches, the report, the walkthrough and the load test offer it from this list.
+_SAMPLERS = {"tev": _tev, "predraw": _predraw, "sequential": _sequential}
+SAMPLING_VERIFIERS = tuple(_SAMPLERS)
+VERIFIERS = (*SAMPLING_VERIFIERS, "greedy")  # greedy is the one verifier of T = 0
+_IMPLEMENTATIONS = {**_SAMPLERS, "greedy": _greedy}
 
 
 def verify_rows(name: str, tree: DraftTree, rows: TargetRows, generator: torch.Generator | None = None) -> Verdict:

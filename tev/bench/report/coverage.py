@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from tev.bench.lab import LabResult, LabTree, run_lab
-from tev.bench.report.common import SATURATED, claim, yes
+from tev.bench.report.common import claim, yes
 from tev.core.flow import flow_from_edge_prob
 from tev.core.tree import DraftTree
-from tev.core.verify import TargetRows
+from tev.core.verify import SAMPLING_VERIFIERS, TargetRows
 from tev.util.stats import standard_error_of_mean
 
 __all__ = ["Z_LIMIT", "pooled_length", "first_child_chain", "check_coverage_bound", "coverage_section"]
@@ -50,7 +50,7 @@ def check_coverage_bound(trees: list[dict], results: list[LabResult], draws: int
     Returns (claim row, measurements)."""
     bound = sum(t["lab"].flow.tau_bound for t in trees) / len(trees)
     verifiers = {}
-    for name in SATURATED:
+    for name in SAMPLING_VERIFIERS:
         mean, se = pooled_length(results, name)
         verifiers[name] = {"mean_length": mean, "se": se, "diff": mean - bound, "z": (mean - bound) / se if se > 0 else (0.0 if mean == bound else float("inf"))}
     chains = [first_child_chain(t["lab"]) for t in trees]
