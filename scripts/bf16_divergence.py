@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tev.data.prompts import evaluation_prompts  # noqa: E402
 from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate  # noqa: E402
-from tev.engine.models import load_bundle  # noqa: E402
+from tev.engine.models import DEFAULT_PAIR, load_bundle  # noqa: E402
 from tev.engine.prompt_text import encode_chat  # noqa: E402
 
 
@@ -59,8 +59,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    half = load_bundle(pair="smollm2", device="cpu", dtype="bfloat16")
-    full = load_bundle(pair="smollm2", device="cpu", dtype="float32")
+    half = load_bundle(pair=DEFAULT_PAIR.name, device="cpu", dtype="bfloat16")
+    full = load_bundle(pair=DEFAULT_PAIR.name, device="cpu", dtype="float32")
     prompts = evaluation_prompts(chat=True, count=args.prompts)
     config = GenerationConfig(budget=args.budget, temperature=0.0, max_new_tokens=args.tokens)
     rows, all_gaps, seconds = [], [], {"ar_bf16": 0.0, "spec_bf16": 0.0, "ar_fp32": 0.0, "spec_fp32": 0.0}

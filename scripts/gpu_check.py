@@ -67,6 +67,7 @@ from tests.helpers import (  # noqa: E402
 )
 from tev.bench.verifiers_bench import synthetic_case  # noqa: E402
 from tev.cli import main as tev_main  # noqa: E402
+from tev.core.sampling import SamplingLaw  # noqa: E402
 from tev.core.tree import DraftTree  # noqa: E402
 from tev.core.verify import SAMPLING_VERIFIERS, verify_rows  # noqa: E402
 from tev.data.prompts import load_prompt_set  # noqa: E402
@@ -200,9 +201,10 @@ def _real_tree(options: Options, budget: int, temperature: float):
     drafter = bundle.drafter("block")
     ids = fit_prompt(bundle.tokenizer, load_prompt_set("heldout")[0], 200)
     session = CausalLMSession(bundle.target, feature_layers=drafter.feature_layers)
-    features = prefill(session, ids)
-    tree = drafter.propose(DraftContext(ids, features, max_depth=room_left(session)), budget)
-    return tree, session.forward_tree(tree).rows(temperature)
+    state = drafter.new_state()
+    prefill(session, ids, state)
+    tree = drafter.propose(DraftContext(ids, max_depth=room_left(session)), budget, state)
+    return tree, session.forward_tree(tree).rows(SamplingLaw(temperature))
 
 
 def step_chi_square(options: Options) -> dict:
@@ -251,13 +253,13 @@ def _count_round_syncs(bundle, drafter_name: str, verifier: str, temperature: fl
     drafter = bundle.drafter(drafter_name)
     ids = fit_prompt(bundle.tokenizer, load_prompt_set("heldout")[1], 200)
     session = CausalLMSession(bundle.target, feature_layers=drafter.feature_layers)
-    committed, features = list(ids), prefill(session, ids)
+    committed, state = list(ids), drafter.new_state()
+    prefill(session, ids, state)
     generator = torch.Generator(device=session.device).manual_seed(0)
     counts, over, sites = [], [], Counter()
     for index in range(rounds + 1):
         with count_host_syncs() as syncs:
-            step = speculation_round(session, drafter, committed, features, 32, verifier, temperature, generator, drafter.new_state(), StageTimer())
-        features = step.features
+            step = speculation_round(session, drafter, committed, 32, verifier, SamplingLaw(temperature), generator, state, StageTimer())
         committed += step.verdict.block_tokens(step.tree)
         if index == 0:
             continue

@@ -27,7 +27,7 @@ from tev.core.tree import DraftTree  # noqa: E402
 from tev.core.verify import verify_rows  # noqa: E402
 from tev.engine.decode import GenerationConfig, autoregressive_generate  # noqa: E402
 from tev.engine.drafters import DraftContext  # noqa: E402
-from tev.engine.models import load_bundle  # noqa: E402
+from tev.engine.models import DEFAULT_PAIR, load_bundle  # noqa: E402
 from tev.engine.prompt_text import encode_chat  # noqa: E402
 from tev.engine.round import prefill  # noqa: E402
 from tev.engine.session import CausalLMSession  # noqa: E402
@@ -59,15 +59,16 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    bundle = load_bundle(pair="smollm2", device="cpu")
+    bundle = load_bundle(pair=DEFAULT_PAIR.name, device="cpu")
     target, drafter = bundle.target, bundle.drafters["block"]
     prompt = encode_chat(bundle.tokenizer, PROMPT)
     answer = autoregressive_generate(target, prompt, GenerationConfig(temperature=0.0, max_new_tokens=24), bundle.tokenizer)
     ids = prompt + list(answer.token_ids)
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
-    features = prefill(session, ids)
+    state = drafter.new_state()
+    prefill(session, ids, state)
     base = session.length
-    tree = drafter.propose(DraftContext(ids, features, max_depth=64), args.budget, drafter.new_state())
+    tree = drafter.propose(DraftContext(ids, max_depth=64), args.budget, state)
     result = {"context_tokens": base + 1, "threads": args.threads, "tree_nodes": tree.num_nodes}
 
     def tree_forward(t: DraftTree):

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from tev.core.sampling import sample_rows
+from tev.core.sampling import SamplingLaw, sample_rows
 from tev.core.tree import DraftTree
 from tev.core.verify import SAMPLING_VERIFIERS, verify_rows
 from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
@@ -171,8 +171,9 @@ def tree_forward(target, drafter):
     over it; ``output.rows(T)`` gives a new ``TargetRows`` each time (nothing cached)."""
     prompt = prompts()[0]
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
-    features = prefill(session, prompt)
-    tree = drafter.propose(DraftContext(prompt, features, max_depth=8), 16)
+    state = drafter.new_state()
+    prefill(session, prompt, state)
+    tree = drafter.propose(DraftContext(prompt, max_depth=8), 16, state)
     return tree, session.forward_tree(tree)
 
 
@@ -196,13 +197,12 @@ def test_a_speculation_round_crosses_to_the_host_as_documented(bf16_pair, verifi
     target, drafter = bf16_pair
     prompt = prompts()[1]
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
-    committed = list(prompt)
-    features = prefill(session, prompt)
+    committed, state = list(prompt), drafter.new_state()
+    prefill(session, prompt, state)
     generator = torch.Generator(device="cuda").manual_seed(1)
     for index in range(6):
         with count_host_syncs() as syncs:
-            step = speculation_round(session, drafter, committed, features, 16, verifier, temperature, generator, None, StageTimer())
-        features = step.features
+            step = speculation_round(session, drafter, committed, 16, verifier, SamplingLaw(temperature), generator, state, StageTimer())
         committed += step.verdict.block_tokens(step.tree)
         if index == 0:
             continue  # warm-up

@@ -21,8 +21,9 @@ from tev.bench.hf_peers import hf_generate
 from tev.data.prompts import load_prompt_set
 from tev.engine import default_target
 from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
-from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
-from tev.engine.models import ModelLoadError, load_block_drafter, load_bundle, load_causal_lm, pair_sources
+from tev.engine.block_drafter import BlockDrafter
+from tev.engine.drafters import BlockTreeDrafter, DraftContext, DraftState
+from tev.engine.models import ModelLoadError, load_block_drafter, DEFAULT_PAIR, load_bundle, load_causal_lm, pair_record
 from tev.engine.prompt_text import ChatTemplate, encode_chat
 from tev.train.train_drafter import QUICK_RECIPE, train_drafter_pipeline
 
@@ -79,7 +80,7 @@ def test_draft_vocabulary_limits_what_the_drafter_proposes(tmp_path):
     drafter.save_pretrained(tmp_path / "d")
     loaded = BlockDrafter.from_pretrained(tmp_path / "d", target, dtype=torch.float32)
     assert loaded.draft_vocab.tolist() == vocab
-    tree = BlockTreeDrafter(loaded).propose(types.SimpleNamespace(token_ids=[1, 2, 3], features=torch.randn(2, 64), max_depth=4), 16)
+    tree = BlockTreeDrafter(loaded).propose(DraftContext([1, 2, 3], max_depth=4), 16, DraftState(features=torch.randn(2, 64)))
     assert set(tree.tokens[1:].tolist()) <= set(vocab)
 
 
@@ -217,12 +218,12 @@ def test_corrupt_gguf_is_refused_with_the_fix(tmp_path, monkeypatch):
     left = sorted(p.name for p in (tmp_path / "cache").iterdir()) if (tmp_path / "cache").exists() else []
     assert left in ([], [default_target.LOCK])  # nothing half-converted is left (the lock file holds nothing)
     with pytest.raises(ModelLoadError, match="force-reinstall"):
-        pair_sources("smollm2")
+        DEFAULT_PAIR.target()
 
 
 def test_unknown_pair_is_refused(monkeypatch):
     with pytest.raises(ModelLoadError, match="smollm2, tiny"):
-        pair_sources("gpt")
+        pair_record("gpt")
     monkeypatch.setenv("TEV_PAIR", "huge")
     with pytest.raises(ModelLoadError, match="TEV_PAIR"):
         load_bundle()

@@ -16,7 +16,8 @@ from dataclasses import replace
 from tqdm import tqdm
 
 from tev.data.prompts import load_prompt_set, spread_evenly
-from tev.engine.decode import STAGES, GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from tev.engine.round import STAGES
 from tev.engine.evaluation import fit_prompt
 from tev.bench.hf_peers import PEERS, hf_generate
 from tev.engine.models import load_bundle
@@ -102,7 +103,7 @@ def bench_e2e(
                     runs[name].append({
                         "tokens_per_second": summary.tokens_per_second,
                         "tau": summary.tau,
-                        "tau_bound": summary.mean_tau_bound,
+                        "tau_bound": summary.tau_bound,
                         "tokens": len(summary.token_ids),
                         "rounds": summary.rounds,
                         "stage_seconds": summary.stage_seconds,

@@ -16,7 +16,7 @@ sequential verifier decides child by child on the host, a few syncs per visited 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -43,14 +43,12 @@ class Verdict:
         exit_node: the node where the target leaves the tree.
         bonus_token: the token drawn from the target at the exit node.
         verifier: the verifier's name.
-        flow: the target flow, when the verifier computed it (TEV does).
     """
 
     path: list[int]
     exit_node: int
     bonus_token: int
     verifier: str
-    flow: TargetFlow | None = field(default=None, repr=False)
 
     @property
     def block_length(self) -> int:
@@ -112,6 +110,7 @@ class TargetRows:
         self.temperature = temperature
         self.screen = screen if hidden is not None and temperature == 0 else None
         self._argmax: torch.Tensor | None = None  # every row's argmax, when the screen computed them
+        self._flow_of: tuple[DraftTree, TargetFlow] | None = None  # (tree, its flow), see flow()
         self.num_rows = source.shape[0]
         self.vocab_size = head.shape[0] if head is not None else source.shape[1]
         self.device = source.device
@@ -217,6 +216,12 @@ class TargetRows:
             edge[1:] = torch.exp(scaled[slot, tokens] - log_norm[slot])
         return edge
 
+    def flow(self, tree: DraftTree) -> TargetFlow:
+        """The target flow through ``tree`` (reach, exit law, coverage), computed once per tree."""
+        if self._flow_of is None or self._flow_of[0] is not tree:
+            self._flow_of = (tree, flow_from_edge_prob(tree, self.edge_prob(tree)))
+        return self._flow_of[1]
+
     def rows_at(self, nodes: torch.Tensor) -> torch.Tensor:
         """`Tensor[k, V]`: normalised rows ``p_v`` for node indices ``nodes`` (`LongTensor[k]`)."""
         if self.probs is not None:
@@ -262,50 +267,58 @@ def exit_residual(tree: DraftTree, row: torch.Tensor, exit_node: torch.Tensor) -
     return torch.where(residual.sum() > 0, residual, row)
 
 
-def _tev(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
+def _tev(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None, log: dict | None) -> Verdict:
     # Level-parallel: the exit law for all nodes at once, one exit draw, one bonus draw.
-    flow = flow_from_edge_prob(tree, rows.edge_prob(tree))
+    flow = rows.flow(tree)
     exit_node = sample_rows(flow.exit_weight.unsqueeze(0), generator)  # [1]
     row = rows.rows_at(exit_node)[0]  # p_V, [V]
     bonus = sample_rows(exit_residual(tree, row, exit_node).unsqueeze(0), generator)  # [1]
     exit_value, bonus_value = torch.cat([exit_node, bonus]).tolist()  # the one host sync
-    return Verdict(tree.path_to(exit_value), exit_value, bonus_value, "tev", flow)
+    if log is not None:
+        log["exit_law"] = flow.exit_weight.tolist()
+    return Verdict(tree.path_to(exit_value), exit_value, bonus_value, "tev")
 
 
-def _predraw(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
+def _predraw(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None, log: dict | None) -> Verdict:
     # DDTree: one draw R_v ~ p_v at every node, follow matches, bonus = R_exit.
     draws = sample_rows(rows.all_rows(), generator).tolist()
     path = walk_tree(tree, draws)
+    if log is not None:
+        log["draws"] = draws
     return Verdict(path, path[-1], draws[path[-1]], "predraw")
 
 
-def _sequential(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
+def _sequential(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None, log: dict | None) -> Verdict:
     # EAGLE/SpecInfer style for a deterministic draft: at each node test the children in
     # order, accepting x_j with probability g(x_j) of the current residual g; a rejection
     # removes x_j from g and renormalises. This accepts child j with overall probability p_v(x_j).
-    path = [0]
+    path, tests = [0], []
     tokens = tree.tokens_list
     while True:
         v = path[-1]
         p_v = rows.rows_at(torch.tensor([v], device=rows.device))[0].double()
         residual = p_v.clone()
-        accepted = None
+        accepted, tried = None, []
         for u in tree.children(v):
             mass = float(residual.sum())
             g_x = float(residual[tokens[u]]) / mass if mass > 0 else 0.0
-            if g_x > 0 and float(torch.rand((), generator=generator, device=rows.device)) < g_x:
-                accepted = u
+            accepted = u if g_x > 0 and float(torch.rand((), generator=generator, device=rows.device)) < g_x else None
+            tried.append((u, tokens[u], g_x, accepted is not None))
+            if accepted is not None:
                 break
             residual[tokens[u]] = 0.0
+        tests.append((v, tried))
         if accepted is None:
             if float(residual.sum()) <= 0:
                 residual = p_v  # Not in the algorithm: rounding removed all mass; keep p_v.
             bonus = int(sample_rows(residual, generator))
+            if log is not None:
+                log["tests"] = tests  # per visited node: (child, token, g, accepted) in test order
             return Verdict(path, v, bonus, "sequential")
         path.append(accepted)
 
 
-def _greedy(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
+def _greedy(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None, log: dict | None) -> Verdict:
     # T = 0: follow argmax while it is a child; the bonus is the argmax at the exit node.
     # Only parent rows can continue the walk, so only they (and a leaf exit's row) are needed:
     # one transfer for the parents' argmaxes, one more when the walk ends at a leaf.
@@ -321,6 +334,8 @@ def _greedy(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None
     exit_node = path[-1]
     if exit_node not in best:  # a leaf: its row is needed for the bonus
         best[exit_node] = int(rows.argmax_at(torch.tensor([exit_node]).to(rows.device, non_blocking=True)))
+    if log is not None:
+        log["argmax"] = {v: best[v] for v in path}
     return Verdict(path, exit_node, best[exit_node], "greedy")
 
 
@@ -332,14 +347,20 @@ VERIFIERS = (*SAMPLING_VERIFIERS, "greedy")  # greedy is the one verifier of T =
 _IMPLEMENTATIONS = {**_SAMPLERS, "greedy": _greedy}
 
 
-def verify_rows(name: str, tree: DraftTree, rows: TargetRows, generator: torch.Generator | None = None) -> Verdict:
-    """Verify ``tree`` against target rows (probabilities or logits)."""
+def verify_rows(name: str, tree: DraftTree, rows: TargetRows, generator: torch.Generator | None = None, log: dict | None = None) -> Verdict:
+    """Verify ``tree`` against target rows (probabilities or logits).
+
+    With ``log`` (a dict) the verifier records its own decisions in it, by verifier: ``tev``:
+    ``exit_law`` (`list[N]`); ``predraw``: ``draws`` (one token per node); ``sequential``:
+    ``tests`` (per visited node, ``(node, [(child, token, g, accepted), ...])`` in test order);
+    ``greedy``: ``argmax`` (node -> its row's argmax, on the path).
+    """
     if name not in _IMPLEMENTATIONS:
         raise ValueError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}")
     _check_tree_fits(tree, rows)
     if rows.greedy_only and name != "greedy":
         raise ValueError(f"temperature 0 is deterministic: use the 'greedy' verifier, not {name!r}")
-    return _IMPLEMENTATIONS[name](tree, rows, generator)
+    return _IMPLEMENTATIONS[name](tree, rows, generator, log)
 
 
 def verify(

@@ -18,7 +18,8 @@ import torch
 
 from tev.core.sampling import SamplingLaw
 from tev.core.verify import VERIFIERS
-from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, GenerationConfig, GenerationSummary, RoundRecord, autoregressive_generate, rounds_in_turn, speculative_generate
+from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, GenerationConfig, GenerationSummary, autoregressive_generate, rounds_in_turn, speculative_generate
+from tev.engine.round import RoundRecord
 from tev.engine.models import ModelBundle, load_bundle
 from tev.util.fair_lock import FairLock
 from tev.engine.prompt_text import encode_chat, encode_prompt

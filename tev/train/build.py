@@ -32,7 +32,8 @@ from tev.data.corpus import load_split
 from tev.data.prompts import heldout_function_prompts, humaneval_prompts
 from tev.data.token_stream import encode_corpus
 from tev.engine.decode import GenerationConfig, autoregressive_generate
-from tev.engine.drafters import BlockDrafter, BlockDrafterConfig, BlockTreeDrafter, default_feature_layers
+from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig, default_feature_layers
+from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, fit_prompt
 from tev.engine.models import load_block_drafter
 from tev.train.card import refresh_card

@@ -67,9 +67,9 @@ def check_coverage_bound(trees: list[dict], results: list[LabResult], draws: int
     row = claim(
         2, "Coverage bound (Theorem 1)", "E[L] <= 1 + C(T), with equality for TEV, predraw, sequential", this_run, worst_z, yes(holds),
         f"yes if abs(mean L - mean(1 + C)) < {Z_LIMIT:g} s.e. for each of tev, predraw, sequential (pooled over trees and draws) and TEV on the first-child chain has mean L < the full trees' mean 1 + C",
-        {"mean_tau_bound": bound, "max_abs_z": worst_z, **{f"{n}_mean_length": v["mean_length"] for n, v in verifiers.items()}, "chain_mean_length": chain_mean, "chain_gap": chain["gap"]},
+        {"tau_bound": bound, "max_abs_z": worst_z, **{f"{n}_mean_length": v["mean_length"] for n, v in verifiers.items()}, "chain_mean_length": chain_mean, "chain_gap": chain["gap"]},
     )
-    return row, {"trees": len(trees), "draws_per_tree": draws, "mean_tau_bound": bound, "verifiers": verifiers, "first_child_chain": chain}
+    return row, {"trees": len(trees), "draws_per_tree": draws, "tau_bound": bound, "verifiers": verifiers, "first_child_chain": chain}
 
 
 def coverage_section(report: dict) -> list[str]:
@@ -77,7 +77,7 @@ def coverage_section(report: dict) -> list[str]:
     m = report["measurements"]["coverage"]
     c = m["first_child_chain"]
     return [
-        f"{m['trees']} trees x {m['draws_per_tree']} draws per verifier; mean 1 + C = {m['mean_tau_bound']:.4f}.",
+        f"{m['trees']} trees x {m['draws_per_tree']} draws per verifier; mean 1 + C = {m['tau_bound']:.4f}.",
         "",
         "| verifier | mean L | s.e. | mean L - (1 + C) | z |", "|---|---|---|---|---|",
         *(f"| {n} | {v['mean_length']:.4f} | {v['se']:.4f} | {v['diff']:+.4f} | {v['z']:+.2f} |" for n, v in m["verifiers"].items()),

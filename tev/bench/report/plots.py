@@ -7,7 +7,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from tev.bench.report.common import rows_of
-from tev.engine.decode import STAGES
+from tev.engine.round import STAGES
 
 __all__ = ["write_plots", "plot_exit_depths", "plot_mass_by_depth", "plot_exittrain_mass", "plot_budget_sweep", "plot_tau_by_method", "plot_stage_times"]
 
