@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+import tev.core.head_screen as head_screen
 from tev.core.sampling import SamplingLaw
 from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
 from tev.engine.drafters import BlockTreeDrafter, DraftState
@@ -288,6 +289,19 @@ def test_the_stages_sum_to_the_round_s_time(pair_folders, verifier, law):
         prompt = prompt + record.verdict.block_tokens(record.tree)
         assert tuple(timer.seconds) == STAGES  # each stage once, in the round's order
         assert total - 0.05 * total - 1e-3 <= sum(timer.seconds.values()) <= total
+
+
+@pytest.mark.parametrize("forced,dtype", [("0", torch.float32), ("1", torch.bfloat16)])
+def test_bfloat16_paths_are_taken_only_where_this_cpu_runs_them_faster(pair_folders, monkeypatch, forced, dtype):
+    # TEV_CPU_BF16 forces what tev.util.precision would measure: the drafter's weights and the greedy head screen follow it
+    monkeypatch.setenv("TEV_CPU_BF16", forced)
+    bundle = load_bundle(pair_folders["target"], pair_folders["block"])
+    assert next(bundle.drafter("block").model.parameters()).dtype == dtype
+    screen = CausalLMSession(bundle.target).screen
+    if dtype == torch.float32:
+        assert screen is None
+    else:
+        assert screen is not None or not head_screen._accumulates_in_float32()
 
 
 def test_generate_command_line_json(pair_folders, capsys):

@@ -25,6 +25,7 @@ from tev.core.head_screen import HeadScreen
 from tev.core.sampling import SamplingLaw, as_law
 from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows
+from tev.util.precision import low_precision
 
 __all__ = ["CausalLMSession", "ForwardOutput", "MIN_TRANSFORMERS", "check_transformers"]
 
@@ -51,9 +52,9 @@ _SCREENS: "weakref.WeakKeyDictionary[torch.nn.Module, HeadScreen]" = weakref.Wea
 
 
 def _head_screen(model, head: torch.Tensor | None) -> HeadScreen | None:
-    """The model's :class:`HeadScreen` for greedy argmaxes (float32 heads on a CPU with a
-    float32-accumulating bfloat16 matmul), else None."""
-    if head is None or head.dtype != torch.float32 or head.device.type != "cpu":
+    """The model's :class:`HeadScreen` for greedy argmaxes (float32 heads on a CPU where a
+    bfloat16 product is measured faster and accumulates in float32), else None."""
+    if head is None or head.dtype != torch.float32 or head.device.type != "cpu" or low_precision(head.device) != torch.bfloat16:
         return None
     screen = _SCREENS.get(model)
     if screen is None or screen.head.data_ptr() != head.data_ptr() or screen.head.shape != head.shape:
