@@ -71,7 +71,7 @@ from tev.core.sampling import SamplingLaw  # noqa: E402
 from tev.core.tree import DraftTree  # noqa: E402
 from tev.core.verify import SAMPLING_VERIFIERS, verify_rows  # noqa: E402
 from tev.data.prompts import load_prompt_set  # noqa: E402
-from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate  # noqa: E402
+from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate  # noqa: E402
 from tev.engine.drafters import DraftContext  # noqa: E402
 from tev.engine.evaluation import fit_prompt  # noqa: E402
 from tev.engine.models import load_bundle, load_causal_lm  # noqa: E402
@@ -141,11 +141,11 @@ def _greedy_pair_runs(bundle, drafters, budgets, prompts, new_tokens) -> dict:
     """{(drafter, budget, prompt index): speculative tokens} and {prompt index: autoregressive tokens}."""
     speculative, reference = {}, {}
     for i, ids in enumerate(prompts):
-        config = GenerationConfig(temperature=0.0, max_new_tokens=new_tokens, stop_at_eos=False)
+        config = DecodeConfig(temperature=0.0, max_new_tokens=new_tokens, stop_at_eos=False)
         reference[i] = autoregressive_generate(bundle.target, ids, config).token_ids
         for name in drafters:
             for budget in budgets:
-                _, summary = run_to_end(speculative_generate(bundle.target, bundle.drafter(name), ids, replace(config, budget=budget)))
+                _, summary = run_to_end(speculative_generate(Request(bundle.target, bundle.drafter(name), ids, replace(config, budget=budget))))
                 speculative[name, budget, i] = summary.token_ids
     return {"speculative": speculative, "reference": reference}
 
@@ -284,7 +284,7 @@ def step_host_syncs(options: Options) -> dict:
     # the decode loop as users run it (its StageTimer synchronises around each stage on CUDA)
     ids = fit_prompt(bundle.tokenizer, load_prompt_set("heldout")[2], 200)
     with count_host_syncs() as syncs:
-        _, summary = run_to_end(speculative_generate(bundle.target, bundle.drafter("block"), ids, GenerationConfig(budget=32, temperature=1.0, max_new_tokens=48, stop_at_eos=False)))
+        _, summary = run_to_end(speculative_generate(Request(bundle.target, bundle.drafter("block"), ids, DecodeConfig(budget=32, temperature=1.0, max_new_tokens=48, stop_at_eos=False))))
     loop = {"rounds": summary.rounds, "syncs": len(syncs), "per_round": len(syncs) / max(1, summary.rounds), "sites": dict(Counter(syncs).most_common())}
     problems = [f"{r['drafter']}+{r['verifier']}: {item}; sites {r['sites']}" for r in results for item in r["over_limit"]]
     summary_line = "; ".join(f"{r['drafter']}+{r['verifier']} max {max(r['per_round'])}/round" for r in results) + f"; decode loop {loop['per_round']:.1f}/round"

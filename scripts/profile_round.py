@@ -25,7 +25,7 @@ from tev.core.sampling import SamplingLaw  # noqa: E402
 from tev.core import verify  # noqa: E402
 from tev.core.tree import DraftTree  # noqa: E402
 from tev.core.verify import verify_rows  # noqa: E402
-from tev.engine.decode import GenerationConfig, autoregressive_generate  # noqa: E402
+from tev.engine.decode import DecodeConfig, autoregressive_generate  # noqa: E402
 from tev.engine.drafters import DraftContext  # noqa: E402
 from tev.engine.models import DEFAULT_PAIR, load_bundle  # noqa: E402
 from tev.engine.prompt_text import encode_chat  # noqa: E402
@@ -62,7 +62,7 @@ def main() -> None:
     bundle = load_bundle(pair=DEFAULT_PAIR.name, device="cpu")
     target, drafter = bundle.target, bundle.drafters["block"]
     prompt = encode_chat(bundle.tokenizer, PROMPT)
-    answer = autoregressive_generate(target, prompt, GenerationConfig(temperature=0.0, max_new_tokens=24), bundle.tokenizer)
+    answer = autoregressive_generate(target, prompt, DecodeConfig(temperature=0.0, max_new_tokens=24), bundle.tokenizer)
     ids = prompt + list(answer.token_ids)
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
     state = drafter.new_state()

@@ -13,7 +13,7 @@ import torch
 from tev.core.sampling import SamplingLaw, sample_rows
 from tev.core.tree import DraftTree
 from tev.core.verify import SAMPLING_VERIFIERS, verify_rows
-from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate
 from tev.engine.drafters import ARTreeDrafter, BlockTreeDrafter, DraftContext
 from tev.engine.models import load_causal_lm
 from tev.engine.round import prefill, speculation_round
@@ -73,10 +73,10 @@ def greedy_runs(target, drafter) -> dict:
     """{(prompt index, budget): (speculative tokens, autoregressive tokens)} at T = 0."""
     runs = {}
     for i, prompt in enumerate(prompts()):
-        reference = autoregressive_generate(target, prompt, GenerationConfig(temperature=0.0, max_new_tokens=NEW_TOKENS, stop_at_eos=False))
+        reference = autoregressive_generate(target, prompt, DecodeConfig(temperature=0.0, max_new_tokens=NEW_TOKENS, stop_at_eos=False))
         for budget in BUDGETS:
-            config = GenerationConfig(budget=budget, temperature=0.0, max_new_tokens=NEW_TOKENS, stop_at_eos=False)
-            _, summary = run_to_end(speculative_generate(target, drafter, prompt, config))
+            config = DecodeConfig(budget=budget, temperature=0.0, max_new_tokens=NEW_TOKENS, stop_at_eos=False)
+            _, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config)))
             runs[i, budget] = (summary.token_ids, reference.token_ids)
     return runs
 

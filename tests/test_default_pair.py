@@ -20,7 +20,7 @@ from tests.tiny import save_chat_target, tiny_target, tiny_vocab_drafter
 from tev.bench.hf_peers import hf_generate
 from tev.data.prompts import load_prompt_set
 from tev.engine import default_target
-from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter, DraftContext, DraftState
 from tev.engine.models import ModelLoadError, load_block_drafter, DEFAULT_PAIR, load_bundle, load_causal_lm, pair_record
@@ -31,8 +31,8 @@ CHAT_PROMPTS = ("What is the capital of France?", "Write a Python function that 
 
 
 def _greedy_equal(target, tokenizer, drafter, ids, tokens):
-    config = GenerationConfig(budget=32, temperature=0.0, max_new_tokens=tokens)
-    _, spec = run_to_end(speculative_generate(target, drafter, ids, config, tokenizer))
+    config = DecodeConfig(budget=32, temperature=0.0, max_new_tokens=tokens)
+    _, spec = run_to_end(speculative_generate(Request(target, drafter, ids, config), tokenizer))
     plain = autoregressive_generate(target, ids, config, tokenizer)
     return spec, plain
 
@@ -133,7 +133,7 @@ def test_train_drafter_refuses_a_work_folder_of_another_recipe(chat_folder, tmp_
 @pytest.mark.parametrize("method", ["hf-generate", "hf-prompt-lookup"])
 def test_hf_peers_decode_like_the_target(method):
     target = tiny_target(300, scale=3.0)
-    config = GenerationConfig(temperature=0.0, max_new_tokens=20)
+    config = DecodeConfig(temperature=0.0, max_new_tokens=20)
     peer = hf_generate(target, [1, 2, 3, 1, 2], config, None, method=method)
     plain = autoregressive_generate(target, [1, 2, 3, 1, 2], config, None)
     assert peer.token_ids == plain.token_ids and peer.method == method
@@ -244,7 +244,7 @@ def test_default_pair_is_smollm2_with_a_chat_template(smollm2):
 
 def test_chat_answer_stops_at_end_of_turn(smollm2):
     ids = encode_chat(smollm2.tokenizer, CHAT_PROMPTS[0])
-    summary = autoregressive_generate(smollm2.target, ids, GenerationConfig(temperature=0.0, max_new_tokens=40), smollm2.tokenizer)
+    summary = autoregressive_generate(smollm2.target, ids, DecodeConfig(temperature=0.0, max_new_tokens=40), smollm2.tokenizer)
     assert "Paris" in summary.text
     # the answer ends at the end-of-turn token (the tokenizer's EOS), which the output leaves out
     assert smollm2.tokenizer.eos_token_id == smollm2.tokenizer.convert_tokens_to_ids("<|im_end|>")

@@ -10,12 +10,13 @@ import torch
 
 import tev.core.head_screen as head_screen
 from tev.core.sampling import SamplingLaw
-from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate
 from tev.engine.drafters import BlockTreeDrafter, DraftState
 from tev.engine.models import ModelLoadError, load_bundle, load_drafter, load_tokenizer
 from tev.engine.prompt_text import encode_prompt
 from tev.engine.round import STAGES, prefill, speculation_round
 from tev.engine.session import CausalLMSession
+from tev.service.service import UserInputError, check_settings
 from tev.util.timing import StageTimer
 from tev.core.tree import DraftTree
 from tests.helpers import ALPHA, chi_square_against, truncated_law
@@ -55,7 +56,7 @@ def test_tree_attention_matches_sequential_forwards(arch):
 
 # ------------------------------------------------------------------ greedy equivalence
 def greedy_reference(target, prompt, max_new_tokens, eos=True):
-    config = GenerationConfig(temperature=0.0, max_new_tokens=max_new_tokens, stop_at_eos=eos)
+    config = DecodeConfig(temperature=0.0, max_new_tokens=max_new_tokens, stop_at_eos=eos)
     return autoregressive_generate(target, prompt, config)
 
 
@@ -72,8 +73,8 @@ def test_greedy_speculation_equals_greedy_decoding(kind, budget):
     for seed in range(3):
         prompt = torch.randint(1, VOCAB, (5 + seed,), generator=torch.Generator().manual_seed(seed)).tolist()
         reference = greedy_reference(target, prompt, 40, eos=False)
-        config = GenerationConfig(budget=budget, temperature=0.0, max_new_tokens=40, stop_at_eos=False)
-        records, summary = run_to_end(speculative_generate(target, drafter, prompt, config))
+        config = DecodeConfig(budget=budget, temperature=0.0, max_new_tokens=40, stop_at_eos=False)
+        records, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config)))
         assert summary.token_ids == reference.token_ids, (kind, budget, seed)
         assert sum(len(r.emitted) for r in records) == 40 and summary.stop_reason == "max_new_tokens"
 
@@ -87,7 +88,7 @@ def test_eos_in_the_middle_of_a_block_stops_exactly_like_greedy_decoding():
     reference = greedy_reference(target, prompt, 30)
     assert reference.stop_reason == "eos" and reference.token_ids == free_run[: free_run.index(eos)]
     oracle = OracleDrafter(prompt + free_run, len(prompt), VOCAB, depth=6)
-    records, summary = run_to_end(speculative_generate(target, oracle, prompt, GenerationConfig(budget=16, temperature=0.0, max_new_tokens=30)))
+    records, summary = run_to_end(speculative_generate(Request(target, oracle, prompt, DecodeConfig(budget=16, temperature=0.0, max_new_tokens=30))))
     assert summary.token_ids == reference.token_ids and summary.stop_reason == "eos"
     last = records[-1]
     assert eos in last.verdict.block_tokens(last.tree)[:-1] or last.bonus_token == eos
@@ -100,7 +101,7 @@ def test_max_new_tokens_is_never_overshot():
     free_run = greedy_reference(target, prompt, 20, eos=False).token_ids
     oracle = OracleDrafter(prompt + free_run + [0] * 10, len(prompt), VOCAB, depth=6)
     for limit in (1, 2, 5, 7, 13):
-        _, summary = run_to_end(speculative_generate(target, oracle, prompt, GenerationConfig(budget=16, temperature=0.0, max_new_tokens=limit, stop_at_eos=False)))
+        _, summary = run_to_end(speculative_generate(Request(target, oracle, prompt, DecodeConfig(budget=16, temperature=0.0, max_new_tokens=limit, stop_at_eos=False))))
         assert summary.token_ids == free_run[:limit]
 
 
@@ -158,11 +159,11 @@ def test_sampling_is_lossless(small_target, method):
     verifier = "tev" if method in ("ar-baseline", "tev-block") else method
     for seed in range(draws):
         budget = 6 if method == "tev-block" else 20  # a partial tree for the block drafter
-        config = GenerationConfig(budget=budget, temperature=1.0, verifier=verifier, max_new_tokens=3, seed=seed, stop_at_eos=False)
+        config = DecodeConfig(budget=budget, temperature=1.0, verifier=verifier, max_new_tokens=3, seed=seed, stop_at_eos=False)
         if method == "ar-baseline":
             summary = autoregressive_generate(small_target, prompt, config)
         else:
-            records, summary = run_to_end(speculative_generate(small_target, drafter, prompt, config))
+            records, summary = run_to_end(speculative_generate(Request(small_target, drafter, prompt, config)))
             lengths += [r.block_length for r in records[:1]]
             bounds += [r.flow.tau_bound for r in records[:1]]
         samples.append(tuple(summary.token_ids))
@@ -180,15 +181,15 @@ def test_sampling_is_lossless(small_target, method):
 def test_sampling_with_top_k_and_top_p_is_lossless(small_target, method):
     # the decode loop samples the truncated law the configuration names, end to end
     config = dict(temperature=0.8, top_k=3, top_p=0.85)
-    law = exact_first_tokens_law(small_target, [1, 2, 0], truncation=GenerationConfig(**config).law)
+    law = exact_first_tokens_law(small_target, [1, 2, 0], truncation=DecodeConfig(**config).law)
     assert sum(p == 0 for p in law.values()) > 10, "the truncation must remove tokens in this case"
     samples = []
     for seed in range(2500):
-        settings = GenerationConfig(budget=20, verifier="tev" if method == "ar-baseline" else method, max_new_tokens=3, seed=seed, stop_at_eos=False, **config)
+        settings = DecodeConfig(budget=20, verifier="tev" if method == "ar-baseline" else method, max_new_tokens=3, seed=seed, stop_at_eos=False, **config)
         if method == "ar-baseline":
             summary = autoregressive_generate(small_target, [1, 2, 0], settings)
         else:
-            summary = run_to_end(speculative_generate(small_target, FullTreeDrafter(), [1, 2, 0], settings))[1]
+            summary = run_to_end(speculative_generate(Request(small_target, FullTreeDrafter(), [1, 2, 0], settings)))[1]
         samples.append(tuple(summary.token_ids))
     statistic, p_value, dof = chi_square_against(law, samples)
     print(f"{method} with top-k 3, top-p 0.85: chi2={statistic:.1f} dof={dof} p={p_value:.3f}")
@@ -201,8 +202,8 @@ def test_tau_matches_mean_coverage_bound_over_many_rounds():
     lengths, bounds = [], []
     for seed in range(30):
         prompt = torch.randint(1, VOCAB, (6,), generator=torch.Generator().manual_seed(100 + seed)).tolist()
-        config = GenerationConfig(budget=32, temperature=1.0, max_new_tokens=40, seed=seed, stop_at_eos=False)
-        records, summary = run_to_end(speculative_generate(target, drafter, prompt, config))
+        config = DecodeConfig(budget=32, temperature=1.0, max_new_tokens=40, seed=seed, stop_at_eos=False)
+        records, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config)))
         lengths += summary.block_lengths
         bounds += summary.tau_bounds
     n = len(lengths)
@@ -218,7 +219,7 @@ def test_prompt_near_the_context_limit_stops_cleanly():
     drafter = tiny_block_drafter(target)
     for length in (28, 31, 32):
         prompt = [1 + (i % 40) for i in range(length)]
-        records, summary = run_to_end(speculative_generate(target, drafter, prompt, GenerationConfig(budget=16, temperature=0.0, max_new_tokens=50, stop_at_eos=False)))
+        records, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, DecodeConfig(budget=16, temperature=0.0, max_new_tokens=50, stop_at_eos=False))))
         assert summary.stop_reason == "context_limit"
         assert len(prompt) + len(summary.token_ids) == 33  # positions 0..31 processed, plus the last prediction
         assert all(r.position + r.tree.max_depth <= 31 for r in records)
@@ -230,17 +231,17 @@ def test_bad_input_is_refused_clearly(pair_folders):
     target = tiny_target(VOCAB, context=32)
     drafter = tiny_block_drafter(target)
     with pytest.raises(ValueError, match="prompt is empty"):
-        next(speculative_generate(target, drafter, []))
+        next(speculative_generate(Request(target, drafter, [])))
     with pytest.raises(ValueError, match="context is 32"):
-        next(speculative_generate(target, drafter, list(range(1, 40))))
+        next(speculative_generate(Request(target, drafter, list(range(1, 40)))))
     with pytest.raises(ValueError, match="budget must be"):
-        GenerationConfig(budget=-1)
+        DecodeConfig(budget=-1)
     with pytest.raises(ValueError, match="temperature must be"):
-        GenerationConfig(temperature=-0.5)
+        DecodeConfig(temperature=-0.5)
     with pytest.raises(ValueError, match="temperature must be"):
-        GenerationConfig(temperature=float("nan"))
+        DecodeConfig(temperature=float("nan"))
     with pytest.raises(ValueError, match="unknown verifier"):
-        GenerationConfig(verifier="medusa")
+        DecodeConfig(verifier="medusa")
     bundle = load_bundle(pair_folders["target"], pair_folders["block"])
     with pytest.raises(ValueError, match="drafter 'exittrain' is not available"):
         bundle.drafter("exittrain")
@@ -266,7 +267,7 @@ def test_bundle_loads_every_drafter_kind(pair_folders):
     prompt = encode_prompt(bundle.tokenizer, "def add(a, b):", bundle.context_length)
     assert prompt[0] == bundle.tokenizer.bos_token_id
     for b, kind in ((bundle, "block"), (bundle, "chain"), (ar_bundle, "ar"), (ar_bundle, "chain")):
-        records, summary = run_to_end(speculative_generate(b.target, b.drafter(kind), prompt, GenerationConfig(budget=8, max_new_tokens=12, seed=1), b.tokenizer))
+        records, summary = run_to_end(speculative_generate(Request(b.target, b.drafter(kind), prompt, DecodeConfig(budget=8, max_new_tokens=12, seed=1)), b.tokenizer))
         assert summary.text == b.tokenizer.decode(summary.token_ids) or summary.stop_reason == "eos"
         assert records and all(set(r.timings) == set(STAGES) for r in records)
 
@@ -302,6 +303,19 @@ def test_bfloat16_paths_are_taken_only_where_this_cpu_runs_them_faster(pair_fold
         assert screen is None
     else:
         assert screen is not None or not head_screen._accumulates_in_float32()
+
+
+def test_greedy_at_a_positive_temperature_is_refused_in_the_library_the_page_and_the_command_line(pair_folders, capsys):
+    from tev.cli import main
+
+    with pytest.raises(ValueError, match="greedy verifier needs temperature 0"):
+        DecodeConfig(verifier="greedy", temperature=1.0)
+    with pytest.raises(UserInputError, match="greedy verifier needs temperature 0"):
+        check_settings("greedy", 8, 1.0, 8, 0)
+    code = main(["generate", "--prompt", "def add(a, b):", "--target", str(pair_folders["target"]), "--draft", str(pair_folders["block"]),
+                 "--verifier", "greedy", "--temperature", "1"])
+    assert code == 2 and "greedy verifier needs temperature 0" in capsys.readouterr().err
+    assert DecodeConfig(verifier="tev", temperature=0.0).effective_verifier == "greedy"  # T = 0 is greedy decoding, whatever verifier is named
 
 
 def test_generate_command_line_json(pair_folders, capsys):

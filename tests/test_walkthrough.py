@@ -8,7 +8,7 @@ import torch
 
 from tev.core.sampling import SamplingLaw
 from tev.core.verify import SAMPLING_VERIFIERS
-from tev.engine.decode import GenerationConfig, run_to_end, speculative_generate
+from tev.engine.decode import DecodeConfig, run_to_end, Request, speculative_generate
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import load_bundle
 from tev.engine.walkthrough import trace_round
@@ -71,7 +71,7 @@ def test_the_first_round_is_the_decode_loop_s_first_round(pair):
     target, drafters = pair
     for verifier in SAMPLING_VERIFIERS:
         trace = trace_round(target, drafters["block"], PROMPT, SamplingLaw(1.0), verifier, 8, seed=5)
-        records, _ = run_to_end(speculative_generate(target, drafters["block"], PROMPT, GenerationConfig(budget=8, temperature=1.0, verifier=verifier, seed=5, max_new_tokens=1, stop_at_eos=False)))
+        records, _ = run_to_end(speculative_generate(Request(target, drafters["block"], PROMPT, DecodeConfig(budget=8, temperature=1.0, verifier=verifier, seed=5, max_new_tokens=1, stop_at_eos=False))))
         assert records[0].tree.tokens_list == trace.tree.tokens_list and records[0].verdict.path == trace.verdict.path
         assert records[0].bonus_token == trace.verdict.bonus_token
 

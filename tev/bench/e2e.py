@@ -16,7 +16,7 @@ from dataclasses import replace
 from tqdm import tqdm
 
 from tev.data.prompts import load_prompt_set, spread_evenly
-from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate
 from tev.engine.round import STAGES
 from tev.engine.evaluation import fit_prompt
 from tev.bench.hf_peers import PEERS, hf_generate
@@ -85,7 +85,7 @@ def bench_e2e(
         runs = {name: [] for name, _, _ in baselines + names}
         for repeat in range(repeats):
             for i, ids in enumerate(encoded):
-                config = GenerationConfig(budget=budget, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 1000 * repeat + i, **((truncation or {}) if temperature > 0 else {}))
+                config = DecodeConfig(budget=budget, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 1000 * repeat + i, **((truncation or {}) if temperature > 0 else {}))
                 order = baselines + list(names)
                 order_rng.shuffle(order)
                 paired = {}
@@ -96,7 +96,7 @@ def bench_e2e(
                         summary = hf_generate(bundle.target, ids, config, bundle.tokenizer, method=name)
                     else:
                         run_config = replace(config, verifier=verifier)
-                        _, summary = run_to_end(speculative_generate(bundle.target, bundle.drafter(drafter), ids, run_config, bundle.tokenizer))
+                        _, summary = run_to_end(speculative_generate(Request(bundle.target, bundle.drafter(drafter), ids, run_config), bundle.tokenizer))
                     paired[name] = summary
                     bar.update(1)
                 for name, summary in paired.items():
@@ -202,7 +202,7 @@ def peak_memory_of_generate(extra_args: list[str] | None = None) -> float:
 
 def e2e_command(args) -> None:
     truncation = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
-    law = GenerationConfig(temperature=1.0, **truncation).law  # a bad flag fails before the models load
+    law = DecodeConfig(temperature=1.0, **truncation).law  # a bad flag fails before the models load
     bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
     prompts = load_prompt_set(args.prompts or ("chat" if bundle.is_chat else "heldout"))
     prompts = spread_evenly(prompts, args.num_prompts)  # each domain its share

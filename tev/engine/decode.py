@@ -15,14 +15,14 @@ from typing import Callable, Iterator
 import torch
 
 from tev.core.sampling import SamplingLaw, sample_rows
-from tev.core.verify import VERIFIERS
+from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS
 from tev.engine.drafters import Drafter
 from tev.engine.prompt_text import check_prompt_ids
 from tev.engine.round import STAGES, RoundRecord, prefill, room_left, speculation_round
 from tev.engine.session import CausalLMSession
 from tev.util.timing import StageTimer
 
-__all__ = ["GenerationConfig", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "rounds_in_turn", "eos_token_id", "MAX_BUDGET", "MIN_TEMPERATURE"]
+__all__ = ["DecodeConfig", "Request", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "rounds_in_turn", "eos_token_id", "MAX_BUDGET", "MIN_TEMPERATURE"]
 
 MAX_BUDGET = 1024
 
@@ -33,11 +33,12 @@ MIN_TEMPERATURE = 0.01
 
 
 @dataclass(frozen=True)
-class GenerationConfig:
-    """Sampling settings that travel together.
+class DecodeConfig:
+    """Sampling settings that travel together; making one checks them (a ValueError says what to change).
 
-    ``temperature == 0`` is greedy decoding (the ``greedy`` verifier, whatever ``verifier``
-    says). ``top_k``, ``top_p`` and ``min_p`` truncate the target's rows as Hugging Face
+    ``temperature == 0`` is greedy decoding (the ``greedy`` verifier decides, whatever
+    ``verifier`` names); the ``greedy`` verifier at ``temperature > 0`` is refused, never
+    switched: it would decode greedily while the settings say sample. ``top_k``, ``top_p`` and ``min_p`` truncate the target's rows as Hugging Face
     ``generate`` does (0, 1 and 0 turn them off; see :class:`SamplingLaw`): every verifier is
     exact for the truncated law. ``budget`` counts non-root draft nodes.
     """
@@ -63,6 +64,8 @@ class GenerationConfig:
         self.law  # checks top_k, top_p and min_p
         if self.verifier not in VERIFIERS:
             raise ValueError(f"unknown verifier {self.verifier!r}; choose one of {', '.join(VERIFIERS)}")
+        if self.verifier == "greedy" and self.temperature > 0:
+            raise ValueError(f"the greedy verifier needs temperature 0; set temperature to 0 or pick a sampling verifier ({', '.join(SAMPLING_VERIFIERS)})")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
@@ -76,6 +79,30 @@ class GenerationConfig:
     @property
     def effective_verifier(self) -> str:
         return "greedy" if self.temperature == 0 else self.verifier
+
+
+@dataclass(frozen=True, eq=False)
+class Request:
+    """One speculative generation; making it checks every input, so the loop checks none again.
+
+    Attributes:
+        target: the transformers causal LM (``p``).
+        drafter: the :class:`~tev.engine.drafters.Drafter` that proposes the trees (``q``).
+        prompt_ids: the prompt's token ids (BOS included where the model expects it): at least
+            one, and no more than the target's context (checked; kept as a tuple).
+        config: the settings (checked as a :class:`DecodeConfig` is made).
+    """
+
+    target: object
+    drafter: Drafter
+    prompt_ids: tuple[int, ...]
+    config: DecodeConfig = DecodeConfig()
+
+    def __post_init__(self):
+        if not isinstance(self.config, DecodeConfig):
+            raise TypeError(f"config must be a DecodeConfig, got {type(self.config).__name__}")
+        context = int(getattr(self.target.config, "max_position_embeddings", 1 << 30))
+        object.__setattr__(self, "prompt_ids", tuple(check_prompt_ids(self.prompt_ids, context)))
 
 
 @dataclass(eq=False)
@@ -141,7 +168,7 @@ def eos_token_id(target, tokenizer=None) -> int | None:
 class _Output:
     """Accumulates generated tokens and applies the stop rules (EOS, stop strings, length)."""
 
-    def __init__(self, tokenizer, config: GenerationConfig, eos_id: int | None):
+    def __init__(self, tokenizer, config: DecodeConfig, eos_id: int | None):
         self.tokenizer = tokenizer
         self.config = config
         self.eos_id = eos_id if config.stop_at_eos else None
@@ -180,27 +207,18 @@ class _Output:
         return kept, added
 
 
-def speculative_generate(
-    target,
-    drafter,
-    prompt_ids,
-    config: GenerationConfig = GenerationConfig(),
-    tokenizer=None,
-    should_stop: Callable[[], bool] | None = None,
-) -> Iterator[RoundRecord | GenerationSummary]:
+def speculative_generate(request: Request, tokenizer=None, should_stop: Callable[[], bool] | None = None) -> Iterator[RoundRecord | GenerationSummary]:
     """Generate with tree speculation; yields a RoundRecord per round, then the summary.
 
     Args:
-        target: a transformers causal LM (``p``).
-        drafter: a :class:`~tev.engine.drafters.BlockTreeDrafter` or :class:`~tev.engine.drafters.ARTreeDrafter`.
-        prompt_ids: prompt token ids (BOS included where the model expects it).
-        config: sampling settings.
+        request: the target, the drafter, the prompt and the settings (checked as it was made).
         tokenizer: for text and EOS (optional; without it only token ids are produced).
         should_stop: polled between rounds; returning True ends the generation ("cancelled").
     """
+    target, drafter, config = request.target, request.drafter, request.config
     start = time.perf_counter()
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
-    prompt = check_prompt_ids(prompt_ids, session.max_positions)
+    prompt = list(request.prompt_ids)
     verifier = config.effective_verifier
     device = session.device
     generator = torch.Generator(device=device).manual_seed(config.seed)
@@ -258,7 +276,7 @@ def speculative_generate(
 def autoregressive_generate(
     target,
     prompt_ids,
-    config: GenerationConfig = GenerationConfig(),
+    config: DecodeConfig = DecodeConfig(),
     tokenizer=None,
     should_stop: Callable[[], bool] | None = None,
 ) -> GenerationSummary:

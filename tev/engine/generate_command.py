@@ -7,7 +7,7 @@ import sys
 
 from tqdm import tqdm
 
-from tev.engine.decode import GenerationConfig, GenerationSummary, autoregressive_generate, speculative_generate
+from tev.engine.decode import DecodeConfig, GenerationSummary, autoregressive_generate, Request, speculative_generate
 from tev.engine.models import load_bundle
 from tev.engine.prompt_text import check_prompt_text, encode_chat, encode_prompt
 
@@ -18,7 +18,7 @@ def generate_command(args) -> None:
     check_prompt_text(args.prompt)
     if any(not stop for stop in args.stop or ()):
         raise ValueError("--stop needs a non-empty string")
-    config = GenerationConfig(  # checked before the models load: a bad flag fails at once
+    config = DecodeConfig(  # checked before the models load: a bad flag fails at once
         budget=args.budget,
         temperature=args.temperature,
         top_k=args.top_k,
@@ -42,7 +42,7 @@ def generate_command(args) -> None:
         records = []
         summary = None
         bar = tqdm(total=config.max_new_tokens, desc=f"{drafter.name}+{config.effective_verifier}", unit="tok", disable=args.json or not sys.stderr.isatty())
-        for event in speculative_generate(bundle.target, drafter, prompt_ids, config, bundle.tokenizer):
+        for event in speculative_generate(Request(bundle.target, drafter, prompt_ids, config), bundle.tokenizer):
             if isinstance(event, GenerationSummary):
                 summary = event
             else:
