@@ -282,14 +282,19 @@ def test_the_stages_sum_to_the_round_s_time(pair_folders, verifier, law):
     state = drafter.new_state()
     prefill(session, prompt, state)
     generator = torch.Generator().manual_seed(0)
-    for _ in range(3):
+    untimed = []
+    for _ in range(4):
         timer = StageTimer()
         start = time.perf_counter()
         record = speculation_round(session, drafter, prompt, 8, verifier, law, generator, state, timer)
         total = time.perf_counter() - start
         prompt = prompt + record.verdict.block_tokens(record.tree)
         assert tuple(timer.seconds) == STAGES  # each stage once, in the round's order
-        assert total - 0.05 * total - 1e-3 <= sum(timer.seconds.values()) <= total
+        assert sum(timer.seconds.values()) <= total
+        untimed.append((total - sum(timer.seconds.values())) / total)
+    # work outside the stages would leave a gap in every round; a busy machine pausing this
+    # process between two stages leaves one in some
+    assert min(untimed) < 0.05, untimed
 
 
 @pytest.mark.parametrize("forced,dtype", [("0", torch.float32), ("1", torch.bfloat16)])

@@ -3,10 +3,12 @@
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
 
+from tev.bench.e2e import format_e2e_table
 from tev.cli import main
 from tev.engine.models import load_bundle
 from tev.bench.report import QUICK, build_report
@@ -233,3 +235,11 @@ def test_report_command_refuses_an_e2e_file_of_another_shape(tmp_path, capsys):
     assert main(["bench", "report", "--quick", "--e2e-results", str(wrong), "--out", str(tmp_path / "r")]) != 0
     assert "expected the JSON of `python -m tev bench e2e --json OUT.json`" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()  # refused before any model loads or anything is written
+
+
+def test_a_shipped_e2e_result_with_the_earlier_stage_names_still_reads():
+    # docs/e2e/*.json were written when the stages were draft, tree_build, verify, verify_decision, commit
+    result = json.loads((Path(__file__).resolve().parent.parent / "docs" / "e2e" / "fp32.json").read_text())
+    table = format_e2e_table(result)
+    assert "draft / tree_build / verify / verify_decision / commit ms per round" in table
+    assert len(table.splitlines()) == 2 + len(result["rows"])

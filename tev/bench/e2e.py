@@ -146,15 +146,24 @@ def bench_e2e(
             "weight_read": reference, "rows": results}
 
 
+def stage_names(result: dict) -> list[str]:
+    """The stage names of a :func:`bench_e2e` result as it was written: :data:`STAGES`, or in a
+    file written before the stages were named so, ``draft``, ``tree_build``, ``verify`` (the
+    tree forward), ``verify_decision`` (head and verify together), ``commit``."""
+    timed = [r["stage_ms_per_round"] for r in result["rows"] if r.get("stage_ms_per_round")]
+    return list(timed[0]) if timed else list(STAGES)
+
+
 def format_e2e_table(result: dict) -> str:
     """The rows of :func:`bench_e2e` as a markdown table."""
+    names = stage_names(result)
     lines = [
-        "| T | B | method | tau | 1 + C | tok/s (IQR) | ms/token (weight reads) | vs own AR (IQR) | vs HF generate | vs HF prompt lookup | draft / build / verify / decision / commit ms per round |",
+        "| T | B | method | tau | 1 + C | tok/s (IQR) | ms/token (weight reads) | vs own AR (IQR) | vs HF generate | vs HF prompt lookup | " + " / ".join(names) + " ms per round |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         speculative = r["method"] not in ("autoregressive", *PEERS)
-        stages = " / ".join(f"{r['stage_ms_per_round'][k]:.2f}" for k in STAGES) if speculative else ""
+        stages = " / ".join(f"{r['stage_ms_per_round'][k]:.2f}" for k in names) if speculative else ""
         tau = f"{r['tau']:.2f} | {r['tau_bound']:.2f}" if speculative else "1.00 | 1.00"
         lines.append(
             f"| {r['temperature']:g} | {r['budget']} | {r['method']} | {tau} | "

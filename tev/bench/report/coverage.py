@@ -12,9 +12,8 @@ import torch
 
 from tev.bench.lab import LabResult, LabTree, run_lab
 from tev.bench.report.common import claim, yes
-from tev.core.flow import flow_from_edge_prob
 from tev.core.tree import DraftTree
-from tev.core.verify import SAMPLING_VERIFIERS, TargetRows
+from tev.core.verify import SAMPLING_VERIFIERS
 from tev.util.stats import standard_error_of_mean
 
 __all__ = ["Z_LIMIT", "pooled_length", "first_child_chain", "check_coverage_bound", "coverage_section"]
@@ -35,14 +34,8 @@ def first_child_chain(lab: LabTree) -> LabTree:
     while lab.tree.children(nodes[-1]):
         nodes.append(lab.tree.children(nodes[-1])[0])
     tree = DraftTree.from_parents([lab.tree.tokens_list[v] for v in nodes], [-1] + list(range(len(nodes) - 1)))
-    index = torch.tensor(nodes, device=lab.rows.device)
-    if lab.rows.hidden is not None:
-        rows = TargetRows(hidden=lab.rows.hidden.index_select(0, index), head=lab.rows.head, temperature=lab.rows.temperature)
-    elif lab.rows.logits is not None:
-        rows = TargetRows(logits=lab.rows.logits.index_select(0, index), temperature=lab.rows.temperature)
-    else:
-        rows = TargetRows(lab.rows.probs.index_select(0, index))
-    return LabTree(tree, rows, flow_from_edge_prob(tree, rows.edge_prob(tree)), "first-child chain")
+    rows = lab.rows.select(torch.tensor(nodes, device=lab.rows.device))
+    return LabTree(tree, rows, rows.flow(tree), "first-child chain")
 
 
 def check_coverage_bound(trees: list[dict], results: list[LabResult], draws: int, seed: int) -> tuple[dict, dict]:
