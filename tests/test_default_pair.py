@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
 import types
 import zipfile
 from dataclasses import replace
@@ -232,11 +233,11 @@ def test_unknown_pair_is_refused(monkeypatch):
 # --------------------------------------------------------------------------- the real default pair (short)
 @pytest.fixture(scope="module")
 def smollm2():
-    return load_bundle(pair="smollm2", device="cpu")
+    return load_bundle(pair=DEFAULT_PAIR.name, device="cpu")
 
 
 def test_default_pair_is_smollm2_with_a_chat_template(smollm2):
-    assert smollm2.pair == "smollm2" and smollm2.is_chat
+    assert smollm2.pair == DEFAULT_PAIR.name and smollm2.is_chat and DEFAULT_PAIR.chat  # the record says what the tokenizer shows
     assert smollm2.target.config.num_hidden_layers == 30 and smollm2.target.config.vocab_size == 49152
     assert next(smollm2.target.parameters()).dtype == torch.float32  # exact greedy equality needs it (see below)
     assert {"block", "chain"} <= set(smollm2.drafters)
