@@ -48,9 +48,9 @@ def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary) -> str:
         f"{spec.tokens_per_second:.1f} tokens/s, plain decoding {ar.tokens_per_second:.1f} tokens/s → **{speedup:.2f}x**"
     )
     why = (
-        f"A round cost {round_ms:.0f} ms, the time of **{cost:.1f} one-token steps** ({step_ms:.0f} ms each): tree forward "
-        f"{stage.get('verify', 0):.0f} ms, decision {stage.get('verify_decision', 0):.0f} ms, draft and build "
-        f"{stage.get('draft', 0) + stage.get('tree_build', 0):.0f} ms; it produced **tau = {spec.tau:.2f} tokens**."
+        f"A round cost {round_ms:.0f} ms, the time of **{cost:.1f} one-token steps** ({step_ms:.0f} ms each): forward "
+        f"{stage.get('forward', 0):.0f} ms, head {stage.get('head', 0):.0f} ms, verify {stage.get('verify', 0):.0f} ms, draft and build "
+        f"{stage.get('draft', 0) + stage.get('build', 0):.0f} ms; it produced **tau = {spec.tau:.2f} tokens**."
     )
     if speedup < 1:
         why += (" Speculation pays only when a round yields more tokens than it costs steps: here it does not. On a CPU a "
