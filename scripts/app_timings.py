@@ -22,6 +22,7 @@ sys.path.insert(0, str(REPO))
 from gradio_client import Client  # noqa: E402
 
 from tests.appserver import AppServer  # noqa: E402
+from tev.engine.models import DEFAULT_PAIR, PAIRS  # noqa: E402
 from tev.util.paths import assets_dir  # noqa: E402
 
 
@@ -37,7 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--starts", type=int, default=2)
     parser.add_argument("--prompt", default="What is the capital of France?")
-    parser.add_argument("--pair", default="smollm2")
+    parser.add_argument("--pair", choices=list(PAIRS), default=DEFAULT_PAIR.name)
     parser.add_argument("--tabs", action="store_true", help="also time the verifier lab's and the ExitTrain tab's default runs")
     args = parser.parse_args()
     for start in range(1, args.starts + 1):

@@ -27,8 +27,8 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tev.data.prompts import evaluation_prompts  # noqa: E402
-from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate  # noqa: E402
-from tev.engine.models import load_bundle  # noqa: E402
+from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate  # noqa: E402
+from tev.engine.models import DEFAULT_PAIR, load_bundle  # noqa: E402
 from tev.engine.prompt_text import encode_chat  # noqa: E402
 
 
@@ -59,10 +59,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    half = load_bundle(pair="smollm2", device="cpu", dtype="bfloat16")
-    full = load_bundle(pair="smollm2", device="cpu", dtype="float32")
+    half = load_bundle(pair=DEFAULT_PAIR.name, device="cpu", dtype="bfloat16")
+    full = load_bundle(pair=DEFAULT_PAIR.name, device="cpu", dtype="float32")
     prompts = evaluation_prompts(chat=True, count=args.prompts)
-    config = GenerationConfig(budget=args.budget, temperature=0.0, max_new_tokens=args.tokens)
+    config = DecodeConfig(budget=args.budget, temperature=0.0, max_new_tokens=args.tokens)
     rows, all_gaps, seconds = [], [], {"ar_bf16": 0.0, "spec_bf16": 0.0, "ar_fp32": 0.0, "spec_fp32": 0.0}
     tokens = {key: 0 for key in seconds}
     for prompt in tqdm(prompts, desc="prompts"):
@@ -73,7 +73,7 @@ def main() -> None:
             if key.startswith("ar"):
                 out = autoregressive_generate(bundle.target, ids, config, bundle.tokenizer).token_ids
             else:
-                out = run_to_end(speculative_generate(bundle.target, bundle.drafter("block"), ids, config, bundle.tokenizer))[1].token_ids
+                out = run_to_end(speculative_generate(Request(bundle.target, bundle.drafter("block"), ids, config), bundle.tokenizer))[1].token_ids
             seconds[key] += time.perf_counter() - start
             tokens[key] += len(out)
             runs[key] = list(out)

@@ -67,10 +67,11 @@ from tests.helpers import (  # noqa: E402
 )
 from tev.bench.verifiers_bench import synthetic_case  # noqa: E402
 from tev.cli import main as tev_main  # noqa: E402
+from tev.core.sampling import SamplingLaw  # noqa: E402
 from tev.core.tree import DraftTree  # noqa: E402
-from tev.core.verify import verify_rows  # noqa: E402
+from tev.core.verify import SAMPLING_VERIFIERS, verify_rows  # noqa: E402
 from tev.data.prompts import load_prompt_set  # noqa: E402
-from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate  # noqa: E402
+from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate  # noqa: E402
 from tev.engine.drafters import DraftContext  # noqa: E402
 from tev.engine.evaluation import fit_prompt  # noqa: E402
 from tev.engine.models import load_bundle, load_causal_lm  # noqa: E402
@@ -80,7 +81,6 @@ from tev.util.stats import spread  # noqa: E402
 from tev.util.timing import StageTimer, machine_info, time_once  # noqa: E402
 
 MIN_TRANSFORMERS = Version("5.24")  # requirements.txt; the engine passes forward(cache=...)
-SAMPLERS = ("tev", "predraw", "sequential")
 SCRIPT = Path(__file__).resolve()
 # The suite's files that need none of gradio, plotly, hypothesis, a browser or the real SmolLM2
 # weights, most GPU-relevant first, and the tests in them that are slow CPU-only statistics.
@@ -141,11 +141,11 @@ def _greedy_pair_runs(bundle, drafters, budgets, prompts, new_tokens) -> dict:
     """{(drafter, budget, prompt index): speculative tokens} and {prompt index: autoregressive tokens}."""
     speculative, reference = {}, {}
     for i, ids in enumerate(prompts):
-        config = GenerationConfig(temperature=0.0, max_new_tokens=new_tokens, stop_at_eos=False)
+        config = DecodeConfig(temperature=0.0, max_new_tokens=new_tokens, stop_at_eos=False)
         reference[i] = autoregressive_generate(bundle.target, ids, config).token_ids
         for name in drafters:
             for budget in budgets:
-                _, summary = run_to_end(speculative_generate(bundle.target, bundle.drafter(name), ids, replace(config, budget=budget)))
+                _, summary = run_to_end(speculative_generate(Request(bundle.target, bundle.drafter(name), ids, replace(config, budget=budget))))
                 speculative[name, budget, i] = summary.token_ids
     return {"speculative": speculative, "reference": reference}
 
@@ -201,9 +201,10 @@ def _real_tree(options: Options, budget: int, temperature: float):
     drafter = bundle.drafter("block")
     ids = fit_prompt(bundle.tokenizer, load_prompt_set("heldout")[0], 200)
     session = CausalLMSession(bundle.target, feature_layers=drafter.feature_layers)
-    features = prefill(session, ids)
-    tree = drafter.propose(DraftContext(ids, features, max_depth=room_left(session)), budget)
-    return tree, session.forward_tree(tree).rows(temperature)
+    state = drafter.new_state()
+    prefill(session, ids, state)
+    tree = drafter.propose(DraftContext(ids, max_depth=room_left(session)), budget, state)
+    return tree, session.forward_tree(tree).rows(SamplingLaw(temperature))
 
 
 def step_chi_square(options: Options) -> dict:
@@ -214,7 +215,7 @@ def step_chi_square(options: Options) -> dict:
     bound = sum(probability * len(block) for block, probability in law.items())  # E[L] = 1 + C(T) under the exact law
     draws = 500 if options.quick else 40_000
     problems, results = [], []
-    for index, name in enumerate(SAMPLERS):
+    for index, name in enumerate(SAMPLING_VERIFIERS):
         generator = torch.Generator(device=options.device).manual_seed(index)
         start = time.perf_counter()
         verdicts = [verify_rows(name, tree, rows, generator) for _ in range(draws)]
@@ -252,13 +253,13 @@ def _count_round_syncs(bundle, drafter_name: str, verifier: str, temperature: fl
     drafter = bundle.drafter(drafter_name)
     ids = fit_prompt(bundle.tokenizer, load_prompt_set("heldout")[1], 200)
     session = CausalLMSession(bundle.target, feature_layers=drafter.feature_layers)
-    committed, features = list(ids), prefill(session, ids)
+    committed, state = list(ids), drafter.new_state()
+    prefill(session, ids, state)
     generator = torch.Generator(device=session.device).manual_seed(0)
     counts, over, sites = [], [], Counter()
     for index in range(rounds + 1):
         with count_host_syncs() as syncs:
-            step = speculation_round(session, drafter, committed, features, 32, verifier, temperature, generator, drafter.new_state(), StageTimer())
-        features = step.features
+            step = speculation_round(session, drafter, committed, 32, verifier, SamplingLaw(temperature), generator, state, StageTimer())
         committed += step.verdict.block_tokens(step.tree)
         if index == 0:
             continue
@@ -283,7 +284,7 @@ def step_host_syncs(options: Options) -> dict:
     # the decode loop as users run it (its StageTimer synchronises around each stage on CUDA)
     ids = fit_prompt(bundle.tokenizer, load_prompt_set("heldout")[2], 200)
     with count_host_syncs() as syncs:
-        _, summary = run_to_end(speculative_generate(bundle.target, bundle.drafter("block"), ids, GenerationConfig(budget=32, temperature=1.0, max_new_tokens=48, stop_at_eos=False)))
+        _, summary = run_to_end(speculative_generate(Request(bundle.target, bundle.drafter("block"), ids, DecodeConfig(budget=32, temperature=1.0, max_new_tokens=48, stop_at_eos=False))))
     loop = {"rounds": summary.rounds, "syncs": len(syncs), "per_round": len(syncs) / max(1, summary.rounds), "sites": dict(Counter(syncs).most_common())}
     problems = [f"{r['drafter']}+{r['verifier']}: {item}; sites {r['sites']}" for r in results for item in r["over_limit"]]
     summary_line = "; ".join(f"{r['drafter']}+{r['verifier']} max {max(r['per_round'])}/round" for r in results) + f"; decode loop {loop['per_round']:.1f}/round"
@@ -307,7 +308,7 @@ def step_bench_verifiers(options: Options) -> dict:
     """``python -m tev bench verifiers`` on the device: the verdict stage from target logits."""
     sizes = ["--budgets", "8", "--vocabs", "512", "--repeats", "2"] if options.quick else ["--budgets", "32", "64", "128", "--vocabs", "49152", "151936", "--repeats", "20"]
     result = _run_cli(["bench", "verifiers", "--device", options.device, *sizes], options.work, "bench-verifiers")
-    problems = [f"B={r['budget']} V={r['vocab']} {name}: no finite time" for r in result["rows"] for name in SAMPLERS if not math.isfinite(r[name]["median"])]
+    problems = [f"B={r['budget']} V={r['vocab']} {name}: no finite time" for r in result["rows"] for name in SAMPLING_VERIFIERS if not math.isfinite(r[name]["median"])]
     markdown = ["| B | V | TEV ms | predraw ms | sequential ms | TEV / predraw |", "|---|---|---|---|---|---|"]
     markdown += [f"| {r['budget']} | {r['vocab']} | {1e3 * r['tev']['median']:.3f} | {1e3 * r['predraw']['median']:.3f} | {1e3 * r['sequential']['median']:.3f} | {r['tev_over_predraw']:.2f}x |" for r in result["rows"]]
     summary = ", ".join(f"B={r['budget']} V={r['vocab']}: TEV {1e3 * r['tev']['median']:.2f} ms" for r in result["rows"][:3])

@@ -57,7 +57,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tev.util.stats import quantile  # noqa: E402  (needs the repository on the path)
+from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS  # noqa: E402  (needs the repository on the path)
+from tev.engine.models import DRAFTERS as DRAFTER_REGISTRY, default_pair, pair_record  # noqa: E402
+from tev.util.stats import quantile  # noqa: E402
 
 PROMPTS = [
     "def add(a, b):\n    ",
@@ -69,8 +71,8 @@ PROMPTS = [
     "def read_lines(name):\n    with open(name) as f:\n        ",
     "x = [",
 ]
-DRAFTERS = ("block", "chain")
-VERIFIERS = ("tev", "predraw", "sequential", "greedy")
+# the drafters of the registry the served pair offers ($TEV_PAIR, as the server started here reads it)
+DRAFTERS = tuple(kind for kind, entry in DRAFTER_REGISTRY.items() if entry.derived or kind in pair_record(default_pair()).drafters)
 TEMPERATURES = (0.0, 0.3, 0.7, 1.0, 1.5)
 STARTED = ("PROCESSING", "ITERATING", "PROGRESS", "FINISHED")
 MEMORY_GOAL = 0.10  # RSS growth after warm-up, as a fraction
@@ -158,15 +160,15 @@ class Result:
 
 
 def warm_up_settings(user: int) -> Settings:
-    """User ``user``'s warm-up request. The first four take each code path once at its largest
-    size (greedy with the autoregressive comparison, which also makes the head screen's 56 MB
-    bfloat16 copy; then each sampling verifier), so a path's one-time allocations are in the
+    """User ``user``'s warm-up request. The first ``len(VERIFIERS)`` take each code path once at
+    its largest size (greedy with the autoregressive comparison, which also makes the head
+    screen's 56 MB bfloat16 copy; then each sampling verifier), so a path's one-time allocations are in the
     memory read after warm-up and not counted as growth; the others send a short request (16
     heavy warm-ups at once would wait past the client's timeout on two cores)."""
     prompt = f"# user {user}\n" + PROMPTS[user % len(PROMPTS)]
-    if user >= 4:
+    if user >= len(VERIFIERS):
         return Settings(prompt=prompt, budget=16, max_new_tokens=32, seed=user)
-    verifier = ("greedy", "tev", "predraw", "sequential")[user]
+    verifier = ("greedy", *SAMPLING_VERIFIERS)[user]
     return Settings(prompt=prompt, drafter=DRAFTERS[user % len(DRAFTERS)], verifier=verifier, budget=64,
                     temperature=0.0 if verifier == "greedy" else 1.0, max_new_tokens=96, seed=user, compare_ar=verifier == "greedy")
 

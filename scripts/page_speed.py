@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.appserver import AppServer  # noqa: E402
 from tev.data.prompts import load_prompt_set, spread_evenly  # noqa: E402
+from tev.engine.models import DEFAULT_PAIR  # noqa: E402
 from tev.util.paths import assets_dir  # noqa: E402
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -51,7 +52,7 @@ def main() -> None:
 
     prompts = spread_evenly(load_prompt_set("chat"), args.prompts)
     log = Path(tempfile.mkdtemp()) / "app.log"
-    server = AppServer(assets_dir(), log, extra_env={"TEV_PAIR": "smollm2", "TEV_THREADS": str(args.threads)})
+    server = AppServer(assets_dir(), log, extra_env={"TEV_PAIR": DEFAULT_PAIR.name, "TEV_THREADS": str(args.threads)})
     rows = []
     try:
         print(f"app ready in {server.wait_ready():.1f}s", flush=True)

@@ -22,14 +22,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tev.core.sampling import SamplingLaw  # noqa: E402
-from tev.core import verify  # noqa: E402
 from tev.core.tree import DraftTree  # noqa: E402
 from tev.core.verify import verify_rows  # noqa: E402
-from tev.engine.decode import GenerationConfig, autoregressive_generate  # noqa: E402
+from tev.engine.decode import DecodeConfig, autoregressive_generate  # noqa: E402
 from tev.engine.drafters import DraftContext  # noqa: E402
-from tev.engine.models import load_bundle  # noqa: E402
+from tev.engine.models import DEFAULT_PAIR, load_bundle  # noqa: E402
 from tev.engine.prompt_text import encode_chat  # noqa: E402
 from tev.engine.round import prefill  # noqa: E402
+from tev.engine import session as session_module  # noqa: E402
 from tev.engine.session import CausalLMSession  # noqa: E402
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome, and explain it."
@@ -59,15 +59,16 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    bundle = load_bundle(pair="smollm2", device="cpu")
+    bundle = load_bundle(pair=DEFAULT_PAIR.name, device="cpu")
     target, drafter = bundle.target, bundle.drafters["block"]
     prompt = encode_chat(bundle.tokenizer, PROMPT)
-    answer = autoregressive_generate(target, prompt, GenerationConfig(temperature=0.0, max_new_tokens=24), bundle.tokenizer)
+    answer = autoregressive_generate(target, prompt, DecodeConfig(temperature=0.0, max_new_tokens=24), bundle.tokenizer)
     ids = prompt + list(answer.token_ids)
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
-    features = prefill(session, ids)
+    state = drafter.new_state()
+    prefill(session, ids, state)
     base = session.length
-    tree = drafter.propose(DraftContext(ids, features, max_depth=64), args.budget, drafter.new_state())
+    tree = drafter.propose(DraftContext(ids, max_depth=64), args.budget, state)
     result = {"context_tokens": base + 1, "threads": args.threads, "tree_nodes": tree.num_nodes}
 
     def tree_forward(t: DraftTree):
@@ -109,18 +110,31 @@ def main() -> None:
     one = medians[0]
     result["ratio_to_one_token"] = {str(n): medians[i] / one for i, n in enumerate(sizes)}
 
-    # the decision at T > 0 on the drafted tree
+    # the decision at T > 0 on the drafted tree: head (the rows through the head, cut and
+    # normalised: the flow) then verify, against one read of the float32 head by the same rows
     output = session.forward_tree(tree)
     session.rollback(base)
-    at_once_default = verify.ALL_ROWS_AT_ONCE
+    laws_t = {"T=1": SamplingLaw(1.0), "T=0.7 top-p 0.9": SamplingLaw(0.7, top_p=0.9)}
+
+    def head_read():
+        torch.nn.functional.linear(output.hidden, output.head)
+
+    def head_stage(law):
+        return lambda: output.rows(law).flow(tree)
+
+    medians = _median_ms([head_read] + [head_stage(law) for law in laws_t.values()], args.repeats)
+    result["head_read_ms"] = medians[0]
+    result["head_stage_ms"] = dict(zip(laws_t, medians[1:]))
+    result["head_stage_over_head_read"] = {name: ms / medians[0] for name, ms in zip(laws_t, medians[1:])}
+    at_once_default = session_module.ALL_ROWS_AT_ONCE
     laws = {"T=1": SamplingLaw(1.0), "T=0.7 top-p 0.9": SamplingLaw(0.7, top_p=0.9), "T=0": SamplingLaw(0.0)}
     generator = torch.Generator().manual_seed(0)
 
-    def decide(law, at_once: int = verify.ALL_ROWS_AT_ONCE):
+    def decide(law, at_once: int = session_module.ALL_ROWS_AT_ONCE):
         verifier = "greedy" if law.greedy else "tev"
 
         def call():
-            verify.ALL_ROWS_AT_ONCE = at_once
+            session_module.ALL_ROWS_AT_ONCE = at_once
             return verify_rows(verifier, tree, output.rows(law), generator)
         return call
 
@@ -130,7 +144,7 @@ def main() -> None:
     medians = _median_ms([decide(law) for law in laws.values()] + [decide(laws[name], 0) for name in sampling], args.repeats)
     result["decision_ms"] = dict(zip(laws, medians))
     result["decision_ms_parent_rows_first"] = dict(zip(sampling, medians[len(laws):]))
-    verify.ALL_ROWS_AT_ONCE = at_once_default
+    session_module.ALL_ROWS_AT_ONCE = at_once_default
     profiles = {}
     for name, law in laws.items():
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:

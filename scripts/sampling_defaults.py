@@ -21,7 +21,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tev.data.prompts import evaluation_prompts  # noqa: E402
-from tev.engine.decode import GenerationConfig, run_to_end, speculative_generate  # noqa: E402
+from tev.engine.decode import DecodeConfig, run_to_end, Request, speculative_generate  # noqa: E402
 from tev.engine.models import load_bundle  # noqa: E402
 from tev.engine.prompt_text import encode_chat  # noqa: E402
 
@@ -69,8 +69,8 @@ def main() -> None:
     for name, law in tqdm(CANDIDATES.items(), desc="laws"):
         nll, trigrams, graded, taus, samples = [], [], [], [], []
         for i, ids in enumerate(encoded):
-            config = GenerationConfig(budget=args.budget, max_new_tokens=args.tokens, seed=args.seed + i, **law)
-            records, summary = run_to_end(speculative_generate(bundle.target, bundle.drafter("block"), ids, config, bundle.tokenizer))
+            config = DecodeConfig(budget=args.budget, max_new_tokens=args.tokens, seed=args.seed + i, **law)
+            records, summary = run_to_end(speculative_generate(Request(bundle.target, bundle.drafter("block"), ids, config), bundle.tokenizer))
             nll.append(answer_nll(bundle.target, ids, summary.token_ids))
             trigrams.append(distinct_trigrams(summary.text))
             graded += [len({round(float(x), 3) for x in r.flow.reach.tolist()}) > 2 for r in records]

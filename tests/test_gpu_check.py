@@ -65,7 +65,7 @@ def test_greedy_step_fails_on_a_wrong_token(options, monkeypatch):
 def test_chi_square_step_accepts_the_verifiers(options):
     result = gpu_check.step_chi_square(options)
     assert result["ok"], result["problems"]
-    assert [r["verifier"] for r in result["results"]] == list(gpu_check.SAMPLERS)
+    assert [r["verifier"] for r in result["results"]] == list(gpu_check.SAMPLING_VERIFIERS)
     assert all(0 < r["p_value"] <= 1 and r["draws"] == 500 for r in result["results"])
 
 
@@ -79,7 +79,7 @@ def test_chi_square_step_fails_on_a_biased_verifier(options, monkeypatch):
     monkeypatch.setattr(gpu_check, "verify_rows", biased)
     result = gpu_check.step_chi_square(options)
     assert not result["ok"]
-    assert {p.split(":")[0] for p in result["problems"]} == set(gpu_check.SAMPLERS)
+    assert {p.split(":")[0] for p in result["problems"]} == set(gpu_check.SAMPLING_VERIFIERS)
 
 
 def test_host_syncs_step_says_it_needs_cuda(options):

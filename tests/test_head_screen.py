@@ -6,7 +6,9 @@ import torch
 import tev.core.head_screen as head_screen
 from tev.core.head_screen import HeadScreen
 from tev.core.tree import DraftTree
-from tev.core.verify import TargetRows, verify_rows
+from tev.core.sampling import SamplingLaw
+from tev.core.verify import verify_rows
+from tev.engine.session import HeadRows
 
 
 def random_head(vocab=3000, size=64, seed=0):
@@ -91,8 +93,8 @@ def test_greedy_verdicts_are_the_same_with_and_without_the_screen():
         # a tree that follows the target's argmax for a while (nodes 1, 2), then branches off it
         tree = DraftTree.from_paths(0, [[best[0], best[1] if trial % 2 else 3, 5], [7, 8], [best[0], 11], [13, 14, 15, 16]])
         hidden = hidden[: tree.num_nodes]
-        plain = TargetRows(hidden=hidden, head=head, temperature=0.0)
-        screened = TargetRows(hidden=hidden, head=head, temperature=0.0, screen=screen)
+        plain = HeadRows(hidden, head, SamplingLaw(0.0))
+        screened = HeadRows(hidden, head, SamplingLaw(0.0), screen)
         a, b = verify_rows("greedy", tree, plain), verify_rows("greedy", tree, screened)
         assert (a.path, a.bonus_token) == (b.path, b.bonus_token)
         assert torch.equal(plain.edge_prob(tree), screened.edge_prob(tree))
@@ -101,8 +103,8 @@ def test_greedy_verdicts_are_the_same_with_and_without_the_screen():
 def test_the_screen_is_used_only_at_temperature_zero():
     head, generator = random_head(vocab=100, size=32)
     hidden = torch.randn(4, 32, generator=generator)
-    assert TargetRows(hidden=hidden, head=head, temperature=1.0, screen=HeadScreen(head)).screen is None
-    assert TargetRows(hidden=hidden, head=head, temperature=0.0, screen=HeadScreen(head)).screen is not None
+    assert HeadRows(hidden, head, SamplingLaw(1.0), HeadScreen(head)).screen is None
+    assert HeadRows(hidden, head, SamplingLaw(0.0), HeadScreen(head)).screen is not None
 
 
 def test_a_float16_head_is_refused():

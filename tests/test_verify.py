@@ -12,12 +12,11 @@ from tev.bench.report.exit_law import edge_error_units, reference_limit
 from tev.core.flow import target_flow
 from tev.core.tree import DraftTree
 from tev.core.sampling import sample_rows
-from tev.core.verify import VERIFIERS, TargetRows, verify
+from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS, TargetRows, verify
 from tev.engine.session import MIN_TRANSFORMERS, check_transformers
 from tev.core.sampling import SamplingLaw
 from tests.helpers import ALPHA, chi_square_against, draws_for_power, exact_block_law, random_tree, truncated_law
 
-SAMPLERS = ("tev", "predraw", "sequential")
 
 
 def case_horizon_and_zero_children():
@@ -73,12 +72,12 @@ def sampled(name: str, case: str) -> tuple[DraftTree, torch.Tensor, dict, list]:
     block law fails (power >= 0.9), which is more than the exit-law test needs (20,000)."""
     tree, probs = CASES[case]()
     law = exact_block_law(tree, probs)
-    verdicts = draw_blocks(name, tree, probs, draws_for_power(law), seed=SAMPLERS.index(name) * 100 + list(CASES).index(case))
+    verdicts = draw_blocks(name, tree, probs, draws_for_power(law), seed=SAMPLING_VERIFIERS.index(name) * 100 + list(CASES).index(case))
     return tree, probs, law, verdicts
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("name", SAMPLING_VERIFIERS)
 def test_output_block_matches_exact_target_law(name, case):
     tree, probs, law, verdicts = sampled(name, case)
     assert sum(law.values()) == pytest.approx(1.0)
@@ -104,7 +103,7 @@ def truncation_case(law: SamplingLaw):
 
 
 @pytest.mark.parametrize("truncation", TRUNCATIONS)
-@pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("name", SAMPLING_VERIFIERS)
 def test_verifiers_are_exact_for_the_truncated_law(name, truncation):
     # top-k / top-p / min-p are applied to the logits inside the verifier; the reference law is
     # truncated independently in float64. A removed token is never drawn (chi_square_against fails on one).
@@ -115,7 +114,7 @@ def test_verifiers_are_exact_for_the_truncated_law(name, truncation):
     assert torch.allclose(rows.all_rows().double(), reference, atol=1e-6)
     block_law = exact_block_law(tree, reference)
     draws = 40_000
-    generator = torch.Generator().manual_seed(5 + SAMPLERS.index(name))
+    generator = torch.Generator().manual_seed(5 + SAMPLING_VERIFIERS.index(name))
     verdicts = [verify(name, tree, logits=logits, law=law, generator=generator) for _ in range(draws)]
     statistic, p_value, dof = chi_square_against(block_law, [tuple(v.block_tokens(tree)) for v in verdicts])
     print(f"{name} under {law.describe()}: draws={draws} chi2={statistic:.1f} dof={dof} p={p_value:.3f}")
@@ -155,7 +154,7 @@ def test_a_bad_sampling_law_is_refused():
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("name", SAMPLING_VERIFIERS)
 def test_exit_law_and_coverage_bound(name, case):
     tree, probs, _, verdicts = sampled(name, case)
     flow = target_flow(tree, probs)
@@ -192,7 +191,7 @@ def test_leaf_exit_draws_bonus_from_the_full_row():
     # including token 0, which is the leaf's own token (only children are removed)
     tree = DraftTree.from_paths(0, [[0]])
     probs = torch.tensor([[1.0, 0.0], [0.3, 0.7]], dtype=torch.float64)
-    for name in SAMPLERS:
+    for name in SAMPLING_VERIFIERS:
         verdicts = draw_blocks(name, tree, probs, 4000, seed=1)
         assert all(v.exit_node == 1 for v in verdicts)  # the root's child holds all its mass
         share = Counter(v.bonus_token for v in verdicts)[0] / 4000
@@ -203,7 +202,7 @@ def test_root_exit_bonus_excludes_child_tokens():
     # the root has children 0 and 1; exiting at the root must draw the bonus from {2} only
     tree = DraftTree.from_paths(0, [[0], [1]])
     probs = torch.tensor([[0.2, 0.3, 0.5], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
-    for name in SAMPLERS:
+    for name in SAMPLING_VERIFIERS:
         verdicts = draw_blocks(name, tree, probs, 2000, seed=2)
         assert {v.bonus_token for v in verdicts if v.exit_node == 0} == {2}
 

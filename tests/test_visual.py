@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.helpers import random_tree
-from tev.engine.decode import STAGES, RoundRecord
+from tev.engine.round import STAGES, RoundRecord
 from tev.core.flow import target_flow
 from tev.core.tree import DraftTree
 from tev.core.verify import Verdict, verify
@@ -78,7 +78,7 @@ def make_record(index: int, tree, flow, verdict, emitted=None) -> RoundRecord:
     block = verdict.block_tokens(tree)
     emitted = block if emitted is None else emitted
     timings = {stage: 0.001 * (i + 1) * (index + 1) for i, stage in enumerate(STAGES)}
-    return RoundRecord(index, 10 * index, tree, flow, verdict, emitted, "".join(map(token_text, emitted)), timings, "block", "tev")
+    return RoundRecord(tree, flow, verdict, timings, "block", "tev", position=10 * index, index=index, emitted=emitted, text="".join(map(token_text, emitted)))
 
 
 # ---------------------------------------------------------------------- layout

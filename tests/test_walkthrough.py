@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tev.core.sampling import SamplingLaw
-from tev.core.verify import VERIFIERS
-from tev.engine.decode import GenerationConfig, run_to_end, speculative_generate
+from tev.core.verify import SAMPLING_VERIFIERS
+from tev.engine.decode import DecodeConfig, run_to_end, Request, speculative_generate
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import load_bundle
 from tev.engine.walkthrough import trace_round
@@ -27,7 +27,7 @@ def pair():
     return target, {"block": block, "chain": BlockTreeDrafter(block.model, shape="chain"), "ar": tiny_ar_drafter(VOCAB)}
 
 
-CASES = [(drafter, verifier, law) for drafter in ("block", "ar") for verifier in VERIFIERS if verifier != "greedy"
+CASES = [(drafter, verifier, law) for drafter in ("block", "ar") for verifier in SAMPLING_VERIFIERS
          for law in (SamplingLaw(0.7, top_p=0.9), SamplingLaw(1.0))] + [("block", "greedy", SamplingLaw(0.0)), ("ar", "tev", SamplingLaw(0.0)),
                                                                  ("chain", "tev", SamplingLaw(0.7, top_p=0.9)), ("chain", "greedy", SamplingLaw(0.0))]
 
@@ -69,9 +69,9 @@ def test_same_settings_and_seed_give_the_same_round(pair):
 def test_the_first_round_is_the_decode_loop_s_first_round(pair):
     # same prompt, tree and verdict as speculative_generate's first round with the same seed
     target, drafters = pair
-    for verifier in ("tev", "predraw", "sequential"):
+    for verifier in SAMPLING_VERIFIERS:
         trace = trace_round(target, drafters["block"], PROMPT, SamplingLaw(1.0), verifier, 8, seed=5)
-        records, _ = run_to_end(speculative_generate(target, drafters["block"], PROMPT, GenerationConfig(budget=8, temperature=1.0, verifier=verifier, seed=5, max_new_tokens=1, stop_at_eos=False)))
+        records, _ = run_to_end(speculative_generate(Request(target, drafters["block"], PROMPT, DecodeConfig(budget=8, temperature=1.0, verifier=verifier, seed=5, max_new_tokens=1, stop_at_eos=False))))
         assert records[0].tree.tokens_list == trace.tree.tokens_list and records[0].verdict.path == trace.verdict.path
         assert records[0].bonus_token == trace.verdict.bonus_token
 

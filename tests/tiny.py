@@ -8,7 +8,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from tev.engine.drafters import ARTreeDrafter, BlockDrafter, BlockDrafterConfig, BlockTreeDrafter, DraftContext
+from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig
+
+from tev.engine.drafters import ARTreeDrafter, BlockTreeDrafter, DraftContext, DraftState
 from tev.core.tree import DraftTree
 
 CORPUS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n", "class A:\n    pass\n"] * 20
@@ -77,6 +79,7 @@ class OracleDrafter:
     the first path plus a few decoy paths, so blocks are long and stops land mid-block."""
 
     name = "oracle"
+    shape = "tree"
     feature_layers: tuple[int, ...] = ()
 
     def __init__(self, reference: list[int], prompt_length: int, vocab_size: int, depth: int = 6):
@@ -85,10 +88,13 @@ class OracleDrafter:
         self.vocab_size = vocab_size
         self.depth = depth
 
-    def new_state(self):
+    def new_state(self) -> DraftState:
+        return DraftState()
+
+    def marginals(self, context: DraftContext, state: DraftState) -> None:
         return None
 
-    def propose(self, context: DraftContext, budget: int, state=None, timer=None) -> DraftTree:
+    def propose(self, context: DraftContext, budget: int, state: DraftState, timer=None) -> DraftTree:
         position = len(context.token_ids)
         depth = min(self.depth, context.max_depth, budget)
         truth = self.reference[position : position + depth]

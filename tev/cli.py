@@ -18,7 +18,7 @@ from tev.bench.report import FULL, QUICK, report_command
 from tev.bench.verifiers_bench import verifiers_command
 from tev.core.verify import VERIFIERS
 from tev.engine.generate_command import generate_command
-from tev.engine.models import DRAFTER_KINDS, PAIR_DESCRIPTIONS, PAIRS
+from tev.engine.models import DEFAULT_PAIR, DRAFTERS, PAIRS
 from tev.train.build import build_assets_command
 from tev.train.train_drafter import train_drafter_command
 from tev.bench.ablation import ablation_command
@@ -35,7 +35,7 @@ __all__ = ["build_parser", "main"]
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pair", choices=PAIRS, default=None, help="shipped pair when no --target is given: " + "; ".join(f"{k}: {v}" for k, v in PAIR_DESCRIPTIONS.items()) + " (default: $TEV_PAIR or smollm2)")
+    parser.add_argument("--pair", choices=PAIRS, default=None, help="shipped pair when no --target is given: " + "; ".join(f"{p.name}: {p.description}" for p in PAIRS.values()) + f" (default: $TEV_PAIR or {DEFAULT_PAIR.name})")
     parser.add_argument("--target", help="target model: a local folder or a Hugging Face id (default: the pair's target)")
     parser.add_argument("--draft", help="drafter: a block-drafter folder or a causal LM folder / HF id (default: embedded drafters)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
@@ -55,7 +55,7 @@ def add_truncation_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_generate(commands) -> None:
     parser = commands.add_parser("generate", help="generate text with tree speculation (or --ar)")
     parser.add_argument("--prompt", required=True)
-    parser.add_argument("--drafter", choices=DRAFTER_KINDS, default="block")
+    parser.add_argument("--drafter", choices=list(DRAFTERS), default="block", help="; ".join(f"{kind}: {entry.label}" for kind, entry in DRAFTERS.items()))
     parser.add_argument("--verifier", choices=VERIFIERS, default="tev", help="at temperature 0 the greedy verifier is used")
     parser.add_argument("--ar", action="store_true", help="plain autoregressive decoding (the baseline)")
     parser.add_argument("--budget", type=int, default=16, help="draft-tree budget B (non-root nodes; 16, the fastest of 8, 16 and 32 in docs/benchmarks.md that still draws a tree worth reading)")

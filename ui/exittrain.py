@@ -13,7 +13,8 @@ import torch
 
 from tev.bench.lab import tree_from_prompt
 from tev.data.prompts import evaluation_prompts
-from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
+from tev.engine.block_drafter import BlockDrafter
+from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, fit_prompt
 from tev.engine.models import shipped_drafter
 from tev.service.live_exittrain import LIVE_HELDOUT_BATCHES, coverage_change, has_domains, live_config, live_data, live_trainer

@@ -48,9 +48,9 @@ def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary) -> str:
         f"{spec.tokens_per_second:.1f} tokens/s, plain decoding {ar.tokens_per_second:.1f} tokens/s → **{speedup:.2f}x**"
     )
     why = (
-        f"A round cost {round_ms:.0f} ms, the time of **{cost:.1f} one-token steps** ({step_ms:.0f} ms each): tree forward "
-        f"{stage.get('verify', 0):.0f} ms, decision {stage.get('verify_decision', 0):.0f} ms, draft and build "
-        f"{stage.get('draft', 0) + stage.get('tree_build', 0):.0f} ms; it produced **tau = {spec.tau:.2f} tokens**."
+        f"A round cost {round_ms:.0f} ms, the time of **{cost:.1f} one-token steps** ({step_ms:.0f} ms each): forward "
+        f"{stage.get('forward', 0):.0f} ms, head {stage.get('head', 0):.0f} ms, verify {stage.get('verify', 0):.0f} ms, draft and build "
+        f"{stage.get('draft', 0) + stage.get('build', 0):.0f} ms; it produced **tau = {spec.tau:.2f} tokens**."
     )
     if speedup < 1:
         why += (" Speculation pays only when a round yields more tokens than it costs steps: here it does not. On a CPU a "
@@ -102,14 +102,15 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
         if chat and not bundle.is_chat:
             raise UserInputError("this target has no chat template; untick 'chat' to continue the text as it is")
         prompt_ids = shared.SERVICE.encode(prompt, chat=bool(chat))
-        config = check_settings(drafter, verifier, budget, temperature, max_new_tokens, seed, list(bundle.drafters), top_p=top_p, top_k=top_k)
+        config = check_settings(verifier, budget, temperature, max_new_tokens, seed, top_p=top_p, top_k=top_k)
+        speculation = shared.SERVICE.request(prompt_ids, drafter, config)
     except ValueError as error:  # the user's input, or models that could not be loaded
         raise _user_error(error) from None
     stop = _stop_flag(request)
     records, summary = [], None
     text = shared.SERVICE.token_text
     last_draw = 0.0
-    events = shared.SERVICE.generate(prompt_ids, drafter, config, should_stop=stop.is_set)
+    events = shared.SERVICE.generate(speculation, should_stop=stop.is_set)
     try:  # Gradio closes this generator when the client leaves: stop generating then
         for event in events:
             if isinstance(event, GenerationSummary):
@@ -131,7 +132,7 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
         def quiet_runs(should_stop):
             def halted():
                 return should_stop() or stop.is_set()
-            quiet = run_to_end(shared.SERVICE.generate(prompt_ids, drafter, config, should_stop=halted))[1]
+            quiet = run_to_end(shared.SERVICE.generate(speculation, should_stop=halted))[1]
             return quiet, shared.SERVICE.autoregressive(prompt_ids, config, should_stop=halted)
 
         quiet, ar = yield from _in_worker(quiet_runs, tick=(gr.skip(),) * 7)

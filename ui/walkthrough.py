@@ -36,7 +36,7 @@ def run_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed)
     """Run one round on the prompt and show its first step."""
     try:
         bundle = shared.SERVICE.bundle()
-        config = check_settings(drafter, verifier, budget, temperature, 1, seed, list(bundle.drafters), top_p=top_p)
+        config = check_settings(verifier, budget, temperature, 1, seed, top_p=top_p)
         context = shared.SERVICE.encode(prompt, chat=bundle.is_chat)
         with shared.SERVICE.compute:
             trace = trace_round(bundle.target, bundle.drafter(drafter), context, config.law, config.verifier, config.budget, config.seed)

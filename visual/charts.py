@@ -11,7 +11,7 @@ import html
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tev.engine.decode import STAGES
+from tev.engine.round import STAGES
 
 from .style import BONUS_COLOUR, EXIT_COLOUR, PATH_COLOUR, TokenText, floats, token_label
 
@@ -129,7 +129,7 @@ def timeline_figure(records) -> go.Figure:
     """Round-by-round view of a generation.
 
     Args:
-        records: a list of :class:`~tev.engine.decode.RoundRecord`.
+        records: a list of :class:`~tev.engine.round.RoundRecord`.
 
     Panels: realised block length ``L`` and ``1 + C(T)`` per round with the running ``tau``
     (mean ``L`` so far); a histogram of exit depths ``d(V)``; stacked stage times per round

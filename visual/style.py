@@ -2,7 +2,7 @@
 
 ``p`` is the target model and ``q`` the draft model. Every number drawn in ``visual`` is read from a
 :class:`~tev.core.tree.DraftTree`, :class:`~tev.core.flow.TargetFlow`, :class:`~tev.core.verify.Verdict` or
-:class:`~tev.engine.decode.RoundRecord`; no probability is recomputed (``flow.reach``,
+:class:`~tev.engine.round.RoundRecord`; no probability is recomputed (``flow.reach``,
 ``flow.exit_weight`` etc. are used as given). Token text comes from a ``token_text``
 callable (for example ``lambda t: tokenizer.decode([t])``); the default is ``str``.
 """

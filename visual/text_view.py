@@ -45,7 +45,7 @@ def text_view_html(records, token_text: TokenText = str, prompt_text: str = "") 
     """HTML of the generated text, each round's tokens coloured.
 
     Args:
-        records: a list of :class:`~tev.engine.decode.RoundRecord`; ``record.emitted`` are the tokens
+        records: a list of :class:`~tev.engine.round.RoundRecord`; ``record.emitted`` are the tokens
             kept (the last round may be cut at a stop): the first ``len(accepted)`` are
             accepted draft tokens, the rest is the bonus token.
         token_text: token id -> text (each token is decoded on its own).

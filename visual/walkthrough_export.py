@@ -14,7 +14,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from tev.core.verify import VERIFIERS
-from tev.engine.decode import GenerationConfig
+from tev.engine.decode import DecodeConfig
 from tev.engine.models import DRAFTER_KINDS, PAIRS, load_bundle
 from tev.engine.prompt_text import check_prompt_text, encode_chat, encode_prompt
 from tev.engine.walkthrough import trace_round
@@ -38,7 +38,7 @@ def main(argv=None) -> None:
     check_prompt_text(args.prompt)
     if not 1 <= args.rounds <= 50:
         parser.error("--rounds must be from 1 to 50")
-    config = GenerationConfig(budget=args.budget, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, verifier=args.verifier, seed=args.seed)
+    config = DecodeConfig(budget=args.budget, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, verifier=args.verifier, seed=args.seed)
     bundle = load_bundle(pair=args.pair)
     context = (encode_chat if bundle.is_chat else encode_prompt)(bundle.tokenizer, args.prompt, bundle.context_length)
     traces = []

@@ -19,7 +19,8 @@ import torch
 from tqdm import tqdm
 
 from tev.data.prompts import evaluation_prompts
-from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
+from tev.engine.block_drafter import BlockDrafter
+from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_bundle, shipped_drafter
 from tev.train.anchor_data import AnchorData

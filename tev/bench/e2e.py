@@ -16,7 +16,8 @@ from dataclasses import replace
 from tqdm import tqdm
 
 from tev.data.prompts import load_prompt_set, spread_evenly
-from tev.engine.decode import STAGES, GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate
+from tev.engine.round import STAGES
 from tev.engine.evaluation import fit_prompt
 from tev.bench.hf_peers import PEERS, hf_generate
 from tev.engine.models import load_bundle
@@ -85,7 +86,7 @@ def bench_e2e(
         runs = {name: [] for name, _, _ in baselines + names}
         for repeat in range(repeats):
             for i, ids in enumerate(encoded):
-                config = GenerationConfig(budget=budget, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 1000 * repeat + i, **((truncation or {}) if temperature > 0 else {}))
+                config = DecodeConfig(budget=budget, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 1000 * repeat + i, **((truncation or {}) if temperature > 0 else {}))
                 order = baselines + list(names)
                 order_rng.shuffle(order)
                 paired = {}
@@ -96,14 +97,14 @@ def bench_e2e(
                         summary = hf_generate(bundle.target, ids, config, bundle.tokenizer, method=name)
                     else:
                         run_config = replace(config, verifier=verifier)
-                        _, summary = run_to_end(speculative_generate(bundle.target, bundle.drafter(drafter), ids, run_config, bundle.tokenizer))
+                        _, summary = run_to_end(speculative_generate(Request(bundle.target, bundle.drafter(drafter), ids, run_config), bundle.tokenizer))
                     paired[name] = summary
                     bar.update(1)
                 for name, summary in paired.items():
                     runs[name].append({
                         "tokens_per_second": summary.tokens_per_second,
                         "tau": summary.tau,
-                        "tau_bound": summary.mean_tau_bound,
+                        "tau_bound": summary.tau_bound,
                         "tokens": len(summary.token_ids),
                         "rounds": summary.rounds,
                         "stage_seconds": summary.stage_seconds,
@@ -146,15 +147,24 @@ def bench_e2e(
             "weight_read": reference, "rows": results}
 
 
+def stage_names(result: dict) -> list[str]:
+    """The stage names of a :func:`bench_e2e` result as it was written: :data:`STAGES`, or in a
+    file written before the stages were named so, ``draft``, ``tree_build``, ``verify`` (the
+    tree forward), ``verify_decision`` (head and verify together), ``commit``."""
+    timed = [r["stage_ms_per_round"] for r in result["rows"] if r.get("stage_ms_per_round")]
+    return list(timed[0]) if timed else list(STAGES)
+
+
 def format_e2e_table(result: dict) -> str:
     """The rows of :func:`bench_e2e` as a markdown table."""
+    names = stage_names(result)
     lines = [
-        "| T | B | method | tau | 1 + C | tok/s (IQR) | ms/token (weight reads) | vs own AR (IQR) | vs HF generate | vs HF prompt lookup | draft / build / verify / decision / commit ms per round |",
+        "| T | B | method | tau | 1 + C | tok/s (IQR) | ms/token (weight reads) | vs own AR (IQR) | vs HF generate | vs HF prompt lookup | " + " / ".join(names) + " ms per round |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         speculative = r["method"] not in ("autoregressive", *PEERS)
-        stages = " / ".join(f"{r['stage_ms_per_round'][k]:.2f}" for k in STAGES) if speculative else ""
+        stages = " / ".join(f"{r['stage_ms_per_round'][k]:.2f}" for k in names) if speculative else ""
         tau = f"{r['tau']:.2f} | {r['tau_bound']:.2f}" if speculative else "1.00 | 1.00"
         lines.append(
             f"| {r['temperature']:g} | {r['budget']} | {r['method']} | {tau} | "
@@ -202,7 +212,7 @@ def peak_memory_of_generate(extra_args: list[str] | None = None) -> float:
 
 def e2e_command(args) -> None:
     truncation = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
-    law = GenerationConfig(temperature=1.0, **truncation).law  # a bad flag fails before the models load
+    law = DecodeConfig(temperature=1.0, **truncation).law  # a bad flag fails before the models load
     bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
     prompts = load_prompt_set(args.prompts or ("chat" if bundle.is_chat else "heldout"))
     prompts = spread_evenly(prompts, args.num_prompts)  # each domain its share

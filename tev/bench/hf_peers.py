@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from tev.engine.decode import GenerationConfig, GenerationSummary, eos_token_id
+from tev.engine.decode import DecodeConfig, GenerationSummary, eos_token_id
 
 __all__ = ["PEERS", "hf_generate"]
 
@@ -22,7 +22,7 @@ PROMPT_LOOKUP_TOKENS = 10  # transformers' documented default for prompt lookup
 
 
 @torch.no_grad()
-def hf_generate(target, prompt_ids: list[int], config: GenerationConfig, tokenizer=None, method: str = "hf-generate") -> GenerationSummary:
+def hf_generate(target, prompt_ids: list[int], config: DecodeConfig, tokenizer=None, method: str = "hf-generate") -> GenerationSummary:
     """One ``target.generate`` run; ``method`` is ``hf-generate`` or ``hf-prompt-lookup``."""
     if method not in PEERS:
         raise ValueError(f"method must be one of {PEERS}, got {method!r}")

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from tev.core.flow import TargetFlow, flow_from_edge_prob, target_flow
+from tev.core.flow import TargetFlow, target_flow
+from tev.core.sampling import SamplingLaw
 from tev.core.tree import DraftTree
-from tev.core.verify import TargetRows, verify_rows
+from tev.core.verify import SAMPLING_VERIFIERS, TargetRows, verify_rows
 from tev.engine.round import draft_and_forward, prefill, room_left
 from tev.engine.session import CausalLMSession
 from tev.util.stats import median, standard_error
@@ -48,12 +49,13 @@ def tree_from_prompt(target, drafter, prompt_ids: list[int], budget: int, temper
     if temperature <= 0:
         raise ValueError("the verifier lab samples: use a temperature > 0")
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
-    features = prefill(session, prompt_ids)
+    state = drafter.new_state()
+    prefill(session, prompt_ids, state)
     if room_left(session) < 1:
         raise ValueError("the prompt fills the target's context; shorten it")
-    tree, output = draft_and_forward(session, drafter, list(prompt_ids), features, budget, drafter.new_state())
-    rows = output.rows(temperature)
-    return LabTree(tree, rows, flow_from_edge_prob(tree, rows.edge_prob(tree)), "prompt")
+    tree, output = draft_and_forward(session, drafter, list(prompt_ids), budget, state)
+    rows = output.rows(SamplingLaw(temperature))
+    return LabTree(tree, rows, rows.flow(tree), "prompt")
 
 
 # The synthetic tree's 8-token vocabulary, as words (token t is SYNTHETIC_WORDS[t]).
@@ -95,7 +97,7 @@ def folded(lab: LabTree) -> tuple[DraftTree, TargetRows]:
     return tree, TargetRows((probs / probs.sum(dim=1, keepdim=True)).cpu())
 
 
-def run_lab(lab: LabTree, verifiers=("tev", "predraw", "sequential"), draws: int = 2000, seed: int = 0, should_stop=None, timed_draws: int = 20,
+def run_lab(lab: LabTree, verifiers=SAMPLING_VERIFIERS, draws: int = 2000, seed: int = 0, should_stop=None, timed_draws: int = 20,
             on_verifier=None) -> LabResult:
     """Run each verifier ``draws`` times on the same tree (same seed for each).
 

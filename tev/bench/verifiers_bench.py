@@ -13,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from tev.core.tree import DraftTree
-from tev.core.verify import TargetRows, verify_rows
+from tev.core.verify import SAMPLING_VERIFIERS, TargetRows, verify_rows
 from tev.util.stats import spread
 from tev.util.timing import machine_info, machine_summary, time_once
 
@@ -42,7 +42,7 @@ def synthetic_case(budget: int, vocab: int, horizon: int = 8, seed: int = 0, dev
 def bench_verifiers(
     budgets=(16, 32, 64, 128, 256),
     vocabs=(8192, 151936),
-    verifiers=("tev", "predraw", "sequential"),
+    verifiers=SAMPLING_VERIFIERS,
     repeats: int = 60,
     temperature: float = 1.0,
     device: str = "cpu",
@@ -84,7 +84,7 @@ def bench_verifiers(
 
 def format_verifier_table(result: dict) -> str:
     """The rows of :func:`bench_verifiers` as a markdown table (ms, median and IQR)."""
-    names = [k for k in ("tev", "predraw", "sequential") if k in result["rows"][0]]
+    names = [k for k in SAMPLING_VERIFIERS if k in result["rows"][0]]
     header = "| B | V | internal nodes | " + " | ".join(f"{n} ms (IQR)" for n in names) + " | TEV / predraw |"
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for row in result["rows"]:

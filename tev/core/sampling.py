@@ -111,46 +111,73 @@ class SamplingLaw:
         Args:
             logits: `Tensor[k, V]` (or `Tensor[V]`) target logits; ``T`` must be > 0.
         """
+        return self._cut(logits)[0]
+
+    def log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """`Tensor[k, V]` float32 log-probabilities of the law (``-inf`` where a token was
+        removed): :meth:`warp` minus each row's one normaliser."""
+        scaled, log_norm = self._cut(logits)
+        return scaled - log_norm
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """`Tensor[k, V]` float32 rows of the law (zeros where a token was removed)."""
+        return torch.exp(self.log_probs(logits))
+
+    def _cut(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``logits / T`` with removed tokens at ``-inf``, `Tensor[..., 1]` the log normaliser
+        of what is kept). Each cut is a floor on the scaled logit (ties at it all kept), found
+        among the row's largest entries: top-k from a top-k, top-p from the top 256 with the
+        row's one logsumexp (a row whose top 256 hold less than ``top_p`` is sorted whole),
+        min-p from the row's largest probability. The normaliser is summed over the kept entries alone
+        when they all lie in that prefix."""
         if self.greedy:
             raise ValueError("temperature 0 is greedy: there is no law to sample from, only the argmax")
         scaled = logits.float() / self.temperature
         vocab = scaled.shape[-1]
+        prefix = None  # the row's largest entries, descending, once a cut has looked for them
         if 0 < self.top_k < vocab:
-            kth = scaled.topk(self.top_k, dim=-1).values[..., -1:]
+            prefix = scaled.topk(max(self.top_k, min(_TOP_P_PREFIX, vocab)), dim=-1).values
+            kth = prefix[..., self.top_k - 1 : self.top_k]
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+            prefix = prefix.masked_fill(prefix < kth, float("-inf"))
+        log_norm = torch.logsumexp(scaled, dim=-1, keepdim=True)  # of what top-k kept
         if self.top_p < 1:
+            if prefix is None:
+                prefix = scaled.topk(min(_TOP_P_PREFIX, vocab), dim=-1).values
+            floor = _top_p_floor(scaled, prefix, log_norm, self.top_p)
+            scaled = scaled.masked_fill(scaled < floor, float("-inf"))
+            prefix = prefix.masked_fill(prefix < floor, float("-inf"))
+            if self.min_p == 0 and prefix.shape[-1] < vocab:  # every kept entry is in the prefix unless the cut reached its end
+                inside = prefix[..., -1:] == float("-inf")
+                log_norm = torch.where(inside, torch.logsumexp(prefix, dim=-1, keepdim=True), torch.logsumexp(scaled, dim=-1, keepdim=True))
+            else:
+                log_norm = torch.logsumexp(scaled, dim=-1, keepdim=True)
+        if self.min_p > 0:  # keep p >= min_p * max p (a whole softmax: min-p is rarely on)
             probs = torch.softmax(scaled, dim=-1)
-            scaled = scaled.masked_fill(probs < _top_p_floor(probs, self.top_p), float("-inf"))
-        if self.min_p > 0:
-            probs = torch.softmax(scaled, dim=-1)
-            floor = self.min_p * probs.max(dim=-1, keepdim=True).values
-            scaled = scaled.masked_fill(probs < floor, float("-inf"))
-        return scaled
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """`Tensor[k, V]` float32 rows of the law (zeros where a token was removed)."""
-        return torch.softmax(self.warp(logits), dim=-1)
+            scaled = scaled.masked_fill(probs < self.min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+            log_norm = torch.logsumexp(scaled, dim=-1, keepdim=True)
+        return scaled, log_norm
 
 
-def _top_p_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """`Tensor[..., 1]`: the smallest probability top-p keeps in each row of ``probs`` `[..., V]`.
+def _top_p_floor(scaled: torch.Tensor, prefix: torch.Tensor, log_norm: torch.Tensor, top_p: float) -> torch.Tensor:
+    """`Tensor[..., 1]`: the smallest scaled logit top-p keeps in each row of ``scaled`` `[..., V]`,
+    from its descending ``prefix`` `[..., P]` and ``log_norm`` `[..., 1]`.
 
     In descending order entry ``j`` is kept while the mass before it is below ``top_p``; the
     floor is the last kept entry's value (every entry equal to it is kept too). The mass is
     summed in float64 over the same leading values whether a row is cut in its prefix or sorted
     whole, so both give the same floor.
     """
-    prefix = min(_TOP_P_PREFIX, probs.shape[-1])
-    floor, mass = _floor_in(probs.topk(prefix, dim=-1).values, top_p)
+    floor, mass = _floor_in(prefix, log_norm, top_p)
     short = mass < top_p  # the cut may lie beyond the prefix: sort those rows whole
-    if prefix < probs.shape[-1] and bool(short.any()):
-        floor[short] = _floor_in(probs[short].sort(dim=-1, descending=True).values, top_p)[0]
+    if prefix.shape[-1] < scaled.shape[-1] and bool(short.any()):
+        floor[short] = _floor_in(scaled[short].sort(dim=-1, descending=True).values, log_norm[short], top_p)[0]
     return floor
 
 
-def _floor_in(descending: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _floor_in(descending: torch.Tensor, log_norm: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(`Tensor[..., 1]` the floor, `Tensor[...]` float64 mass of all of ``descending``)."""
-    through = descending.double().cumsum(dim=-1)
+    through = torch.exp(descending - log_norm).double().cumsum(dim=-1)
     before = torch.cat([torch.zeros_like(through[..., :1]), through[..., :-1]], dim=-1)  # mass strictly before each entry
     kept = (before < top_p).sum(dim=-1, keepdim=True).clamp(min=1)
     return descending.gather(-1, kept - 1), through[..., -1]

@@ -16,25 +16,15 @@ sequential verifier decides child by child on the host, a few syncs per visited 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from tev.core.flow import TargetFlow, check_probs, flow_from_edge_prob
-from tev.core.head_screen import HeadScreen
 from tev.core.sampling import SamplingLaw, as_law, sample_rows
 from tev.core.tree import DraftTree
 
-__all__ = ["VERIFIERS", "Verdict", "TargetRows", "verify", "verify_rows", "walk_tree", "exit_residual"]
-
-VERIFIERS = ("tev", "predraw", "sequential", "greedy")
-
-# Up to this many nodes, a tree's rows are projected through the head all at once when the
-# parent rows are first asked for: the projection reads the whole head whatever the row count
-# (measured on the default pair's 113 MB head, 2 threads: 1 row 10 ms, 8 rows 16 ms, 17 rows
-# 18 ms, 33 rows 25 ms, 65 rows 38 ms), so the exit row (often a leaf's) comes without a second read.
-ALL_ROWS_AT_ONCE = 33
-
+__all__ = ["SAMPLING_VERIFIERS", "VERIFIERS", "Verdict", "ParentRows", "TargetRows", "verify", "verify_rows", "walk_tree", "exit_residual"]
 
 @dataclass(frozen=True, eq=False)
 class Verdict:
@@ -45,14 +35,12 @@ class Verdict:
         exit_node: the node where the target leaves the tree.
         bonus_token: the token drawn from the target at the exit node.
         verifier: the verifier's name.
-        flow: the target flow, when the verifier computed it (TEV does).
     """
 
     path: list[int]
     exit_node: int
     bonus_token: int
     verifier: str
-    flow: TargetFlow | None = field(default=None, repr=False)
 
     @property
     def block_length(self) -> int:
@@ -68,133 +56,109 @@ class Verdict:
         return self.accepted_tokens(tree) + [self.bonus_token]
 
 
-class TargetRows:
-    """The target rows ``p_v`` of one tree: probabilities, logits, or hidden states + head.
+@dataclass(eq=False)
+class ParentRows:
+    """The rows of a tree's internal nodes (those with children), computed once per tree.
 
-    Rows are normalised lazily: TEV needs only the parent rows (for edge probabilities) and
-    the exit row, while predraw needs every row. Given final hidden states and the output
-    head, even the logits are computed only for the rows asked for (the head is the
-    largest matrix of a small model, and of every model with a large vocabulary).
-
-    Args:
-        probs: `Tensor[N, V]` of normalised rows, or
-        logits: `Tensor[N, V]`, or
-        hidden: `Tensor[N, H]` final hidden states with ``head``: `Tensor[V, H]`
-            (``logits = hidden @ head.T``);
-        temperature: ``p_v = softmax(logits_v / T)``; with ``T == 0`` only argmax is defined.
-        law: instead of ``temperature``, the whole :class:`SamplingLaw` (top-k, top-p, min-p
-            applied to every logit row; given probabilities are taken as they are).
-        screen: with ``hidden``, a :class:`HeadScreen` of ``head``: at ``T == 0`` the argmaxes
-            come from its bfloat16 screen, rechecked in float32 (the same argmax, cheaper).
+    Attributes:
+        tree: the tree they belong to.
+        internal: `LongTensor[k]` the internal nodes, sorted.
+        slot: `LongTensor[N - 1]` each non-root node's parent's index in ``internal``.
+        values: `Tensor[k, V]` their log-probabilities (logit rows), probabilities (probability
+            rows), or None (greedy logit rows: only argmaxes are defined).
+        argmax: `LongTensor[k]` each internal row's argmax, once asked for.
     """
 
-    def __init__(
-        self,
-        probs: torch.Tensor | None = None,
-        *,
-        logits: torch.Tensor | None = None,
-        hidden: torch.Tensor | None = None,
-        head: torch.Tensor | None = None,
-        temperature: float = 1.0,
-        law: SamplingLaw | None = None,
-        screen: HeadScreen | None = None,
-    ):
-        if sum(x is not None for x in (probs, logits, hidden)) != 1 or (hidden is None) != (head is None):
-            raise ValueError("give exactly one of probs, logits, or hidden with head")
-        source = next(x for x in (probs, logits, hidden) if x is not None)
+    tree: DraftTree
+    internal: torch.Tensor
+    slot: torch.Tensor
+    values: torch.Tensor | None
+    argmax: torch.Tensor | None = None
+
+
+class TargetRows:
+    """The target rows ``p_v`` of one tree (row ``v`` for node ``v``), from probabilities or from
+    logits under a :class:`SamplingLaw`.
+
+    A verifier reads only :meth:`edge_prob` / :meth:`flow` (the parents' rows), :meth:`rows_at`
+    (a few rows), :meth:`all_rows` (predraw) and :meth:`argmax_at` / :meth:`parent_argmax`
+    (greedy). Logit rows are normalised once: :meth:`SamplingLaw.log_probs` gives each row's
+    truncation and its one normaliser, and the parents' log-probabilities are kept for the
+    tree, so the edge probabilities and an internal exit row read the same numbers. A subclass
+    with another source of logits (the engine's rows from hidden states through the output
+    head) overrides :meth:`logits_at`, :meth:`all_logits` and :meth:`argmax_at`.
+
+    Args:
+        probs: `Tensor[N, V]` normalised rows, taken as they are, or
+        logits: `Tensor[N, V]` with
+        temperature: ``p_v = softmax(logits_v / T)``; with ``T == 0`` only argmax is defined.
+        law: instead of ``temperature``, the whole :class:`SamplingLaw` (top-k, top-p, min-p).
+    """
+
+    def __init__(self, probs: torch.Tensor | None = None, *, logits: torch.Tensor | None = None, temperature: float = 1.0, law: SamplingLaw | None = None):
+        if (probs is None) == (logits is None):
+            raise ValueError("give exactly one of probs or logits")
+        source = probs if probs is not None else logits
         if source.dim() != 2:
-            raise ValueError(f"target rows must have shape [N, V] (or [N, H] hidden states), got {tuple(source.shape)}")
-        law = as_law(temperature) if law is None else law  # SamplingLaw checks the temperature
-        temperature = law.temperature
-        self.law = law
+            raise ValueError(f"target rows must have shape [N, V], got {tuple(source.shape)}")
         self.probs = probs
         self.logits = logits
-        self.hidden = hidden
-        self.head = head
-        self.temperature = temperature
-        self.screen = screen if hidden is not None and temperature == 0 else None
-        self._argmax: torch.Tensor | None = None  # every row's argmax, when the screen computed them
-        self.num_rows = source.shape[0]
-        self.vocab_size = head.shape[0] if head is not None else source.shape[1]
-        self.device = source.device
+        self._declare(as_law(temperature) if law is None else law, source.shape[0], source.shape[1], source.device)
+
+    def _declare(self, law: SamplingLaw, num_rows: int, vocab_size: int, device: torch.device) -> None:
+        self.law = law
+        self.temperature = law.temperature
+        self.num_rows = num_rows
+        self.vocab_size = vocab_size
+        self.device = device
+        self._parents: ParentRows | None = None  # of the last tree asked for
+        self._flow_of: tuple[DraftTree, TargetFlow] | None = None  # (tree, its flow)
 
     @property
     def greedy_only(self) -> bool:
         return self.probs is None and self.temperature == 0
 
+    def select(self, nodes: torch.Tensor) -> "TargetRows":
+        """The rows of ``nodes`` (`LongTensor[k]`) alone, as rows of the same kind."""
+        if self.probs is not None:
+            return TargetRows(self.probs.index_select(0, nodes))
+        return TargetRows(logits=self.logits.index_select(0, nodes), law=self.law)
+
     def logits_at(self, nodes: torch.Tensor) -> torch.Tensor:
         """`Tensor[k, V]` float32 logits of rows ``nodes`` (`LongTensor[k]`)."""
-        if self.logits is not None:
-            return self.logits.index_select(0, nodes).float()
-        every = getattr(self, "_every_row", None)
-        if every is not None:
-            return every.index_select(0, nodes)
-        cached = getattr(self, "_parent_rows", None)
-        if cached is not None and nodes.numel() == 1 and self.device.type == "cpu":  # TEV's exit row, when an internal node's (no device sync)
-            where = (cached[1] == nodes).nonzero()
-            if where.numel():
-                return cached[3].index_select(0, where[0])
-        return torch.nn.functional.linear(self.hidden.index_select(0, nodes), self.head).float()
+        return self.logits.index_select(0, nodes).float()
 
     def all_logits(self) -> torch.Tensor:
-        """`Tensor[N, V]` float32 logits of every row (projected once)."""
-        if self.logits is not None:
-            return self.logits.float()
-        every = getattr(self, "_every_row", None)
-        if every is None:
-            every = self._every_row = torch.nn.functional.linear(self.hidden, self.head).float()
-        return every
-
-    def _scaled(self, logits: torch.Tensor) -> torch.Tensor:
-        """`Tensor[k, V]` logits of the law: ``/ T``, truncated tokens at ``-inf``."""
-        return self.law.warp(logits)
+        """`Tensor[N, V]` float32 logits of every row."""
+        return self.logits.float()
 
     def argmax_at(self, nodes: torch.Tensor) -> torch.Tensor:
         """`LongTensor[k]`: the argmax token of rows ``nodes`` (`LongTensor[k]`)."""
         if self.probs is not None:
             return self.probs.index_select(0, nodes).argmax(dim=-1)
-        if self.screen is not None:
-            if self._argmax is None:  # all rows at once: one read of the bfloat16 head serves the walk and a leaf exit
-                self._argmax = self.screen.argmax(self.hidden)
-            return self._argmax.index_select(0, nodes)
         return self.logits_at(nodes).argmax(dim=-1)
 
-    def parent_argmax(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(``internal``: `LongTensor[k]` the nodes that have children, sorted; ``slot``:
-        `LongTensor[N - 1]` each non-root node's parent's index in ``internal``; `LongTensor[k]`
-        the argmax of each internal node's row)."""
-        if self.screen is None:
-            internal, slot, rows = self.parent_rows(tree)
-            return internal, slot, rows.argmax(dim=-1)
-        internal, slot = self._parent_index(tree)
-        return internal, slot, self.argmax_at(internal)
-
-    def _parent_index(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
-        """(``internal``, ``slot``) of :meth:`parent_rows`, computed once per tree."""
-        cached = getattr(self, "_parent_index_of", None)
-        if cached is not None and cached[0] is tree:
-            return cached[1:]
+    def parent_rows(self, tree: DraftTree) -> ParentRows:
+        """The internal nodes' rows of ``tree`` (computed once per tree)."""
+        if self._parents is not None and self._parents.tree is tree:
+            return self._parents
         internal, slot = torch.unique(tree.parents[1:], return_inverse=True)
         internal, slot = internal.to(self.device, non_blocking=True), slot.to(self.device, non_blocking=True)
-        self._parent_index_of = (tree, internal, slot)
-        return internal, slot
+        if self.probs is not None:
+            values = self.probs.index_select(0, internal)
+        elif self.greedy_only:
+            values = None
+        else:
+            values = self.law.log_probs(self.logits_at(internal))  # [k, V]: the cut and the normaliser, once
+        self._parents = ParentRows(tree, internal, slot, values)
+        return self._parents
 
-    def parent_rows(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The rows of the nodes that have children, computed once per tree.
-
-        Returns (``internal``: `LongTensor[k]` node indices, ``slot``: `LongTensor[N - 1]` the
-        row of each non-root node's parent, ``rows``: `Tensor[k, V]` logits, or probabilities
-        when the rows were given as probabilities).
-        """
-        cached = getattr(self, "_parent_rows", None)
-        if cached is not None and cached[0] is tree:
-            return cached[1:]
-        internal, slot = self._parent_index(tree)
-        if self.hidden is not None and self.num_rows <= ALL_ROWS_AT_ONCE:
-            self.all_logits()  # kept: one read of the head serves the parents and the exit row
-        rows = self.probs.index_select(0, internal) if self.probs is not None else self.logits_at(internal)
-        self._parent_rows = (tree, internal, slot, rows)
-        return internal, slot, rows
+    def parent_argmax(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(``internal``, ``slot``, `LongTensor[k]` the argmax of each internal node's row)."""
+        parents = self.parent_rows(tree)
+        if parents.argmax is None:
+            parents.argmax = parents.values.argmax(dim=-1) if parents.values is not None else self.argmax_at(parents.internal)
+        return parents.internal, parents.slot, parents.argmax
 
     def edge_prob(self, tree: DraftTree) -> torch.Tensor:
         """`Tensor[N]`: ``p_pa(v)(x_v)`` (1 at the root); touches only parent rows.
@@ -206,30 +170,37 @@ class TargetRows:
         if n == 1:
             return edge
         tokens = tree.tokens[1:].to(self.device, non_blocking=True)
-        if self.probs is None and self.temperature == 0:
+        if self.greedy_only:
             _, slot, best = self.parent_argmax(tree)
             edge[1:] = (best[slot] == tokens).float()
             return edge
-        _, slot, parent_rows = self.parent_rows(tree)
-        if self.probs is not None:
-            edge[1:] = parent_rows[slot, tokens]
-        else:
-            scaled = self._scaled(parent_rows)  # [k, V]
-            log_norm = torch.logsumexp(scaled, dim=-1)  # [k]
-            edge[1:] = torch.exp(scaled[slot, tokens] - log_norm[slot])
+        parents = self.parent_rows(tree)
+        picked = parents.values[parents.slot, tokens]
+        edge[1:] = picked if self.probs is not None else torch.exp(picked)
         return edge
+
+    def flow(self, tree: DraftTree) -> TargetFlow:
+        """The target flow through ``tree`` (reach, exit law, coverage), computed once per tree."""
+        if self._flow_of is None or self._flow_of[0] is not tree:
+            self._flow_of = (tree, flow_from_edge_prob(tree, self.edge_prob(tree)))
+        return self._flow_of[1]
 
     def rows_at(self, nodes: torch.Tensor) -> torch.Tensor:
         """`Tensor[k, V]`: normalised rows ``p_v`` for node indices ``nodes`` (`LongTensor[k]`)."""
         if self.probs is not None:
             return self.probs.index_select(0, nodes)
-        return torch.softmax(self._scaled(self.logits_at(nodes)), dim=-1)
+        parents = self._parents
+        if parents is not None and parents.values is not None and nodes.numel() == 1 and self.device.type == "cpu":
+            where = (parents.internal == nodes).nonzero()  # TEV's exit row, when an internal node's (no device sync on a CPU)
+            if where.numel():
+                return torch.exp(parents.values.index_select(0, where[0]))
+        return self.law.probs(self.logits_at(nodes))
 
     def all_rows(self) -> torch.Tensor:
         """`Tensor[N, V]`: every row, normalised."""
         if self.probs is not None:
             return self.probs
-        return torch.softmax(self._scaled(self.all_logits()), dim=-1)
+        return self.law.probs(self.all_logits())
 
 
 def _check_tree_fits(tree: DraftTree, rows: TargetRows) -> None:
@@ -264,50 +235,58 @@ def exit_residual(tree: DraftTree, row: torch.Tensor, exit_node: torch.Tensor) -
     return torch.where(residual.sum() > 0, residual, row)
 
 
-def _tev(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
+def _tev(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None, log: dict | None) -> Verdict:
     # Level-parallel: the exit law for all nodes at once, one exit draw, one bonus draw.
-    flow = flow_from_edge_prob(tree, rows.edge_prob(tree))
+    flow = rows.flow(tree)
     exit_node = sample_rows(flow.exit_weight.unsqueeze(0), generator)  # [1]
     row = rows.rows_at(exit_node)[0]  # p_V, [V]
     bonus = sample_rows(exit_residual(tree, row, exit_node).unsqueeze(0), generator)  # [1]
     exit_value, bonus_value = torch.cat([exit_node, bonus]).tolist()  # the one host sync
-    return Verdict(tree.path_to(exit_value), exit_value, bonus_value, "tev", flow)
+    if log is not None:
+        log["exit_law"] = flow.exit_weight.tolist()
+    return Verdict(tree.path_to(exit_value), exit_value, bonus_value, "tev")
 
 
-def _predraw(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
+def _predraw(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None, log: dict | None) -> Verdict:
     # DDTree: one draw R_v ~ p_v at every node, follow matches, bonus = R_exit.
     draws = sample_rows(rows.all_rows(), generator).tolist()
     path = walk_tree(tree, draws)
+    if log is not None:
+        log["draws"] = draws
     return Verdict(path, path[-1], draws[path[-1]], "predraw")
 
 
-def _sequential(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
+def _sequential(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None, log: dict | None) -> Verdict:
     # EAGLE/SpecInfer style for a deterministic draft: at each node test the children in
     # order, accepting x_j with probability g(x_j) of the current residual g; a rejection
     # removes x_j from g and renormalises. This accepts child j with overall probability p_v(x_j).
-    path = [0]
+    path, tests = [0], []
     tokens = tree.tokens_list
     while True:
         v = path[-1]
         p_v = rows.rows_at(torch.tensor([v], device=rows.device))[0].double()
         residual = p_v.clone()
-        accepted = None
+        accepted, tried = None, []
         for u in tree.children(v):
             mass = float(residual.sum())
             g_x = float(residual[tokens[u]]) / mass if mass > 0 else 0.0
-            if g_x > 0 and float(torch.rand((), generator=generator, device=rows.device)) < g_x:
-                accepted = u
+            accepted = u if g_x > 0 and float(torch.rand((), generator=generator, device=rows.device)) < g_x else None
+            tried.append((u, tokens[u], g_x, accepted is not None))
+            if accepted is not None:
                 break
             residual[tokens[u]] = 0.0
+        tests.append((v, tried))
         if accepted is None:
             if float(residual.sum()) <= 0:
                 residual = p_v  # Not in the algorithm: rounding removed all mass; keep p_v.
             bonus = int(sample_rows(residual, generator))
+            if log is not None:
+                log["tests"] = tests  # per visited node: (child, token, g, accepted) in test order
             return Verdict(path, v, bonus, "sequential")
         path.append(accepted)
 
 
-def _greedy(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None) -> Verdict:
+def _greedy(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None, log: dict | None) -> Verdict:
     # T = 0: follow argmax while it is a child; the bonus is the argmax at the exit node.
     # Only parent rows can continue the walk, so only they (and a leaf exit's row) are needed:
     # one transfer for the parents' argmaxes, one more when the walk ends at a leaf.
@@ -323,20 +302,33 @@ def _greedy(tree: DraftTree, rows: TargetRows, generator: torch.Generator | None
     exit_node = path[-1]
     if exit_node not in best:  # a leaf: its row is needed for the bonus
         best[exit_node] = int(rows.argmax_at(torch.tensor([exit_node]).to(rows.device, non_blocking=True)))
+    if log is not None:
+        log["argmax"] = {v: best[v] for v in path}
     return Verdict(path, exit_node, best[exit_node], "greedy")
 
 
-_IMPLEMENTATIONS = {"tev": _tev, "predraw": _predraw, "sequential": _sequential, "greedy": _greedy}
+# The sampling verifiers (T > 0), by name: a new one is a function above and one line here, and
+# the lab, the benches, the report, the walkthrough and the load test offer it from this list.
+_SAMPLERS = {"tev": _tev, "predraw": _predraw, "sequential": _sequential}
+SAMPLING_VERIFIERS = tuple(_SAMPLERS)
+VERIFIERS = (*SAMPLING_VERIFIERS, "greedy")  # greedy is the one verifier of T = 0
+_IMPLEMENTATIONS = {**_SAMPLERS, "greedy": _greedy}
 
 
-def verify_rows(name: str, tree: DraftTree, rows: TargetRows, generator: torch.Generator | None = None) -> Verdict:
-    """Verify ``tree`` against target rows (probabilities or logits)."""
+def verify_rows(name: str, tree: DraftTree, rows: TargetRows, generator: torch.Generator | None = None, log: dict | None = None) -> Verdict:
+    """Verify ``tree`` against target rows (probabilities or logits).
+
+    With ``log`` (a dict) the verifier records its own decisions in it, by verifier: ``tev``:
+    ``exit_law`` (`list[N]`); ``predraw``: ``draws`` (one token per node); ``sequential``:
+    ``tests`` (per visited node, ``(node, [(child, token, g, accepted), ...])`` in test order);
+    ``greedy``: ``argmax`` (node -> its row's argmax, on the path).
+    """
     if name not in _IMPLEMENTATIONS:
         raise ValueError(f"unknown verifier {name!r}; choose one of {', '.join(VERIFIERS)}")
     _check_tree_fits(tree, rows)
     if rows.greedy_only and name != "greedy":
         raise ValueError(f"temperature 0 is deterministic: use the 'greedy' verifier, not {name!r}")
-    return _IMPLEMENTATIONS[name](tree, rows, generator)
+    return _IMPLEMENTATIONS[name](tree, rows, generator, log)
 
 
 def verify(

@@ -1,4 +1,4 @@
-"""The decode loop: draft -> tree build -> verify (target forward) -> decision -> commit.
+"""The decode loop: one :func:`~tev.engine.round.speculation_round` after another, with the stop rules.
 
 :func:`speculative_generate` is a generator: it yields one :class:`RoundRecord` per round and
 finally one :class:`GenerationSummary`. :func:`autoregressive_generate` is the baseline with
@@ -14,18 +14,16 @@ from typing import Callable, Iterator
 
 import torch
 
-from tev.core.flow import TargetFlow
 from tev.core.sampling import SamplingLaw, sample_rows
+from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS
+from tev.engine.drafters import Drafter
 from tev.engine.prompt_text import check_prompt_ids
+from tev.engine.round import STAGES, RoundRecord, prefill, room_left, speculation_round
 from tev.engine.session import CausalLMSession
 from tev.util.timing import StageTimer
-from tev.core.tree import DraftTree
-from tev.core.verify import VERIFIERS, Verdict
-from tev.engine.round import prefill, room_left, speculation_round
 
-__all__ = ["GenerationConfig", "RoundRecord", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "rounds_in_turn", "eos_token_id", "STAGES"]
+__all__ = ["DecodeConfig", "Request", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "rounds_in_turn", "eos_token_id", "MAX_BUDGET", "MIN_TEMPERATURE"]
 
-STAGES = ("draft", "tree_build", "verify", "verify_decision", "commit")
 MAX_BUDGET = 1024
 
 
@@ -35,11 +33,12 @@ MIN_TEMPERATURE = 0.01
 
 
 @dataclass(frozen=True)
-class GenerationConfig:
-    """Sampling settings that travel together.
+class DecodeConfig:
+    """Sampling settings that travel together; making one checks them (a ValueError says what to change).
 
-    ``temperature == 0`` is greedy decoding (the ``greedy`` verifier, whatever ``verifier``
-    says). ``top_k``, ``top_p`` and ``min_p`` truncate the target's rows as Hugging Face
+    ``temperature == 0`` is greedy decoding (the ``greedy`` verifier decides, whatever
+    ``verifier`` names); the ``greedy`` verifier at ``temperature > 0`` is refused, never
+    switched: it would decode greedily while the settings say sample. ``top_k``, ``top_p`` and ``min_p`` truncate the target's rows as Hugging Face
     ``generate`` does (0, 1 and 0 turn them off; see :class:`SamplingLaw`): every verifier is
     exact for the truncated law. ``budget`` counts non-root draft nodes.
     """
@@ -65,6 +64,8 @@ class GenerationConfig:
         self.law  # checks top_k, top_p and min_p
         if self.verifier not in VERIFIERS:
             raise ValueError(f"unknown verifier {self.verifier!r}; choose one of {', '.join(VERIFIERS)}")
+        if self.verifier == "greedy" and self.temperature > 0:
+            raise ValueError(f"the greedy verifier needs temperature 0; set temperature to 0 or pick a sampling verifier ({', '.join(SAMPLING_VERIFIERS)})")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
@@ -80,84 +81,28 @@ class GenerationConfig:
         return "greedy" if self.temperature == 0 else self.verifier
 
 
-@dataclass(eq=False)
-class RoundRecord:
-    """Everything one round did, for the UI and the benchmarks.
+@dataclass(frozen=True, eq=False)
+class Request:
+    """One speculative generation; making it checks every input, so the loop checks none again.
 
     Attributes:
-        index: round number (0-based).
-        position: tokens committed before the round (the root's position).
-        tree: the draft tree (root = last committed token).
-        flow: the target flow through it (reach, exit law, coverage).
-        verdict: accepted path, exit node, bonus token.
-        emitted: tokens this round added to the output (the block, cut at a stop).
-        text: the decoded text this round added.
-        timings: seconds per stage (``STAGES``).
-        drafter: the drafter's name; verifier: the verifier's name.
+        target: the transformers causal LM (``p``).
+        drafter: the :class:`~tev.engine.drafters.Drafter` that proposes the trees (``q``).
+        prompt_ids: the prompt's token ids (BOS included where the model expects it): at least
+            one, and no more than the target's context (checked; kept as a tuple).
+        config: the settings (checked as a :class:`DecodeConfig` is made).
     """
 
-    index: int
-    position: int
-    tree: DraftTree
-    flow: TargetFlow
-    verdict: Verdict
-    emitted: list[int]
-    text: str
-    timings: dict[str, float]
-    drafter: str
-    verifier: str
+    target: object
+    drafter: Drafter
+    prompt_ids: tuple[int, ...]
+    config: DecodeConfig = DecodeConfig()
 
-    @property
-    def block_length(self) -> int:
-        return self.verdict.block_length
-
-    @property
-    def accepted_tokens(self) -> list[int]:
-        return self.verdict.accepted_tokens(self.tree)
-
-    @property
-    def bonus_token(self) -> int:
-        return self.verdict.bonus_token
-
-    def to_dict(self, token_text: Callable[[int], str] | None = None) -> dict:
-        """The round as plain JSON values (the app's export and ``generate --json``).
-
-        Per-node lists (``tree``, ``reach``, ``rho``, ``exit_weight``) have length ``N``;
-        probabilities are rounded to 6 decimals; ``stage_seconds`` holds ``timings``. With
-        ``token_text`` (token id -> text) the tree's tokens, the accepted tokens and the bonus
-        token are also given as text (``tree.text``, ``accepted_text``, ``bonus_text``).
-        """
-        def rounded(tensor) -> list[float]:
-            return [round(float(x), 6) for x in tensor.tolist()]
-
-        words = {}
-        if token_text is not None:
-            words = {"accepted_text": [token_text(t) for t in self.accepted_tokens], "bonus_text": token_text(self.bonus_token)}
-        tree = {"tokens": self.tree.tokens.tolist(), "parents": self.tree.parents.tolist(), "draft_logprob": rounded(self.tree.draft_logprob)}
-        if token_text is not None:
-            tree["text"] = [token_text(t) for t in self.tree.tokens_list]
-        return {
-            "round": self.index,
-            "position": self.position,
-            "drafter": self.drafter,
-            "verifier": self.verifier,
-            "budget": self.tree.budget,
-            "tree": tree,
-            "reach": rounded(self.flow.reach),
-            "rho": rounded(self.flow.rho),
-            "exit_weight": rounded(self.flow.exit_weight),
-            "coverage": self.flow.coverage,
-            "tau_bound": self.flow.tau_bound,
-            "path": self.verdict.path,
-            "exit_node": self.verdict.exit_node,
-            "accepted": self.accepted_tokens,
-            "bonus_token": self.bonus_token,
-            **words,
-            "block_length": self.block_length,
-            "emitted": self.emitted,
-            "text": self.text,
-            "stage_seconds": dict(self.timings),
-        }
+    def __post_init__(self):
+        if not isinstance(self.config, DecodeConfig):
+            raise TypeError(f"config must be a DecodeConfig, got {type(self.config).__name__}")
+        context = int(getattr(self.target.config, "max_position_embeddings", 1 << 30))
+        object.__setattr__(self, "prompt_ids", tuple(check_prompt_ids(self.prompt_ids, context)))
 
 
 @dataclass(eq=False)
@@ -183,7 +128,7 @@ class GenerationSummary:
         return sum(self.block_lengths) / len(self.block_lengths) if self.block_lengths else float("nan")
 
     @property
-    def mean_tau_bound(self) -> float:
+    def tau_bound(self) -> float:
         """Mean ``1 + C(T)`` over the same rounds (what a saturated verifier attains on average)."""
         return sum(self.tau_bounds) / len(self.tau_bounds) if self.tau_bounds else float("nan")
 
@@ -201,7 +146,7 @@ class GenerationSummary:
             "block_lengths": self.block_lengths,
             "tau": self.tau,
             "tau_bounds": self.tau_bounds,
-            "mean_tau_bound": self.mean_tau_bound,
+            "tau_bound": self.tau_bound,
             "seconds": self.seconds,
             "prefill_seconds": self.prefill_seconds,
             "time_to_first_token": self.time_to_first_token,
@@ -223,7 +168,7 @@ def eos_token_id(target, tokenizer=None) -> int | None:
 class _Output:
     """Accumulates generated tokens and applies the stop rules (EOS, stop strings, length)."""
 
-    def __init__(self, tokenizer, config: GenerationConfig, eos_id: int | None):
+    def __init__(self, tokenizer, config: DecodeConfig, eos_id: int | None):
         self.tokenizer = tokenizer
         self.config = config
         self.eos_id = eos_id if config.stop_at_eos else None
@@ -262,35 +207,26 @@ class _Output:
         return kept, added
 
 
-def speculative_generate(
-    target,
-    drafter,
-    prompt_ids,
-    config: GenerationConfig = GenerationConfig(),
-    tokenizer=None,
-    should_stop: Callable[[], bool] | None = None,
-) -> Iterator[RoundRecord | GenerationSummary]:
+def speculative_generate(request: Request, tokenizer=None, should_stop: Callable[[], bool] | None = None) -> Iterator[RoundRecord | GenerationSummary]:
     """Generate with tree speculation; yields a RoundRecord per round, then the summary.
 
     Args:
-        target: a transformers causal LM (``p``).
-        drafter: a :class:`~tev.engine.drafters.BlockTreeDrafter` or :class:`~tev.engine.drafters.ARTreeDrafter`.
-        prompt_ids: prompt token ids (BOS included where the model expects it).
-        config: sampling settings.
+        request: the target, the drafter, the prompt and the settings (checked as it was made).
         tokenizer: for text and EOS (optional; without it only token ids are produced).
         should_stop: polled between rounds; returning True ends the generation ("cancelled").
     """
+    target, drafter, config = request.target, request.drafter, request.config
     start = time.perf_counter()
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
-    prompt = check_prompt_ids(prompt_ids, session.max_positions)
+    prompt = list(request.prompt_ids)
     verifier = config.effective_verifier
     device = session.device
     generator = torch.Generator(device=device).manual_seed(config.seed)
     eos_id = eos_token_id(target, tokenizer)
     output = _Output(tokenizer, config, eos_id)
-    drafter_state = drafter.new_state()
+    state = drafter.new_state()
     committed = list(prompt)  # the root is committed[-1]
-    features = prefill(session, prompt)
+    prefill(session, prompt, state)
     prefill_seconds = time.perf_counter() - start
     totals = {stage: 0.0 for stage in STAGES}
     block_lengths, tau_bounds = [], []
@@ -305,21 +241,19 @@ def speculative_generate(
             output.stop_reason = "context_limit"
             break
         timer = StageTimer(device)
-        step = speculation_round(
-            session, drafter, committed, features, min(config.budget, MAX_BUDGET), verifier, config.law, generator, drafter_state, timer
-        )
-        tree, flow, verdict, features = step.tree, step.flow, step.verdict, step.features
-        block = verdict.block_tokens(tree)
-        emitted, text = output.add(block)
+        record = speculation_round(session, drafter, committed, min(config.budget, MAX_BUDGET), verifier, config.law, generator, state, timer)
+        block = record.verdict.block_tokens(record.tree)
+        record.index = index
+        record.emitted, record.text = output.add(block)
         committed.extend(block)
         if first_token_at is None:
             first_token_at = time.perf_counter() - start
-        block_lengths.append(verdict.block_length)
-        tau_bounds.append(flow.tau_bound)
-        for stage, seconds in timer.seconds.items():
+        block_lengths.append(record.block_length)
+        tau_bounds.append(record.flow.tau_bound)
+        for stage, seconds in record.timings.items():
             totals[stage] = totals.get(stage, 0.0) + seconds
         suspended_at = time.perf_counter()
-        yield RoundRecord(index, session.length - len(verdict.path), tree, flow, verdict, emitted, text, dict(timer.seconds), drafter.name, verifier)
+        yield record
         paused += time.perf_counter() - suspended_at  # the consumer's time is not generation time
         index += 1
     seconds = time.perf_counter() - start - paused
@@ -342,7 +276,7 @@ def speculative_generate(
 def autoregressive_generate(
     target,
     prompt_ids,
-    config: GenerationConfig = GenerationConfig(),
+    config: DecodeConfig = DecodeConfig(),
     tokenizer=None,
     should_stop: Callable[[], bool] | None = None,
 ) -> GenerationSummary:

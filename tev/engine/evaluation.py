@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tqdm import tqdm
 
-from tev.engine.decode import GenerationConfig, rounds_in_turn, run_to_end, speculative_generate
+from tev.engine.decode import DecodeConfig, rounds_in_turn, run_to_end, Request, speculative_generate
 from tev.engine.prompt_text import encode_chat, encode_prompt
 from tev.util.stats import quantile, standard_error
 
@@ -59,8 +59,8 @@ def evaluate_drafter(
     for budget, temperature in settings:
         lengths, bounds, per_prompt, tokens, seconds = [], [], [], 0, 0.0
         for i, ids in enumerate(encoded):
-            config = GenerationConfig(budget=budget, temperature=temperature, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed + i)
-            events = speculative_generate(target, drafter, ids, config, tokenizer)
+            config = DecodeConfig(budget=budget, temperature=temperature, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed + i)
+            events = speculative_generate(Request(target, drafter, ids, config), tokenizer)
             _, summary = run_to_end(events if compute is None else rounds_in_turn(events, compute))
             lengths += summary.block_lengths
             bounds += summary.tau_bounds

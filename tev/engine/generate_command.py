@@ -7,7 +7,7 @@ import sys
 
 from tqdm import tqdm
 
-from tev.engine.decode import GenerationConfig, GenerationSummary, autoregressive_generate, speculative_generate
+from tev.engine.decode import DecodeConfig, GenerationSummary, autoregressive_generate, Request, speculative_generate
 from tev.engine.models import load_bundle
 from tev.engine.prompt_text import check_prompt_text, encode_chat, encode_prompt
 from tev.util.precision import figure_precision
@@ -19,7 +19,7 @@ def generate_command(args) -> None:
     check_prompt_text(args.prompt)
     if any(not stop for stop in args.stop or ()):
         raise ValueError("--stop needs a non-empty string")
-    config = GenerationConfig(  # checked before the models load: a bad flag fails at once
+    config = DecodeConfig(  # checked before the models load: a bad flag fails at once
         budget=args.budget,
         temperature=args.temperature,
         top_k=args.top_k,
@@ -43,7 +43,7 @@ def generate_command(args) -> None:
         records = []
         summary = None
         bar = tqdm(total=config.max_new_tokens, desc=f"{drafter.name}+{config.effective_verifier}", unit="tok", disable=args.json or not sys.stderr.isatty())
-        for event in speculative_generate(bundle.target, drafter, prompt_ids, config, bundle.tokenizer):
+        for event in speculative_generate(Request(bundle.target, drafter, prompt_ids, config), bundle.tokenizer):
             if isinstance(event, GenerationSummary):
                 summary = event
             else:
@@ -65,6 +65,6 @@ def generate_command(args) -> None:
     print(
         f"[{summary.method}] {len(summary.token_ids)} tokens in {summary.seconds:.2f}s "
         f"({summary.tokens_per_second:.1f} tok/s), rounds {summary.rounds}, tau {summary.tau:.2f}, "
-        f"mean 1+C {summary.mean_tau_bound:.2f}, stop: {summary.stop_reason}",
+        f"mean 1+C {summary.tau_bound:.2f}, stop: {summary.stop_reason}",
         file=sys.stderr,
     )

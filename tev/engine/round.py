@@ -1,45 +1,115 @@
-"""One speculation round: draft -> tree -> target rows -> verdict -> commit.
+"""One speculation round: draft -> build -> forward -> head -> verify -> commit.
 
-The decode loop runs :func:`speculation_round` once per round. The verifier lab and the report
-stop after the target forward (:func:`draft_and_forward`) and run the verdict themselves, many
-times over the same tree. ``p`` is the target, ``q`` the drafter.
+The decode loop runs :func:`speculation_round` once per round; its :class:`RoundRecord` is what
+the page, the JSON and the benchmarks read. The verifier lab and the report stop after the
+target forward (:func:`draft_and_forward`) and run the verdict themselves, many times over the
+same tree. ``p`` is the target, ``q`` the drafter.
+
+The round's stages (:data:`STAGES`, timed on a :class:`~tev.util.timing.StageTimer`; they sum to
+the round's time): ``draft`` (the drafter's model), ``build`` (the tree from its output),
+``forward`` (the target's one forward over the tree), ``head`` (the tree's rows through the
+output head, truncated, with their normalisers), ``verify`` (the verifier's own choice of exit
+and bonus), ``commit`` (the cache and the drafter's state keep the accepted path).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
-from tev.core.flow import TargetFlow, flow_from_edge_prob
+from tev.core.flow import TargetFlow
 from tev.core.sampling import SamplingLaw
 from tev.core.tree import DraftTree
-from tev.core.verify import TargetRows, Verdict, verify_rows
-from tev.engine.drafters import DraftContext
+from tev.core.verify import Verdict, verify_rows
+from tev.engine.drafters import DraftContext, Drafter, DraftState
 from tev.engine.session import CausalLMSession, ForwardOutput
 from tev.util.timing import StageTimer
 
-__all__ = ["RoundResult", "room_left", "prefill", "draft_and_forward", "speculation_round"]
+__all__ = ["STAGES", "RoundRecord", "room_left", "prefill", "draft_and_forward", "speculation_round"]
+
+STAGES = ("draft", "build", "forward", "head", "verify", "commit")
 
 
-@dataclass(frozen=True, eq=False)
-class RoundResult:
-    """What one round produced.
+@dataclass(eq=False)
+class RoundRecord:
+    """Everything one round did, for the page, the JSON and the benchmarks.
 
     Attributes:
         tree: the draft tree (root = the last committed token).
-        rows: the target rows ``p_v`` on it (temperature applied).
+        flow: the target flow through it (reach, exit law, coverage).
         verdict: accepted path, exit node, bonus token.
-        flow: the target flow through the tree (reach, exit law, coverage).
-        features: `Tensor[committed - 1, F]` the target's features at every committed position
-            before the new root, for the next round's drafter (None when it needs none).
+        timings: seconds per stage (:data:`STAGES`).
+        drafter: the drafter's name; verifier: the verifier that decided.
+        position: tokens committed before the round (the root's position).
+        index: round number (0-based), set by the decode loop.
+        emitted: tokens this round added to the output (the block, cut at a stop), and
+        text: the decoded text they added; both set by the decode loop's stop rules.
     """
 
     tree: DraftTree
-    rows: TargetRows
-    verdict: Verdict
     flow: TargetFlow
-    features: torch.Tensor | None
+    verdict: Verdict
+    timings: dict[str, float]
+    drafter: str
+    verifier: str
+    position: int
+    index: int = 0
+    emitted: list[int] = field(default_factory=list)
+    text: str = ""
+
+    @property
+    def block_length(self) -> int:
+        return self.verdict.block_length
+
+    @property
+    def accepted_tokens(self) -> list[int]:
+        return self.verdict.accepted_tokens(self.tree)
+
+    @property
+    def bonus_token(self) -> int:
+        return self.verdict.bonus_token
+
+    def to_dict(self, token_text: Callable[[int], str] | None = None) -> dict:
+        """The round as plain JSON values (the app's export and ``generate --json``).
+
+        Per-node lists (``tree``, ``reach``, ``rho``, ``exit_weight``) have length ``N``;
+        probabilities are rounded to 6 decimals; ``stage_seconds`` holds ``timings``. With
+        ``token_text`` (token id -> text) the tree's tokens, the accepted tokens and the bonus
+        token are also given as text (``tree.text``, ``accepted_text``, ``bonus_text``).
+        """
+        def rounded(tensor) -> list[float]:
+            return [round(float(x), 6) for x in tensor.tolist()]
+
+        words = {}
+        if token_text is not None:
+            words = {"accepted_text": [token_text(t) for t in self.accepted_tokens], "bonus_text": token_text(self.bonus_token)}
+        tree = {"tokens": self.tree.tokens.tolist(), "parents": self.tree.parents.tolist(), "draft_logprob": rounded(self.tree.draft_logprob)}
+        if token_text is not None:
+            tree["text"] = [token_text(t) for t in self.tree.tokens_list]
+        return {
+            "round": self.index,
+            "position": self.position,
+            "drafter": self.drafter,
+            "verifier": self.verifier,
+            "budget": self.tree.budget,
+            "tree": tree,
+            "reach": rounded(self.flow.reach),
+            "rho": rounded(self.flow.rho),
+            "exit_weight": rounded(self.flow.exit_weight),
+            "coverage": self.flow.coverage,
+            "tau_bound": self.flow.tau_bound,
+            "path": self.verdict.path,
+            "exit_node": self.verdict.exit_node,
+            "accepted": self.accepted_tokens,
+            "bonus_token": self.bonus_token,
+            **words,
+            "block_length": self.block_length,
+            "emitted": self.emitted,
+            "text": self.text,
+            "stage_seconds": dict(self.timings),
+        }
 
 
 def room_left(session: CausalLMSession) -> int:
@@ -47,59 +117,59 @@ def room_left(session: CausalLMSession) -> int:
     return session.max_positions - 1 - session.length
 
 
-def prefill(session: CausalLMSession, prompt_ids: list[int]) -> torch.Tensor | None:
-    """Cache every prompt token but the last (the first round's root); returns their features
-    `Tensor[len(prompt_ids) - 1, F]`, or None (no features asked, or a one-token prompt)."""
-    return session.extend(prompt_ids[:-1]).features if len(prompt_ids) > 1 else None
+def prefill(session: CausalLMSession, prompt_ids: list[int], state: DraftState) -> None:
+    """Cache every prompt token but the last (the first round's root); the drafter's ``state``
+    gets their features (when it reads any)."""
+    if len(prompt_ids) > 1:
+        state.add_features(session.extend(prompt_ids[:-1]).features)
 
 
 def draft_and_forward(
     session: CausalLMSession,
-    drafter,
+    drafter: Drafter,
     committed: list[int],
-    features: torch.Tensor | None,
     budget: int,
-    drafter_state,
+    state: DraftState,
     timer: StageTimer | None = None,
 ) -> tuple[DraftTree, ForwardOutput]:
     """Draft a tree of at most ``budget`` nodes under ``committed[-1]`` and run the target's one
     forward over it; the tree stays provisional in the cache until :meth:`CausalLMSession.commit`."""
     timer = timer or StageTimer()
     room = room_left(session)
-    tree = drafter.propose(DraftContext(committed, features, max_depth=room), budget if room > 0 else 0, drafter_state, timer)
-    with timer.stage("verify"):
+    tree = drafter.propose(DraftContext(committed, max_depth=room), budget if room > 0 else 0, state, timer)
+    with timer.stage("forward"):
         output = session.forward_tree(tree)  # one target forward over every node
     return tree, output
 
 
 def speculation_round(
     session: CausalLMSession,
-    drafter,
+    drafter: Drafter,
     committed: list[int],
-    features: torch.Tensor | None,
     budget: int,
     verifier: str,
-    sampling: SamplingLaw | float,
+    law: SamplingLaw,
     generator: torch.Generator,
-    drafter_state,
+    state: DraftState,
     timer: StageTimer,
-) -> RoundResult:
-    """One round on ``session``: draft, target forward, verdict, then commit the accepted path
-    to the cache. ``committed`` is read, not changed (the caller appends the block it keeps).
-    ``sampling`` is the target's law (or a bare temperature; 0 is greedy).
+) -> RoundRecord:
+    """One round on ``session``: draft, target forward, head, verdict, then commit the accepted
+    path to the cache and the drafter's ``state``. ``committed`` is read, not changed (the caller
+    appends the block it keeps).
 
     On a GPU a round with the block drafter waits for the device twice: the drafter's marginals
     come to the host (the tree is built there) and the verdict does (one transfer for TEV and
     predraw; greedy adds one when it exits at a leaf). ``timer`` may add its own syncs
     (:class:`StageTimer` on a CUDA device synchronises around each stage)."""
-    tree, output = draft_and_forward(session, drafter, committed, features, budget, drafter_state, timer)
-    with timer.stage("verify_decision"):
-        rows = output.rows(sampling)  # lazy: the head projects only the rows the verifier reads
+    position = session.length
+    tree, output = draft_and_forward(session, drafter, committed, budget, state, timer)
+    with timer.stage("head"):
+        rows = output.rows(law)
+        flow = rows.flow(tree)  # the edge probabilities: the parents' rows through the head, truncated and normalised
+    with timer.stage("verify"):
         verdict = verify_rows(verifier, tree, rows, generator)
     with timer.stage("commit"):
         session.commit(verdict.path)
         if output.features is not None:
-            accepted = output.features[torch.as_tensor(verdict.path).to(output.features.device, non_blocking=True)]
-            features = accepted if features is None else torch.cat([features, accepted])
-    flow = verdict.flow or flow_from_edge_prob(tree, rows.edge_prob(tree))
-    return RoundResult(tree, rows, verdict, flow, features)
+            state.add_features(output.features[torch.as_tensor(verdict.path).to(output.features.device, non_blocking=True)])
+    return RoundRecord(tree, flow, verdict, dict(timer.seconds), drafter.name, verifier, position)

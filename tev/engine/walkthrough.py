@@ -4,8 +4,8 @@ order, the tree-attention mask, the target's rows on the tree, the verifier's de
 bonus token's residual, the commit).
 
 The round is the decode loop's own (:func:`~tev.engine.round.draft_and_forward`, then the named
-verifier on the target rows); the decision details are replayed from the same generator state
-and checked against the verdict, so what the walkthrough shows is what the verifier did.
+verifier on the target rows), and the decision shown is the one the verifier wrote down while
+deciding (``verify_rows(..., log=...)``): what the walkthrough shows is what the verifier did.
 ``p`` is the target, ``q`` the drafter.
 """
 
@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tev.core.flow import TargetFlow, flow_from_edge_prob
-from tev.core.sampling import SamplingLaw, sample_rows
+from tev.core.flow import TargetFlow
+from tev.core.sampling import SamplingLaw
 from tev.core.tree import DraftTree
-from tev.core.verify import TargetRows, Verdict, exit_residual, verify_rows, walk_tree
+from tev.core.verify import TargetRows, Verdict, exit_residual, verify_rows
+from tev.engine.drafters import DraftContext, Drafter
 from tev.engine.round import draft_and_forward, prefill, room_left
 from tev.engine.session import CausalLMSession
 
@@ -38,16 +39,14 @@ class RoundTrace:
         drafter: the drafter's name (``block``, ``chain``, ``ar``, ...) and ``shape`` (``tree``,
             ``chain``, or ``dynamic`` for an AR drafter's tree grown depth by depth).
         law: the target's sampling law; verifier: the verifier that decided (greedy at T = 0).
-        marginals: ``(tokens, probs)``, each `Tensor[K, TOP_TOKENS]`: the block drafter's top
-            tokens per depth ``q_1 .. q_K`` (None for a drafter without per-depth marginals).
+        marginals: ``(tokens, probs)``, each `Tensor[K, TOP_TOKENS]`: the drafter's top tokens
+            per depth ``q_1 .. q_K`` (None for a drafter without per-depth marginals).
         tree: the draft tree (node order = the order the builder added them).
         positions: `LongTensor[N]` each node's position id (``len(context) - 1 + d(v)``).
         flow: reach, local exit, exit law and coverage of the tree under ``p``.
         verdict: the accepted path, exit node and bonus token.
-        decision: what the verifier did, by verifier: ``tev``: ``exit_law`` (`list[N]`);
-            ``predraw``: ``draws`` (one token per node); ``sequential``: ``tests`` (per visited
-            node, ``(child, token, g, accepted)`` in test order); ``greedy``: ``argmax`` (node ->
-            its row's argmax, on the path).
+        decision: what the verifier wrote down while deciding (see
+            :func:`~tev.core.verify.verify_rows`'s ``log``; empty for a verifier that logs nothing).
         bonus: the exit row ``p_V`` and its residual: ``row`` (top ``(token, p)``), ``removed``
             (V's child tokens), ``residual`` (top ``(token, p_res)``), ``greedy`` (T = 0: the
             row is shown as softmax at T = 1 and the bonus is its argmax).
@@ -81,7 +80,7 @@ class RoundTrace:
         return self.context + self.block
 
 
-def trace_round(target, drafter, context: list[int], law: SamplingLaw, verifier: str, budget: int, seed: int, round_index: int = 0) -> RoundTrace:
+def trace_round(target, drafter: Drafter, context: list[int], law: SamplingLaw, verifier: str, budget: int, seed: int, round_index: int = 0) -> RoundTrace:
     """Run one round after ``context`` (prompt and tokens committed so far) and keep every step.
 
     The target caches the context first (the decode loop's prefill); the round's randomness
@@ -89,75 +88,26 @@ def trace_round(target, drafter, context: list[int], law: SamplingLaw, verifier:
     """
     verifier = "greedy" if law.greedy else verifier
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
-    features = prefill(session, context)
+    state = drafter.new_state()
+    prefill(session, context, state)
     if room_left(session) < 1:
         raise ValueError("the context fills the target's context window; start again with a shorter prompt")
     round_start = time.perf_counter()
-    marginals = _marginals(drafter, context, features, room_left(session))
-    tree, output = draft_and_forward(session, drafter, list(context), features, budget, drafter.new_state())
+    marginals = drafter.marginals(DraftContext(list(context), max_depth=room_left(session)), state)  # [K, V] log q_d, or None
+    tree, output = draft_and_forward(session, drafter, list(context), budget, state)
     rows = output.rows(law)
+    flow = rows.flow(tree)
     generator = torch.Generator(device=rows.device).manual_seed(seed + round_index)
-    before = generator.get_state()
-    verdict = verify_rows(verifier, tree, rows, generator)
-    flow = verdict.flow or flow_from_edge_prob(tree, rows.edge_prob(tree))
+    decision: dict = {}
+    verdict = verify_rows(verifier, tree, rows, generator, log=decision)  # the verifier writes down its own decisions
     seconds = time.perf_counter() - round_start
-    replay = torch.Generator(device=rows.device)
-    replay.set_state(before)
-    decision = _DECISIONS[verifier](tree, rows, flow, replay)
-    if "path" in decision and decision.pop("path") != verdict.path:
-        raise RuntimeError("the walkthrough's replay of the verifier parted from its verdict")
     positions = (len(context) - 1) + tree.depths
-    shape = getattr(drafter, "shape", "tree") if hasattr(drafter.model, "marginals") else "dynamic"
-    return RoundTrace(list(context), round_index, drafter.name, shape, law, verifier, marginals, tree, positions, flow, verdict, decision, _bonus(tree, rows, verdict, law), rows, seconds)
-
-
-def _marginals(drafter, context, features, room) -> tuple[torch.Tensor, torch.Tensor] | None:
-    model = getattr(drafter, "model", None)
-    if not hasattr(model, "marginals") or not hasattr(drafter, "horizon"):
-        return None  # an AR drafter grows its tree depth by depth: the tree itself shows its q
-    with torch.no_grad():
-        logq = model.marginals(features, context[-1])[: min(drafter.horizon, room)].float().cpu()  # [K, V]
-    probs, tokens = torch.softmax(logq, dim=-1).topk(TOP_TOKENS, dim=-1)
-    return tokens, probs
-
-
-def _tev(tree, rows, flow, generator) -> dict:
-    return {"exit_law": [float(x) for x in flow.exit_weight.tolist()]}
-
-
-def _predraw(tree, rows, flow, generator) -> dict:
-    draws = sample_rows(rows.all_rows(), generator).tolist()  # the verifier's own draws, replayed
-    return {"draws": draws, "path": walk_tree(tree, draws)}
-
-
-def _sequential(tree, rows, flow, generator) -> dict:
-    tokens, path, tests = tree.tokens_list, [0], []
-    while True:
-        v = path[-1]
-        residual = rows.rows_at(torch.tensor([v], device=rows.device))[0].double().clone()
-        accepted, tried = None, []
-        for u in tree.children(v):
-            mass = float(residual.sum())
-            g = float(residual[tokens[u]]) / mass if mass > 0 else 0.0
-            ok = g > 0 and float(torch.rand((), generator=generator, device=rows.device)) < g
-            tried.append((u, tokens[u], g, ok))
-            if ok:
-                accepted = u
-                break
-            residual[tokens[u]] = 0.0
-        tests.append((v, tried))
-        if accepted is None:
-            return {"tests": tests, "path": path}
-        path.append(accepted)
-
-
-def _greedy(tree, rows, flow, generator) -> dict:
-    best = rows.argmax_at(torch.arange(tree.num_nodes, device=rows.device)).tolist()  # every row's argmax: a tree of a few dozen rows
-    path = walk_tree(tree, best)
-    return {"argmax": {v: best[v] for v in path}, "path": path}
-
-
-_DECISIONS = {"tev": _tev, "predraw": _predraw, "sequential": _sequential, "greedy": _greedy}
+    shape = drafter.shape if marginals is not None else "dynamic"  # an AR drafter grows its tree depth by depth
+    top = None
+    if marginals is not None:
+        probs, tokens = torch.softmax(marginals, dim=-1).topk(TOP_TOKENS, dim=-1)
+        top = (tokens, probs)
+    return RoundTrace(list(context), round_index, drafter.name, shape, law, verifier, top, tree, positions, flow, verdict, decision, _bonus(tree, rows, verdict, law), rows, seconds)
 
 
 def _bonus(tree, rows, verdict, law) -> dict:

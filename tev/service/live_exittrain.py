@@ -21,7 +21,8 @@ import torch
 from safetensors.torch import load_file
 
 from tev.bench.ablation import evaluation_setup
-from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
+from tev.engine.block_drafter import BlockDrafter
+from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import shipped_drafter
 from tev.train.anchor_data import AnchorData

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from tev.core.sampling import SamplingLaw
-from tev.core.verify import VERIFIERS
-from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, GenerationConfig, GenerationSummary, RoundRecord, autoregressive_generate, rounds_in_turn, speculative_generate
+from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, DecodeConfig, GenerationSummary, autoregressive_generate, rounds_in_turn, Request, speculative_generate
+from tev.engine.round import RoundRecord
 from tev.engine.models import ModelBundle, load_bundle
 from tev.util.fair_lock import FairLock
 from tev.engine.prompt_text import encode_chat, encode_prompt
@@ -79,25 +79,21 @@ def check_number(name: str, value, low, high, integer: bool = False) -> int | fl
     return number
 
 
-def check_settings(drafter: str, verifier: str, budget, temperature, max_new_tokens, seed, drafters_available, top_p=1.0, top_k=0) -> GenerationConfig:
-    """Validate UI values and build a :class:`GenerationConfig`; raises :class:`UserInputError`.
-    ``top_p`` 1 and ``top_k`` 0 leave the target's rows untruncated."""
-    if drafter not in drafters_available:
-        raise UserInputError(f"unknown drafter {drafter!r}; choose one of {', '.join(drafters_available)}")
-    if verifier not in VERIFIERS:
-        raise UserInputError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)}")
+def check_settings(verifier: str, budget, temperature, max_new_tokens, seed, top_p=1.0, top_k=0) -> DecodeConfig:
+    """The page's settings within its ranges (:data:`LIMITS`), as a :class:`DecodeConfig` (whose
+    making checks the verifier, the temperature floor and greedy at T > 0); raises
+    :class:`UserInputError` saying what to change. ``top_p`` 1 and ``top_k`` 0 leave the
+    target's rows untruncated."""
     budget = check_number("budget", budget, 0, min(LIMITS.max_budget, MAX_BUDGET), integer=True)
     temperature = check_number("temperature", temperature, 0.0, LIMITS.max_temperature)
     max_new_tokens = check_number("max new tokens", max_new_tokens, 1, LIMITS.max_new_tokens, integer=True)
     seed = check_number("seed", seed, 0, LIMITS.max_seed, integer=True)
     top_p = check_number("top-p", top_p, LIMITS.min_top_p, 1.0)
     top_k = check_number("top-k", top_k, 0, LIMITS.max_top_k, integer=True)
-    if 0 < temperature < LIMITS.min_temperature:
-        raise UserInputError(f"temperature must be 0 (greedy) or from {LIMITS.min_temperature} to {LIMITS.max_temperature}, got {temperature!r}")
-    if verifier == "greedy" and temperature > 0:
-        sampling = ", ".join(name for name in VERIFIERS if name != "greedy")
-        raise UserInputError(f"the greedy verifier needs temperature 0; set temperature to 0 or pick a sampling verifier ({sampling})")
-    return GenerationConfig(budget=budget, temperature=temperature, top_k=top_k, top_p=top_p, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed)
+    try:
+        return DecodeConfig(budget=budget, temperature=temperature, top_k=top_k, top_p=top_p, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed)
+    except ValueError as error:
+        raise UserInputError(str(error)) from None
 
 
 class ModelService:
@@ -156,13 +152,20 @@ class ModelService:
         except ValueError as error:
             raise UserInputError(str(error)) from None
 
-    def generate(self, prompt_ids: list[int], drafter: str, config: GenerationConfig, should_stop=None):
-        """Yields RoundRecords then a GenerationSummary; each round runs under the compute lock."""
+    def request(self, prompt_ids: list[int], drafter: str, config: DecodeConfig) -> Request:
+        """The checked :class:`Request` for the drafter of kind ``drafter``; raises
+        :class:`UserInputError` saying what to change."""
         bundle = self.bundle()
-        events = speculative_generate(bundle.target, bundle.drafter(drafter), prompt_ids, config, bundle.tokenizer, should_stop=should_stop)
-        yield from rounds_in_turn(events, self.compute)
+        try:
+            return Request(bundle.target, bundle.drafter(drafter), prompt_ids, config)
+        except ValueError as error:
+            raise UserInputError(str(error)) from None
 
-    def autoregressive(self, prompt_ids: list[int], config: GenerationConfig, should_stop=None) -> GenerationSummary:
+    def generate(self, request: Request, should_stop=None):
+        """Yields RoundRecords then a GenerationSummary; each round runs under the compute lock."""
+        yield from rounds_in_turn(speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop), self.compute)
+
+    def autoregressive(self, prompt_ids: list[int], config: DecodeConfig, should_stop=None) -> GenerationSummary:
         """The autoregressive baseline; ``should_stop`` is polled after every token."""
         bundle = self.bundle()
         with self.compute:

@@ -31,8 +31,9 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTraine
 from tev.data.corpus import load_split
 from tev.data.prompts import heldout_function_prompts, humaneval_prompts
 from tev.data.token_stream import encode_corpus
-from tev.engine.decode import GenerationConfig, autoregressive_generate
-from tev.engine.drafters import BlockDrafter, BlockDrafterConfig, BlockTreeDrafter, default_feature_layers
+from tev.engine.decode import DecodeConfig, autoregressive_generate
+from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig, default_feature_layers
+from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, fit_prompt
 from tev.engine.models import load_block_drafter
 from tev.train.card import refresh_card
@@ -393,7 +394,7 @@ def evaluate_assets(work: Path, config: BuildConfig, quick: bool, log=print) -> 
     samples = []
     for prompt in heldout[1:: max(1, len(heldout) // 3)][:3]:
         ids = fit_prompt(tokenizer, prompt, config.context_length - new_tokens)
-        summary = autoregressive_generate(target, ids, GenerationConfig(temperature=0.0, max_new_tokens=new_tokens), tokenizer)
+        summary = autoregressive_generate(target, ids, DecodeConfig(temperature=0.0, max_new_tokens=new_tokens), tokenizer)
         samples.append({"id": prompt["id"], "prompt": prompt["text"], "continuation": summary.text})
     budgets = (8,) if quick else (8, 16, 32, 64)
     tau_rows = evaluate_drafter(target, tokenizer, drafter, prompts, budgets=budgets, temperatures=(0.0, 1.0), max_new_tokens=new_tokens, desc="card: tau")

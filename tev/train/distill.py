@@ -32,7 +32,7 @@ from tqdm import tqdm
 from transformers import DynamicCache, get_cosine_with_min_lr_schedule_with_warmup
 
 from tev.core.sampling import probs_from_logits, sample_rows
-from tev.engine.drafters import BlockDrafter
+from tev.engine.block_drafter import BlockDrafter
 from tev.train.exit_loss import IGNORE, TreeBatch, next_depth_loss, tree_node_loss
 from tev.util.files import atomic_folder
 

@@ -21,7 +21,8 @@ from tqdm import tqdm
 
 from tev.data.prompts import evaluation_prompts
 from tev.data.token_stream import encode_corpus
-from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
+from tev.engine.block_drafter import BlockDrafter
+from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, format_tau_table
 from tev.engine.models import default_pair, load_bundle, shipped_drafter
 from tev.train.anchor_data import AnchorData

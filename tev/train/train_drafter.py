@@ -33,7 +33,8 @@ from safetensors.torch import load_file, save_file
 
 from tev.data.prompts import load_prompt_set
 from tev.engine.default_target import DEFAULT_TARGET_NAME, ensure_default_target
-from tev.engine.drafters import BlockDrafter, BlockDrafterConfig, BlockTreeDrafter, default_feature_layers
+from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig, default_feature_layers
+from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_causal_lm, load_tokenizer
 from tev.engine.prompt_text import ChatTemplate

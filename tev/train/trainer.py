@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from transformers import DynamicCache, get_cosine_with_min_lr_schedule_with_warmup
 
 from tev.core.tree import DraftTree
-from tev.engine.drafters import BlockDrafter
+from tev.engine.block_drafter import BlockDrafter
 from tev.train.anchor_data import AnchorData
 from tev.train.exit_loss import IGNORE, WEIGHT_MODES, TreeBatch, score_trees, soft_token_loss, token_loss, tree_node_loss
 from tev.util.files import atomic_folder, recover_folder

@@ -23,7 +23,9 @@ from typing import Callable
 
 import torch
 
-from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
+from tev.engine.block_drafter import BlockDrafter
+
+from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_bundle, shipped_drafter
 from tev.train.exittrain_command import invoked_command

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from tev.core.tree import DraftTree
-from tev.engine.drafters import BlockDrafter
+from tev.engine.block_drafter import BlockDrafter
 from tev.train.distill import TREE_TERMS, DistillData, DistillSettings, ScoredTrees, target_features
 from tev.train.exit_loss import TreeBatch, score_trees
 from tev.train.workload_data import WorkloadAnswers

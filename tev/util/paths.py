@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["REPO_ROOT", "assets_dir", "models_dir", "prompts_dir", "embedded"]
+__all__ = ["REPO_ROOT", "assets_dir", "models_dir", "prompts_dir"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,8 +25,3 @@ def models_dir() -> Path:
 def prompts_dir() -> Path:
     return assets_dir() / "prompts"
 
-
-def embedded(name: str) -> Path:
-    """Folder of an embedded model: ``target``, ``block``, ``exittrain`` or ``ar``."""
-    folders = {"target": "target", "block": "drafter-base", "exittrain": "drafter-exittrain", "ar": "ar-drafter"}
-    return models_dir() / folders[name]

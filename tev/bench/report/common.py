@@ -12,9 +12,8 @@ import torch
 
 from tev.bench.e2e import format_e2e_table
 
-__all__ = ["ReportSettings", "QUICK", "FULL", "SATURATED", "HOLDS", "claim", "yes", "finite", "pct", "ms", "clean", "rows_of", "image", "decoding_lines"]
+__all__ = ["ReportSettings", "QUICK", "FULL", "HOLDS", "claim", "yes", "finite", "pct", "ms", "clean", "rows_of", "image", "decoding_lines"]
 
-SATURATED = ("tev", "predraw", "sequential")
 HOLDS = ("yes", "partly", "no", "n/a")  # partly: the direction holds, the size does not
 
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 import torch
 
 from tev.bench.lab import LabResult, LabTree, run_lab
-from tev.bench.report.common import SATURATED, claim, yes
-from tev.core.flow import flow_from_edge_prob
+from tev.bench.report.common import claim, yes
 from tev.core.tree import DraftTree
-from tev.core.verify import TargetRows
+from tev.core.verify import SAMPLING_VERIFIERS
 from tev.util.stats import standard_error_of_mean
 
 __all__ = ["Z_LIMIT", "pooled_length", "first_child_chain", "check_coverage_bound", "coverage_section"]
@@ -35,14 +34,8 @@ def first_child_chain(lab: LabTree) -> LabTree:
     while lab.tree.children(nodes[-1]):
         nodes.append(lab.tree.children(nodes[-1])[0])
     tree = DraftTree.from_parents([lab.tree.tokens_list[v] for v in nodes], [-1] + list(range(len(nodes) - 1)))
-    index = torch.tensor(nodes, device=lab.rows.device)
-    if lab.rows.hidden is not None:
-        rows = TargetRows(hidden=lab.rows.hidden.index_select(0, index), head=lab.rows.head, temperature=lab.rows.temperature)
-    elif lab.rows.logits is not None:
-        rows = TargetRows(logits=lab.rows.logits.index_select(0, index), temperature=lab.rows.temperature)
-    else:
-        rows = TargetRows(lab.rows.probs.index_select(0, index))
-    return LabTree(tree, rows, flow_from_edge_prob(tree, rows.edge_prob(tree)), "first-child chain")
+    rows = lab.rows.select(torch.tensor(nodes, device=lab.rows.device))
+    return LabTree(tree, rows, rows.flow(tree), "first-child chain")
 
 
 def check_coverage_bound(trees: list[dict], results: list[LabResult], draws: int, seed: int) -> tuple[dict, dict]:
@@ -50,7 +43,7 @@ def check_coverage_bound(trees: list[dict], results: list[LabResult], draws: int
     Returns (claim row, measurements)."""
     bound = sum(t["lab"].flow.tau_bound for t in trees) / len(trees)
     verifiers = {}
-    for name in SATURATED:
+    for name in SAMPLING_VERIFIERS:
         mean, se = pooled_length(results, name)
         verifiers[name] = {"mean_length": mean, "se": se, "diff": mean - bound, "z": (mean - bound) / se if se > 0 else (0.0 if mean == bound else float("inf"))}
     chains = [first_child_chain(t["lab"]) for t in trees]
@@ -67,9 +60,9 @@ def check_coverage_bound(trees: list[dict], results: list[LabResult], draws: int
     row = claim(
         2, "Coverage bound (Theorem 1)", "E[L] <= 1 + C(T), with equality for TEV, predraw, sequential", this_run, worst_z, yes(holds),
         f"yes if abs(mean L - mean(1 + C)) < {Z_LIMIT:g} s.e. for each of tev, predraw, sequential (pooled over trees and draws) and TEV on the first-child chain has mean L < the full trees' mean 1 + C",
-        {"mean_tau_bound": bound, "max_abs_z": worst_z, **{f"{n}_mean_length": v["mean_length"] for n, v in verifiers.items()}, "chain_mean_length": chain_mean, "chain_gap": chain["gap"]},
+        {"tau_bound": bound, "max_abs_z": worst_z, **{f"{n}_mean_length": v["mean_length"] for n, v in verifiers.items()}, "chain_mean_length": chain_mean, "chain_gap": chain["gap"]},
     )
-    return row, {"trees": len(trees), "draws_per_tree": draws, "mean_tau_bound": bound, "verifiers": verifiers, "first_child_chain": chain}
+    return row, {"trees": len(trees), "draws_per_tree": draws, "tau_bound": bound, "verifiers": verifiers, "first_child_chain": chain}
 
 
 def coverage_section(report: dict) -> list[str]:
@@ -77,7 +70,7 @@ def coverage_section(report: dict) -> list[str]:
     m = report["measurements"]["coverage"]
     c = m["first_child_chain"]
     return [
-        f"{m['trees']} trees x {m['draws_per_tree']} draws per verifier; mean 1 + C = {m['mean_tau_bound']:.4f}.",
+        f"{m['trees']} trees x {m['draws_per_tree']} draws per verifier; mean 1 + C = {m['tau_bound']:.4f}.",
         "",
         "| verifier | mean L | s.e. | mean L - (1 + C) | z |", "|---|---|---|---|---|",
         *(f"| {n} | {v['mean_length']:.4f} | {v['se']:.4f} | {v['diff']:+.4f} | {v['z']:+.2f} |" for n, v in m["verifiers"].items()),

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 
-from tev.bench.report.common import SATURATED, claim, yes
+from tev.bench.report.common import claim, yes
 from tev.bench.report.coverage import Z_LIMIT
+from tev.core.verify import SAMPLING_VERIFIERS
 
 __all__ = ["EQUIVALENCE_MARGIN", "check_equivalence", "equivalence_section"]
 
@@ -21,8 +22,8 @@ def check_equivalence(coverage: dict) -> dict:
     """Claim 3 from claim 2's measurements; the row carries its ``pairs``."""
     v = coverage["verifiers"]
     pairs = []
-    for i, a in enumerate(SATURATED):
-        for b in SATURATED[i + 1 :]:
+    for i, a in enumerate(SAMPLING_VERIFIERS):
+        for b in SAMPLING_VERIFIERS[i + 1 :]:
             diff = abs(v[a]["mean_length"] - v[b]["mean_length"])
             se = math.hypot(v[a]["se"], v[b]["se"])  # s.e. of a difference of independent means
             pairs.append({"pair": f"{a} vs {b}", "diff": diff, "se": se, "limit": EQUIVALENCE_MARGIN + Z_LIMIT * se})

@@ -41,7 +41,8 @@ import torch
 from scipy.stats import chi2, chisquare
 
 from tev.bench.lab import LabResult, LabTree
-from tev.bench.report.common import SATURATED, claim, image, yes
+from tev.bench.report.common import claim, image, yes
+from tev.core.verify import SAMPLING_VERIFIERS
 
 __all__ = [
     "ALPHA", "U32", "edge_error_units", "reference_limit", "sum_limit", "conservation_limit", "reference_edge_prob", "reference_exit_law",
@@ -87,12 +88,12 @@ def reference_edge_prob(lab: LabTree) -> tuple[torch.Tensor, float]:
         return edge, 0.0
     if rows.greedy_only:
         return lab.flow.edge_prob.double().cpu(), 0.0
-    _, slot, parent_rows = rows.parent_rows(tree)  # [k, V], the flow's own (cached) rows
-    slot, tokens = slot.cpu(), tree.tokens[1:]
+    parents = rows.parent_rows(tree)  # the flow's own (cached) internal rows
+    slot, tokens = parents.slot.cpu(), tree.tokens[1:]
     if rows.probs is not None:
-        edge[1:] = parent_rows.double().cpu()[slot, tokens]
+        edge[1:] = parents.values.double().cpu()[slot, tokens]
         return edge, 0.0
-    scaled = rows.law.warp(parent_rows).double().cpu()
+    scaled = rows.law.warp(rows.logits_at(parents.internal)).double().cpu()  # [k, V] the same float32 logits, warped
     log_norm = torch.logsumexp(scaled, dim=-1)  # [k]
     edge[1:] = torch.exp(scaled[slot, tokens] - log_norm[slot])
     return edge, float(log_norm.abs().max())
@@ -202,7 +203,7 @@ def check_exit_law(trees: list[dict], results: list[LabResult]) -> tuple[dict, d
     errors = [exit_law_errors(t["lab"]) for t in trees]
     worst = {key: max(e[key] for e in errors) for key in ERRORS}
     ratio = {key: max(e[key] / e["limits"][key] for e in errors) for key in ERRORS}  # error / its tree's limit
-    tests = {name: pooled_chi_square(trees, results, name) for name in SATURATED}
+    tests = {name: pooled_chi_square(trees, results, name) for name in SAMPLING_VERIFIERS}
     tev = tests["tev"]
     holds = all(r < 1 for r in ratio.values()) and tev["p_value"] > ALPHA
     this_run = (

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from tev.bench.report.common import ReportSettings, claim, ms, pct, yes
 from tev.bench.verifiers_bench import bench_verifiers, format_verifier_table
+from tev.core.sampling import SamplingLaw
 from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows, verify_rows
 from tev.engine.round import draft_and_forward, prefill
@@ -49,9 +50,10 @@ class CommitCase:
 def commit_case(target, drafter, ids: list[int], budget: int, temperature: float) -> CommitCase:
     """Prefill ``ids`` minus its last token, draft a ``budget`` tree, run the tree forward."""
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
-    features = prefill(session, ids)
-    tree, output = draft_and_forward(session, drafter, list(ids), features, budget, drafter.new_state())
-    rows = output.rows(temperature)  # the head runs inside the decision stage, as in decoding
+    state = drafter.new_state()
+    prefill(session, ids, state)
+    tree, output = draft_and_forward(session, drafter, list(ids), budget, state)
+    rows = output.rows(SamplingLaw(temperature))  # lazy: the head runs inside the timed decision (head + verify), the paper's verifier stage
     snapshot = [(layer.keys.clone(), layer.values.clone()) for layer in session.cache.layers]
     return CommitCase(session, tree, rows, snapshot, session.length)
 

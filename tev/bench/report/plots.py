@@ -7,7 +7,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from tev.bench.report.common import rows_of
-from tev.engine.decode import STAGES
+from tev.bench.e2e import stage_names
 
 __all__ = ["write_plots", "plot_exit_depths", "plot_mass_by_depth", "plot_exittrain_mass", "plot_budget_sweep", "plot_tau_by_method", "plot_stage_times"]
 
@@ -97,7 +97,7 @@ def plot_stage_times(e2e: dict, plots_dir: Path) -> str:
     fig = Figure(figsize=(9, 4))
     ax = fig.subplots()
     bottom = [0.0] * len(rows)
-    for stage in STAGES:
+    for stage in stage_names(e2e):  # as the file names them (an older file: tree_build, verify, verify_decision)
         values = [r["stage_ms_per_round"][stage] for r in rows]
         ax.bar(labels, values, bottom=bottom, label=stage)
         bottom = [b + v for b, v in zip(bottom, values)]

@@ -9,7 +9,8 @@ from __future__ import annotations
 from tqdm import tqdm
 
 from tev.bench.lab import LabResult, run_lab, tree_from_prompt
-from tev.bench.report.common import SATURATED, ReportSettings
+from tev.bench.report.common import ReportSettings
+from tev.core.verify import SAMPLING_VERIFIERS
 
 __all__ = ["prompt_cuts", "real_trees", "run_labs", "depth_profile"]
 
@@ -35,7 +36,7 @@ def real_trees(bundle, drafter, encoded: list[tuple[str, list[int]]], settings: 
 
 def run_labs(trees: list[dict], draws: int, seed: int, progress: bool) -> list[LabResult]:
     """Every saturated verifier ``draws`` times on each tree (seeded per tree)."""
-    return [run_lab(t["lab"], verifiers=SATURATED, draws=draws, seed=seed + i) for i, t in enumerate(tqdm(trees, desc="verifier lab", disable=not progress))]
+    return [run_lab(t["lab"], verifiers=SAMPLING_VERIFIERS, draws=draws, seed=seed + i) for i, t in enumerate(tqdm(trees, desc="verifier lab", disable=not progress))]
 
 
 def _pad_mean(vectors: list[list[float]]) -> list[float]:
