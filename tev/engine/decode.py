@@ -14,8 +14,10 @@ from typing import Callable, Iterator
 
 import torch
 
+from tev.core.budget import BudgetChoice
 from tev.core.flow import TargetFlow
 from tev.core.sampling import SamplingLaw, sample_rows
+from tev.engine.auto_budget import AUTO_CAP, AutoBudget
 from tev.engine.prompt_text import check_prompt_ids
 from tev.engine.session import CausalLMSession
 from tev.util.timing import StageTimer
@@ -41,10 +43,12 @@ class GenerationConfig:
     ``temperature == 0`` is greedy decoding (the ``greedy`` verifier, whatever ``verifier``
     says). ``top_k``, ``top_p`` and ``min_p`` truncate the target's rows as Hugging Face
     ``generate`` does (0, 1 and 0 turn them off; see :class:`SamplingLaw`): every verifier is
-    exact for the truncated law. ``budget`` counts non-root draft nodes.
+    exact for the truncated law. ``budget`` counts non-root draft nodes, or is ``"auto"``:
+    each round keeps the best-first prefix of a ``budget_cap``-node tree that this machine pays
+    for (:mod:`tev.engine.auto_budget`).
     """
 
-    budget: int = 16
+    budget: int | str = 16
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -54,10 +58,13 @@ class GenerationConfig:
     seed: int = 0
     stop_strings: tuple[str, ...] = ()
     stop_at_eos: bool = True
+    budget_cap: int = AUTO_CAP
 
     def __post_init__(self):
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_BUDGET:
-            raise ValueError(f"budget must be an integer from 0 to {MAX_BUDGET}, got {self.budget!r}")
+        if self.budget != "auto" and (isinstance(self.budget, bool) or not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_BUDGET):
+            raise ValueError(f"budget must be an integer from 0 to {MAX_BUDGET} or 'auto', got {self.budget!r}")
+        if isinstance(self.budget_cap, bool) or not isinstance(self.budget_cap, int) or not 1 <= self.budget_cap <= MAX_BUDGET:
+            raise ValueError(f"budget_cap must be an integer from 1 to {MAX_BUDGET}, got {self.budget_cap!r}")
         if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if 0 < self.temperature < MIN_TEMPERATURE:
@@ -94,6 +101,7 @@ class RoundRecord:
         text: the decoded text this round added.
         timings: seconds per stage (``STAGES``).
         drafter: the drafter's name; verifier: the verifier's name.
+        choice: with budget "auto", how the tree's size was chosen (None for a fixed budget).
     """
 
     index: int
@@ -106,6 +114,7 @@ class RoundRecord:
     timings: dict[str, float]
     drafter: str
     verifier: str
+    choice: BudgetChoice | None = None
 
     @property
     def block_length(self) -> int:
@@ -126,6 +135,8 @@ class RoundRecord:
         probabilities are rounded to 6 decimals; ``stage_seconds`` holds ``timings``. With
         ``token_text`` (token id -> text) the tree's tokens, the accepted tokens and the bonus
         token are also given as text (``tree.text``, ``accepted_text``, ``bonus_text``).
+        ``draft_coverage`` is the drafter's estimate of ``coverage`` (its path probabilities
+        summed); with budget "auto", ``auto_budget`` holds :meth:`BudgetChoice.to_dict`.
         """
         def rounded(tensor) -> list[float]:
             return [round(float(x), 6) for x in tensor.tolist()]
@@ -147,6 +158,8 @@ class RoundRecord:
             "rho": rounded(self.flow.rho),
             "exit_weight": rounded(self.flow.exit_weight),
             "coverage": self.flow.coverage,
+            "draft_coverage": self.tree.draft_coverage,
+            **({"auto_budget": self.choice.to_dict()} if self.choice is not None else {}),
             "tau_bound": self.flow.tau_bound,
             "path": self.verdict.path,
             "exit_node": self.verdict.exit_node,
@@ -176,6 +189,8 @@ class GenerationSummary:
     stop_reason: str
     stage_seconds: dict[str, float] = field(default_factory=dict)
     method: str = ""
+    tree_sizes: list[int] = field(default_factory=list)
+    draft_coverages: list[float] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -190,6 +205,14 @@ class GenerationSummary:
     @property
     def tokens_per_second(self) -> float:
         return len(self.token_ids) / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def q_calibration(self) -> float:
+        """Realised coverage over the drafter's estimate, summed over the rounds that kept a node
+        (``sum C / sum q``; 1 for a calibrated drafter, nan without such a round)."""
+        estimated = sum(c for c, n in zip(self.draft_coverages, self.tree_sizes) if n)
+        realised = sum(b - 1.0 for b, n in zip(self.tau_bounds, self.tree_sizes) if n)
+        return realised / estimated if estimated > 0 else float("nan")
 
     def to_dict(self) -> dict:
         return {
@@ -208,6 +231,9 @@ class GenerationSummary:
             "tokens_per_second": self.tokens_per_second,
             "stop_reason": self.stop_reason,
             "stage_seconds": self.stage_seconds,
+            "tree_sizes": self.tree_sizes,
+            "draft_coverages": self.draft_coverages,
+            "q_calibration": self.q_calibration,
         }
 
 
@@ -269,6 +295,7 @@ def speculative_generate(
     config: GenerationConfig = GenerationConfig(),
     tokenizer=None,
     should_stop: Callable[[], bool] | None = None,
+    auto: AutoBudget | None = None,
 ) -> Iterator[RoundRecord | GenerationSummary]:
     """Generate with tree speculation; yields a RoundRecord per round, then the summary.
 
@@ -279,7 +306,15 @@ def speculative_generate(
         config: sampling settings.
         tokenizer: for text and EOS (optional; without it only token ids are produced).
         should_stop: polled between rounds; returning True ends the generation ("cancelled").
+        auto: with ``config.budget == "auto"``, the rule's state (default: the process's cost
+            curve for ``target``, measured before the clock starts on first use, and a fresh
+            calibration); a caller may pass one to share it across generations.
     """
+    if config.budget != "auto":
+        if auto is not None:
+            raise ValueError("an AutoBudget needs config.budget == 'auto'")
+    elif auto is None:
+        auto = AutoBudget.for_target(target, config.budget_cap)
     start = time.perf_counter()
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
     prompt = check_prompt_ids(prompt_ids, session.max_positions)
@@ -293,7 +328,7 @@ def speculative_generate(
     features = prefill(session, prompt)
     prefill_seconds = time.perf_counter() - start
     totals = {stage: 0.0 for stage in STAGES}
-    block_lengths, tau_bounds = [], []
+    block_lengths, tau_bounds, tree_sizes, draft_coverages = [], [], [], []
     first_token_at = None
     paused = 0.0
     index = 0
@@ -306,7 +341,7 @@ def speculative_generate(
             break
         timer = StageTimer(device)
         step = speculation_round(
-            session, drafter, committed, features, min(config.budget, MAX_BUDGET), verifier, config.law, generator, drafter_state, timer
+            session, drafter, committed, features, 0 if auto is not None else config.budget, verifier, config.law, generator, drafter_state, timer, auto
         )
         tree, flow, verdict, features = step.tree, step.flow, step.verdict, step.features
         block = verdict.block_tokens(tree)
@@ -316,10 +351,12 @@ def speculative_generate(
             first_token_at = time.perf_counter() - start
         block_lengths.append(verdict.block_length)
         tau_bounds.append(flow.tau_bound)
+        tree_sizes.append(tree.budget)
+        draft_coverages.append(tree.draft_coverage)
         for stage, seconds in timer.seconds.items():
             totals[stage] = totals.get(stage, 0.0) + seconds
         suspended_at = time.perf_counter()
-        yield RoundRecord(index, session.length - len(verdict.path), tree, flow, verdict, emitted, text, dict(timer.seconds), drafter.name, verifier)
+        yield RoundRecord(index, session.length - len(verdict.path), tree, flow, verdict, emitted, text, dict(timer.seconds), drafter.name, verifier, step.choice)
         paused += time.perf_counter() - suspended_at  # the consumer's time is not generation time
         index += 1
     seconds = time.perf_counter() - start - paused
@@ -336,6 +373,8 @@ def speculative_generate(
         stop_reason=output.stop_reason,
         stage_seconds=totals,
         method=f"{drafter.name}+{verifier}",
+        tree_sizes=tree_sizes,
+        draft_coverages=draft_coverages,
     )
 
 
