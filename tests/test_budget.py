@@ -143,17 +143,20 @@ def test_rounds_without_a_tree_let_the_calibration_return_to_its_prior():
 
 def test_cost_curve_interpolates_the_measurement_then_follows_the_rounds():
     curve = CostCurve({1: 1.0, 5: 2.0, 9: 4.0})
-    assert curve.costs(9).tolist() == pytest.approx([1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0])  # no round yet: no rest
+    assert curve.costs(9).tolist() == pytest.approx([1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0])  # no round yet: nothing fixed
     for seconds in (3.0, 2.0, 100.0):  # a running median: one slow round does not move it
-        curve.observe(5, forward_seconds=seconds, rest_seconds=0.5)
-    assert curve.forward(5) == 3.0 and curve.rest(5) == 0.5
-    assert curve.forward(9) == pytest.approx(4.0 * 1.5)  # unseen sizes follow the machine's drift (3.0 / 2.0)
-    assert curve.costs(9)[8].item() == pytest.approx(6.5)
+        curve.observe(5, sized_seconds=seconds, fixed_seconds=0.5)
+    assert curve.drift == 1.5 and curve.fixed == 0.5
+    assert curve.costs(9)[0].item() == pytest.approx(1.0 * 1.5 + 0.5)  # every size follows the drift seen at 5
+    assert curve.costs(9)[8].item() == pytest.approx(4.0 * 1.5 + 0.5)
+    for _ in range(4):  # rounds at another size move every size
+        curve.observe(9, sized_seconds=4.0, fixed_seconds=0.5)
+    assert curve.drift == 1.0
 
 
 def test_a_frozen_cost_curve_ignores_the_rounds():
     curve = CostCurve({1: 1.0, 9: 2.0}, frozen=True)
-    curve.observe(5, forward_seconds=30.0, rest_seconds=5.0)
+    curve.observe(5, sized_seconds=30.0, fixed_seconds=5.0)
     assert curve.costs(9).tolist() == pytest.approx([1.0 + n / 8 for n in range(9)])
 
 

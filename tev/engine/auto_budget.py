@@ -47,7 +47,8 @@ class AutoBudget:
         choice = choose_prefix(path_prob, self.curve.costs(order.numel() + 1), self.calibration.factor, self.cap)
         return tree.keep(order[: choice.size].tolist()), choice
 
-    def observe(self, kept: DraftTree, coverage: float, forward_seconds: float, round_seconds: float) -> None:
-        """After the round: its realised ``C(T)`` on the kept tree and its stage times."""
+    def observe(self, kept: DraftTree, coverage: float, sized_seconds: float, round_seconds: float) -> None:
+        """After the round: its realised ``C(T)`` on the kept tree, the time of its stages that
+        grow with the tree (forward, head, verdict) and its whole time."""
         self.calibration.observe(coverage, kept.draft_coverage)
-        self.curve.observe(kept.num_nodes, forward_seconds, round_seconds - forward_seconds)
+        self.curve.observe(kept.num_nodes, sized_seconds, round_seconds - sized_seconds)

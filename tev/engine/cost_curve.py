@@ -1,11 +1,11 @@
 """The machine's cost curve: what a round costs here when its target forward holds ``n`` new tokens.
 
 A round's time is the target's tree forward over ``n = k + 1`` new tokens (the root and ``k``
-nodes) plus the rest of the round (draft, tree build, the verifier's decision, commit). On a
-GPU a 33-token forward costs about one token's; on a small CPU about three, so a tree that
-pays on one machine loses on another. :func:`measure_forward_costs` times the forward at a
-few sizes when a process first needs it (a few seconds); :class:`CostCurve` then follows the
-rounds' own stage times (a running median per size).
+nodes) and the projection of its rows through the output head, which grow with ``n``, plus
+the draft, the tree build and the commit, which do not. On a GPU a 33-token forward costs
+about one token's; on a small CPU about three, so a tree that pays on one machine loses on
+another. :func:`measure_forward_costs` times forward and head at a few sizes when a process
+first needs them (a few seconds); :class:`CostCurve` then follows the rounds' own stage times.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ __all__ = ["CostCurve", "measure_forward_costs", "machine_cost_curve", "MEASURED
 
 MEASURED_SIZES = (1, 2, 3, 5, 9, 17, 33)  # n = k + 1 for k = 0, 1, 2, 4, 8, 16, 32
 MEASURE_CONTEXT = 128  # cached tokens before the timed forwards (a short chat prompt)
-WINDOW = 9  # rounds per size in the running median
+WINDOW = 15  # rounds in the running medians
 
 
 def _interpolate(points: dict[int, float], n: int) -> float:
-    """Piecewise-linear in ``n`` through ``points`` (size -> seconds); linear past the ends
-    (never below the nearest point's half)."""
+    """Piecewise-linear in ``n`` through ``points`` (size -> seconds), linear past the ends
+    and never below half the nearest point."""
     sizes = sorted(points)
     if len(sizes) == 1:
         return points[sizes[0]]
@@ -43,8 +43,7 @@ def _interpolate(points: dict[int, float], n: int) -> float:
         if lo == hi:
             return points[lo]
     value = points[lo] + (points[hi] - points[lo]) * (n - lo) / (hi - lo)
-    nearest = points[min(sizes, key=lambda s: abs(s - n))]
-    return max(value, 0.5 * nearest)
+    return max(value, 0.5 * points[min(sizes, key=lambda s: abs(s - n))])
 
 
 def _non_decreasing(values: list[float]) -> list[float]:
@@ -59,20 +58,22 @@ def _non_decreasing(values: list[float]) -> list[float]:
 
 
 class CostCurve:
-    """Seconds a round costs for ``n`` new tokens in the target's forward, ``n >= 1``.
+    """Seconds a round costs with ``n`` new tokens in the target's forward, ``n >= 1``:
+    ``cost(n) = drift * sized(n) + fixed``.
 
-    ``cost(n) = forward(n) + rest(n)``:
-
-    - ``forward(n)``: the running median of the rounds' forward times at ``n`` where rounds of
-      that size ran; elsewhere the start measurement (interpolated) times the median ratio of
-      rounds to measurement over the sizes that ran (the machine got busier or quieter).
-    - ``rest(n)``: the running median of the rounds' other stages at ``n``, interpolated
-      between the sizes that ran (0 before any round).
+    - ``sized(n)``: the start measurement of forward and head at ``n`` (interpolated, made
+      non-decreasing: a forward of more tokens never costs less, single times are noisy).
+    - ``drift``: the running median, over the last rounds whatever their size, of each
+      round's size-dependent stages over ``sized(n)`` at its size (the machine got busier or
+      quieter; 1 before any round). One factor for every size, so a size the rounds stopped
+      choosing is never judged by stale times.
+    - ``fixed``: the running median of the rounds' other stages (draft, build, commit; 0
+      before any round).
 
     Args:
-        forward_seconds: start measurement, size ``n`` -> seconds of one target forward.
-        frozen: ignore the rounds (``cost = forward``, interpolated): the choices then depend on
-            no timing, so a seeded run repeats token for token.
+        forward_seconds: start measurement, size ``n`` -> seconds of forward and head.
+        frozen: ignore the rounds (``cost = sized``): the choices then depend on no timing,
+            so a seeded run repeats token for token.
     """
 
     def __init__(self, forward_seconds: dict[int, float], frozen: bool = False):
@@ -80,47 +81,49 @@ class CostCurve:
             raise ValueError(f"a cost curve needs positive times at sizes >= 1, got {forward_seconds}")
         self.measured = dict(forward_seconds)
         self.frozen = frozen
-        self._forward: dict[int, deque] = {}
-        self._rest: dict[int, deque] = {}
+        self._drift: deque = deque(maxlen=WINDOW)
+        self._fixed: deque = deque(maxlen=WINDOW)
 
-    def observe(self, n: int, forward_seconds: float, rest_seconds: float) -> None:
-        """One round's stage times: its forward of ``n`` new tokens and the rest of the round."""
+    def sized(self, largest: int) -> list[float]:
+        """``sized(n)`` for ``n = 1 .. largest``."""
+        return _non_decreasing([_interpolate(self.measured, n) for n in range(1, largest + 1)])
+
+    def observe(self, n: int, sized_seconds: float, fixed_seconds: float) -> None:
+        """One round's stage times: those that grow with its ``n`` new tokens (forward, head and
+        verdict) and the others."""
         if self.frozen:
             return
-        self._forward.setdefault(n, deque(maxlen=WINDOW)).append(float(forward_seconds))
-        self._rest.setdefault(n, deque(maxlen=WINDOW)).append(max(0.0, float(rest_seconds)))
+        self._drift.append(float(sized_seconds) / self.sized(n)[n - 1])
+        self._fixed.append(max(0.0, float(fixed_seconds)))
 
-    def forward(self, n: int) -> float:
-        if n in self._forward:
-            return statistics.median(self._forward[n])
-        drift = [statistics.median(times) / _interpolate(self.measured, m) for m, times in self._forward.items()]
-        return _interpolate(self.measured, n) * (statistics.median(drift) if drift else 1.0)
+    @property
+    def drift(self) -> float:
+        return statistics.median(self._drift) if self._drift else 1.0
 
-    def rest(self, n: int) -> float:
-        if not self._rest:
-            return 0.0
-        return _interpolate({m: statistics.median(times) for m, times in self._rest.items()}, n)
+    @property
+    def fixed(self) -> float:
+        return statistics.median(self._fixed) if self._fixed else 0.0
 
     def costs(self, largest: int) -> torch.Tensor:
-        """`Tensor[largest]` float64: ``cost(n)`` for ``n = 1 .. largest``, made non-decreasing
-        (a forward of more tokens never costs less; on a shared CPU single times are noisy)."""
-        return torch.tensor(_non_decreasing([self.forward(n) + self.rest(n) for n in range(1, largest + 1)]), dtype=torch.float64)
+        """`Tensor[largest]` float64: ``cost(n)`` for ``n = 1 .. largest``."""
+        drift, fixed = self.drift, self.fixed
+        return torch.tensor([drift * t + fixed for t in self.sized(largest)], dtype=torch.float64)
 
     def to_dict(self, largest: int) -> dict:
-        """Plain JSON values: per size ``n = 1 .. largest`` the forward and the rest of a round."""
-        sizes = range(1, largest + 1)
+        """Plain JSON values: ``cost(n)`` for ``n = 1 .. largest`` and what it is made of."""
         return {
-            "sizes": list(sizes),
-            "forward_seconds": [round(self.forward(n), 6) for n in sizes],
-            "rest_seconds": [round(self.rest(n), 6) for n in sizes],
-            "measured_forward_seconds": {str(n): round(t, 6) for n, t in sorted(self.measured.items())},
+            "cost_seconds": [round(t, 6) for t in self.costs(largest).tolist()],
+            "drift": round(self.drift, 6),
+            "fixed_seconds": round(self.fixed, 6),
+            "measured_seconds": {str(n): round(t, 6) for n, t in sorted(self.measured.items())},
         }
 
 
 def measure_forward_costs(target, sizes=MEASURED_SIZES, repeats: int = 3, context: int = MEASURE_CONTEXT) -> dict[int, float]:
     """Median seconds of one target forward of ``n`` new tokens (a chain: the tree attention of
-    any shape costs the same here) for each ``n`` in ``sizes``, after ``context`` cached tokens.
-    One warm-up pass first; sizes that do not fit the target's context are left out."""
+    any shape costs the same here) and the projection of its ``n`` rows through the head, for
+    each ``n`` in ``sizes``, after ``context`` cached tokens. One warm-up pass first; sizes that
+    do not fit the target's context are left out."""
     session = CausalLMSession(target)
     vocab = int(target.get_output_embeddings().weight.shape[0])
     room = session.max_positions - max(sizes) - 1
@@ -131,7 +134,7 @@ def measure_forward_costs(target, sizes=MEASURED_SIZES, repeats: int = 3, contex
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for repeat in range(repeats + 1):
         for n in sizes:
-            seconds = time_once(lambda: session.forward_tree(chains[n]), session.device)
+            seconds = time_once(lambda: session.forward_tree(chains[n]).logits, session.device)
             session.rollback(cached)
             if repeat:  # the first pass warms the kernels and the allocator
                 times[n].append(seconds)

@@ -71,7 +71,7 @@ def draft_tree(
     ``auto.cap`` nodes and keep the best-first prefix the machine pays for (chosen from the
     drafter and past rounds only, before the target sees the tree)."""
     room = room_left(session)
-    tree = drafter.propose(DraftContext(committed, features, max_depth=room), (auto.cap if auto else budget) if room > 0 else 0, drafter_state, timer)
+    tree = drafter.propose(DraftContext(committed, features, max_depth=room), (budget if auto is None else auto.cap) if room > 0 else 0, drafter_state, timer)
     if auto is None:
         return tree, None
     with timer.stage("tree_build"):
@@ -135,5 +135,5 @@ def speculation_round(
             features = accepted if features is None else torch.cat([features, accepted])
     flow = verdict.flow or flow_from_edge_prob(tree, rows.edge_prob(tree))
     if auto is not None:  # after the verdict: this round's rows inform only later rounds
-        auto.observe(tree, flow.coverage, timer.seconds["verify"], sum(timer.seconds.values()))
+        auto.observe(tree, flow.coverage, timer.seconds["verify"] + timer.seconds["verify_decision"], sum(timer.seconds.values()))
     return RoundResult(tree, rows, verdict, flow, features, choice)
