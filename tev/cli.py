@@ -17,6 +17,7 @@ from tev.bench.e2e import e2e_command
 from tev.bench.report import FULL, QUICK, report_command
 from tev.bench.verifiers_bench import verifiers_command
 from tev.core.verify import VERIFIERS
+from tev.engine.auto_budget import AUTO_CAP
 from tev.engine.generate_command import generate_command
 from tev.engine.models import DEFAULT_PAIR, DRAFTERS, PAIRS
 from tev.train.build import build_assets_command
@@ -52,13 +53,28 @@ def add_truncation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-p", type=float, default=0.0, help="keep tokens at least min-p times as likely as the most likely one (0: all)")
 
 
+def budget_value(text: str) -> int | str:
+    """A ``--budget`` value: a node count, or ``auto`` (the cost-aware rule, see ``--budget-cap``)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a budget is a whole number of nodes or 'auto', got {text!r}") from None
+
+
+def add_budget_cap_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--budget-cap", type=int, default=AUTO_CAP, help=f"with budget auto: the most nodes a round may keep (default {AUTO_CAP})")
+
+
 def _add_generate(commands) -> None:
     parser = commands.add_parser("generate", help="generate text with tree speculation (or --ar)")
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--drafter", choices=list(DRAFTERS), default="block", help="; ".join(f"{kind}: {entry.label}" for kind, entry in DRAFTERS.items()))
     parser.add_argument("--verifier", choices=VERIFIERS, default="tev", help="at temperature 0 the greedy verifier is used")
     parser.add_argument("--ar", action="store_true", help="plain autoregressive decoding (the baseline)")
-    parser.add_argument("--budget", type=int, default=16, help="draft-tree budget B (non-root nodes; 16, the fastest of 8, 16 and 32 in docs/benchmarks.md that still draws a tree worth reading)")
+    parser.add_argument("--budget", type=budget_value, default=16, help="draft-tree budget B (non-root nodes; 16, the fastest of 8, 16 and 32 in docs/benchmarks.md that still draws a tree worth reading), or auto: each round keeps the drafter's best nodes this machine pays for")
+    add_budget_cap_argument(parser)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy decoding (the default); > 0 samples")
     add_truncation_arguments(parser)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -86,7 +102,8 @@ def _add_bench_verifiers(kinds) -> None:
 
 def _add_bench_e2e(kinds) -> None:
     parser = kinds.add_parser("e2e", help="end-to-end speed: autoregressive vs chain vs DDTree+predraw vs DDTree+TEV")
-    parser.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--budgets", type=budget_value, nargs="+", default=[8, 16, 32, 64], help="node counts and/or auto")
+    add_budget_cap_argument(parser)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     add_truncation_arguments(parser)
     parser.add_argument("--prompts", default=None, help="prompt set in assets/prompts: chat (dialogue, code, math; the default for a chat target), heldout, humaneval")

@@ -16,6 +16,7 @@ from dataclasses import replace
 from tqdm import tqdm
 
 from tev.data.prompts import load_prompt_set, spread_evenly
+from tev.engine.auto_budget import AUTO_CAP
 from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate
 from tev.engine.round import STAGES
 from tev.engine.evaluation import fit_prompt
@@ -27,7 +28,7 @@ from tev.util.precision import figure_precision, precision_summary
 from tev.util.timing import machine_info, machine_summary
 from tev.util.weight_read import weight_read_reference
 
-__all__ = ["E2E_METHODS", "bench_e2e", "format_e2e_table", "weight_read_line", "format_domain_table", "peak_memory_of_generate", "e2e_command"]
+__all__ = ["E2E_METHODS", "bench_e2e", "format_e2e_table", "format_tree_size_table", "weight_read_line", "format_domain_table", "peak_memory_of_generate", "e2e_command"]
 
 E2E_METHODS = (
     ("chain", "tev"),
@@ -48,6 +49,7 @@ def bench_e2e(
     peers=PEERS,
     progress: bool = True,
     truncation: dict | None = None,
+    budget_cap: int = AUTO_CAP,
 ) -> dict:
     """End-to-end decoding speed, all methods interleaved per (prompt, repeat).
 
@@ -60,7 +62,9 @@ def bench_e2e(
     each row's ``weight_reads_per_token`` is its median time per token over that. Prompts with a ``"domain"`` also
     get these medians per domain. At T = 0 every verifier is greedy, so methods that differ
     only in verifier are run once. ``truncation`` (``top_k``, ``top_p``, ``min_p``) applies at
-    every T > 0, to the project's methods and the peers alike.
+    every T > 0, to the project's methods and the peers alike. A budget ``"auto"`` (with
+    ``budget_cap``) lets each round choose its size; every speculative row gives its
+    ``mean_tree_size`` and ``q_calibration`` (realised coverage over the drafter's estimate).
     """
     device = next(bundle.target.parameters()).device
     reference = weight_read_reference(bundle.target)
@@ -86,7 +90,7 @@ def bench_e2e(
         runs = {name: [] for name, _, _ in baselines + names}
         for repeat in range(repeats):
             for i, ids in enumerate(encoded):
-                config = DecodeConfig(budget=budget, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 1000 * repeat + i, **((truncation or {}) if temperature > 0 else {}))
+                config = DecodeConfig(budget=budget, budget_cap=budget_cap, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 1000 * repeat + i, **((truncation or {}) if temperature > 0 else {}))
                 order = baselines + list(names)
                 order_rng.shuffle(order)
                 paired = {}
@@ -107,6 +111,9 @@ def bench_e2e(
                         "tau_bound": summary.tau_bound,
                         "tokens": len(summary.token_ids),
                         "rounds": summary.rounds,
+                        "tree_sizes": summary.tree_sizes,
+                        "draft_coverages": summary.draft_coverages,
+                        "tau_bounds": summary.tau_bounds,
                         "stage_seconds": summary.stage_seconds,
                         "seconds": summary.seconds,
                         "speedup": summary.tokens_per_second / paired["autoregressive"].tokens_per_second,
@@ -140,6 +147,7 @@ def bench_e2e(
                     for domain in sorted(set(domains))
                 },
                 "stage_ms_per_round": {k: 1e3 * v for k, v in stage_per_round.items()},
+                **_tree_sizes(items),
                 "runs": len(items),
             })
     bar.close()
@@ -153,6 +161,25 @@ def stage_names(result: dict) -> list[str]:
     tree forward), ``verify_decision`` (head and verify together), ``commit``."""
     timed = [r["stage_ms_per_round"] for r in result["rows"] if r.get("stage_ms_per_round")]
     return list(timed[0]) if timed else list(STAGES)
+
+
+def _tree_sizes(items: list[dict]) -> dict:
+    """Mean kept tree size and ``sum C / sum q`` over the rounds of speculative runs (those that kept a node)."""
+    sizes = [n for x in items for n in x.get("tree_sizes", [])]
+    if not sizes:
+        return {}
+    kept = [(b - 1.0, q) for x in items for b, q, n in zip(x["tau_bounds"], x["draft_coverages"], x["tree_sizes"]) if n]
+    estimated = sum(q for _, q in kept)
+    return {"mean_tree_size": sum(sizes) / len(sizes), "q_calibration": sum(c for c, _ in kept) / estimated if estimated > 0 else float("nan")}
+
+
+def format_tree_size_table(result: dict) -> str:
+    """Per speculative row: the mean kept tree size and how calibrated the drafter's ``q`` was."""
+    lines = ["| T | B | method | mean tree size | realised C / drafter's sum q |", "|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if "mean_tree_size" in r:
+            lines.append(f"| {r['temperature']:g} | {r['budget']} | {r['method']} | {r['mean_tree_size']:.1f} | {r['q_calibration']:.2f} |")
+    return "\n".join(lines)
 
 
 def format_e2e_table(result: dict) -> str:
@@ -216,7 +243,7 @@ def e2e_command(args) -> None:
     bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
     prompts = load_prompt_set(args.prompts or ("chat" if bundle.is_chat else "heldout"))
     prompts = spread_evenly(prompts, args.num_prompts)  # each domain its share
-    result = bench_e2e(bundle, prompts, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed, truncation=truncation)
+    result = bench_e2e(bundle, prompts, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed, truncation=truncation, budget_cap=args.budget_cap)
     print(f"end-to-end decoding, {len(prompts)} prompts x {args.repeats} repeats, {args.max_new_tokens} new tokens, methods interleaved; median (IQR)")
     print(f"machine: {machine_summary(result['machine'])}")
     print(f"precision: {precision_summary(result['precision'])}")
@@ -224,6 +251,8 @@ def e2e_command(args) -> None:
     if law.truncates:
         print(f"at T > 0 every method and peer samples with {law.describe().split(', ', 1)[1]}")
     print(format_e2e_table(result))
+    print()
+    print(format_tree_size_table(result))
     if any("domain" in p for p in prompts):
         print()
         print(format_domain_table(result))

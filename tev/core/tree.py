@@ -236,6 +236,44 @@ class DraftTree:
         has_child[self.parents[1:]] = True
         return ~has_child
 
+    @cached_property
+    def path_logprob(self) -> torch.Tensor:
+        """`Tensor[N]`: the drafter's log path probability ``sum`` of ``draft_logprob`` from the
+        root to ``v`` (``log prod_d q_d`` for a block drafter); 0 at the root."""
+        total = self.draft_logprob.tolist()
+        for v, parent in enumerate(self.parents_list[1:], start=1):  # parents precede children
+            total[v] += total[parent]
+        return torch.tensor(total, dtype=torch.float32)
+
+    @property
+    def draft_coverage(self) -> float:
+        """The drafter's own estimate of ``C(T)``: its path probabilities summed over non-root nodes."""
+        return float(self.path_logprob[1:].exp().sum())
+
+    def best_first_order(self) -> torch.Tensor:
+        """`LongTensor[N - 1]`: the non-root nodes by the drafter's path probability, best first
+        (ties in node order). A node never outscores its parent (``log q <= 0``), so every
+        prefix of this order holds each kept node's parent before it (see :meth:`keep`); for a
+        DDTree it is the node order itself."""
+        return torch.sort(-self.path_logprob[1:], stable=True).indices + 1
+
+    def keep(self, nodes: Sequence[int]) -> "DraftTree":
+        """The tree of the root and ``nodes`` (non-root node indices), numbered in that order.
+
+        Raises ValueError unless every listed node's parent is the root or listed before it
+        (a best-first prefix always is)."""
+        nodes = [int(v) for v in nodes]
+        index = {0: 0}
+        parents = self.parents_list
+        for i, v in enumerate(nodes, start=1):
+            if not 0 < v < self.num_nodes or v in index:
+                raise ValueError(f"node {v} is not a non-root node of this tree, or is listed twice")
+            if parents[v] not in index:
+                raise ValueError(f"node {v} is kept before (or without) its parent {parents[v]}")
+            index[v] = i
+        order = torch.tensor([0] + nodes, dtype=torch.long)
+        return DraftTree.from_parents(self.tokens[order].tolist(), [-1] + [index[parents[v]] for v in nodes], self.draft_logprob[order])
+
     def path_to(self, v: int) -> list[int]:
         """Node indices from the root to ``v`` (both included)."""
         path = []

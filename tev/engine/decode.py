@@ -16,6 +16,7 @@ import torch
 
 from tev.core.sampling import SamplingLaw, sample_rows
 from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS
+from tev.engine.auto_budget import AUTO_CAP, AutoBudget
 from tev.engine.drafters import Drafter
 from tev.engine.prompt_text import check_prompt_ids
 from tev.engine.round import STAGES, RoundRecord, prefill, room_left, speculation_round
@@ -40,10 +41,12 @@ class DecodeConfig:
     ``verifier`` names); the ``greedy`` verifier at ``temperature > 0`` is refused, never
     switched: it would decode greedily while the settings say sample. ``top_k``, ``top_p`` and ``min_p`` truncate the target's rows as Hugging Face
     ``generate`` does (0, 1 and 0 turn them off; see :class:`SamplingLaw`): every verifier is
-    exact for the truncated law. ``budget`` counts non-root draft nodes.
+    exact for the truncated law. ``budget`` counts non-root draft nodes, or is ``"auto"``:
+    each round keeps the best-first prefix of a ``budget_cap``-node tree that this machine pays
+    for (:mod:`tev.engine.auto_budget`).
     """
 
-    budget: int = 16
+    budget: int | str = 16
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -53,10 +56,13 @@ class DecodeConfig:
     seed: int = 0
     stop_strings: tuple[str, ...] = ()
     stop_at_eos: bool = True
+    budget_cap: int = AUTO_CAP
 
     def __post_init__(self):
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_BUDGET:
-            raise ValueError(f"budget must be an integer from 0 to {MAX_BUDGET}, got {self.budget!r}")
+        if self.budget != "auto" and (isinstance(self.budget, bool) or not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_BUDGET):
+            raise ValueError(f"budget must be an integer from 0 to {MAX_BUDGET} or 'auto', got {self.budget!r}")
+        if isinstance(self.budget_cap, bool) or not isinstance(self.budget_cap, int) or not 1 <= self.budget_cap <= MAX_BUDGET:
+            raise ValueError(f"budget_cap must be an integer from 1 to {MAX_BUDGET}, got {self.budget_cap!r}")
         if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if 0 < self.temperature < MIN_TEMPERATURE:
@@ -121,6 +127,8 @@ class GenerationSummary:
     stop_reason: str
     stage_seconds: dict[str, float] = field(default_factory=dict)
     method: str = ""
+    tree_sizes: list[int] = field(default_factory=list)
+    draft_coverages: list[float] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -131,6 +139,14 @@ class GenerationSummary:
     def tau_bound(self) -> float:
         """Mean ``1 + C(T)`` over the same rounds (what a saturated verifier attains on average)."""
         return sum(self.tau_bounds) / len(self.tau_bounds) if self.tau_bounds else float("nan")
+
+    @property
+    def q_calibration(self) -> float:
+        """Realised coverage over the drafter's estimate, summed over the rounds that kept a node
+        (``sum C / sum q``; 1 for a calibrated drafter, nan without such a round)."""
+        estimated = sum(c for c, n in zip(self.draft_coverages, self.tree_sizes) if n)
+        realised = sum(b - 1.0 for b, n in zip(self.tau_bounds, self.tree_sizes) if n)
+        return realised / estimated if estimated > 0 else float("nan")
 
     @property
     def tokens_per_second(self) -> float:
@@ -153,6 +169,9 @@ class GenerationSummary:
             "tokens_per_second": self.tokens_per_second,
             "stop_reason": self.stop_reason,
             "stage_seconds": self.stage_seconds,
+            "tree_sizes": self.tree_sizes,
+            "draft_coverages": self.draft_coverages,
+            "q_calibration": self.q_calibration,
         }
 
 
@@ -207,15 +226,25 @@ class _Output:
         return kept, added
 
 
-def speculative_generate(request: Request, tokenizer=None, should_stop: Callable[[], bool] | None = None) -> Iterator[RoundRecord | GenerationSummary]:
+def speculative_generate(
+    request: Request, tokenizer=None, should_stop: Callable[[], bool] | None = None, auto: AutoBudget | None = None
+) -> Iterator[RoundRecord | GenerationSummary]:
     """Generate with tree speculation; yields a RoundRecord per round, then the summary.
 
     Args:
         request: the target, the drafter, the prompt and the settings (checked as it was made).
         tokenizer: for text and EOS (optional; without it only token ids are produced).
         should_stop: polled between rounds; returning True ends the generation ("cancelled").
+        auto: with ``config.budget == "auto"``, the rule's state (default: the process's cost
+            curve for ``target``, measured before the clock starts on first use, and a fresh
+            calibration); a caller may pass one to share it across generations.
     """
     target, drafter, config = request.target, request.drafter, request.config
+    if config.budget != "auto":
+        if auto is not None:
+            raise ValueError("an AutoBudget needs config.budget == 'auto'")
+    elif auto is None:
+        auto = AutoBudget.for_target(target, config.budget_cap)
     start = time.perf_counter()
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
     prompt = list(request.prompt_ids)
@@ -229,7 +258,7 @@ def speculative_generate(request: Request, tokenizer=None, should_stop: Callable
     prefill(session, prompt, state)
     prefill_seconds = time.perf_counter() - start
     totals = {stage: 0.0 for stage in STAGES}
-    block_lengths, tau_bounds = [], []
+    block_lengths, tau_bounds, tree_sizes, draft_coverages = [], [], [], []
     first_token_at = None
     paused = 0.0
     index = 0
@@ -241,7 +270,8 @@ def speculative_generate(request: Request, tokenizer=None, should_stop: Callable
             output.stop_reason = "context_limit"
             break
         timer = StageTimer(device)
-        record = speculation_round(session, drafter, committed, min(config.budget, MAX_BUDGET), verifier, config.law, generator, state, timer)
+        budget = 0 if auto is not None else config.budget
+        record = speculation_round(session, drafter, committed, budget, verifier, config.law, generator, state, timer, auto)
         block = record.verdict.block_tokens(record.tree)
         record.index = index
         record.emitted, record.text = output.add(block)
@@ -250,6 +280,8 @@ def speculative_generate(request: Request, tokenizer=None, should_stop: Callable
             first_token_at = time.perf_counter() - start
         block_lengths.append(record.block_length)
         tau_bounds.append(record.flow.tau_bound)
+        tree_sizes.append(record.tree.budget)
+        draft_coverages.append(record.tree.draft_coverage)
         for stage, seconds in record.timings.items():
             totals[stage] = totals.get(stage, 0.0) + seconds
         suspended_at = time.perf_counter()
@@ -270,6 +302,8 @@ def speculative_generate(request: Request, tokenizer=None, should_stop: Callable
         stop_reason=output.stop_reason,
         stage_seconds=totals,
         method=f"{drafter.name}+{verifier}",
+        tree_sizes=tree_sizes,
+        draft_coverages=draft_coverages,
     )
 
 

@@ -21,6 +21,7 @@ def generate_command(args) -> None:
         raise ValueError("--stop needs a non-empty string")
     config = DecodeConfig(  # checked before the models load: a bad flag fails at once
         budget=args.budget,
+        budget_cap=args.budget_cap,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,

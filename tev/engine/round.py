@@ -19,15 +19,17 @@ from typing import Callable
 
 import torch
 
+from tev.core.budget import BudgetChoice
 from tev.core.flow import TargetFlow
 from tev.core.sampling import SamplingLaw
 from tev.core.tree import DraftTree
 from tev.core.verify import Verdict, verify_rows
+from tev.engine.auto_budget import AutoBudget
 from tev.engine.drafters import DraftContext, Drafter, DraftState
 from tev.engine.session import CausalLMSession, ForwardOutput
 from tev.util.timing import StageTimer
 
-__all__ = ["STAGES", "RoundRecord", "room_left", "prefill", "draft_and_forward", "speculation_round"]
+__all__ = ["STAGES", "RoundRecord", "room_left", "prefill", "draft_tree", "draft_and_forward", "speculation_round"]
 
 STAGES = ("draft", "build", "forward", "head", "verify", "commit")
 
@@ -46,6 +48,7 @@ class RoundRecord:
         index: round number (0-based), set by the decode loop.
         emitted: tokens this round added to the output (the block, cut at a stop), and
         text: the decoded text they added; both set by the decode loop's stop rules.
+        choice: with budget "auto", how the tree's size was chosen (None for a fixed budget).
     """
 
     tree: DraftTree
@@ -58,6 +61,7 @@ class RoundRecord:
     index: int = 0
     emitted: list[int] = field(default_factory=list)
     text: str = ""
+    choice: BudgetChoice | None = None
 
     @property
     def block_length(self) -> int:
@@ -78,6 +82,8 @@ class RoundRecord:
         probabilities are rounded to 6 decimals; ``stage_seconds`` holds ``timings``. With
         ``token_text`` (token id -> text) the tree's tokens, the accepted tokens and the bonus
         token are also given as text (``tree.text``, ``accepted_text``, ``bonus_text``).
+        ``draft_coverage`` is the drafter's estimate of ``coverage`` (its path probabilities
+        summed); with budget "auto", ``auto_budget`` holds :meth:`BudgetChoice.to_dict`.
         """
         def rounded(tensor) -> list[float]:
             return [round(float(x), 6) for x in tensor.tolist()]
@@ -99,6 +105,8 @@ class RoundRecord:
             "rho": rounded(self.flow.rho),
             "exit_weight": rounded(self.flow.exit_weight),
             "coverage": self.flow.coverage,
+            "draft_coverage": self.tree.draft_coverage,
+            **({"auto_budget": self.choice.to_dict()} if self.choice is not None else {}),
             "tau_bound": self.flow.tau_bound,
             "path": self.verdict.path,
             "exit_node": self.verdict.exit_node,
@@ -124,6 +132,20 @@ def prefill(session: CausalLMSession, prompt_ids: list[int], state: DraftState) 
         state.add_features(session.extend(prompt_ids[:-1]).features)
 
 
+def draft_tree(
+    session: CausalLMSession, drafter: Drafter, committed: list[int], budget: int, state: DraftState, timer: StageTimer, auto: AutoBudget | None = None
+) -> tuple[DraftTree, BudgetChoice | None]:
+    """Draft a tree of at most ``budget`` nodes under ``committed[-1]``; with ``auto``, draft
+    ``auto.cap`` nodes and keep the best-first prefix the machine pays for (chosen from the
+    drafter and past rounds only, before the target sees the tree)."""
+    room = room_left(session)
+    tree = drafter.propose(DraftContext(committed, max_depth=room), (budget if auto is None else auto.cap) if room > 0 else 0, state, timer)
+    if auto is None:
+        return tree, None
+    with timer.stage("build"):
+        return auto.choose(tree)
+
+
 def draft_and_forward(
     session: CausalLMSession,
     drafter: Drafter,
@@ -135,11 +157,13 @@ def draft_and_forward(
     """Draft a tree of at most ``budget`` nodes under ``committed[-1]`` and run the target's one
     forward over it; the tree stays provisional in the cache until :meth:`CausalLMSession.commit`."""
     timer = timer or StageTimer()
-    room = room_left(session)
-    tree = drafter.propose(DraftContext(committed, max_depth=room), budget if room > 0 else 0, state, timer)
+    tree, _ = draft_tree(session, drafter, committed, budget, state, timer)
+    return tree, _forward(session, tree, timer)
+
+
+def _forward(session: CausalLMSession, tree: DraftTree, timer: StageTimer) -> ForwardOutput:
     with timer.stage("forward"):
-        output = session.forward_tree(tree)  # one target forward over every node
-    return tree, output
+        return session.forward_tree(tree)  # one target forward over every node
 
 
 def speculation_round(
@@ -152,6 +176,7 @@ def speculation_round(
     generator: torch.Generator,
     state: DraftState,
     timer: StageTimer,
+    auto: AutoBudget | None = None,
 ) -> RoundRecord:
     """One round on ``session``: draft, target forward, head, verdict, then commit the accepted
     path to the cache and the drafter's ``state``. ``committed`` is read, not changed (the caller
@@ -160,9 +185,13 @@ def speculation_round(
     On a GPU a round with the block drafter waits for the device twice: the drafter's marginals
     come to the host (the tree is built there) and the verdict does (one transfer for TEV and
     predraw; greedy adds one when it exits at a leaf). ``timer`` may add its own syncs
-    (:class:`StageTimer` on a CUDA device synchronises around each stage)."""
+    (:class:`StageTimer` on a CUDA device synchronises around each stage).
+
+    With ``auto`` the round's size is chosen by the cost-aware rule (``budget`` is then unused)
+    and the round's coverage and stage times feed ``auto`` for the rounds after it."""
     position = session.length
-    tree, output = draft_and_forward(session, drafter, committed, budget, state, timer)
+    tree, choice = draft_tree(session, drafter, committed, budget, state, timer, auto)
+    output = _forward(session, tree, timer)
     with timer.stage("head"):
         rows = output.rows(law)
         flow = rows.flow(tree)  # the edge probabilities: the parents' rows through the head, truncated and normalised
@@ -172,4 +201,7 @@ def speculation_round(
         session.commit(verdict.path)
         if output.features is not None:
             state.add_features(output.features[torch.as_tensor(verdict.path).to(output.features.device, non_blocking=True)])
-    return RoundRecord(tree, flow, verdict, dict(timer.seconds), drafter.name, verifier, position)
+    if auto is not None:  # after the verdict: this round's rows inform only later rounds
+        seconds = timer.seconds
+        auto.observe(tree, flow.coverage, seconds["forward"] + seconds["head"] + seconds["verify"], sum(seconds.values()))
+    return RoundRecord(tree, flow, verdict, dict(timer.seconds), drafter.name, verifier, position, choice=choice)

@@ -1,0 +1,309 @@
+"""Budget "auto": the rule on hand-built curves, best-first prefixes, the cost curve, and
+exactness (chi-square, greedy equality) when every round chooses its own size."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.helpers import ALPHA, chi_square_against
+from tests.test_engine import SMALL_VOCAB, exact_first_tokens_law, greedy_reference
+from tests.tiny import save_pair, tiny_ar_drafter, tiny_block_drafter, tiny_target
+from tev.core.budget import Calibration, choose_prefix
+from tev.core.tree import DraftTree
+from tev.engine.auto_budget import AutoBudget
+from tev.engine.cost_curve import CostCurve, measure_forward_costs
+from tev.core.sampling import as_law
+from tev.engine.decode import DecodeConfig, Request, run_to_end, speculative_generate
+from tev.engine.round import RoundRecord, prefill, speculation_round
+from tev.engine.session import CausalLMSession
+from tev.util.timing import StageTimer
+from visual.budget_view import budget_figure
+
+VOCAB = 48
+Q = torch.tensor([0.8, 0.5, 0.3, 0.1, 0.05])  # best-first path probabilities of a 5-node tree
+
+
+# ------------------------------------------------------------------ the rule, by hand
+def test_flat_cost_curve_keeps_every_node():
+    # a forward costs the same at any size (a GPU): every node with reach adds tokens for free
+    assert choose_prefix(Q, torch.ones(6), 1.0).size == 5
+
+
+def test_flat_cost_curve_stops_at_the_cap():
+    # the cap bounds the tree even when more nodes would pay
+    assert choose_prefix(Q, torch.ones(6), 1.0, cap=3).size == 3
+
+
+def test_linear_cost_curve_keeps_no_node():
+    # each token costs a whole forward and no node is sure: plain decoding is best
+    assert choose_prefix(Q, torch.arange(1.0, 7.0), 1.0).size == 0
+
+
+def test_steep_curve_after_two_tokens_keeps_one_node():
+    # the first node (0.8) pays for 1.5x; the second (0.5) cannot pay for 3x
+    assert choose_prefix(Q, torch.tensor([1.0, 1.5, 3.0, 4.5, 6.0, 7.5]), 1.0).size == 1
+
+
+def test_concave_curve_keeps_the_nodes_whose_reach_pays():
+    # rates 1, 1.50, 1.77, 1.73, 1.69, 1.62: the third node (0.1) costs more than it brings
+    assert choose_prefix(Q, torch.tensor([1.0, 1.2, 1.3, 1.5, 1.6, 1.7]), 1.0).size == 2
+
+
+def test_a_drafter_that_underestimates_gets_a_bigger_tree():
+    # calibrated reach 1, 1, 0.6, 0.2, 0.1 (capped at 1): rates 1, 1.67, 2.31, 2.40, 2.38, 2.29
+    assert choose_prefix(Q, torch.tensor([1.0, 1.2, 1.3, 1.5, 1.6, 1.7]), 2.0).size == 3
+
+
+def test_a_drafter_that_is_never_right_gets_plain_decoding():
+    # calibration 0: no node is expected to be accepted, and any tree costs more than none
+    assert choose_prefix(Q, torch.tensor([1.0, 1.01, 1.02, 1.03, 1.04, 1.05]), 0.0).size == 0
+
+
+def test_a_tie_goes_to_the_smaller_tree():
+    # a sure node at twice the cost: 2 tokens / 2 = 1 token / 1
+    assert choose_prefix(torch.tensor([1.0]), torch.tensor([1.0, 2.0]), 1.0).size == 0
+
+
+def test_an_empty_tree_is_plain_decoding():
+    assert choose_prefix(torch.zeros(0), torch.ones(1), 1.0).size == 0
+
+
+def test_the_choice_records_what_it_was_chosen_from():
+    choice = choose_prefix(Q, torch.tensor([1.0, 1.2, 1.3, 1.5, 1.6, 1.7]), 1.0)
+    assert choice.expected.tolist() == pytest.approx([1.0, 1.8, 2.3, 2.6, 2.7, 2.75])
+    assert choice.rate.tolist() == pytest.approx((choice.expected / choice.cost).tolist())
+    assert choice.estimate == pytest.approx(1.3)
+    assert json.loads(json.dumps(choice.to_dict()))["cost_seconds"] == pytest.approx(1.3)
+
+
+@pytest.mark.parametrize("cost, path_prob, calibration, message", [
+    (torch.ones(3), Q, 1.0, "sizes 1 .. 6"),
+    (torch.tensor([1.0, 0.0]), torch.tensor([0.5]), 1.0, "positive"),
+    (torch.ones(2), torch.tensor([1.5]), 1.0, r"\[0, 1\]"),
+    (torch.ones(2), torch.tensor([0.5]), -1.0, "calibration"),
+])
+def test_bad_rule_inputs_are_refused(cost, path_prob, calibration, message):
+    with pytest.raises(ValueError, match=message):
+        choose_prefix(path_prob, cost, calibration)
+
+
+# ------------------------------------------------------------------ best-first prefixes are trees
+def test_every_prefix_of_a_ddtree_is_the_ddtree_of_that_budget():
+    logq = torch.log_softmax(3 * torch.randn(5, 30, generator=torch.Generator().manual_seed(0)), dim=-1)
+    tree = DraftTree.from_marginals(logq, 24)
+    order = tree.best_first_order()
+    assert order.tolist() == list(range(1, tree.num_nodes))  # the builder's node order is best first
+    for k in range(tree.num_nodes):
+        kept, built = tree.keep(order[:k].tolist()), DraftTree.from_marginals(logq, k)
+        assert kept.tokens.tolist() == built.tokens.tolist() and kept.parents.tolist() == built.parents.tolist()
+
+
+def test_best_first_prefixes_of_any_tree_keep_parents_first():
+    # node order is not score order here (as in the AR drafter's trees): nodes 2, 4 and 5 outscore node 1
+    logprob = [0.0, -2.0, -0.1, -0.3, -0.2, -0.05, -1.0]
+    tree = DraftTree.from_parents([0, 5, 6, 7, 8, 9, 10], [-1, 0, 0, 1, 2, 4, 3], logprob)
+    assert tree.path_logprob.tolist() == pytest.approx([0.0, -2.0, -0.1, -2.3, -0.3, -0.35, -3.3])
+    order = tree.best_first_order().tolist()
+    assert order == [2, 4, 5, 1, 3, 6]
+    for k in range(len(order) + 1):
+        kept = tree.keep(order[:k])  # validated on construction: parents precede children
+        assert kept.budget == k
+        assert kept.draft_coverage == pytest.approx(float(tree.path_logprob[order[:k]].exp().sum()))
+        assert kept.path_tokens(kept.num_nodes - 1) == tree.path_tokens(([0] + order)[k])
+
+
+def test_keeping_a_node_before_its_parent_is_refused():
+    tree = DraftTree.from_parents([0, 5, 6], [-1, 0, 1])
+    with pytest.raises(ValueError, match="before"):
+        tree.keep([2, 1])
+    with pytest.raises(ValueError, match="before"):
+        tree.keep([2])
+
+
+# ------------------------------------------------------------------ calibration and the cost curve
+def test_calibration_learns_the_drafters_bias():
+    calibration = Calibration()
+    assert calibration.factor == 1.0  # no round yet: the prior
+    for _ in range(50):
+        calibration.observe(realised=1.0, estimate=2.0)  # the drafter claims twice what the target gives
+    assert calibration.factor == pytest.approx(0.5, abs=0.02)
+
+
+def test_rounds_without_a_tree_let_the_calibration_return_to_its_prior():
+    calibration = Calibration()
+    for _ in range(50):
+        calibration.observe(realised=0.0, estimate=2.0)  # the target never agrees
+    assert calibration.factor < 0.05
+    for _ in range(100):
+        calibration.observe(realised=0.0, estimate=0.0)  # plain decoding: nothing learned
+    assert calibration.factor > 0.9
+
+
+def test_cost_curve_interpolates_the_measurement_then_follows_the_rounds():
+    curve = CostCurve({1: 1.0, 5: 2.0, 9: 4.0})
+    assert curve.costs(9).tolist() == pytest.approx([1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0])  # no round yet: nothing fixed
+    for seconds in (3.0, 2.0, 100.0):  # a running median: one slow round does not move it
+        curve.observe(5, sized_seconds=seconds, fixed_seconds=0.5)
+    assert curve.drift == 1.5 and curve.fixed == 0.5
+    assert curve.costs(9)[0].item() == pytest.approx(1.0 * 1.5 + 0.5)  # every size follows the drift seen at 5
+    assert curve.costs(9)[8].item() == pytest.approx(4.0 * 1.5 + 0.5)
+    for _ in range(4):  # rounds at another size move every size
+        curve.observe(9, sized_seconds=4.0, fixed_seconds=0.5)
+    assert curve.drift == 1.0
+
+
+def test_a_frozen_cost_curve_ignores_the_rounds():
+    curve = CostCurve({1: 1.0, 9: 2.0}, frozen=True)
+    curve.observe(5, sized_seconds=30.0, fixed_seconds=5.0)
+    assert curve.costs(9).tolist() == pytest.approx([1.0 + n / 8 for n in range(9)])
+
+
+def test_cost_curve_never_falls_with_size():
+    curve = CostCurve({1: 1.0, 2: 3.0, 3: 1.0, 4: 2.0})  # a noisy measurement
+    costs = curve.costs(4)
+    assert (costs[1:] >= costs[:-1]).all() and costs.tolist() == pytest.approx([1.0, 2.0, 2.0, 2.0])
+
+
+def test_forward_costs_are_measured_for_the_sizes_that_fit():
+    target = tiny_target(VOCAB, context=40)
+    measured = measure_forward_costs(target, sizes=(1, 3, 17, 33), repeats=1)
+    assert set(measured) == {1, 3, 17, 33} and all(t > 0 for t in measured.values())
+
+
+# ------------------------------------------------------------------ the choice never reads the round's rows
+CURVE = {n: 1.0 + 0.08 * (n - 1) for n in (1, 2, 3, 5, 9, 17, 33)}  # each node costs 8% of a step
+STEP = {1: 1.0, 9: 1.01, 17: 2.0, 33: 4.0}  # eight nodes almost free, then each costs an eighth of a step
+
+
+def test_the_choice_never_reads_the_rounds_target_rows(monkeypatch):
+    target = tiny_target(VOCAB, scale=2.0)
+    drafter = tiny_block_drafter(target)
+    prompt = [3, 9, 27, 4, 11]
+    original = CausalLMSession.forward_tree
+    noise = {"scale": 0.0}
+
+    def perturbed(self, tree):
+        out = original(self, tree)
+        generator = torch.Generator().manual_seed(7)
+        if out.hidden is not None:  # the lazy head projects these rows later
+            out.hidden = out.hidden + noise["scale"] * torch.randn(out.hidden.shape, generator=generator)
+        else:
+            out._logits = out._logits + noise["scale"] * torch.randn(out._logits.shape, generator=generator)
+        return out
+
+    monkeypatch.setattr(CausalLMSession, "forward_tree", perturbed)
+    chosen, verdicts = [], []
+    for scale in (0.0, 3.0, 30.0):
+        noise["scale"] = scale
+        session = CausalLMSession(target, feature_layers=drafter.feature_layers)
+        state = drafter.new_state()
+        prefill(session, prompt, state)
+        auto = AutoBudget(CostCurve(STEP, frozen=True), cap=16)
+        step = speculation_round(session, drafter, prompt, 0, "tev", as_law(1.0), torch.Generator().manual_seed(0), state, StageTimer(), auto)
+        chosen.append((step.choice.size, step.tree.tokens.tolist(), step.tree.parents.tolist()))
+        verdicts.append((tuple(step.verdict.path), step.verdict.bonus_token, round(step.flow.coverage, 4)))
+    assert 0 < chosen[0][0] < 16  # an interior choice: the rule had something to decide
+    assert chosen[0] == chosen[1] == chosen[2]  # same size, same tree, whatever the rows
+    assert len(set(verdicts)) > 1  # while the perturbed rows did change the round
+
+
+# ------------------------------------------------------------------ exactness at auto
+@pytest.fixture(scope="module")
+def small_target():
+    torch.manual_seed(0)
+    return tiny_target(SMALL_VOCAB, scale=0.5, eos_token_id=SMALL_VOCAB + 7)  # eos outside the vocab: never stops early
+
+
+@pytest.mark.parametrize("verifier", ["tev", "predraw", "sequential"])
+def test_sampling_at_auto_is_lossless(small_target, verifier):
+    prompt = [1, 2, 0]
+    law = exact_first_tokens_law(small_target, prompt)
+    drafter = tiny_block_drafter(small_target)
+    # one rule across all draws, so each generation's sizes depend on the rounds before it: a
+    # prior of 3 keeps 4 nodes (0.75 reach each pays for 2.4x), the learned ~1.3 keeps none,
+    # and the plain-decoding rounds decay back towards the prior
+    calibration = Calibration(prior=3.0, strength=0.3, weight=0.3)
+    auto = AutoBudget(CostCurve({1: 1.0, 2: 1.4, 5: 2.4, 7: 2.8}, frozen=True), cap=6, calibration=calibration)
+    samples, sizes = [], []
+    for seed in range(2500):
+        config = DecodeConfig(budget="auto", budget_cap=6, temperature=1.0, verifier=verifier, max_new_tokens=3, seed=seed, stop_at_eos=False)
+        records, summary = run_to_end(speculative_generate(Request(small_target, drafter, prompt, config), auto=auto))
+        sizes += summary.tree_sizes
+        samples.append(tuple(summary.token_ids))
+    assert {0, 4} <= set(sizes), "the rule must choose both plain decoding and a tree here"
+    statistic, p_value, dof = chi_square_against(law, samples)
+    print(f"{verifier} at auto: sizes {sorted(set(sizes))} chi2={statistic:.1f} dof={dof} p={p_value:.3f}")
+    assert p_value > ALPHA
+
+
+@pytest.mark.parametrize("kind", ["block", "ar"])
+def test_greedy_speculation_at_auto_equals_greedy_decoding(kind):
+    target = tiny_target(VOCAB, scale=3.0)
+    drafter = tiny_block_drafter(target) if kind == "block" else tiny_ar_drafter(VOCAB)
+    sizes = set()
+    for seed, curve in enumerate((STEP, CURVE, {1: 1.0, 2: 1.6, 3: 3.0, 33: 40.0}, None)):  # None: this machine's measured curve
+        prompt = torch.randint(1, VOCAB, (5 + seed,), generator=torch.Generator().manual_seed(seed)).tolist()
+        reference = greedy_reference(target, prompt, 40, eos=False)
+        config = DecodeConfig(budget="auto", budget_cap=16, temperature=0.0, max_new_tokens=40, stop_at_eos=False)
+        auto = AutoBudget(CostCurve(curve, frozen=True), cap=16) if curve else None
+        records, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config), auto=auto))
+        assert summary.token_ids == reference.token_ids, (kind, seed)
+        assert all(r.choice is not None and r.tree.budget == r.choice.size for r in records)
+        sizes |= set(summary.tree_sizes)
+    assert len(sizes) > 1
+
+
+def test_a_seeded_run_on_a_frozen_curve_repeats_exactly():
+    target = tiny_target(VOCAB, scale=2.0)
+    drafter = tiny_block_drafter(target)
+    config = DecodeConfig(budget="auto", budget_cap=16, temperature=1.0, max_new_tokens=20, seed=5, stop_at_eos=False)
+    runs = [run_to_end(speculative_generate(Request(target, drafter, [3, 9, 27], config), auto=AutoBudget(CostCurve(STEP, frozen=True), cap=16)))[1] for _ in range(2)]
+    assert runs[0].token_ids == runs[1].token_ids and runs[0].tree_sizes == runs[1].tree_sizes
+
+
+def test_an_auto_budget_needs_budget_auto():
+    target = tiny_target(VOCAB)
+    with pytest.raises(ValueError, match="auto"):
+        run_to_end(speculative_generate(Request(target, tiny_block_drafter(target), [1, 2], DecodeConfig(budget=4)), auto=AutoBudget(CostCurve(CURVE))))
+    with pytest.raises(ValueError, match="auto"):
+        DecodeConfig(budget="big")
+    with pytest.raises(ValueError, match="budget_cap"):
+        DecodeConfig(budget="auto", budget_cap=0)
+
+
+# ------------------------------------------------------------------ the record, the JSON, the figure
+def test_generate_command_line_at_auto_records_each_choice(tmp_path, capsys):
+    from tev.cli import main
+
+    paths = save_pair(tmp_path)
+    code = main(["generate", "--prompt", "def add(a, b):", "--target", str(paths["target"]), "--draft", str(paths["block"]),
+                 "--budget", "auto", "--budget-cap", "8", "--temperature", "1", "--max-new-tokens", "10", "--seed", "3", "--json"])
+    assert code == 0
+    payload = json.loads(capsys.readouterr().out)
+    for r in payload["rounds_detail"]:
+        choice = r["auto_budget"]
+        assert choice["size"] == r["budget"] <= choice["cap"] == 8
+        assert choice["estimate"] == pytest.approx(r["draft_coverage"], abs=1e-5)
+        assert len(choice["rate_by_size"]) == len(choice["cost_seconds_by_size"]) and choice["cost_seconds"] > 0
+    assert payload["tree_sizes"] == [r["budget"] for r in payload["rounds_detail"]]
+    with pytest.raises(SystemExit) as refused:
+        main(["generate", "--prompt", "x", "--target", str(paths["target"]), "--budget", "many"])
+    assert refused.value.code == 2 and "'auto'" in capsys.readouterr().err
+
+
+def test_budget_figure_reads_the_rounds_choice():
+    target = tiny_target(VOCAB, scale=2.0)
+    config = DecodeConfig(budget="auto", budget_cap=16, temperature=1.0, max_new_tokens=12, stop_at_eos=False)
+    records, _ = run_to_end(speculative_generate(Request(target, tiny_block_drafter(target), [3, 9, 27], config), auto=AutoBudget(CostCurve(CURVE, frozen=True), cap=16)))
+    record = records[-1]
+    fig = budget_figure(record)
+    line, chosen = fig.data
+    assert list(line.y) == pytest.approx(record.choice.rate.tolist())
+    assert list(chosen.x) == [record.choice.size] == [record.tree.budget]
+    assert chosen.y[0] == pytest.approx(max(record.choice.rate.tolist()))
+    fixed = RoundRecord(**{**record.__dict__, "choice": None})
+    with pytest.raises(ValueError, match="fixed budget"):
+        budget_figure(fixed)

@@ -1,0 +1,141 @@
+"""The cost-aware tree budget ("auto"): how many of the drafter's best nodes a round keeps.
+
+``q`` is the drafter, ``p`` the target. A round keeps the best-first prefix of ``k`` nodes of the
+drafter's tree (``k = 0`` is plain decoding) that maximises expected tokens per unit cost::
+
+    rate(k) = (1 + c * sum_{i <= k} q(v_i)) / cost(k + 1)
+
+where ``q(v_i)`` is the ``i``-th best node's drafter path probability (``prod_d q_d`` for a
+block drafter), ``c`` the calibration factor (how the target's realised coverage ``C(T)``
+compared with the drafter's estimate in past rounds, :class:`Calibration`) and ``cost(n)`` the
+time of a round whose target forward holds ``n`` new tokens (the root and ``k`` nodes). The
+numerator estimates ``1 + C``, the expected output-block length of a saturated verifier.
+
+The choice reads only the drafter's tree and past rounds, never the current round's target
+rows: the tree is fixed before the target sees it, so every exact verifier stays exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["BudgetChoice", "Calibration", "choose_prefix"]
+
+
+@dataclass(frozen=True, eq=False)
+class BudgetChoice:
+    """One round's choice of its tree size, with what it was chosen from.
+
+    Attributes:
+        size: ``k``, the non-root nodes kept (0 .. ``M``).
+        cap: the most nodes the round could keep (the drafted tree's ``M`` is at most this).
+        path_prob: `Tensor[M]`, the drafted nodes' path probabilities under ``q``, best first.
+        expected: `Tensor[M + 1]`, ``1 + c * sum_{i <= k} q(v_i)`` for ``k = 0 .. M`` (each
+            node's calibrated reach capped at 1).
+        cost: `Tensor[M + 1]`, ``cost(k + 1)`` in seconds.
+        rate: `Tensor[M + 1]`, ``expected / cost``: expected tokens per second.
+        calibration: ``c``.
+    """
+
+    size: int
+    cap: int
+    path_prob: torch.Tensor
+    expected: torch.Tensor
+    cost: torch.Tensor
+    rate: torch.Tensor
+    calibration: float
+
+    @property
+    def estimate(self) -> float:
+        """The drafter's own (uncalibrated) estimate of ``C`` for the kept nodes."""
+        return float(self.path_prob[: self.size].sum())
+
+    def to_dict(self) -> dict:
+        """Plain JSON values (per-size lists have length ``M + 1``, index = size ``k``)."""
+        def rounded(tensor) -> list[float]:
+            return [round(float(x), 6) for x in tensor.tolist()]
+
+        return {
+            "size": self.size,
+            "cap": self.cap,
+            "calibration": round(self.calibration, 6),
+            "estimate": round(self.estimate, 6),
+            "expected_length": round(float(self.expected[self.size]), 6),
+            "cost_seconds": round(float(self.cost[self.size]), 6),
+            "expected_by_size": rounded(self.expected),
+            "cost_seconds_by_size": rounded(self.cost),
+            "rate_by_size": rounded(self.rate),
+        }
+
+
+def choose_prefix(path_prob: torch.Tensor, cost: torch.Tensor, calibration: float, cap: int | None = None) -> BudgetChoice:
+    """The best-first prefix size with the most expected tokens per unit cost.
+
+    Args:
+        path_prob: `Tensor[M]`, the drafted nodes' path probabilities under ``q`` in best-first
+            order (each node's parent earlier: see :meth:`~tev.core.tree.DraftTree.best_first_order`).
+        cost: `Tensor[M + 1]` (or longer), ``cost[n - 1]`` the cost of a target forward of
+            ``n`` new tokens, ``n = 1 .. M + 1``; positive.
+        calibration: ``c >= 0``, multiplies every path probability.
+        cap: the largest ``k`` allowed (default ``M``).
+
+    Returns:
+        a :class:`BudgetChoice`; ties go to the smaller tree.
+    """
+    path_prob = torch.as_tensor(path_prob, dtype=torch.float64).detach().cpu().flatten()
+    cost = torch.as_tensor(cost, dtype=torch.float64).detach().cpu().flatten()
+    cap = path_prob.numel() if cap is None else int(cap)
+    if cap < 0:
+        raise ValueError(f"cap must be >= 0, got {cap}")
+    path_prob = path_prob[:cap]
+    m = path_prob.numel()
+    if cost.numel() < m + 1:
+        raise ValueError(f"cost needs the sizes 1 .. {m + 1}, got {cost.numel()} values")
+    cost = cost[: m + 1]
+    if not (cost > 0).all() or not torch.isfinite(cost).all():
+        raise ValueError("every cost must be a positive finite number")
+    if ((path_prob < 0) | (path_prob > 1) | torch.isnan(path_prob)).any():
+        raise ValueError("path probabilities must lie in [0, 1]")
+    if not calibration >= 0:
+        raise ValueError(f"calibration must be >= 0, got {calibration}")
+    reach = (calibration * path_prob).clamp(max=1.0)  # no node is reached more than surely
+    expected = torch.cat([torch.ones(1, dtype=torch.float64), 1.0 + reach.cumsum(0)])  # [M + 1]
+    rate = expected / cost
+    size = int(torch.nonzero(rate == rate.max())[0])  # the first maximum: the smallest tree
+    return BudgetChoice(size, cap, path_prob, expected, cost, rate, float(calibration))
+
+
+@dataclass
+class Calibration:
+    """How the target's realised coverage compares with the drafter's estimate, over past rounds.
+
+    ``factor = (R + prior * strength) / (E + strength)`` where ``R`` and ``E`` are
+    exponentially weighted sums (each round multiplies them by ``1 - weight`` before adding its
+    own) of the realised ``C(T)`` and the drafter's estimate ``sum q`` of the trees the rounds
+    kept. ``strength`` (in units of coverage) pulls the factor towards ``prior`` when the rounds
+    say little: a round that kept no node adds nothing and only decays the sums, so after a run
+    of plain-decoding rounds the factor drifts back to ``prior`` and a tree is tried again
+    (plain decoding alone would never learn whether a tree pays).
+    """
+
+    weight: float = 0.1
+    prior: float = 1.0
+    strength: float = 0.5
+    realised: float = 0.0
+    estimated: float = 0.0
+    rounds: int = 0
+
+    @property
+    def factor(self) -> float:
+        return (self.realised + self.prior * self.strength) / (self.estimated + self.strength)
+
+    def observe(self, realised: float, estimate: float) -> None:
+        """Add one round: the target's ``C(T)`` on the kept tree and the drafter's ``sum q`` on it."""
+        if realised < 0 or estimate < 0:
+            raise ValueError(f"coverages are >= 0, got realised {realised} and estimate {estimate}")
+        keep = 1.0 - self.weight
+        self.realised = keep * self.realised + realised
+        self.estimated = keep * self.estimated + estimate
+        self.rounds += 1

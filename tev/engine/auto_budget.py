@@ -1,0 +1,54 @@
+"""Budget "auto": each round keeps the best-first prefix of the drafter's tree that this machine
+pays for (:func:`~tev.core.budget.choose_prefix`), learning from the rounds as they run.
+
+The drafter builds a tree of ``cap`` nodes; :meth:`AutoBudget.choose` keeps its best ``k`` by the
+drafter's path probability, using the machine's :class:`~tev.engine.cost_curve.CostCurve` and
+the :class:`~tev.core.budget.Calibration` of past rounds; after the round,
+:meth:`AutoBudget.observe` feeds both with the round's stage times and realised coverage. Nothing
+here reads the current round's target rows before the tree is fixed.
+"""
+
+from __future__ import annotations
+
+from tev.core.budget import BudgetChoice, Calibration, choose_prefix
+from tev.core.tree import DraftTree
+from tev.engine.cost_curve import CostCurve, machine_cost_curve
+
+__all__ = ["AutoBudget", "AUTO_CAP"]
+
+AUTO_CAP = 32
+
+
+class AutoBudget:
+    """One generation's budget rule: the cap, the machine's cost curve and the calibration.
+
+    Args:
+        curve: the machine's cost curve (shared by the generations of a process).
+        cap: the most non-root nodes a round may keep.
+        calibration: realised ``C`` against the drafter's estimate (a fresh one by default).
+    """
+
+    def __init__(self, curve: CostCurve, cap: int = AUTO_CAP, calibration: Calibration | None = None):
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ValueError(f"the auto budget's cap must be an integer >= 1, got {cap!r}")
+        self.curve = curve
+        self.cap = cap
+        self.calibration = calibration or Calibration()
+
+    @classmethod
+    def for_target(cls, target, cap: int = AUTO_CAP) -> "AutoBudget":
+        """With the process's cost curve for ``target`` (measured on first use)."""
+        return cls(machine_cost_curve(target), cap)
+
+    def choose(self, tree: DraftTree) -> tuple[DraftTree, BudgetChoice]:
+        """The kept tree (its nodes best first) and the choice, from the drafted ``tree`` alone."""
+        order = tree.best_first_order()[: self.cap]  # [M]
+        path_prob = tree.path_logprob[order].exp()
+        choice = choose_prefix(path_prob, self.curve.costs(order.numel() + 1), self.calibration.factor, self.cap)
+        return tree.keep(order[: choice.size].tolist()), choice
+
+    def observe(self, kept: DraftTree, coverage: float, sized_seconds: float, round_seconds: float) -> None:
+        """After the round: its realised ``C(T)`` on the kept tree, the time of its stages that
+        grow with the tree (forward, head, verdict) and its whole time."""
+        self.calibration.observe(coverage, kept.draft_coverage)
+        self.curve.observe(kept.num_nodes, sized_seconds, round_seconds - sized_seconds)
