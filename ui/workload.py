@@ -13,9 +13,8 @@ import torch
 
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import shipped_drafter
-from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, adapt_to_workload
+from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, adapt_to_workload, workload_settings
 from tev.train.workload_data import check_workload, load_workload, split_workload
-from tev.train.workload_finetune import workload_settings
 from tev.util.paths import assets_dir
 from tev.util.stats import change_in_words
 from ui import shared

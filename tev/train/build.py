@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, get_cosine_with_min_lr_schedule_with_warmup
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from tev.data.corpus import load_split
 from tev.data.prompts import heldout_function_prompts, humaneval_prompts
@@ -36,7 +36,9 @@ from tev.engine.drafters import BlockDrafter, BlockDrafterConfig, BlockTreeDraft
 from tev.engine.evaluation import evaluate_drafter, fit_prompt
 from tev.engine.models import load_block_drafter
 from tev.train.card import refresh_card
-from tev.train.distill import DistillSettings, make_distill_data, regenerate_sequences, train_block_drafter
+from tev.train.data import TrainData
+from tev.train.loop import TrainSettings, run_to_end, schedule_for, train
+from tev.train.teacher import regenerate_sequences, with_features
 from tev.util.files import atomic_folder
 from tev.util.paths import REPO_ROOT, assets_dir
 from tev.util.timing import machine_info
@@ -225,7 +227,7 @@ def train_target(work: Path, config: BuildConfig, log=print) -> Path:
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=config.target_lr, betas=(0.9, 0.95)
     )
-    schedule = get_cosine_with_min_lr_schedule_with_warmup(optimizer, config.target_warmup, config.target_steps, min_lr_rate=0.1)
+    schedule = schedule_for(optimizer, config.target_warmup, config.target_steps)
     data_generator = torch.Generator().manual_seed(config.seed)
     eval_generator = torch.Generator().manual_seed(config.seed + 1)
     eval_windows = random_windows(heldout_stream, config.eval_windows, config.context_length, eval_generator)
@@ -310,15 +312,13 @@ def train_drafter(work: Path, config: BuildConfig, log=print) -> Path:
         target_num_layers=target.config.num_hidden_layers,
         notes={"trained_by": "python -m tev build-assets", "loss": "token-level cross-entropy on target continuations"},
     )
-    data = make_distill_data(
-        target, train_stream, drafter_config.feature_layers, config.distill_sequences, config.distill_context,
-        config.distill_new_tokens, seed=config.seed + 2,
-    )
+    sequences = regenerate_sequences(target, train_stream, config.distill_sequences, config.distill_context, config.distill_new_tokens, seed=config.seed + 2)
+    data = with_features(target, TrainData.of(sequences, config.distill_context), drafter_config.feature_layers)
     data_seconds = time.time() - start
     torch.manual_seed(config.seed + 3)
     drafter = BlockDrafter.for_target(drafter_config, target)
-    settings = DistillSettings(steps=config.drafter_steps, batch=config.drafter_batch, lr=config.drafter_lr, seed=config.seed + 4)
-    history = train_block_drafter(drafter, data, settings)
+    settings = TrainSettings(steps=config.drafter_steps, batch=config.drafter_batch, lr=config.drafter_lr, seed=config.seed + 4)
+    history = run_to_end(train(drafter, data, settings), progress=True)
     seconds = time.time() - start
     parameters = sum(p.numel() for p in drafter.parameters())
     with atomic_folder(folder) as tmp:
@@ -327,7 +327,7 @@ def train_drafter(work: Path, config: BuildConfig, log=print) -> Path:
             tmp, key, seconds=seconds, data_seconds=data_seconds, parameters=parameters,
             anchors=data.num_anchors, history=history,
         )
-    log(f"drafter: {parameters / 1e6:.2f}M parameters, {data.num_anchors} anchors, final loss {history[-1]['loss']:.3f}, {seconds / 60:.1f} min")
+    log(f"drafter: {parameters / 1e6:.2f}M parameters, {data.num_anchors} anchors, final loss {history[-1]['running_loss']:.3f}, {seconds / 60:.1f} min")
     return folder
 
 

@@ -107,10 +107,20 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
     return "\n".join(lines)
 
 
+def _settings_of(entry: dict) -> dict:
+    """An ExitTrain report's settings in the one vocabulary (``tree_term``, ``lambda_tree``,
+    ``soft_top``); reports written before it (under ``config``: ``weights``, ``lambda_exit``,
+    ``token_labels``) are read too."""
+    if "settings" in entry:
+        return entry["settings"]
+    old = entry["config"]
+    return {**old, "tree_term": old["weights"], "lambda_tree": old["lambda_exit"], "soft_top": old.get("soft_top", 16) if old.get("token_labels") == "soft" else 0}
+
+
 def _exittrain_card_lines(entry: dict, data: str = "target-regenerated sequences") -> list[str]:
     """The card's ExitTrain section, from the report ``python -m tev exittrain --install`` (or the
     ablation's ``--install``) writes; ``data`` names what a training sequence is."""
-    config = entry["config"]
+    config = _settings_of(entry)
     lines = [
         "## ExitTrain drafter `q` (fine-tuned from the base drafter)",
         "",
@@ -121,10 +131,10 @@ def _exittrain_card_lines(entry: dict, data: str = "target-regenerated sequences
         entry.get("command", "python -m tev exittrain --install"),
         "```",
         "",
-        f"Exit-weighted loss `L_tok + {config['lambda_exit']:g} L_exit` ({config['weights']} weights), training trees of budget "
+        f"Loss `L_tok + {config['lambda_tree']:g} L_tree` ({config['tree_term']} tree term), training trees of budget "
         f"{config['budget']} scored by the frozen target at T = {config['temperature']:g}; {entry['steps_done']} steps x "
         f"{config['sequences_per_step'] * config['anchors_per_sequence']} anchors ({config['sequences_per_step']} {data} x "
-        f"{config['anchors_per_sequence']} anchors), lr {config['lr']:g}, `L_tok` against {'the target' + chr(39) + 's distributions' if config.get('token_labels', 'written') == 'soft' else 'the written tokens'}; "
+        f"{config['anchors_per_sequence']} anchors), lr {config['lr']:g}, `L_tok` against {'the target' + chr(39) + 's distributions' if config['soft_top'] else 'the written tokens'}; "
         f"{entry['seconds'] / 60:.1f} min on CPU.",
         f"Held-out expected `1 + C` (T = {config['temperature']:g}, fixed anchors in held-out {data}, half greedy and half sampled): {entry['heldout_expected_tau_before']:.3f} before, "
         f"{entry['heldout_expected_tau_after']:.3f} after.",

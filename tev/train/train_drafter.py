@@ -39,7 +39,9 @@ from tev.engine.models import load_causal_lm, load_tokenizer
 from tev.engine.prompt_text import ChatTemplate
 from tev.train.chat_data import ChatSequences, write_requests, write_responses
 from tev.train.card import refresh_card
-from tev.train.distill import DistillData, DistillSettings, SoftLabels, heldout_loss, target_features, train_block_drafter
+from tev.train.data import SoftLabels, TrainData
+from tev.train.loop import TrainSettings, heldout_loss, run_to_end, train
+from tev.train.teacher import target_features
 from tev.util.files import atomic_folder, write_text_atomic
 from tev.util.paths import REPO_ROOT, assets_dir
 
@@ -87,9 +89,9 @@ class DrafterRecipe:
         """The budgets ``tau`` is measured at: ``eval_budget`` and the benchmarks' B = 16."""
         return tuple(sorted({16, self.eval_budget}))
 
-    def distill_settings(self) -> DistillSettings:
-        return DistillSettings(self.steps, self.batch, self.lr, self.warmup, self.seed, self.short_history_share, self.save_every, self.eval_every,
-                               soft_labels=self.soft_top > 0)
+    def train_settings(self) -> TrainSettings:
+        return TrainSettings(self.steps, self.batch, self.lr, self.warmup, self.seed, short_history_share=self.short_history_share,
+                             save_every=self.save_every, eval_every=self.eval_every, soft_top=self.soft_top)
 
 
 STORED_SOFT_TOP = 16  # the target's top tokens kept per position in the feature cache
@@ -260,14 +262,14 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     for name, part in (("train", train_part), ("heldout", heldout_part)):
         ids, lengths, prompt_lengths = part.padded(template.end_of_turn)
         features, soft = _cached_features(work / f"features-{name}", target, ids, lengths, drafter_config.feature_layers, vocab, recipe.soft_top, progress)
-        datasets[name] = DistillData.build(ids, lengths, prompt_lengths, features, soft)
+        datasets[name] = TrainData(ids, lengths, prompt_lengths, features, soft)
     timings["features_s"] = time.time() - t
 
     torch.manual_seed(recipe.seed + 3)
     drafter = BlockDrafter.for_target(drafter_config, target).float()
     drafter.set_draft_vocab(vocab)
     t = time.time()
-    history = train_block_drafter(drafter, datasets["train"], recipe.distill_settings(), checkpoint=work / "checkpoint", heldout=datasets["heldout"], progress=progress)
+    history = run_to_end(train(drafter, datasets["train"], recipe.train_settings(), checkpoint=work / "checkpoint", heldout=datasets["heldout"]), progress)
     timings["training_s"] = time.time() - t
     heldout = heldout_loss(drafter, datasets["heldout"], soft=recipe.soft_top > 0)
 
