@@ -13,6 +13,7 @@ import torch
 
 from tev.core.flow import target_flow
 from tev.core.tree import DraftTree
+from tev.engine.decode import rounds_in_turn
 from tev.engine.drafters import BlockDrafter
 from tev.engine.models import load_bundle
 from tev.engine.prompt_text import encode_chat
@@ -219,10 +220,11 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
     assets = _digest(REPO_ROOT / "assets")
     settings = dataclasses.replace(workload_settings("exit", steps=4), batch=8, tree_batch=4)
     compute = _HoldCounter()
-    result, adapted = workload_command.adapt_to_workload(bundle, prompts, base, minutes=5, settings=settings, controls=("none", "next-depth"), progress=False,
-                                                         compute=compute)
-    # the server's compute lock is taken per piece of work, never nested: a held-out prompt's
-    # decoding (5 prompts x 2 temperatures x 4 drafters), a training step, an answer's scoring
+    run = workload_command.adaptation(bundle, prompts, base, minutes=5, settings=settings, controls=("none", "next-depth"), progress=False)
+    events = list(rounds_in_turn(run, compute))
+    result, adapted = events[-1][1]["result"], events[-1][1]["drafter"]
+    # the caller takes the server's compute lock per piece of work, never nested: a held-out
+    # decoding round (5 prompts x 2 temperatures x 4 drafters, each several rounds), a training step, an answer's scoring
     assert compute.deepest == 1 and compute.holds >= 5 * 2 * 4 + 3 * 4 + 15
     for key in ("T0", "T1"):
         assert set(result[key]) == {"base", "exittrain", "token_only", "next-depth"}

@@ -36,8 +36,8 @@ def _cancelled(history, steps: int):
     return training_figure(history), f"cancelled after {steps} steps", None, "Cancelled: nothing was measured.", None, None, None
 
 
-class _Cancel:
-    """What the ExitTrain slot's Cancel sets for a live run (checked between pieces of work)."""
+class Cancel:
+    """What the ExitTrain slot's Cancel sets for a run (checked between pieces of work)."""
 
     def __init__(self):
         self.cancelled = False
@@ -70,7 +70,7 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
     try:
         started = time.monotonic()
         experiment = live_experiment(bundle, settings, data)
-        cancel = shared.EXITTRAIN_SLOT.trainer = _Cancel()
+        cancel = shared.EXITTRAIN_SLOT.trainer = Cancel()
         history = []
         progress(0, desc="scoring the base drafter's held-out trees…")
         yield training_figure(history), "scoring the base drafter's held-out trees (the 'before')…", *[gr.skip()] * 5

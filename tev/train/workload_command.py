@@ -12,23 +12,19 @@ terms asked for are trained and measured the same way.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import math
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from tev.engine.decode import rounds_in_turn
 from tev.engine.drafters import BlockDrafter, BlockTreeDrafter
-from tev.engine.evaluation import evaluate_drafter
+from tev.engine.evaluation import evaluation_rounds
 from tev.engine.models import load_bundle, shipped_drafter
 from tev.train.exittrain_command import invoked_command
-from tev.train.experiment import Experiment
 from tev.train.losses import TREE_TERMS
 from tev.train.loop import TrainSettings, train
 from tev.train.teacher import answer_prompts, with_features
@@ -37,7 +33,7 @@ from tev.train.workload_data import extend_draft_vocab, load_workload, split_wor
 from tev.util.paths import REPO_ROOT
 
 __all__ = ["DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "SOFT_TOP", "workload_settings", "workload_train_set",
-           "adapt_to_workload", "heldout_mass", "relative_gain", "workload_command"]
+           "adaptation", "heldout_mass", "relative_gain", "workload_command"]
 
 DEFAULT_TREE_TERM = ("exit", 0.1)  # (tree term, lambda_tree) of the shipped recipe; see docs/exittrain.md
 EVAL_BUDGET = 16
@@ -78,104 +74,94 @@ def relative_gain(after: dict, before: dict) -> dict:
     return {"gain": ratio - 1, "se": se}
 
 
-def _measure(bundle, model: BlockDrafter, name: str, prompts: list[dict], progress: bool, compute) -> dict:
-    """``{"T0": {"tau", "se", ...}, "T1": {...}}`` of one drafter on the held-out prompts."""
+def _measure(bundle, model: BlockDrafter, name: str, prompts: list[dict], progress: bool):
+    """Decodes the held-out prompts with one drafter: yields each round, then
+    ``{"T0": {"tau", "se", "tau_bound", "rounds"}, "T1": {...}}``."""
     drafter = BlockTreeDrafter(copy.deepcopy(model).eval().to(torch.bfloat16), name=name)
-    rows = evaluate_drafter(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(EVAL_BUDGET,), temperatures=tuple(TEMPERATURES.values()),
-                            max_new_tokens=EVAL_NEW_TOKENS, progress=progress, desc=f"held-out tau [{name}]", compute=compute)
-    by_temperature = {row["temperature"]: row for row in rows}
-    return {key: {"tau": by_temperature[t]["tau"], "se": by_temperature[t]["tau_se"], "tau_bound": by_temperature[t]["tau_bound"], "rounds": by_temperature[t]["rounds"]}
-            for key, t in TEMPERATURES.items()}
+    for event in evaluation_rounds(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(EVAL_BUDGET,), temperatures=tuple(TEMPERATURES.values()),
+                                   max_new_tokens=EVAL_NEW_TOKENS, progress=progress, desc=f"held-out tau [{name}]"):
+        if not isinstance(event, list):
+            yield event
+    by_temperature = {row["temperature"]: row for row in event}
+    yield {key: {"tau": by_temperature[t]["tau"], "se": by_temperature[t]["tau_se"], "tau_bound": by_temperature[t]["tau_bound"], "rounds": by_temperature[t]["rounds"]}
+           for key, t in TEMPERATURES.items()}
 
 
-def _gains(before: dict, after: dict) -> dict:
-    return {key: relative_gain(after[key], before[key]) for key in TEMPERATURES}
+def _last(pieces, into: list):
+    """Yield ``("work", None)`` for every piece of ``pieces`` but the last, which goes into ``into``."""
+    previous = None
+    for piece in pieces:
+        if previous is not None:
+            yield "work", None
+        previous = piece
+    into.append(previous)
 
 
-def adapt_to_workload(
-    bundle,
-    prompts: list[str],
-    base: Path,
-    minutes: float = 5.0,
-    settings: TrainSettings | None = None,
-    controls: tuple[str, ...] = ("none",),
-    seed: int = 0,
-    progress: bool = True,
-    should_stop: Callable[[], bool] | None = None,
-    on_phase: Callable[[str, dict], None] | None = None,
-    compute=contextlib.nullcontext(),
-    with_mass: bool = True,
-) -> tuple[dict, BlockDrafter]:
-    """The whole adaptation (an :class:`Experiment` measured by decoding ``tau``); returns (the
-    result, the adapted drafter in float32).
+def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, settings: TrainSettings | None = None, controls: tuple[str, ...] = ("none",),
+               seed: int = 0, progress: bool = True, with_mass: bool = True):
+    """The whole adaptation as a generator of ``(phase, info)`` events, one after every piece of
+    work (a batch of answers, an answer's scored trees, a training step, a decoding round: ``work``
+    or ``step``), so a server takes its compute lock per piece and a cancel stops between pieces.
+    Phases ``answers``, ``answers done``, ``train``, ``evaluate``, ``evaluated``, ``mass``,
+    ``control`` say what starts; the last event is ``("done", {"result": ..., "drafter": ...})``
+    with the adapted drafter in float32.
 
+    The run plans its phases within ``minutes``: the answers by :data:`ANSWER_SHARE` of it, the
+    fine-tune by :data:`TRAIN_SHARE`, the held-out decoding of base and adapted drafter after.
     ``controls`` are tree terms trained after the budget on the same data, steps and seed
-    (``none`` is the token-only control; the result names it ``token_only``). ``on_phase(name,
-    info)`` reports each phase as it starts or ends (``answers``, ``train``, ``evaluate``, ...).
-    ``compute`` (a lock) is taken per piece of work (a batch of answers, an answer's scored trees,
-    a training step, a decoding round), so a server's other users take turns with the run. With
-    ``with_mass``, after the budget, where the target's mass leaves each drafter's trees on the
-    held-out answers (:func:`heldout_mass`)."""
-    report = on_phase or (lambda name, info: None)
-    stopped = should_stop or (lambda: False)
-    settings = settings or workload_settings(*DEFAULT_TREE_TERM)
+    (``none`` is the token-only control; the result names it ``token_only``). With ``with_mass``,
+    after the budget, where the target's mass leaves each drafter's trees on the held-out answers."""
+    settings = replace(settings or workload_settings(*DEFAULT_TREE_TERM), seed=seed)
     start = time.monotonic()
     budget = minutes * 60.0
     train_prompts, heldout_prompts = split_workload(prompts, seed)
-    report("answers", {"prompts": len(train_prompts)})
+    yield "answers", {"prompts": len(train_prompts)}
     answers = None
-    for answers in rounds_in_turn(answer_prompts(bundle.target, bundle.tokenizer, train_prompts, progress=progress), compute):
-        if stopped() or time.monotonic() > start + ANSWER_SHARE * budget:
+    for answers in answer_prompts(bundle.target, bundle.tokenizer, train_prompts, progress=progress):
+        if time.monotonic() > start + ANSWER_SHARE * budget:
             break
+        yield "work", None
     if answers is None or not len(answers):
         raise ValueError("the target wrote no answer in the time given; raise --minutes or shorten the prompts")
-    report("answers done", {"answers": len(answers), "tokens": answers.answer_tokens, "seconds": answers.seconds})
+    yield "answers done", {"answers": len(answers), "tokens": answers.answer_tokens, "seconds": answers.seconds}
     base_model = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
     work = copy.deepcopy(base_model)
     added = extend_draft_vocab(work, answers)
-    for piece in rounds_in_turn(workload_train_set(bundle.target, work, answers, seed, progress), compute):
-        if not isinstance(piece, int):
-            data, trees = piece
+    built = []
+    yield from _last(workload_train_set(bundle.target, work, answers, seed, progress), built)
+    data, trees = built[0]
     initial = copy.deepcopy(work.state_dict())
-    report("train", {"anchors": data.num_anchors, "trees": len(trees), "vocab_added": len(added)})
+    yield "train", {"anchors": data.num_anchors, "trees": len(trees), "vocab_added": len(added)}
     held = [{"text": p, "chat": True} for p in heldout_prompts[:EVAL_PROMPTS]]
-
-    def measured(drafter, name):
-        yield _measure(bundle, drafter, name, held, progress, compute)
-
-    settings = replace(settings, seed=seed)
-    experiment = Experiment(work, lambda d: train(d, data, settings, trees=trees), lambda d: measured(d, "exittrain"), _gains)
-    for record in rounds_in_turn(experiment.train(), compute):
-        report("step", record)
-        if stopped() or time.monotonic() > start + TRAIN_SHARE * budget:
+    history = []
+    for record in train(work, data, settings, trees=trees):
+        history.append(record)
+        yield "step", record
+        if time.monotonic() > start + TRAIN_SHARE * budget:
             break
-    steps_done = experiment.steps
-    if stopped():
-        raise InterruptedError("cancelled")
-    report("evaluate", {"prompts": len(held)})
-    cells = {"base": _measure(bundle, base_model, "base", held, progress, compute)}
-    if stopped():
-        raise InterruptedError("cancelled")
-    experiment.before = cells["base"]
-    for _ in experiment.measure_after():
-        pass
-    cells["exittrain"] = experiment.after
-    report("evaluated", {"base": cells["base"], "exittrain": cells["exittrain"]})
+    yield "evaluate", {"prompts": len(held)}
+    cells = {}
+    for name, model in (("base", base_model), ("exittrain", work)):
+        measured = []
+        yield from _last(_measure(bundle, model, name, held, progress), measured)
+        cells[name] = measured[0]
+    yield "evaluated", {"base": cells["base"], "exittrain": cells["exittrain"]}
     seconds = time.monotonic() - start
-    report("mass", {})
-    mass = heldout_mass(bundle, {"base": base_model, "exittrain": work}, [p["text"] for p in held], seed, stopped, compute, progress) if with_mass else None
+    mass = None
+    if with_mass:
+        yield "mass", {}
+        found = []
+        yield from _last(heldout_mass(bundle, {"base": base_model, "exittrain": work}, [p["text"] for p in held], seed, progress), found)
+        mass = found[0]
     for term in controls:
-        if stopped():
-            break
         control = copy.deepcopy(work)
         control.load_state_dict(initial)
-        report("control", {"tree_term": term})
-        for _ in rounds_in_turn(train(control, data, replace(settings, tree_term=term, steps=max(1, steps_done)), trees=trees), compute):
-            if stopped():
-                break
-        if stopped():
-            break
-        cells["token_only" if term == "none" else term] = _measure(bundle, control, term, held, progress, compute)
+        yield "control", {"tree_term": term}
+        for _ in train(control, data, replace(settings, tree_term=term, steps=max(1, len(history))), trees=trees):
+            yield "work", None
+        measured = []
+        yield from _last(_measure(bundle, control, term, held, progress), measured)
+        cells["token_only" if term == "none" else term] = measured[0]
     result = {key: {name: {"tau": row[key]["tau"], "se": row[key]["se"]} for name, row in cells.items()} for key in TEMPERATURES}
     result.update({
         "gain": {key: {name: relative_gain(cells[name][key], cells["base"][key]) for name in cells if name != "base"} for key in TEMPERATURES},
@@ -188,39 +174,38 @@ def adapt_to_workload(
         "answer_tokens": answers.answer_tokens,
         "answer_seconds": answers.seconds,
         "vocab_added": len(added),
-        "steps": steps_done,
+        "steps": len(history),
         "settings": asdict(settings),
         "budget": EVAL_BUDGET,
         "max_new_tokens": EVAL_NEW_TOKENS,
         "tau_bound": {key: {name: row[key]["tau_bound"] for name, row in cells.items()} for key in TEMPERATURES},
-        "history": experiment.history,
+        "history": history,
         "heldout_mass": mass,
     })
-    work.config.notes = {**work.config.notes, "workload_adaptation": {"steps": steps_done, "settings": asdict(settings), "train_prompts": len(answers), "vocab_added": len(added)}}
-    return result, work
+    work.config.notes = {**work.config.notes, "workload_adaptation": {"steps": len(history), "settings": asdict(settings), "train_prompts": len(answers), "vocab_added": len(added)}}
+    yield "done", {"result": result, "drafter": work}
 
 
-def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], seed: int = 0, should_stop=None, compute=contextlib.nullcontext(),
-                 progress: bool = True) -> dict | None:
+def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], seed: int = 0, progress: bool = True):
     """Where the target's mass leaves each drafter's trees on the held-out prompts: the target's
     greedy answers to them (for measurement only), each drafter's trees at the same anchors of
-    those answers (B = 16), scored at T = 1; per drafter the mean exit mass by depth
-    (missing / tree ended, :meth:`TreeBatch.exit_mass_by_depth`) and the mean ``1 + C``."""
+    those answers (B = 16), scored at T = 1; per drafter the mean exit mass by depth (missing /
+    tree ended, :meth:`TreeBatch.exit_mass_by_depth`) and the mean ``1 + C``. Yields after each
+    piece of work, then the summaries (None when the target wrote no answer)."""
     answers = None
-    for answers in rounds_in_turn(answer_prompts(bundle.target, bundle.tokenizer, prompts, progress=progress), compute):
-        if should_stop is not None and should_stop():
-            return None
+    for answers in answer_prompts(bundle.target, bundle.tokenizer, prompts, progress=progress):
+        yield answers
     if answers is None or not len(answers):
-        return None
+        yield None
+        return
     summaries = {}
     for name, drafter in drafters.items():
-        for piece in rounds_in_turn(workload_train_set(bundle.target, drafter, answers, seed, progress), compute):
-            if should_stop is not None and should_stop():
-                return None
-            if not isinstance(piece, int):
-                trees = piece[1]
+        built = []
+        for piece in _last(workload_train_set(bundle.target, drafter, answers, seed, progress), built):
+            yield piece
+        trees = built[0][1]
         summaries[name] = {**trees.scored.exit_mass_by_depth(drafter.config.horizon), "expected_tau": trees.scored.expected_tau}
-    return summaries
+    yield summaries
 
 
 def _summary_lines(result: dict) -> list[str]:
@@ -259,7 +244,9 @@ def workload_command(args) -> None:
     term = args.tree_term or DEFAULT_TREE_TERM[0]
     lam = DEFAULT_TREE_TERM[1] if args.lambda_tree is None else args.lambda_tree
     settings = workload_settings(term, lam, args.workload_steps, args.seed or 0)
-    result, drafter = adapt_to_workload(bundle, prompts, base, args.minutes, settings, tuple(args.controls), seed=settings.seed)
+    for phase, info in adaptation(bundle, prompts, base, args.minutes, settings, tuple(args.controls), seed=settings.seed):
+        if phase == "done":
+            result, drafter = info["result"], info["drafter"]
     result["workload"] = str(args.workload)
     result["command"] = invoked_command()
     drafter.save_pretrained(out / "drafter")
