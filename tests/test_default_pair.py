@@ -99,7 +99,7 @@ def test_train_drafter_pipeline_on_a_tiny_chat_model(chat_folder, tmp_path):
     saved = json.loads((out / "training.json").read_text())
     assert saved["recipe"]["steps"] == QUICK_RECIPE.steps and saved["data"]["conversations"] == QUICK_RECIPE.shards * QUICK_RECIPE.shard_requests - QUICK_RECIPE.heldout_requests
     assert {row["temperature"] for row in saved["tau"]} == {0.0, 1.0} and all(row["tokens"] >= row["rounds"] > 0 for row in saved["tau"])
-    assert report["heldout"]["anchors"] > 0 and len(report["heldout"]["top1_by_depth"]) == QUICK_RECIPE.horizon
+    assert report["heldout"]["anchors"] > 0 and len(report["heldout"]["top1_by_depth"]) == QUICK_RECIPE.drafter.horizon
     # the held-out evaluation prompts are never among the training requests
     held_out = {p["text"] for p in load_prompt_set("chat")}
     assert not held_out & set(report["data"]["sample_requests"])

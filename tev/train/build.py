@@ -19,7 +19,7 @@ import math
 import platform
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -37,7 +37,7 @@ from tev.engine.evaluation import evaluate_drafter, fit_prompt
 from tev.engine.models import load_block_drafter
 from tev.train.card import refresh_card
 from tev.train.data import TrainData
-from tev.train.loop import TrainSettings, run_to_end, schedule_for, train
+from tev.train.loop import TrainSettings, drafter_shape, run_to_end, schedule_for, train
 from tev.train.teacher import regenerate_sequences, with_features
 from tev.util.files import atomic_folder
 from tev.util.paths import REPO_ROOT, assets_dir
@@ -67,12 +67,7 @@ class BuildConfig:
     target_warmup: int = 150
     eval_windows: int = 48
     # block drafter (self-distilled on target continuations)
-    drafter_horizon: int = 8
-    drafter_window: int = 16
-    drafter_hidden: int = 256
-    drafter_layers: int = 2
-    drafter_heads: int = 4
-    drafter_intermediate: int = 768
+    drafter: BlockDrafterConfig = field(default_factory=lambda: drafter_shape(horizon=8, context_window=16, hidden_size=256, num_layers=2, num_heads=4, intermediate_size=768))
     distill_sequences: int = 3072
     distill_context: int = 128
     distill_new_tokens: int = 96
@@ -98,12 +93,7 @@ QUICK_BUILD = BuildConfig(
     target_batch=4,
     target_warmup=5,
     eval_windows=4,
-    drafter_horizon=4,
-    drafter_window=4,
-    drafter_hidden=32,
-    drafter_layers=1,
-    drafter_heads=2,
-    drafter_intermediate=64,
+    drafter=drafter_shape(horizon=4, context_window=4, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
     distill_sequences=32,
     distill_context=16,
     distill_new_tokens=16,
@@ -280,7 +270,7 @@ def _all_windows(stream: torch.Tensor, length: int) -> torch.Tensor:
 
 # ---------------------------------------------------------------------- block drafter
 DRAFTER_FIELDS = (
-    "drafter_horizon", "drafter_window", "drafter_hidden", "drafter_layers", "drafter_heads", "drafter_intermediate",
+    "drafter",
     "distill_sequences", "distill_context", "distill_new_tokens", "drafter_steps", "drafter_batch", "drafter_lr", "seed",
 )
 
@@ -299,16 +289,11 @@ def train_drafter(work: Path, config: BuildConfig, log=print) -> Path:
     for parameter in target.parameters():
         parameter.requires_grad_(False)
     train_stream, _ = encode_corpus(tokenizer, "train", config.corpus_limit_files)
-    drafter_config = BlockDrafterConfig(
+    drafter_config = replace(
+        config.drafter,
         vocab_size=target.config.vocab_size,
         target_hidden_size=target.config.hidden_size,
         feature_layers=default_feature_layers(target.config.num_hidden_layers),
-        horizon=config.drafter_horizon,
-        context_window=config.drafter_window,
-        hidden_size=config.drafter_hidden,
-        num_layers=config.drafter_layers,
-        num_heads=config.drafter_heads,
-        intermediate_size=config.drafter_intermediate,
         target_num_layers=target.config.num_hidden_layers,
         notes={"trained_by": "python -m tev build-assets", "loss": "token-level cross-entropy on target continuations"},
     )

@@ -12,6 +12,7 @@ from pathlib import Path
 import jinja2
 
 from tev.engine.evaluation import format_tau_table
+from tev.train.loop import shape_of
 from tev.util.files import write_text_atomic
 
 __all__ = ["render_card", "write_card", "refresh_card", "workload_rows", "WORKLOAD_NAMES"]
@@ -84,7 +85,7 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
     """The model card: the default pair's section from its drafter's ``training.json`` (when
     present), its ExitTrain drafter, the workload packs' measured adaptation, then the tiny pair's
     from its build report (``report["exittrain"]``: its ExitTrain drafter, when installed)."""
-    values = {"report": report, "cfg": report["config"], "target": report["target"], "drafter": report["drafter"], "evaluation": report["evaluation"],
+    values = {"report": report, "cfg": report["config"], "tiny_shape": shape_of(report["config"], "drafter_"), "target": report["target"], "drafter": report["drafter"], "evaluation": report["evaluation"],
               "final_loss": report["drafter"]["history"][-1].get("running_loss", report["drafter"]["history"][-1]["loss"]),  # builds before one loop kept "loss"
               "default_pair": default_pair, "workload_names": WORKLOAD_NAMES, "workloads": workload_rows(workloads) if workloads else None,
               "workload_commands": sorted({entry["command"] for entry in (workloads or {}).values()}),
@@ -94,7 +95,7 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
         timings, data = default_pair["timings_s"], default_pair["data"]
         checks = [h for h in default_pair["history"] if "heldout_loss" in h]
         best = min(checks, key=lambda h: h["heldout_loss"]) if checks else None
-        values.update(timings=[f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in timings.items() if seconds >= 1],
+        values.update(shape=shape_of(default_pair["recipe"]), timings=[f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in timings.items() if seconds >= 1],
                       cached=timings["conversations_s"] < 60, checks=checks, best=best, after_best=_after_best(best, checks, data) if checks else "",
                       top1=", ".join(f"{100 * a:.0f}%" for a in default_pair["heldout"]["top1_by_depth"]))
     return _ENVIRONMENT.get_template("card.md.j2").render(**values)

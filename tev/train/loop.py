@@ -26,12 +26,13 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
+from tev.engine.drafters import BlockDrafterConfig
 from tev.train.data import TrainData
 from tev.train.losses import TREE_TERMS, token_losses, tree_loss
 from tev.train.trees import ScoredTrees, draft_logits, on_policy
 from tev.util.files import atomic_folder, recover_folder
 
-__all__ = ["TrainSettings", "TREE_MODES", "optimizer_for", "schedule_for", "save_checkpoint", "load_checkpoint", "train", "run_to_end", "heldout_loss", "anchor_token_loss"]
+__all__ = ["TrainSettings", "TREE_MODES", "drafter_shape", "shape_of", "optimizer_for", "schedule_for", "save_checkpoint", "load_checkpoint", "train", "run_to_end", "heldout_loss", "anchor_token_loss"]
 
 TREE_MODES = ("fixed", "on-policy")
 MIN_LR_RATE = 0.1  # the cosine schedule decays to this share of the peak lr
@@ -77,6 +78,24 @@ class TrainSettings:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < low or (strict and value == low):
                 raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {low:g}, got {value!r}")
+
+
+def drafter_shape(**shape) -> BlockDrafterConfig:
+    """A drafter's shape (a :class:`BlockDrafterConfig`) before its target is known: the target's
+    own fields (vocabulary, width, layers, feature layers) are filled in when it is built."""
+    return BlockDrafterConfig(vocab_size=0, target_hidden_size=0, feature_layers=[], **shape)
+
+
+# how recipes written before the shape was a BlockDrafterConfig named its fields (shipped JSON still reads)
+_OLD_SHAPE = {"horizon": "horizon", "window": "context_window", "hidden": "hidden_size", "layers": "num_layers", "heads": "num_heads", "intermediate": "intermediate_size"}
+
+
+def shape_of(recipe: dict, prefix: str = "") -> dict:
+    """The drafter shape of a recipe or build config as JSON: its ``drafter`` entry, or the flat
+    ``<prefix>window`` ... fields older files hold, under :class:`BlockDrafterConfig`'s names."""
+    if "drafter" in recipe:
+        return recipe["drafter"]
+    return {new: recipe[prefix + old] for old, new in _OLD_SHAPE.items()}
 
 
 def optimizer_for(drafter, settings: TrainSettings) -> torch.optim.AdamW:

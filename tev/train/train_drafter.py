@@ -25,7 +25,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -40,7 +40,7 @@ from tev.engine.prompt_text import ChatTemplate
 from tev.train.chat_data import ChatSequences, write_requests, write_responses
 from tev.train.card import refresh_card
 from tev.train.data import SoftLabels, TrainData
-from tev.train.loop import TrainSettings, heldout_loss, run_to_end, train
+from tev.train.loop import TrainSettings, drafter_shape, heldout_loss, run_to_end, train
 from tev.train.teacher import target_features
 from tev.util.files import atomic_folder, write_text_atomic
 from tev.util.paths import REPO_ROOT, assets_dir
@@ -63,15 +63,11 @@ class DrafterRecipe:
     response_tokens: int = 192
     greedy_share: float = 0.5
     generation_batch: int = 96  # rows written at once (bfloat16): per token, 96 rows cost about a third of one
-    # drafter shape
-    draft_vocab: int = 8192
-    horizon: int = 8
-    window: int = 16
-    hidden: int = 256
-    layers: int = 2
-    heads: int = 4
-    intermediate: int = 768
-    feature_dropout: float = 0.1  # the target's features identify a position almost uniquely: without it the drafter memorises
+    # the drafter's shape; draft_vocab_size: the most frequent response tokens it may propose. Feature
+    # dropout: the target's features identify a position almost uniquely, without it the drafter memorises
+    drafter: BlockDrafterConfig = field(default_factory=lambda: drafter_shape(
+        horizon=8, context_window=16, hidden_size=256, num_layers=2, num_heads=4, intermediate_size=768, draft_vocab_size=8192,
+        feature_norm="per_layer", feature_dropout=0.1))
     soft_top: int = 16  # labels: the target's top-k distribution over the draft vocabulary (0: the tokens it wrote)
     # optimisation
     steps: int = 2400
@@ -89,6 +85,10 @@ class DrafterRecipe:
         """The budgets ``tau`` is measured at: ``eval_budget`` and the benchmarks' B = 16."""
         return tuple(sorted({16, self.eval_budget}))
 
+    @classmethod
+    def from_json(cls, values: dict) -> "DrafterRecipe":
+        return cls(**{**values, "drafter": BlockDrafterConfig(**values["drafter"])})
+
     def train_settings(self) -> TrainSettings:
         return TrainSettings(self.steps, self.batch, self.lr, self.warmup, self.seed, short_history_share=self.short_history_share,
                              save_every=self.save_every, eval_every=self.eval_every, soft_top=self.soft_top)
@@ -100,9 +100,10 @@ STORED_SOFT_TOP = 16  # the target's top tokens kept per position in the feature
 DATA_FIELDS = ("seed", "shard_requests", "request_tokens", "response_tokens", "greedy_share", "generation_batch")
 
 QUICK_RECIPE = DrafterRecipe(
-    shard_requests=8, shards=2, heldout_requests=4, request_tokens=16, response_tokens=16, generation_batch=8, draft_vocab=256,
-    horizon=4, window=4, hidden=32, layers=1, heads=2, intermediate=64, steps=12, batch=16, warmup=2, save_every=5, eval_every=4,
-    eval_new_tokens=8,
+    shard_requests=8, shards=2, heldout_requests=4, request_tokens=16, response_tokens=16, generation_batch=8,
+    drafter=drafter_shape(horizon=4, context_window=4, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, draft_vocab_size=256,
+                          feature_norm="per_layer", feature_dropout=0.1),
+    steps=12, batch=16, warmup=2, save_every=5, eval_every=4, eval_new_tokens=8,
 )
 
 
@@ -173,7 +174,7 @@ def cached_conversations(work: Path) -> tuple[ChatSequences, DrafterRecipe]:
     recipe_path = work / "recipe.json"
     if not recipe_path.is_file():
         raise FileNotFoundError(f"{work} holds no train-drafter run (no recipe.json); run `python -m tev train-drafter --work-dir {work}` first")
-    recipe = DrafterRecipe(**json.loads(recipe_path.read_text()))
+    recipe = DrafterRecipe.from_json(json.loads(recipe_path.read_text()))
     parts = []
     for shard in range(recipe.shards):
         path = work / f"shard-{shard:03d}" / "conversations.json"
@@ -246,14 +247,11 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     timings["conversations_s"] = time.time() - t
     train_part, heldout_part = split_conversations(conversations, recipe)
 
-    vocab, coverage = draft_vocabulary(train_part, min(recipe.draft_vocab, target.config.vocab_size), always=(template.end_of_turn,))
-    drafter_config = BlockDrafterConfig(
-        vocab_size=target.get_output_embeddings().weight.shape[0],
-        target_hidden_size=target.config.hidden_size,
-        feature_layers=default_feature_layers(target.config.num_hidden_layers),
-        horizon=recipe.horizon, context_window=recipe.window, hidden_size=recipe.hidden, num_layers=recipe.layers,
-        num_heads=recipe.heads, intermediate_size=recipe.intermediate, target_num_layers=target.config.num_hidden_layers,
-        draft_vocab_size=int(vocab.numel()), feature_norm="per_layer", feature_dropout=recipe.feature_dropout,
+    vocab, coverage = draft_vocabulary(train_part, min(recipe.drafter.draft_vocab_size, target.config.vocab_size), always=(template.end_of_turn,))
+    drafter_config = replace(
+        recipe.drafter, vocab_size=target.get_output_embeddings().weight.shape[0], target_hidden_size=target.config.hidden_size,
+        feature_layers=default_feature_layers(target.config.num_hidden_layers), target_num_layers=target.config.num_hidden_layers,
+        draft_vocab_size=int(vocab.numel()),
         notes={"trained_by": command, "loss": (f"cross-entropy against the target's top-{recipe.soft_top} next-token distributions" if recipe.soft_top
                                                else "token-level cross-entropy") + " on the target's own chat responses"},
     )
@@ -305,15 +303,15 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
 
 def train_drafter_command(args) -> None:
     recipe = QUICK_RECIPE if args.quick else DrafterRecipe()
-    overrides = {name: getattr(args, name) for name in ("steps", "shards", "seed", "soft_top", "hidden", "layers", "heads", "intermediate")
-                 if getattr(args, name, None) is not None}
-    recipe = replace(recipe, **overrides)
-    if min(recipe.steps, recipe.shards, recipe.hidden, recipe.layers, recipe.heads, recipe.intermediate) < 1:
+    given = lambda names: {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}  # noqa: E731
+    recipe = replace(recipe, **given(("steps", "shards", "seed", "soft_top")), drafter=replace(recipe.drafter, **given(("hidden_size", "num_layers", "num_heads", "intermediate_size"))))
+    shape = recipe.drafter
+    if min(recipe.steps, recipe.shards, shape.hidden_size, shape.num_layers, shape.num_heads, shape.intermediate_size) < 1:
         raise ValueError("--steps, --shards, --hidden, --layers, --heads and --intermediate must be at least 1")
-    if recipe.hidden % recipe.heads:
-        raise ValueError(f"--heads ({recipe.heads}) must divide --hidden ({recipe.hidden})")
-    if recipe.soft_top < 0 or recipe.soft_top > recipe.draft_vocab:
-        raise ValueError(f"--soft-top must be from 0 to the draft vocabulary size ({recipe.draft_vocab})")
+    if shape.hidden_size % shape.num_heads:
+        raise ValueError(f"--heads ({shape.num_heads}) must divide --hidden ({shape.hidden_size})")
+    if recipe.soft_top < 0 or recipe.soft_top > shape.draft_vocab_size:
+        raise ValueError(f"--soft-top must be from 0 to the draft vocabulary size ({shape.draft_vocab_size})")
     out = Path(args.out)
     work = Path(args.work_dir) if args.work_dir else REPO_ROOT / "runs" / f"train-drafter-{out.name}"
     command = shlex.join(["python", "-m", "tev", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith(("tev", "__main__.py")) else "python -m tev train-drafter"
