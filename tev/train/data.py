@@ -11,7 +11,7 @@ is ``length - 3`` (at least one label).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -163,10 +163,6 @@ class TrainData:
         positions = self.soft.positions[row[:, None], at].long()
         probs = self.soft.probs[row[:, None], at].float()
         return positions, probs / probs.sum(-1, keepdim=True).clamp(min=1e-6)
-
-    def without_features(self) -> "TrainData":
-        return replace(self, features=None, soft=None)
-
 
 def save_train_data(path: Path, parts: dict[str, TrainData]) -> None:
     """Write named parts' sequences (e.g. ``train``, ``heldout``) to one safetensors file, swapped in whole."""

@@ -218,13 +218,14 @@ def fixed_trees(target, drafter, data: TrainData, budget: int, per_row: int, see
 
 
 def on_policy(target, drafter, data: TrainData, index: torch.Tensor, budget: int, temperature: float, soft_top: int = 0,
-              tree_soft_top: int = 0) -> tuple[TrainData, torch.Tensor, TreeBatch]:
+              tree_soft_top: int = 0) -> tuple[TrainData, torch.Tensor, torch.Tensor, TreeBatch]:
     """The on-policy round of the anchors ``index`` (`LongTensor[M, 2]`, grouped by row): one
     causal forward per row through the session (features and, with ``soft_top``, the target's
     top-k laws as soft labels), the current drafter's logits there (with gradient when enabled)
     and the trees they build (detached), scored by the target in one more forward per row.
-    Returns (the drawn rows as :class:`TrainData` with features, the logits `[M, K, Vd]`, the trees);
-    ``index`` rows of the returned data are renumbered ``0..``."""
+    With ``tree_soft_top`` every node's law too (the ``next-depth`` term's labels).
+    Returns (the drawn rows as :class:`TrainData` with features, ``index`` with its rows renumbered
+    into them `LongTensor[M, 2]`, the logits `[M, K, Vd]`, the trees)."""
     rows = list(dict.fromkeys(index[:, 0].tolist()))
     part = data.select(rows)
     layers = list(drafter.config.feature_layers)
