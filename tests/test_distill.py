@@ -5,10 +5,9 @@ import torch
 from transformers import AutoTokenizer
 
 from tev.engine.models import load_causal_lm
-from tev.train.chat_data import write_responses
 from tev.train.data import SoftLabels, TrainData
 from tev.train.loop import anchor_token_loss
-from tev.train.teacher import target_features
+from tev.train.teacher import target_features, write_responses
 from tev.train.trees import draft_logits
 from tev.util.precision import low_precision
 from tests.tiny import save_chat_target, tiny_target, tiny_vocab_drafter

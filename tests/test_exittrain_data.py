@@ -15,7 +15,7 @@ from tev.core.tree import DraftTree
 from tev.data.prompts import evaluation_prompts, load_prompt_set, spread_evenly
 from safetensors.torch import save_file
 
-from tev.train.chat_data import ChatSequences
+from tev.train.teacher import ChatSequences
 from tev.train.data import IGNORE, TrainData, load_train_data, save_train_data
 from tev.train.experiment import paired_change
 from tev.train.exittrain_command import EXITTRAIN_SETTINGS

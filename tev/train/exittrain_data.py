@@ -39,7 +39,7 @@ def _first_per_domain(data: TrainData, per_domain: int) -> TrainData:
 
 
 def conversation_data(conversations, max_response_tokens: int, min_anchors: int = 8) -> TrainData:
-    """Chat conversations (a :class:`tev.train.chat_data.ChatSequences`) as training data: each
+    """Chat conversations (a :class:`tev.train.teacher.ChatSequences`) as training data: each
     cut to its prompt and at most ``max_response_tokens`` of its response; a conversation with
     fewer than ``min_anchors`` anchors is left out."""
     kept = [i for i, (ids, start) in enumerate(zip(conversations.token_ids, conversations.prompt_lengths))

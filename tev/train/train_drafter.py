@@ -2,7 +2,7 @@
 
 Stages, each cached in the work folder so a stopped run resumes where it was:
 
-1. requests   the target writes its own user requests (self-instruct, :mod:`tev.train.chat_data`)
+1. requests   the target writes its own user requests (self-instruct, :mod:`tev.train.teacher`)
 2. responses  the target answers them (greedy for a share, T = 1 for the rest)
 3. features   one teacher-forced target forward per conversation: hidden states at a few layers
 4. training   the one-pass block drafter learns ``L_tok`` on every response position (anchor),
@@ -37,11 +37,10 @@ from tev.engine.drafters import BlockDrafter, BlockDrafterConfig, BlockTreeDraft
 from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_causal_lm, load_tokenizer
 from tev.engine.prompt_text import ChatTemplate
-from tev.train.chat_data import ChatSequences, write_requests, write_responses
+from tev.train.teacher import ChatSequences, target_features, write_requests, write_responses
 from tev.train.card import refresh_card
 from tev.train.data import SoftLabels, TrainData
 from tev.train.loop import TrainSettings, drafter_shape, heldout_loss, run_to_end, train
-from tev.train.teacher import target_features
 from tev.util.files import atomic_folder, write_text_atomic
 from tev.util.paths import REPO_ROOT, assets_dir
 
