@@ -587,7 +587,7 @@ CLI_CASES = [  # (argv, what must happen: a regex of the one error line, or OK)
     (["exittrain", "--lambda-tree", "nan"], "lambda_tree must be a finite number"),
     (["exittrain", "--lambda-tree", "inf"], "lambda_tree must be a finite number"),
     (["exittrain", "--lambda-tree", "-1"], "lambda_tree must be a finite number >= 0"),
-    (["exittrain", "--tree-term", "bogus"], "argument --tree-term: invalid choice"),
+    (["exittrain", "--tree-term", "bogus"], "argument --tree_term/--tree-term: invalid choice"),
     (["exittrain", "--budget", "0"], "budget must be an integer >= 1"),
     (["exittrain", "--lr", "0"], "lr must be a finite number > 0"),
     (["exittrain", "--temperature", "0"], "temperature must be a finite number > 0"),

@@ -7,9 +7,13 @@ only declares the options and wires each subcommand to its function.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import sys
+import typing
 
 import torch
+from transformers import HfArgumentParser
 
 from tev.bench.e2e import e2e_command
 from tev.bench.report import FULL, QUICK, report_command
@@ -24,6 +28,7 @@ from tev.service.live_exittrain import live_check_command
 from tev.train.data import DOMAINS
 from tev.train.exittrain_command import EXITTRAIN_FLAGS, EXITTRAIN_SETTINGS, exittrain_command
 from tev.train.exittrain_data import exittrain_data_command
+from tev.train.loop import TrainSettings
 from tev.train.losses import TREE_TERMS
 from tev.train.workload_command import DEFAULT_TREE_TERM, workload_command, workload_settings
 
@@ -97,12 +102,16 @@ def _add_bench_e2e(kinds) -> None:
 
 
 def _add_training_arguments(parser, only: tuple[str, ...] = EXITTRAIN_FLAGS) -> None:
-    """One flag per training setting named in ``only``; unset flags keep the command's preset
-    (ExitTrain's shown; ``--workload`` has its own tree term and lambda)."""
-    for name in only:
-        default = getattr(EXITTRAIN_SETTINGS, name)
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=type(default), default=None,
-                            choices=TREE_TERMS if name == "tree_term" else None, help=f"(ExitTrain's preset: {default})")
+    """The training settings named in ``only`` as flags, by transformers' HfArgumentParser from
+    :class:`TrainSettings` (type, choices, help); an unset flag keeps the command's preset
+    (``--workload`` has its own tree term and lambda)."""
+    hints = typing.get_type_hints(TrainSettings)
+    for setting in dataclasses.fields(TrainSettings):
+        if setting.name in only:
+            flag = copy.copy(setting)
+            flag.type, flag.default = hints[setting.name], None
+            flag.metadata = {"help": f"{setting.metadata.get('help', setting.name)} (ExitTrain's preset: {getattr(EXITTRAIN_SETTINGS, setting.name)})"}
+            HfArgumentParser._parse_dataclass_field(parser, flag)
 
 
 def _add_data_arguments(parser) -> None:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal, get_args
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -28,13 +28,14 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from tev.engine.drafters import BlockDrafterConfig
 from tev.train.data import TrainData
-from tev.train.losses import TREE_TERMS, token_losses, tree_loss
+from tev.train.losses import TREE_TERMS, TreeTerm, token_losses, tree_loss
 from tev.train.trees import ScoredTrees, draft_logits, on_policy
 from tev.util.files import atomic_folder, recover_folder
 
 __all__ = ["TrainSettings", "TREE_MODES", "drafter_shape", "shape_of", "optimizer_for", "schedule_for", "save_checkpoint", "load_checkpoint", "train", "run_to_end", "heldout_loss", "anchor_token_loss"]
 
-TREE_MODES = ("fixed", "on-policy")
+TreeMode = Literal["fixed", "on-policy"]  # trees scored once, or redrawn from the current drafter every step
+TREE_MODES = get_args(TreeMode)
 MIN_LR_RATE = 0.1  # the cosine schedule decays to this share of the peak lr
 
 
@@ -42,24 +43,26 @@ MIN_LR_RATE = 0.1  # the cosine schedule decays to this share of the peak lr
 class TrainSettings:
     """How a block drafter is trained (one class for every use; presets beside each use)."""
 
-    steps: int
+    # ``help`` is what the command line shows (transformers' HfArgumentParser reads it)
+    steps: int = field(default=100, metadata={"help": "optimizer steps"})
     batch: int = 64  # token-loss anchors per step (fixed trees; on-policy steps use their drawn anchors)
-    lr: float = 1e-3
-    warmup: int = 100
+    lr: float = field(default=1e-3, metadata={"help": "peak learning rate (linear warm-up, then cosine decay to a tenth of it)"})
+    warmup: int = field(default=100, metadata={"help": "warm-up steps"})
     seed: int = 0
     weight_decay: float = 0.01
     short_history_share: float = 0.1  # anchors that see only a few features (a prompt's first rounds)
-    save_every: int = 0  # checkpoint interval in steps (0: only at the end, when a folder is given)
-    eval_every: int = 0  # held-out loss interval in steps, when held-out data is given (0: never)
-    soft_top: int = 0  # labels: the target's top-k laws over the draft vocabulary (0: the tokens it wrote)
-    tree_term: str = "none"  # one of TREE_TERMS
-    lambda_tree: float = 0.1  # weight of the tree term against the token loss
-    trees: str = "fixed"  # one of TREE_MODES
+    save_every: int = field(default=0, metadata={"help": "steps between checkpoints (0: only at the end)"})
+    eval_every: int = field(default=0, metadata={"help": "steps between held-out measurements, when held-out data is given (0: never)"})
+    soft_top: int = field(default=0, metadata={"help": "labels: the target's top-k laws over the draft vocabulary (0: the tokens it wrote)"})
+    tree_term: TreeTerm = field(
+        default="none", metadata={"help": "tree term added to the token loss (exit: the method; none: token loss only)"})
+    lambda_tree: float = field(default=0.1, metadata={"help": "weight of the tree term against the token loss"})
+    trees: TreeMode = "fixed"  # scored once, or redrawn from the current drafter every step
     tree_batch: int = 16  # fixed trees per step
-    budget: int = 16  # nodes of each tree
-    temperature: float = 1.0  # the target law the trees are scored at (P, w)
-    sequences_per_step: int = 4  # on-policy: rows drawn per step
-    anchors_per_sequence: int = 8  # on-policy: anchors (trees) per row
+    budget: int = field(default=16, metadata={"help": "budget B (nodes) of the training trees"})
+    temperature: float = field(default=1.0, metadata={"help": "target temperature of the trees' exit law (P, rho, w)"})
+    sequences_per_step: int = field(default=4, metadata={"help": "on-policy: sequences drawn per step"})
+    anchors_per_sequence: int = field(default=8, metadata={"help": "on-policy: anchors (training trees) per sequence"})
 
     def __post_init__(self):
         if self.tree_term not in TREE_TERMS:

@@ -17,6 +17,8 @@ target:
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 import torch.nn.functional as F
 
@@ -24,9 +26,10 @@ from tev.core.flow import flow_from_edge_prob
 from tev.core.tree import DraftTree
 from tev.train.data import IGNORE
 
-__all__ = ["TREE_TERMS", "REACH_FLOOR", "token_losses", "node_weights", "exit_loss_terms", "tree_node_loss", "next_depth_loss", "tree_loss", "top_law"]
+__all__ = ["TreeTerm", "TREE_TERMS", "REACH_FLOOR", "token_losses", "node_weights", "exit_loss_terms", "tree_node_loss", "next_depth_loss", "tree_loss", "top_law"]
 
-TREE_TERMS = ("none", "reach", "exit", "exit-depth", "next-depth", "prefix")
+TreeTerm = Literal["none", "reach", "exit", "exit-depth", "next-depth", "prefix"]
+TREE_TERMS = get_args(TreeTerm)
 REACH_FLOOR = 1e-4  # the official code's floor on each edge probability of the reach weight
 
 
