@@ -43,6 +43,7 @@ from tev.train.data import SoftLabels, TrainData
 from tev.train.loop import TrainSettings, drafter_shape, heldout_loss, run_to_end, train
 from tev.util.files import atomic_folder, write_text_atomic
 from tev.util.paths import REPO_ROOT, assets_dir
+from tev.util.precision import low_precision
 
 __all__ = ["split_conversations", "cached_conversations", "DrafterRecipe", "QUICK_RECIPE", "draft_vocabulary", "chat_prompt_tau", "train_drafter_pipeline", "train_drafter_command"]
 
@@ -61,7 +62,7 @@ class DrafterRecipe:
     request_tokens: int = 64
     response_tokens: int = 192
     greedy_share: float = 0.5
-    generation_batch: int = 96  # rows written at once (bfloat16): per token, 96 rows cost about a third of one
+    generation_batch: int = 96  # rows written at once: per token, 96 rows cost about a third of one (bfloat16, on a CPU with bf16 instructions)
     # the drafter's shape; draft_vocab_size: the most frequent response tokens it may propose. Feature
     # dropout: the target's features identify a position almost uniquely, without it the drafter memorises
     drafter: BlockDrafterConfig = field(default_factory=lambda: drafter_shape(
@@ -234,7 +235,8 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     recipe_path.write_text(json.dumps(asdict(recipe), indent=1))
     torch.manual_seed(recipe.seed)
     tokenizer = load_tokenizer(target_source, allow_download)
-    target = load_causal_lm(target_source, device="cpu", dtype="bfloat16", allow_download=allow_download).eval()
+    # the data writer and the feature forward run in bfloat16 only where this CPU is faster at it
+    target = load_causal_lm(target_source, device="cpu", dtype=low_precision("cpu"), allow_download=allow_download).eval()
     for parameter in target.parameters():
         parameter.requires_grad_(False)
     template = ChatTemplate.of(tokenizer)
@@ -272,7 +274,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
 
     t = time.time()
     inference = drafter.to(torch.bfloat16).eval()
-    target = target.float()  # tau as served: the data was written in bfloat16, the default pair runs in float32
+    target = target.float()  # tau as served: the default pair runs in float32
     rows = chat_prompt_tau(target, tokenizer, inference, eval_prompts, recipe, progress)
     timings["evaluation_s"] = time.time() - t
     report = {
