@@ -16,10 +16,10 @@ import torch
 from tev.core.verify import VERIFIERS
 from tev.data.prompts import load_prompt_set
 from tev.engine.models import DRAFTER_KINDS
-from tev.service.live_exittrain import live_config
-from tev.train.anchor_data import DOMAINS
+from tev.service.live_exittrain import live_settings
+from tev.train.data import DOMAINS
 from tev.service.service import DEFAULT_SAMPLING, LIMITS
-from tev.train.exit_loss import WEIGHT_MODES
+from tev.train.losses import TREE_TERMS
 from tev.util.cpus import available_cpus
 from tev.util.memory import limit_malloc_arenas
 from ui import shared
@@ -190,7 +190,7 @@ def build_app() -> gr.Blocks:
             lab_tree = gr.Plot(label="the fixed tree")
 
         with gr.Tab("ExitTrain"):
-            live = live_config(shared.EXITTRAIN_CHAT)
+            live = live_settings(shared.EXITTRAIN_CHAT)
             gr.Markdown(
                 "Fine-tune the base block drafter with **ExitTrain** (a run takes at most 3 minutes, scoring included; Cancel stops it at any point): the frozen target scores the trees the drafter "
                 "actually builds, and the loss pushes draft probability toward nodes where target mass exits. Before and after, the same "
@@ -201,9 +201,9 @@ def build_app() -> gr.Blocks:
             )
             with gr.Row():
                 et_domain = gr.Radio(list(DOMAINS), value="dialogue", label="domain (train and judge on it; the base drafter does worst on dialogue)", visible=shared.EXITTRAIN_CHAT)
-                et_weights = gr.Radio(list(WEIGHT_MODES), value="exit", label="weights (exit: the method; prefix, none: controls)")
+                et_weights = gr.Radio(list(TREE_TERMS), value="exit", label="tree term (exit: the method; prefix, none: controls)")
                 et_steps = Slider(LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, value=CHAT_TAB_STEPS if shared.EXITTRAIN_CHAT else live.steps, step=1, label="steps (training stops early if the 3 minutes run out)")
-                et_lambda = Slider(0, LIMITS.max_lambda_exit, value=live.lambda_exit, step=1, label="lambda (weight of L_exit)")
+                et_lambda = Slider(0, LIMITS.max_lambda_exit, value=live.lambda_tree, step=1, label="lambda_tree (weight of L_tree)")
             with gr.Row():
                 et_start = gr.Button("Start fine-tune", variant="primary", elem_id="exittrain-start")
                 et_cancel = gr.Button("Cancel", elem_id="exittrain-cancel")

@@ -71,7 +71,7 @@ def main() -> None:
 def time_tabs(client: Client) -> None:
     """The verifier lab and the ExitTrain tab at their default settings, as the page sends them."""
     from tev.data.prompts import load_prompt_set
-    from tev.service.live_exittrain import CHAT_LIVE_CONFIG
+    from tev.service.live_exittrain import CHAT_LIVE_SETTINGS
     from ui.exittrain import CHAT_TAB_STEPS
 
     prompt = load_prompt_set("chat")[3]["text"]  # the lab's default prompt (the page's second example)
@@ -80,7 +80,7 @@ def time_tabs(client: Client) -> None:
     print(f"verifier lab, default run (3,000 draws per verifier, B = 16): {time.perf_counter() - started:.1f} s", flush=True)
     print("   " + " | ".join(line for line in table.splitlines() if line.startswith("| t") or line.startswith("| p") or line.startswith("| s")), flush=True)
     started = time.perf_counter()
-    outputs = client.predict("dialogue", "exit", CHAT_TAB_STEPS, CHAT_LIVE_CONFIG.lambda_exit, api_name="/exittrain")
+    outputs = client.predict("dialogue", "exit", CHAT_TAB_STEPS, CHAT_LIVE_SETTINGS.lambda_tree, api_name="/exittrain")
     print(f"ExitTrain tab, default run ({CHAT_TAB_STEPS} steps, dialogue): {time.perf_counter() - started:.1f} s; {outputs[1]}", flush=True)
     print("   " + outputs[3].split("\n")[0], flush=True)
 

@@ -25,21 +25,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tqdm import tqdm  # noqa: E402
 
 from tev.engine.models import load_bundle  # noqa: E402
-from tev.service.live_exittrain import coverage_change, live_trainer  # noqa: E402
+from tev.service.live_exittrain import CHAT_LIVE_SETTINGS, live_experiment  # noqa: E402
 from tev.train.exittrain_data import load_chat_exittrain_data  # noqa: E402
-from tev.train.trainer import ExitTrainConfig  # noqa: E402
 
-REFERENCE = ExitTrainConfig(weights="exit", budget=32, lambda_exit=16.0, temperature=1.0, lr=1e-4, warmup=5, sequences_per_step=2, anchors_per_sequence=16, eval_every=0, save_every=0)
+REFERENCE = CHAT_LIVE_SETTINGS  # exit term, lambda_tree 16, B 32, T 1, lr 1e-4, 2 conversations x 16 anchors a step
 VARIANTS = {
-    "reference (exit, lambda 16, B 32, T 1, lr 1e-4)": {},
-    "token-only control (none)": {"weights": "none"},
-    "lambda 4": {"lambda_exit": 4.0},
-    "lambda 64": {"lambda_exit": 64.0},
+    "reference (exit, lambda_tree 16, B 32, T 1, lr 1e-4)": {},
+    "token-only control (none)": {"tree_term": "none"},
+    "lambda_tree 4": {"lambda_tree": 4.0},
+    "lambda_tree 64": {"lambda_tree": 64.0},
     "training trees at T = 0.3": {"temperature": 0.3},
     "training trees of budget 64": {"budget": 64},
     "lr 3e-4": {"lr": 3e-4},
 }
-HELDOUT_BATCHES = 8
 
 
 def main() -> None:
@@ -57,18 +55,22 @@ def main() -> None:
         if name in results or (args.only and name not in args.only):
             continue
         config = dataclasses.replace(REFERENCE, steps=args.steps, **change)
-        trainer = live_trainer(bundle, config, data)
+        experiment = live_experiment(bundle, config, data)
         # the held-out rounds are scored at the variant's temperature and budget, before and after
         key = (config.temperature, config.budget)
         if key not in reference_trees:
-            reference_trees[key] = trainer.heldout_trees(HELDOUT_BATCHES)
-        before = reference_trees[key]
+            for _ in experiment.measure_before():
+                pass
+            reference_trees[key] = experiment.before
+        experiment.before = before = reference_trees[key]
         start = time.time()
-        for _ in tqdm(trainer.run(), total=config.steps, desc=name):
+        for _ in tqdm(experiment.train(), total=config.steps, desc=name):
             pass
-        after = trainer.heldout_trees(HELDOUT_BATCHES)
-        results[name] = {"config": dataclasses.asdict(config), "seconds": time.time() - start, **coverage_change(before, after),
-                         "mass_before": before.exit_mass_by_depth(trainer.horizon), "mass_after": after.exit_mass_by_depth(trainer.horizon)}
+        for _ in experiment.measure_after():
+            pass
+        horizon = experiment.drafter.config.horizon
+        results[name] = {"settings": dataclasses.asdict(config), "seconds": time.time() - start, **experiment.change(),
+                         "mass_before": before.exit_mass_by_depth(horizon), "mass_after": experiment.after.exit_mass_by_depth(horizon)}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1))
         r = results[name]

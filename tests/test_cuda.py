@@ -5,6 +5,7 @@ differs: CUDA kernels, bfloat16 (the default dtype on a GPU), a CUDA random gene
 host syncs a round makes. ``scripts/gpu_check.py`` runs this file on a lent GPU machine.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -18,8 +19,10 @@ from tev.engine.drafters import ARTreeDrafter, BlockTreeDrafter, DraftContext
 from tev.engine.models import load_causal_lm
 from tev.engine.round import prefill, speculation_round
 from tev.engine.session import CausalLMSession
-from tev.train.distill import regenerate_sequences
-from tev.train.trainer import ExitTrainConfig, ExitTrainer
+from tev.train.data import TrainData
+from tev.train.experiment import Experiment
+from tev.train.exittrain_command import EXITTRAIN_SETTINGS
+from tev.train.teacher import regenerate_sequences
 from tev.util.timing import StageTimer
 from tests.helpers import (
     ALPHA,
@@ -220,18 +223,19 @@ def test_an_exittrain_step_on_cuda_trains_the_drafter_and_leaves_the_target_unch
     sequences = regenerate_sequences(source, stream, 12, 12, 20, seed=2, progress=False, greedy_share=0.0)
     source.save_pretrained(tmp_path / "target")
     target = load_causal_lm(tmp_path / "target", device="cuda", dtype=DTYPES[dtype])
-    drafter = tiny_block_drafter(target, horizon=4).model  # float32 weights: the trained copy
-    config = ExitTrainConfig(steps=2, budget=8, lr=5e-3, warmup=0, sequences_per_step=3, anchors_per_sequence=4, eval_every=0, save_every=0)
+    drafter = tiny_block_drafter(target, horizon=4).model.float().to("cuda")  # float32 weights: the trained copy
+    settings = dataclasses.replace(EXITTRAIN_SETTINGS, steps=2, budget=8, lr=5e-3, warmup=0, sequences_per_step=3, anchors_per_sequence=4, eval_every=0, save_every=0)
     target_before = {name: tensor.clone() for name, tensor in target.state_dict().items()}
     drafter_before = {name: tensor.clone() for name, tensor in drafter.state_dict().items()}
-    trainer = ExitTrainer(config, target, drafter, sequences, heldout=sequences[:4], first_anchor=11)
-    assert trainer.accelerator.device.type == "cuda" and next(trainer.raw_drafter.parameters()).is_cuda
-    events = list(trainer.run())
-    assert len(events) == 2 and all(math.isfinite(e.loss) and e.loss_exit > 0 and math.isfinite(e.expected_tau) for e in events)
+    data = TrainData.of(sequences, 12)
+    experiment = Experiment.exittrain(target, drafter, data, data.select(range(4)), settings)
+    change = experiment.run()
+    assert next(drafter.parameters()).is_cuda
+    assert len(experiment.history) == 2 and all(math.isfinite(r["loss"]) and r["loss_tree"] > 0 for r in experiment.history)
     assert all(torch.equal(tensor, target_before[name]) for name, tensor in target.state_dict().items())  # bit for bit
     assert all(p.grad is None for p in target.parameters())
-    assert [n for n, t in trainer.raw_drafter.state_dict().items() if not torch.equal(t, drafter_before[n])]  # it learned
-    assert math.isfinite(trainer.heldout_expected_tau())  # the held-out trees score on the device
+    assert [n for n, t in drafter.state_dict().items() if not torch.equal(t, drafter_before[n])]  # it learned
+    assert change["anchors"] == 4 * 3 * 4 and math.isfinite(change["change"])  # 4 held-out draws of 3 rows x 4 anchors
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

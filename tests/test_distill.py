@@ -5,8 +5,11 @@ import torch
 from transformers import AutoTokenizer
 
 from tev.engine.models import load_causal_lm
-from tev.train.chat_data import write_responses
-from tev.train.distill import DistillData, SoftLabels, drafter_loss, target_features
+from tev.train.data import SoftLabels, TrainData
+from tev.train.loop import anchor_token_loss
+from tev.train.teacher import target_features, write_responses
+from tev.train.trees import draft_logits
+from tev.util.precision import low_precision
 from tests.tiny import save_chat_target, tiny_target, tiny_vocab_drafter
 
 VOCAB = list(range(0, 300, 2))  # a draft vocabulary of every other token
@@ -39,7 +42,7 @@ def test_soft_labels_of_an_anchor_are_shifted_to_the_token_they_predict():
     ids, lengths, prompts = _sequences()
     positions = torch.arange(3 * 12 * 2).reshape(3, 12, 2).to(torch.int16)
     probs = torch.tensor([3.0, 1.0]).expand(3, 12, 2).half()
-    data = DistillData.build(ids, lengths, prompts, torch.zeros(3, 12, 4), SoftLabels(positions, probs))
+    data = TrainData(ids, lengths, prompts, torch.zeros(3, 12, 4), SoftLabels(positions, probs))
     got_positions, got_probs = data.soft_labels(torch.tensor([[1, 2]]), horizon=3)
     # labels x_{t+2}, x_{t+3}, x_{t+4} of anchor t = 2: the target's distributions at positions 3, 4, 5
     assert torch.equal(got_positions[0], positions[1, 3:6].long())
@@ -53,23 +56,24 @@ def test_one_hot_soft_labels_give_the_token_loss_and_spread_ones_a_higher_one():
     ids = ids - ids % 2  # every written token inside the draft vocabulary
     features = target_features(target, ids, lengths, [1, 2], progress=False)
     one_hot = SoftLabels((ids // 2)[..., None].roll(-1, dims=1).to(torch.int16), torch.ones(3, 12, 1, dtype=torch.float16))
-    data = DistillData.build(ids, lengths, prompts, features, one_hot)
-    hard, accuracy = drafter_loss(drafter, data, data.anchors)
-    soft, soft_accuracy = drafter_loss(drafter, data, data.anchors, soft=True)
+    data = TrainData(ids, lengths, prompts, features, one_hot)
+    hard, accuracy = _loss(drafter, data, data.anchors)
+    soft, soft_accuracy = _loss(drafter, data, data.anchors, soft=True)
     torch.testing.assert_close(soft, hard)
     assert torch.equal(accuracy, soft_accuracy)  # accuracy is always against the written tokens
     # a label spread over two tokens: the loss is the mixture of the two cross-entropies
     index = data.anchors[:1]
     spread = SoftLabels(torch.stack([one_hot.positions[..., 0], torch.zeros_like(one_hot.positions[..., 0])], -1),
                         torch.tensor([1.0, 1.0]).expand(3, 12, 2).half())
-    mixed = DistillData.build(ids, lengths, prompts, features, spread)
+    mixed = TrainData(ids, lengths, prompts, features, spread)
     features_b, valid, root, labels = data.batch(index, 4, 3)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    dtype = low_precision("cpu")  # the training autocast: bfloat16 only where this CPU runs it faster
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
         log_q = drafter.draft_logits(features_b, valid, root).float().log_softmax(-1)[0]
     labelled = labels[0] >= 0
     written = drafter.draft_positions(labels[0].clamp(min=0))
     expected = -(0.5 * log_q.gather(-1, written[:, None])[:, 0] + 0.5 * log_q[:, 0])[labelled].mean()
-    torch.testing.assert_close(drafter_loss(drafter, mixed, index, soft=True)[0], expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(_loss(drafter, mixed, index, soft=True)[0], expected, atol=1e-4, rtol=1e-4)
 
 
 def test_resumed_responses_equal_an_uninterrupted_run(tmp_path):
@@ -82,3 +86,9 @@ def test_resumed_responses_equal_an_uninterrupted_run(tmp_path):
     assert [len(s) for s in saved] == [2, 4, 6, 7]  # greedy round(3.5) = 4 then sampled; a batch never mixes them
     resumed = write_responses(target, tokenizer, requests, 6, seed=5, batch=2, progress=False, done=saved[1])
     assert resumed.token_ids == whole.token_ids
+
+
+def _loss(drafter, data, index, soft=False):
+    """(the training token loss, per-depth accuracy) at anchors ``index``."""
+    loss, _, accuracy = anchor_token_loss(drafter, data, index, draft_logits(drafter, data, index), soft)
+    return loss, accuracy

@@ -1,5 +1,6 @@
 """ExitTrain: the loss by hand, tree-attention target quantities, training, checkpoints."""
 
+import dataclasses
 import json
 import math
 import shutil
@@ -9,19 +10,20 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import DynamicCache
 
-import tev.train.trainer
+import tev.train.loop
 from tev.bench.ablation import install_from_ablation, run_ablation
 from tev.core.flow import target_flow
 from tev.core.tree import DraftTree
 from tev.data.prompts import load_prompt_set
 from tev.engine.models import load_bundle, shipped_drafter
-from tev.train.distill import regenerate_sequences
-from tev.train.exit_loss import exit_loss_terms, node_weights, score_trees
-from tev.train.anchor_data import AnchorData
-from tev.train.exittrain_command import training_sequences
-from tev.train.trainer import ExitTrainConfig, ExitTrainer
+from tev.train.data import TrainData
+from tev.train.experiment import Experiment
+from tev.train.exittrain_command import EXITTRAIN_SETTINGS, training_sequences
+from tev.train.loop import optimizer_for, schedule_for, train
+from tev.train.losses import exit_loss_terms, node_weights
+from tev.train.teacher import regenerate_sequences
+from tev.train.trees import score_trees, target_pass
 from tests.tiny import tiny_block_drafter, tiny_target
 
 VOCAB = 48
@@ -67,10 +69,8 @@ def test_tree_attention_target_quantities_equal_sequential_forwards():
     sequence = torch.randint(1, VOCAB, (20,), generator=torch.Generator().manual_seed(0))
     trees = [DraftTree.from_paths(int(sequence[r]), paths) for r, paths in ((9, [[1, 2], [3]]), (14, [[4, 5, 6], [4, 7], [8]]), (19, [[9]]))]
     roots = [9, 14, 19]
-    cache = DynamicCache(config=target.config)
-    with torch.no_grad():
-        logits = target(input_ids=sequence[None], cache=cache, use_cache=True).logits[0].float()
-    scored = score_trees(target, sequence, cache, logits[roots], trees, roots, temperature=1.0)
+    row = target_pass(target, sequence)
+    scored = score_trees(row, trees, roots, temperature=1.0)
     for tree, root, reach, exit_weight in zip(trees, roots, scored.reach, scored.exit_weight):
         rows = []
         for v in range(tree.num_nodes):  # p_v by a plain forward over context + path
@@ -80,111 +80,124 @@ def test_tree_attention_target_quantities_equal_sequential_forwards():
         reference = target_flow(tree, torch.stack(rows))
         assert torch.allclose(reach.double(), reference.reach, atol=1e-5)
         assert torch.allclose(exit_weight.double(), reference.exit_weight, atol=1e-5)
-    assert cache.get_seq_length() == sequence.numel()  # the sequence cache is left as it was
+    assert row.session.cache.get_seq_length() == sequence.numel()  # the sequence cache is left as it was
 
 
-def make_trainer(steps=20, weights="exit", seed=0, **overrides):
+def make_run(steps=20, tree_term="exit", seed=0, **overrides):
     # a peaked target and sampled continuations: what the drafter learns shows up in the T = 1 coverage
     target = tiny_target(VOCAB, scale=10.0)
-    drafter = tiny_block_drafter(target, horizon=4)
+    drafter = tiny_block_drafter(target, horizon=4).model.float()
     stream = torch.randint(1, VOCAB, (4000,), generator=torch.Generator().manual_seed(1))
-    sequences = regenerate_sequences(target, stream, 24, 12, 20, seed=2, progress=False, greedy_share=0.0)
-    settings = dict(weights=weights, steps=steps, budget=8, lr=5e-3, warmup=2, sequences_per_step=3, anchors_per_sequence=4, eval_every=0, save_every=0, seed=seed)
-    config = ExitTrainConfig(**{**settings, **overrides})
-    return target, ExitTrainer(config, target, drafter.model, sequences, heldout=sequences[:8], first_anchor=11)
+    data = TrainData.of(regenerate_sequences(target, stream, 24, 12, 20, seed=2, progress=False, greedy_share=0.0), 12)
+    settings = dict(tree_term=tree_term, steps=steps, budget=8, lr=5e-3, warmup=2, sequences_per_step=3, anchors_per_sequence=4, eval_every=0, save_every=0, seed=seed)
+    settings = dataclasses.replace(EXITTRAIN_SETTINGS, **{**settings, **overrides})
+    return target, drafter, data, settings
 
 
 def test_training_raises_expected_block_length_and_leaves_the_target_untouched():
-    target, trainer = make_trainer(steps=40)
+    target, drafter, data, settings = make_run(steps=40)
     target_before = {name: tensor.clone() for name, tensor in target.state_dict().items()}
-    drafter_before = {name: tensor.clone() for name, tensor in trainer.raw_drafter.state_dict().items()}
-    before = trainer.heldout_expected_tau()
-    events = list(trainer.run())
-    after = trainer.heldout_expected_tau()
-    assert len(events) == 40 and all(math.isfinite(e.loss) and e.loss_exit > 0 for e in events)
-    assert after > before + 0.01, (before, after)
+    drafter_before = {name: tensor.clone() for name, tensor in drafter.state_dict().items()}
+    experiment = Experiment.exittrain(target, drafter, data, data.select(range(8)), settings)
+    change = experiment.run()
+    assert len(experiment.history) == 40 and all(math.isfinite(r["loss"]) and r["loss_tree"] > 0 for r in experiment.history)
+    assert change["after"] > change["before"] + 0.01, change
     assert all(torch.equal(tensor, target_before[name]) for name, tensor in target.state_dict().items())  # bit for bit
     assert all(p.grad is None for p in target.parameters())
-    changed = [name for name, tensor in trainer.raw_drafter.state_dict().items() if not torch.equal(tensor, drafter_before[name])]
+    changed = [name for name, tensor in drafter.state_dict().items() if not torch.equal(tensor, drafter_before[name])]
     assert changed  # the drafter did learn
 
 
+def test_the_first_anchor_roots_at_the_last_prompt_token_so_the_first_round_is_trained():
+    # a hand-built sequence: prompt [5, 6, 7], answer [8, 9, 10]; the first decoding round's root is 7
+    data = TrainData(torch.tensor([[5, 6, 7, 8, 9, 10]]), torch.tensor([6]), torch.tensor([3]), torch.zeros(1, 6, 2))
+    assert data.anchors.tolist() == [[0, 1], [0, 2], [0, 3]]  # features up to t, root x_{t+1}
+    _, _, root, labels = data.batch(data.anchors, window=2, horizon=2)
+    assert root.tolist() == [7, 8, 9]  # the first anchor's root is the last prompt token
+    assert labels.tolist() == [[8, 9], [9, 10], [10, -100]]
+    # and an on-policy step draws it: one row, every anchor
+    target, drafter, _, settings = make_run(steps=1, sequences_per_step=1, anchors_per_sequence=8, tree_term="exit")
+    sequence = TrainData(torch.randint(1, VOCAB, (1, 10), generator=torch.Generator().manual_seed(3)), torch.tensor([10]), torch.tensor([6]))
+    drawn = sequence.draw(1, 8, torch.Generator().manual_seed(0))
+    assert drawn[:, 1].tolist() == [4, 5, 6, 7]  # roots at positions 5 (the last prompt token) .. 8
+    record = next(train(drafter, sequence, settings, target=target))
+    assert record["loss_tree"] > 0
+
+
 def test_killed_and_resumed_run_continues_from_its_checkpoint(tmp_path):
-    _, uninterrupted = make_trainer(steps=10)
-    list(uninterrupted.run())
-    _, first = make_trainer(steps=10, save_every=5)
-    for event in first.run(tmp_path):
-        if event.step == 5:
+    target, drafter, data, settings = make_run(steps=10, save_every=5)
+    list(train(drafter, data, settings, target=target))
+    _, first, _, _ = make_run(steps=10, save_every=5)
+    for record in train(first, data, settings, target=target, checkpoint=tmp_path / "checkpoint"):
+        if record["step"] == 5:
             break  # "killed" after the step-5 checkpoint
-    _, resumed = make_trainer(steps=10, save_every=5)
-    assert resumed.load_checkpoint(tmp_path) and resumed.step == 5
-    list(resumed.run(tmp_path))
-    for (name, a), b in zip(uninterrupted.raw_drafter.state_dict().items(), resumed.raw_drafter.state_dict().values()):
+    _, resumed, _, _ = make_run(steps=10, save_every=5)
+    records = list(train(resumed, data, settings, target=target, checkpoint=tmp_path / "checkpoint"))
+    assert records[0]["step"] == 6
+    for (name, a), b in zip(drafter.state_dict().items(), resumed.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6), name
 
 
 def test_interrupted_checkpoint_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
-    _, trainer = make_trainer(steps=4, save_every=2)
-    events = trainer.run(tmp_path)
-    next(events), next(events)  # step 2 wrote a checkpoint
-    assert (tmp_path / "checkpoint" / "trainer_state.json").is_file()
+    target, drafter, data, settings = make_run(steps=4, save_every=2)
+    records = train(drafter, data, settings, target=target, checkpoint=tmp_path / "checkpoint")
+    next(records), next(records)  # step 2 wrote a checkpoint
+    assert (tmp_path / "checkpoint" / "checkpoint.json").is_file()
 
     def crash(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(tev.train.trainer, "save_file", crash)
-    next(events)
+    monkeypatch.setattr(tev.train.loop, "save_file", crash)
+    next(records)
     with pytest.raises(OSError, match="disk full"):
-        next(events)  # step 4 tries to write and fails half way
+        next(records)  # step 4 tries to write and fails half way
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]  # no partial folder visible
-    _, fresh = make_trainer(steps=4)
-    assert fresh.load_checkpoint(tmp_path) and fresh.step == 2
+    assert json.loads((tmp_path / "checkpoint" / "checkpoint.json").read_text())["step"] == 2
 
 
 def test_a_checkpoint_swap_killed_between_its_renames_is_recovered(tmp_path):
-    _, trainer = make_trainer(steps=2, save_every=2)
-    list(trainer.run(tmp_path))
+    target, drafter, data, settings = make_run(steps=2, save_every=2)
+    list(train(drafter, data, settings, target=target, checkpoint=tmp_path / "checkpoint"))
     (tmp_path / "checkpoint").rename(tmp_path / ".checkpoint.old-12345")  # killed after retiring the old checkpoint
     finished = subprocess.Popen([sys.executable, "-c", "pass"])
     finished.wait()
     (tmp_path / f".checkpoint.new-{finished.pid}").mkdir()  # ... before its new one was complete (the writer is gone)
-    _, fresh = make_trainer(steps=2, save_every=2)
-    assert fresh.load_checkpoint(tmp_path) and fresh.step == 2
-    fresh.save_checkpoint(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+    _, fresh, _, _ = make_run(steps=2, save_every=2)
+    assert list(train(fresh, data, settings, target=target, checkpoint=tmp_path / "checkpoint")) == []  # already at step 2
+    assert json.loads((tmp_path / "checkpoint" / "checkpoint.json").read_text())["step"] == 2
 
 
 def test_learning_rate_warms_up_then_decays_to_a_tenth():
-    _, trainer = make_trainer(steps=8, warmup=2)
-    rates = [event.lr / trainer.config.lr for event in trainer.run()]
+    target, drafter, data, settings = make_run(steps=8, warmup=2)
+    rates = [record["lr"] / settings.lr for record in train(drafter, data, settings, target=target)]
     assert rates[:3] == pytest.approx([0.0, 0.5, 1.0])  # linear warm-up over 2 steps
     assert all(a > b for a, b in zip(rates[2:], rates[3:]))  # then cosine decay ...
-    assert rates[-1] > 0.1 and trainer.scheduler.get_last_lr()[0] == pytest.approx(0.1 * trainer.config.lr)  # ... to a tenth at the end
+    optimizer = optimizer_for(drafter, settings)
+    assert rates[-1] > 0.1 and schedule_for(optimizer, 2, 8, step=8).get_last_lr()[0] == pytest.approx(0.1 * settings.lr)  # ... to a tenth at the end
 
 
 @pytest.mark.parametrize(
     "overrides,message",
     [
         ({"budget": 0}, "budget must be"),
-        ({"lambda_exit": -1.0}, "lambda_exit must be"),
+        ({"lambda_tree": -1.0}, "lambda_tree must be a finite number >= 0"),
         ({"steps": 0}, "steps must be"),
-        ({"weights": "depth"}, "weights must be one of"),
-        ({"temperature": 0.0}, "temperature must be > 0"),
-        ({"lr": float("nan")}, "lr must be"),
+        ({"tree_term": "depth"}, "tree term must be one of"),
+        ({"temperature": 0.0}, "temperature must be a finite number > 0"),
+        ({"lr": float("nan")}, "lr must be a finite number > 0"),
+        ({"trees": "sometimes"}, "trees must be one of"),
     ],
 )
-def test_bad_config_is_refused(overrides, message):
+def test_bad_settings_are_refused(overrides, message):
     with pytest.raises(ValueError, match=message):
-        ExitTrainConfig(**overrides)
+        dataclasses.replace(EXITTRAIN_SETTINGS, **overrides)
 
 
 def test_missing_data_is_refused():
-    target = tiny_target(VOCAB)
-    drafter = tiny_block_drafter(target)
     with pytest.raises(ValueError, match="training sequences"):
-        ExitTrainer(ExitTrainConfig(), target, drafter.model, torch.zeros(0, dtype=torch.long), first_anchor=0)
-    with pytest.raises(ValueError, match="room for anchors"):
-        ExitTrainer(ExitTrainConfig(), target, drafter.model, torch.zeros(4, 5, dtype=torch.long), first_anchor=4)
+        TrainData.of(torch.zeros(0, 5, dtype=torch.long), 2)
+    with pytest.raises(ValueError, match="room for an anchor"):
+        TrainData.of(torch.zeros(4, 5, dtype=torch.long), 5)  # the whole row is prompt: nothing to label
 
 
 def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_assets_dir, tmp_path, monkeypatch):
@@ -195,14 +208,15 @@ def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_
     monkeypatch.setenv("TEV_ASSETS_DIR", str(assets))
     target_bytes = (assets / "models" / "target" / "model.safetensors").read_bytes()
     bundle = load_bundle(dtype="float32")
-    config = ExitTrainConfig(steps=2, budget=8, sequences_per_step=2, anchors_per_sequence=2, eval_every=0, save_every=0)
+    config = dataclasses.replace(EXITTRAIN_SETTINGS, steps=2, budget=8, sequences_per_step=2, anchors_per_sequence=2, eval_every=0, save_every=0)
     prompts = load_prompt_set("heldout")[:2]
-    train = AnchorData.of(training_sequences(bundle.target, bundle.tokenizer, "train", 4, 24, 8, seed=7, cache_dir=None, progress=False), 23)
-    heldout = AnchorData.of(training_sequences(bundle.target, bundle.tokenizer, "heldout", 4, 24, 8, seed=8, cache_dir=None, progress=False), 23)
+    train = TrainData.of(training_sequences(bundle.target, bundle.tokenizer, "train", 4, 24, 8, seed=7, cache_dir=None, progress=False), 24)
+    heldout = TrainData.of(training_sequences(bundle.target, bundle.tokenizer, "heldout", 4, 24, 8, seed=8, cache_dir=None, progress=False), 24)
     result = run_ablation(bundle, shipped_drafter("tiny", "block"), train, heldout, prompts, config=config, budgets=(8,), temperatures=(0.0, 1.0), max_new_tokens=6, out=tmp_path / "eval", progress=False)
     assert sorted({row["drafter"] for row in result["rows"]}) == ["base", "exit", "none", "prefix"]
-    assert len(result["rows"]) == 4 * 2 and all(row["tau"] >= 1 for row in result["rows"])
-    assert set(result["training"]) == {"none", "prefix", "exit"} and result["base_heldout_expected_tau"] >= 1
+    assert len(result["rows"]) == 4 * 2 and all(math.isfinite(row["tau"]) for row in result["rows"])
+    assert set(result["training"]) == {"none", "prefix", "exit"}
+    assert all(t["heldout_change"]["before"] == result["base_heldout_expected_tau"] for t in result["training"].values())  # one set of held-out anchors
     for summary in result["heldout_trees"].values():  # the exit law sums to 1 per tree, over depths
         assert sum(summary["internal"]) + sum(summary["leaf"]) == pytest.approx(1.0, abs=1e-6)
     result["command"] = "python -m tev bench exittrain --install"
@@ -212,7 +226,7 @@ def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_
     assert shipped_tensors.keys() == measured_tensors.keys()  # (the header's metadata order is not fixed, so not bytes)
     assert all(torch.equal(shipped_tensors[name], measured_tensors[name]) for name in shipped_tensors)
     entry = json.loads((shipped / "exittrain.json").read_text())
-    assert entry["config"]["weights"] == "exit" and "| exit |" in entry["ablation"]
+    assert entry["settings"]["tree_term"] == "exit" and "| exit |" in entry["ablation"]
     card = (assets / "README.md").read_text()
     assert "## ExitTrain drafter" in card and "python -m tev bench exittrain --install" in card
     assert (assets / "models" / "target" / "model.safetensors").read_bytes() == target_bytes

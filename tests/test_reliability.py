@@ -387,7 +387,7 @@ def lab(**changes) -> tuple:
 
 
 def exittrain(**changes) -> tuple:
-    values = dict(domain="math", weights="exit", steps=5, lambda_exit=16)
+    values = dict(domain="math", tree_term="exit", steps=5, lambda_tree=16)
     values.update(changes)
     return ("/exittrain", tuple(values.values()))
 
@@ -457,9 +457,9 @@ API_CASES = [
     ("ExitTrain steps 0", exittrain(steps=0), RANGE),
     ("ExitTrain steps 10^6", exittrain(steps=10**6), RANGE),
     ("ExitTrain steps 'many'", exittrain(steps="many"), NOT_A_NUMBER),
-    ("ExitTrain lambda -1", exittrain(lambda_exit=-1), RANGE),
-    ("ExitTrain lambda 1000", exittrain(lambda_exit=1000), RANGE),
-    ("ExitTrain weights 'bogus'", exittrain(weights="bogus"), "not in the list of choices"),
+    ("ExitTrain lambda_tree -1", exittrain(lambda_tree=-1), RANGE),
+    ("ExitTrain lambda_tree 1000", exittrain(lambda_tree=1000), RANGE),
+    ("ExitTrain tree term 'bogus'", exittrain(tree_term="bogus"), "not in the list of choices"),
     ("ExitTrain domain 'poetry'", exittrain(domain="poetry"), "not in the list of choices"),
     ("browse round 'abc'", ("/browse_round", ("abc",)), NOT_A_NUMBER),
     ("walkthrough empty prompt", walk(prompt=""), "prompt is empty"),
@@ -584,13 +584,13 @@ CLI_CASES = [  # (argv, what must happen: a regex of the one error line, or OK)
     (["exittrain", "--steps", "0"], "steps must be an integer >= 1, got 0"),
     (["exittrain", "--steps", "-5"], "steps must be an integer >= 1, got -5"),
     (["exittrain", "--steps", "abc"], "argument --steps: invalid int value"),
-    (["exittrain", "--lambda", "nan"], "lambda_exit must be a finite number"),
-    (["exittrain", "--lambda", "inf"], "lambda_exit must be a finite number"),
-    (["exittrain", "--lambda", "-1"], "lambda_exit must be a finite number >= 0"),
-    (["exittrain", "--weights", "bogus"], "argument --weights: invalid choice"),
+    (["exittrain", "--lambda-tree", "nan"], "lambda_tree must be a finite number"),
+    (["exittrain", "--lambda-tree", "inf"], "lambda_tree must be a finite number"),
+    (["exittrain", "--lambda-tree", "-1"], "lambda_tree must be a finite number >= 0"),
+    (["exittrain", "--tree-term", "bogus"], "argument --tree_term/--tree-term: invalid choice"),
     (["exittrain", "--budget", "0"], "budget must be an integer >= 1"),
     (["exittrain", "--lr", "0"], "lr must be a finite number > 0"),
-    (["exittrain", "--temperature", "0"], "temperature must be > 0"),
+    (["exittrain", "--temperature", "0"], "temperature must be a finite number > 0"),
     (["exittrain", "--out", "{repo}/assets/models/x", "--resume"], "is inside assets/"),
     (["exittrain", "--out", "{tmp}/none", "--resume"], "--resume: no checkpoint in"),
     (["exittrain", "--target", "/etc", "--out", "{tmp}/out"], "could not load the tokenizer from folder /etc"),

@@ -7,11 +7,13 @@ only declares the options and wires each subcommand to its function.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import sys
 import typing
 
 import torch
+from transformers import HfArgumentParser
 
 from tev.bench.e2e import e2e_command
 from tev.bench.report import FULL, QUICK, report_command
@@ -24,13 +26,12 @@ from tev.train.build import build_assets_command
 from tev.train.train_drafter import train_drafter_command
 from tev.bench.ablation import ablation_command
 from tev.service.live_exittrain import live_check_command
-from tev.train.exit_loss import WEIGHT_MODES
-from tev.train.exittrain_command import exittrain_command
-from tev.train.anchor_data import DOMAINS
+from tev.train.data import DOMAINS
+from tev.train.exittrain_command import EXITTRAIN_FLAGS, EXITTRAIN_SETTINGS, exittrain_command
 from tev.train.exittrain_data import exittrain_data_command
-from tev.train.trainer import ExitTrainConfig
-from tev.train.workload_command import DEFAULT_TREE_TERM, workload_command
-from tev.train.workload_finetune import TREE_TERMS, workload_settings
+from tev.train.loop import TrainSettings
+from tev.train.losses import TREE_TERMS
+from tev.train.workload_command import DEFAULT_TREE_TERM, workload_command, workload_settings
 
 __all__ = ["build_parser", "main"]
 
@@ -117,16 +118,17 @@ def _add_bench_e2e(kinds) -> None:
     parser.set_defaults(func=e2e_command)
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, only: tuple[str, ...] | None = None) -> None:
-    """One flag per field of the dataclass ``cls`` (or of the fields named in ``only``): type and
-    default from the field; ``help``, ``flag`` (default ``--field-name``) and ``choices`` from its
-    metadata. The parsed values land under the field names (read back with ``cls.from_args``)."""
-    types = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
-        if only is not None and field.name not in only:
-            continue
-        flag = field.metadata.get("flag") or "--" + field.name.replace("_", "-")
-        parser.add_argument(flag, dest=field.name, type=types[field.name], default=field.default, choices=field.metadata.get("choices"), help=field.metadata.get("help"))
+def _add_training_arguments(parser, only: tuple[str, ...] = EXITTRAIN_FLAGS) -> None:
+    """The training settings named in ``only`` as flags, by transformers' HfArgumentParser from
+    :class:`TrainSettings` (type, choices, help); an unset flag keeps the command's preset
+    (``--workload`` has its own tree term and lambda)."""
+    hints = typing.get_type_hints(TrainSettings)
+    for setting in dataclasses.fields(TrainSettings):
+        if setting.name in only:
+            flag = copy.copy(setting)
+            flag.type, flag.default = hints[setting.name], None
+            flag.metadata = {"help": f"{setting.metadata.get('help', setting.name)} (ExitTrain's preset: {getattr(EXITTRAIN_SETTINGS, setting.name)})"}
+            HfArgumentParser._parse_dataclass_field(parser, flag)
 
 
 def _add_data_arguments(parser) -> None:
@@ -145,8 +147,8 @@ def _bench_exittrain(args) -> None:
 
 def _add_bench_exittrain(kinds) -> None:
     parser = kinds.add_parser("exittrain", help="ExitTrain evaluation: base vs token-only vs prefix vs exit weights, equal steps and data")
-    parser.add_argument("--modes", nargs="+", choices=WEIGHT_MODES, default=["none", "prefix", "exit"])
-    add_dataclass_arguments(parser, ExitTrainConfig, only=("steps", "budget", "lambda_exit", "lr", "warmup", "sequences_per_step", "anchors_per_sequence", "token_labels", "soft_top", "temperature", "seed"))
+    parser.add_argument("--tree-terms", nargs="+", choices=TREE_TERMS, default=["none", "prefix", "exit"], help="one trained drafter per tree term")
+    _add_training_arguments(parser, tuple(f for f in EXITTRAIN_FLAGS if f not in ("tree_term", "eval_every", "save_every")))
     _add_data_arguments(parser)
     parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
@@ -192,19 +194,17 @@ def _exittrain(args) -> None:
 
 def _add_exittrain(commands) -> None:
     parser = commands.add_parser("exittrain", help="fine-tune the block drafter with ExitTrain (exit-weighted loss)")
-    add_dataclass_arguments(parser, ExitTrainConfig)
+    _add_training_arguments(parser)
     _add_data_arguments(parser)
     parser.add_argument("--base", help="drafter folder to start from (default: the pair's block drafter)")
     parser.add_argument("--out", help="output folder (default: runs/exittrain/<weights>-<time>); never assets/ unless --install")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.add_argument("--install", action="store_true", help="install the result as the pair's ExitTrain drafter")
     parser.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts for the before/after tau (0: skip)")
-    workload = parser.add_argument_group("workload adaptation (with --workload; the options above then do not apply, but --seed, --base, --out)")
+    workload = parser.add_argument_group("workload adaptation (with --workload: of the options above only --tree-term, --lambda-tree, --seed, --base and --out apply)")
     workload.add_argument("--workload", help="JSON list of your own user messages (at least 16): adapt the drafter to them and measure the gain on a held-out quarter")
     workload.add_argument("--json", help="where to write the result (default: <out>/result.json)")
     workload.add_argument("--minutes", type=float, default=5.0, help="time budget of the answers, the fine-tune and the held-out measurement of base and adapted drafter")
-    workload.add_argument("--tree-term", choices=TREE_TERMS, default=DEFAULT_TREE_TERM[0], help="tree term added to the token loss (none: token loss only)")
-    workload.add_argument("--tree-lambda", type=float, default=DEFAULT_TREE_TERM[1], help="weight of the tree term against the token loss")
     workload.add_argument("--workload-steps", type=int, default=workload_settings().steps, help="fine-tune steps (fewer if the time budget ends first)")
     workload.add_argument("--controls", nargs="*", default=["none"], help="tree terms trained after the budget on the same data and steps, for comparison (none: the token-only control)")
     add_model_arguments(parser)
@@ -239,10 +239,10 @@ def _add_train_drafter(commands) -> None:
     parser.add_argument("--shards", type=int, default=None, help="shards of self-instruct conversations (default: the recipe's); more shards add data, the cached ones are kept")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--soft-top", type=int, default=None, help="labels: the target's top-k distribution over the draft vocabulary (0: the tokens it wrote; default: the recipe's)")
-    parser.add_argument("--hidden", type=int, default=None, help="drafter width (default: the recipe's)")
-    parser.add_argument("--layers", type=int, default=None, help="drafter blocks (default: the recipe's)")
-    parser.add_argument("--heads", type=int, default=None, help="attention heads per block; must divide --hidden (default: the recipe's)")
-    parser.add_argument("--intermediate", type=int, default=None, help="MLP width (default: the recipe's)")
+    parser.add_argument("--hidden", dest="hidden_size", type=int, default=None, help="drafter width (default: the recipe's)")
+    parser.add_argument("--layers", dest="num_layers", type=int, default=None, help="drafter blocks (default: the recipe's)")
+    parser.add_argument("--heads", dest="num_heads", type=int, default=None, help="attention heads per block; must divide --hidden (default: the recipe's)")
+    parser.add_argument("--intermediate", dest="intermediate_size", type=int, default=None, help="MLP width (default: the recipe's)")
     parser.add_argument("--allow-download", action="store_true", help="let a Hugging Face id download (default: offline, cache only)")
     parser.set_defaults(func=train_drafter_command)
 

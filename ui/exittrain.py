@@ -17,9 +17,10 @@ from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, fit_prompt
 from tev.engine.models import shipped_drafter
-from tev.service.live_exittrain import LIVE_HELDOUT_BATCHES, coverage_change, has_domains, live_config, live_data, live_trainer
+from tev.engine.decode import rounds_in_turn
+from tev.service.live_exittrain import has_domains, live_data, live_experiment, live_settings
 from tev.service.service import LIMITS, UserInputError, check_number
-from tev.train.anchor_data import DOMAINS
+from tev.train.data import DOMAINS
 from tev.util.stats import change_in_words
 from ui import shared
 from ui.shared import _user_error
@@ -32,27 +33,36 @@ CHAT_TAB_STEPS = 20
 TREES_SECONDS = 15  # the side-by-side trees at the end (two tree forwards and figures; measured 5-10 s)
 
 
-def _cancelled(history, trainer):
-    return training_figure(history), f"cancelled after {trainer.step} steps", None, "Cancelled: nothing was measured.", None, None, None
+def _cancelled(history, steps: int):
+    return training_figure(history), f"cancelled after {steps} steps", None, "Cancelled: nothing was measured.", None, None, None
 
 
-def run_exittrain(domain, weights, steps, lambda_exit, request: gr.Request, progress=gr.Progress()):
+class Cancel:
+    """What the ExitTrain slot's Cancel sets for a run (checked between pieces of work)."""
+
+    def __init__(self):
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, progress=gr.Progress()):
     """A short live fine-tune of the base drafter, within :data:`RUN_SECONDS`; then base and
     trained drafter on the same held-out rounds (a paired change in words) and side by side.
-    Cancel stops every phase (scoring, training, scoring again) and measures nothing."""
+    Cancel stops every phase (scoring, training, scoring again) and measures nothing. Each piece
+    of work (a held-out batch, a step) runs under the server's compute lock, so other users take turns."""
     owner = getattr(request, "session_hash", None) or "anonymous"
     try:
         steps = check_number("steps", steps, LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, integer=True)
-        lambda_exit = check_number("lambda", lambda_exit, 0, LIMITS.max_lambda_exit)
+        lambda_tree = check_number("lambda_tree", lambda_tree, 0, LIMITS.max_lambda_exit)
         bundle = shared.EXITTRAIN_SERVICE.bundle()
         if "block" not in bundle.drafters:
             raise UserInputError("ExitTrain needs the block drafter, which is not loaded")
         if has_domains(bundle) and domain not in DOMAINS:
             raise UserInputError(f"choose a domain: {', '.join(DOMAINS)}")
         domain = domain if has_domains(bundle) else None
-        # no held-out checks during training: the before and after scorings are the measurement, and
-        # each check costs as much as one of them (the 3 minutes go to training steps instead)
-        config = dataclasses.replace(live_config(has_domains(bundle)), weights=weights, steps=steps, lambda_exit=lambda_exit, eval_every=0)
+        settings = dataclasses.replace(live_settings(has_domains(bundle)), tree_term=tree_term, steps=steps, lambda_tree=lambda_tree)
         data = live_data(bundle, domain)
     except (ValueError, FileNotFoundError) as error:
         raise _user_error(error) from None
@@ -60,58 +70,55 @@ def run_exittrain(domain, weights, steps, lambda_exit, request: gr.Request, prog
         raise gr.Error("another ExitTrain run is in progress on this server; wait for it to finish, then start again", print_exception=False)
     try:
         started = time.monotonic()
-        trainer = live_trainer(bundle, config, data)
-        shared.EXITTRAIN_SLOT.trainer = trainer
+        experiment = live_experiment(bundle, settings, data)
+        cancel = shared.EXITTRAIN_SLOT.trainer = Cancel()
         history = []
-        stop = lambda: trainer.cancelled  # noqa: E731
         progress(0, desc="scoring the base drafter's held-out trees…")
         yield training_figure(history), "scoring the base drafter's held-out trees (the 'before')…", *[gr.skip()] * 5
-        with shared.SERVICE.compute:
-            before = trainer.heldout_trees(LIVE_HELDOUT_BATCHES, should_stop=stop)
-        if before is None or trainer.cancelled:
-            yield _cancelled(history, trainer)
-            return
+        for _ in rounds_in_turn(experiment.measure_before(), shared.SERVICE.compute):
+            if cancel.cancelled:
+                yield _cancelled(history, 0)
+                return
+        before = experiment.before
         scoring = time.monotonic() - started
         deadline = started + RUN_SECONDS - scoring - TREES_SECONDS  # the 'after' scoring costs what the 'before' did
-        history.append({"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_exit": float("nan"), "expected_tau": before.expected_tau, "heldout_expected_tau": before.expected_tau})
-        events = trainer.run(deadline=deadline)
-        while True:
-            with shared.SERVICE.compute:  # a step at a time, so another user's generation takes turns with it
-                event = next(events, None)
-            if event is None:
-                break
-            history.append(event.__dict__)
+        history.append({"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_tree": float("nan"), "expected_tau": before.expected_tau, "heldout_expected_tau": before.expected_tau})
+        for record in rounds_in_turn(experiment.train(), shared.SERVICE.compute):  # a step at a time: another user's generation takes turns
+            history.append(record)
             left = max(0.0, deadline - time.monotonic())
-            progress(event.step / config.steps, desc=f"step {event.step}/{config.steps} · loss {event.loss:.3f} · {left:.0f} s of training left")
-            if has_domains(bundle) or event.step % 5 == 0 or event.step == config.steps:
-                yield training_figure(history), f"step {event.step}/{config.steps} · batch 1 + C {event.expected_tau:.3f} · at most {left:.0f} s of training left", *[gr.skip()] * 5
-        if trainer.cancelled:
-            yield _cancelled(history, trainer)
+            progress(record["step"] / settings.steps, desc=f"step {record['step']}/{settings.steps} · loss {record['loss']:.3f} · {left:.0f} s of training left")
+            if has_domains(bundle) or record["step"] % 5 == 0 or record["step"] == settings.steps:
+                yield training_figure(history), f"step {record['step']}/{settings.steps} · batch 1 + C {record['expected_tau']:.3f} · at most {left:.0f} s of training left", *[gr.skip()] * 5
+            if cancel.cancelled or time.monotonic() >= deadline:
+                break
+        if cancel.cancelled:
+            yield _cancelled(history, experiment.steps)
             return
-        if trainer.step == 0:
+        if experiment.steps == 0:
             yield training_figure(history), "no training step fit in the time", None, "Nothing was measured: the server was too busy to train within the run's time; try again.", None, None, None
             return
-        cut = f" (stopped at {trainer.step} of {config.steps} steps to keep within {RUN_SECONDS // 60} minutes)" if trainer.step < config.steps else ""
-        status = f"trained {trainer.step} steps{cut}"
+        cut = f" (stopped at {experiment.steps} of {settings.steps} steps to keep within {RUN_SECONDS // 60} minutes)" if experiment.steps < settings.steps else ""
+        status = f"trained {experiment.steps} steps{cut}"
         yield training_figure(history), f"{status}; scoring the held-out trees again…", *[gr.skip()] * 5
-        with shared.SERVICE.compute:
-            after = trainer.heldout_trees(LIVE_HELDOUT_BATCHES, should_stop=stop)
-        if after is None or trainer.cancelled:
-            yield _cancelled(history, trainer)
-            return
-        change = coverage_change(before, after)
-        label = f"ExitTrain ({weights}, live)"
-        mass = exit_mass_change_figure({"base": {**before.exit_mass_by_depth(trainer.horizon), "expected_tau": change["before"]},
-                                        label: {**after.exit_mass_by_depth(trainer.horizon), "expected_tau": change["after"]}})
+        for _ in rounds_in_turn(experiment.measure_after(), shared.SERVICE.compute):
+            if cancel.cancelled:
+                yield _cancelled(history, experiment.steps)
+                return
+        after = experiment.after
+        change = experiment.change()
+        horizon = experiment.drafter.config.horizon
+        label = f"ExitTrain ({tree_term}, live)"
+        mass = exit_mass_change_figure({"base": {**before.exit_mass_by_depth(horizon), "expected_tau": change["before"]},
+                                        label: {**after.exit_mass_by_depth(horizon), "expected_tau": change["after"]}})
         bars = before_after_figure(
-            [{"drafter": "base", "temperature": config.temperature, "tau": change["before"]}, {"drafter": label, "temperature": config.temperature, "tau": change["after"]}],
+            [{"drafter": "base", "temperature": settings.temperature, "tau": change["before"]}, {"drafter": label, "temperature": settings.temperature, "tau": change["after"]}],
             title="Held-out 1 + C (the expected tau) of the same rounds, before and after", yaxis="1 + C",
         )
-        table = (f"**Held-out 1 + C**, the same {change['anchors']} rounds{' of ' + domain if domain else ''} for both drafters (B = {config.budget}, "
-                 f"T = {config.temperature:g}): base {change['before']:.3f} -> {change['after']:.3f}: "
+        table = (f"**Held-out 1 + C**, the same {change['anchors']} rounds{' of ' + domain if domain else ''} for both drafters (B = {settings.budget}, "
+                 f"T = {settings.temperature:g}): base {change['before']:.3f} -> {change['after']:.3f}: "
                  f"{change_in_words(change['change'], change['change_se'])} (paired standard error)."
                  + _control_note(bundle, domain) + _NO_HEADROOM)
-        trained = trainer.accelerator.unwrap_model(trainer.drafter).eval().to(torch.bfloat16)  # served like the shipped drafters
+        trained = experiment.drafter.eval().to(torch.bfloat16)  # served like the shipped drafters
         base = BlockTreeDrafter(BlockDrafter.from_pretrained(shipped_drafter(bundle.pair or "tiny", "block"), bundle.target), name="base")
         trees = side_by_side(bundle, {"base": base, "ExitTrain (live)": BlockTreeDrafter(trained, name="live")}, evaluation_prompts(bundle.is_chat, 1, domain)[0])
         seconds = time.monotonic() - started

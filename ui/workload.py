@@ -4,8 +4,6 @@ control, in words and numbers, and both drafters' trees on the same held-out pro
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 
 import gradio as gr
@@ -13,13 +11,13 @@ import torch
 
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import shipped_drafter
-from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, adapt_to_workload
+from tev.engine.decode import rounds_in_turn
+from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, adaptation, workload_settings
 from tev.train.workload_data import check_workload, load_workload, split_workload
-from tev.train.workload_finetune import workload_settings
 from tev.util.paths import assets_dir
 from tev.util.stats import change_in_words
 from ui import shared
-from ui.exittrain import side_by_side
+from ui.exittrain import Cancel, side_by_side
 from ui.shared import _user_error
 from visual import exit_mass_change_figure
 
@@ -41,16 +39,6 @@ def _prompts(pack: str, own_text: str) -> list[str]:
     if pack not in pack_names():
         raise ValueError(f"choose a workload pack ({', '.join(pack_names())}) or '{OWN}'")
     return load_workload(assets_dir() / "workloads" / f"{pack}.json")
-
-
-class _Cancel:
-    """What the ExitTrain slot's Cancel sets for a workload run."""
-
-    def __init__(self):
-        self.event = threading.Event()
-
-    def cancel(self) -> None:
-        self.event.set()
 
 
 def verdict(gain: dict) -> str:
@@ -81,7 +69,8 @@ def result_table(result: dict) -> str:
 
 
 def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progress()):
-    """Adapt the base drafter to a workload in a worker thread, streaming its phases."""
+    """Adapt the base drafter to a workload, streaming its phases; each piece of work runs under
+    the server's compute lock, and Cancel stops between pieces."""
     owner = getattr(request, "session_hash", None) or "anonymous"
     try:
         minutes = float(minutes)
@@ -95,44 +84,32 @@ def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progr
         raise _user_error(error) from None
     if not shared.EXITTRAIN_SLOT.acquire(owner):
         raise gr.Error("another ExitTrain run is in progress on this server; wait for it to finish, then start again", print_exception=False)
-    cancel = _Cancel()
+    cancel = Cancel()
     shared.EXITTRAIN_SLOT.trainer = cancel
-    events: queue.Queue = queue.Queue()
-    outcome: dict = {}
-
-    def work():
-        try:
-            settings = workload_settings(*DEFAULT_TREE_TERM)
-            outcome["result"], outcome["drafter"] = adapt_to_workload(
-                bundle, prompts, shipped_drafter(bundle.pair, "block"), minutes, settings, controls=("none",), progress=False,
-                should_stop=cancel.event.is_set, on_phase=lambda name, info: events.put((name, info)), compute=shared.SERVICE.compute)
-        except InterruptedError:
-            outcome["cancelled"] = True
-        except Exception as error:  # noqa: BLE001 - reported to the user below
-            outcome["error"] = error
-        finally:
-            events.put(("done", {}))
-
     try:
-        thread = threading.Thread(target=work, daemon=True)
-        thread.start()
         start = time.monotonic()
         budget = minutes * 60
-        while True:
-            name, info = events.get()
-            elapsed = time.monotonic() - start
-            progress(min(0.99, elapsed / budget), desc=f"{name} · {elapsed:.0f} s of about {budget:.0f} s")
-            if name == "done":
-                break
-            if name == "step" and info["step"] % 10:
-                continue
-            yield _status(name, info, elapsed), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        thread.join()
-        if outcome.get("cancelled") or cancel.event.is_set():
+        run = adaptation(bundle, prompts, shipped_drafter(bundle.pair, "block"), minutes, workload_settings(*DEFAULT_TREE_TERM), controls=("none",), progress=False)
+        outcome = None
+        try:
+            for name, info in rounds_in_turn(run, shared.SERVICE.compute):  # a piece of work at a time: other users take turns
+                if cancel.cancelled:
+                    break
+                if name == "done":
+                    outcome = info
+                    break
+                elapsed = time.monotonic() - start
+                progress(min(0.99, elapsed / budget), desc=f"{name} · {elapsed:.0f} s of about {budget:.0f} s")
+                if name == "work" or (name == "step" and info["step"] % 10):
+                    continue
+                yield _status(name, info, elapsed), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        except ValueError as error:
+            raise _user_error(error) from None
+        finally:
+            run.close()
+        if cancel.cancelled or outcome is None:
             yield "cancelled: nothing was measured (no comparison of an unfinished drafter is shown)", "", None, None, None
             return
-        if "error" in outcome:
-            raise _user_error(outcome["error"]) if isinstance(outcome["error"], ValueError) else outcome["error"]
         result = outcome["result"]
         table = result_table(result)
         mass = result.get("heldout_mass")

@@ -94,7 +94,7 @@ def exit_mass_change_figure(summaries: dict) -> go.Figure:
 
     Args:
         summaries: drafter name -> ``{"internal": [...], "leaf": [...]}``, the mean exit mass
-            per tree by depth ``0..K`` (:meth:`tev.train.exit_loss.TreeBatch.exit_mass_by_depth`),
+            per tree by depth ``0..K`` (:meth:`tev.train.trees.TreeBatch.exit_mass_by_depth`),
             optionally with ``expected_tau``.
 
     One bar per drafter at each depth: the solid part is the missing mass (the target's next

@@ -1,6 +1,6 @@
 """``python -m tev bench exittrain``: the ExitTrain ablation.
 
-One drafter per weight mode (``none`` token-only, ``prefix`` reach-weighted, ``exit`` the
+One drafter per tree term (``none`` token-only, ``prefix`` reach-weighted, ``exit`` the
 method), all from the same base, data, seed and steps; then decoding ``tau`` (TEV) and mean
 ``1 + C`` for the base and every variant, per domain for a chat pair, and where each drafter's
 trees lose the target's mass (exit mass by depth on the same held-out rounds).
@@ -23,15 +23,14 @@ from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_bundle, shipped_drafter
-from tev.train.anchor_data import AnchorData
 from tev.train.card import refresh_card
-from tev.train.exittrain_command import exittrain_sets, install_drafter, invoked_command, pair_of
-from tev.train.trainer import ExitTrainConfig, ExitTrainer
+from tev.train.data import TrainData
+from tev.train.exittrain_command import EXITTRAIN_SETTINGS, exittrain_sets, install_drafter, invoked_command, pair_of, settings_from_args
+from tev.train.experiment import Experiment
+from tev.train.loop import TrainSettings
 from tev.util.paths import REPO_ROOT, assets_dir
 
-__all__ = ["run_ablation", "format_ablation", "install_from_ablation", "ablation_command", "evaluation_setup", "pooled_rows", "HELDOUT_BATCHES"]
-
-HELDOUT_BATCHES = 8  # held-out rounds for 1 + C and the exit mass by depth: the same anchors for every drafter
+__all__ = ["run_ablation", "format_ablation", "install_from_ablation", "ablation_command", "evaluation_setup", "pooled_rows"]
 
 
 def pooled_rows(parts: list[list[dict]]) -> list[dict]:
@@ -64,19 +63,18 @@ def _measure(bundle, name: str, drafter, prompts: list[dict], budgets, temperatu
     return [row for part in parts for row in part] + pooled_rows(parts)
 
 
-def _trees_summary(trainer: ExitTrainer) -> dict:
-    trees = trainer.heldout_trees(HELDOUT_BATCHES)
-    return {"expected_tau": trees.expected_tau, "trees": len(trees.trees), **trees.exit_mass_by_depth(trainer.horizon)}
+def _trees_summary(trees, horizon: int) -> dict:
+    return {"expected_tau": trees.expected_tau, "trees": len(trees.trees), **trees.exit_mass_by_depth(horizon)}
 
 
 def run_ablation(
     bundle,
     base: Path,
-    train: AnchorData,
-    heldout: AnchorData,
+    train: TrainData,
+    heldout: TrainData,
     prompts: list[dict],
     modes=("none", "prefix", "exit"),
-    config: ExitTrainConfig = ExitTrainConfig(),
+    config: TrainSettings = EXITTRAIN_SETTINGS,
     budgets=(16, 32, 64),
     temperatures=(0.0, 1.0),
     max_new_tokens: int = 64,
@@ -91,27 +89,31 @@ def run_ablation(
     drafters = {"base": BlockDrafter.from_pretrained(base, bundle.target)}
     training, trees = {}, {}
     for mode in modes:
-        variant = dataclasses.replace(config, weights=mode, save_every=0)
+        variant = dataclasses.replace(config, tree_term=mode, save_every=0, eval_every=0)
         drafter = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
-        trainer = ExitTrainer(variant, bundle.target, drafter, train, heldout=heldout)
-        if "base" not in trees:  # the same held-out anchors and temperature for every drafter
-            trees["base"] = _trees_summary(trainer)
+        experiment = Experiment.exittrain(bundle.target, drafter, train, heldout, variant)
+        for _ in experiment.measure_before():  # the same held-out anchors and temperature for every drafter
+            pass
+        trees.setdefault("base", _trees_summary(experiment.before, drafter.config.horizon))
         start = time.time()
         bar = tqdm(total=variant.steps, desc=f"train [{mode}]", disable=not progress)
-        for event in trainer.run():
-            bar.set_postfix(loss=f"{event.loss:.3f}", tau_bound=f"{event.expected_tau:.3f}")
+        for record in experiment.train():
+            bar.set_postfix(loss=f"{record['loss']:.3f}", tau_bound=f"{record['expected_tau']:.3f}")
             bar.update(1)
         bar.close()
-        trained = trainer.accelerator.unwrap_model(trainer.drafter).eval()
-        trees[mode] = _trees_summary(trainer)
-        training[mode] = {"seconds": time.time() - start, "heldout_expected_tau": trees[mode]["expected_tau"], "history": trainer.history}
+        for _ in experiment.measure_after():
+            pass
+        trained = experiment.drafter.eval()
+        trees[mode] = _trees_summary(experiment.after, drafter.config.horizon)
+        training[mode] = {"seconds": time.time() - start, "heldout_expected_tau": trees[mode]["expected_tau"], "heldout_change": experiment.change(),
+                          "history": experiment.history}
         if out is not None:
             trained.save_pretrained(Path(out) / f"drafter-{mode}")
         drafters[mode] = trained.to(torch.bfloat16)
     rows = []
     for name, model in drafters.items():
         rows += _measure(bundle, name, model, prompts, budgets, temperatures, max_new_tokens, progress)
-    return {"config": asdict(config), "train_sequences": len(train), "heldout_sequences": len(heldout), "prompts": len(prompts), "rows": rows,
+    return {"settings": asdict(config), "train_sequences": len(train), "heldout_sequences": len(heldout), "prompts": len(prompts), "rows": rows,
             "training": training, "heldout_trees": trees, "base_heldout_expected_tau": trees.get("base", {}).get("expected_tau")}
 
 
@@ -130,10 +132,10 @@ def format_ablation(result: dict) -> str:
 def install_from_ablation(result: dict, out: Path, target) -> None:
     """Ship the ablation's exit-weighted drafter, so the shipped drafter is the one the
     evaluation measured; its card entry has the same fields ``exittrain --install`` writes."""
-    config = {**result["config"], "weights": "exit"}
+    config = {**result["settings"], "tree_term": "exit"}
     training = result["training"]["exit"]
     entry = {
-        "config": config,
+        "settings": config,
         "steps_done": config["steps"],
         "seconds": training["seconds"],
         "heldout_expected_tau_before": result["base_heldout_expected_tau"],
@@ -163,18 +165,18 @@ def evaluation_setup(args) -> tuple[Path, object, list[dict]]:
 
 
 def ablation_command(args) -> None:
-    if args.install and "exit" not in args.modes:
-        raise ValueError("--install ships the exit-weighted drafter: keep exit in --modes")
+    if args.install and "exit" not in args.tree_terms:
+        raise ValueError("--install ships the exit-term drafter: keep exit in --tree-terms")
     pair = pair_of(args)
     if pair is None and args.install:
         raise ValueError("--install ships a drafter for a shipped pair; drop --target")
     out, bundle, prompts = evaluation_setup(args)
     if pair is None and not args.base:
         raise ValueError("with --target, pass --base: the block drafter to fine-tune")
-    config = dataclasses.replace(ExitTrainConfig.from_args(args), eval_every=0, save_every=0)
+    config = dataclasses.replace(settings_from_args(args), eval_every=0, save_every=0)
     train, heldout = exittrain_sets(bundle, args, config.seed)
     base = Path(args.base) if args.base else shipped_drafter(pair, "block")
-    result = run_ablation(bundle, base, train, heldout, prompts, args.modes, config, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, out=out)
+    result = run_ablation(bundle, base, train, heldout, prompts, args.tree_terms, config, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, out=out)
     result["command"] = invoked_command()
     result["pair"] = pair
     result["domain"] = getattr(args, "domain", None)

@@ -6,7 +6,8 @@ processors and sampler run over the whole 49,152-token vocabulary, and finished 
 being computed until the longest one ends). This loop does only what data writing needs:
 one prefill of the left-padded batch, then one forward of the rows still writing per step
 (finished rows leave the batch and the cache), logits only for the last position, and a
-sample by inverse CDF from the target's law at temperature T (exact; greedy at T = 0).
+draw from the target's law at temperature T by :func:`tev.core.sampling.sample_rows` (exact;
+greedy at T = 0).
 
 The text is what the target writes; padding and the batch's size may move a near-tie, as in
 any batched decoding.
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+
+from tev.core.sampling import probs_from_logits, sample_rows
 
 __all__ = ["generate_batch"]
 
@@ -59,9 +62,7 @@ def generate_batch(
     for step in range(max_new_tokens):
         logits = head(hidden).float().cpu()  # [rows writing, vocab]
         if temperature > 0:
-            cdf = torch.softmax(logits / temperature, dim=-1).cumsum(-1)
-            draw = torch.rand((len(writing), 1), generator=generator) * cdf[:, -1:]
-            chosen = torch.searchsorted(cdf, draw).clamp(max=logits.shape[-1] - 1).squeeze(1)
+            chosen = sample_rows(probs_from_logits(logits, temperature), generator)
         else:
             chosen = logits.argmax(-1)
         keep = []

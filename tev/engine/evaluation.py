@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from tqdm import tqdm
 
-from tev.engine.decode import DecodeConfig, rounds_in_turn, run_to_end, Request, speculative_generate
+from tev.engine.decode import DecodeConfig, GenerationSummary, Request, rounds_in_turn, speculative_generate
 from tev.engine.prompt_text import encode_chat, encode_prompt
 from tev.util.stats import quantile, standard_error
 
-__all__ = ["fit_prompt", "evaluate_drafter", "format_tau_table"]
+__all__ = ["fit_prompt", "evaluation_rounds", "evaluate_drafter", "format_tau_table"]
 
 
 def fit_prompt(tokenizer, prompt: dict, limit: int) -> list[int]:
@@ -31,7 +31,7 @@ def fit_prompt(tokenizer, prompt: dict, limit: int) -> list[int]:
     return ids[len(ids) - limit :]
 
 
-def evaluate_drafter(
+def evaluation_rounds(
     target,
     tokenizer,
     drafter,
@@ -43,14 +43,9 @@ def evaluate_drafter(
     verifier: str = "tev",
     progress: bool = True,
     desc: str = "evaluate",
-    compute=None,
-) -> list[dict]:
-    """Measured ``tau`` (mean block length over all rounds) and mean ``1 + C`` per setting.
-    ``compute`` (a lock) is held for each round, so a server's other users take turns.
-
-    Returns one row per (budget, temperature): ``tau``, its standard error over rounds,
-    ``tau_bound``, the spread of per-prompt ``tau`` (q25/q75), rounds and tokens.
-    """
+):
+    """:func:`evaluate_drafter` as a generator: yields every speculation round's record (a caller
+    takes turns with other work between rounds, or stops), then the list of rows."""
     context = int(getattr(target.config, "max_position_embeddings", 1 << 30))
     encoded = [fit_prompt(tokenizer, p, context - max_new_tokens) for p in prompts]
     rows = []
@@ -60,8 +55,12 @@ def evaluate_drafter(
         lengths, bounds, per_prompt, tokens, seconds = [], [], [], 0, 0.0
         for i, ids in enumerate(encoded):
             config = DecodeConfig(budget=budget, temperature=temperature, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed + i)
-            events = speculative_generate(Request(target, drafter, ids, config), tokenizer)
-            _, summary = run_to_end(events if compute is None else rounds_in_turn(events, compute))
+            summary = None
+            for event in speculative_generate(Request(target, drafter, ids, config), tokenizer):
+                if isinstance(event, GenerationSummary):
+                    summary = event
+                else:
+                    yield event
             lengths += summary.block_lengths
             bounds += summary.tau_bounds
             per_prompt.append(summary.tau)
@@ -84,6 +83,20 @@ def evaluate_drafter(
             }
         )
     bar.close()
+    yield rows
+
+
+def evaluate_drafter(target, tokenizer, drafter, prompts: list[dict], budgets=(8, 16, 32, 64), temperatures=(0.0, 1.0), max_new_tokens: int = 64,
+                     seed: int = 0, verifier: str = "tev", progress: bool = True, desc: str = "evaluate", compute=None) -> list[dict]:
+    """Measured ``tau`` (mean block length over all rounds) and mean ``1 + C`` per setting.
+    ``compute`` (a lock) is held for each round, so a server's other users take turns.
+
+    Returns one row per (budget, temperature): ``tau``, its standard error over rounds,
+    ``tau_bound``, the spread of per-prompt ``tau`` (q25/q75), rounds and tokens.
+    """
+    events = evaluation_rounds(target, tokenizer, drafter, prompts, budgets, temperatures, max_new_tokens, seed, verifier, progress, desc)
+    for event in events if compute is None else rounds_in_turn(events, compute):
+        rows = event
     return rows
 
 

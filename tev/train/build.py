@@ -19,14 +19,14 @@ import math
 import platform
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, get_cosine_with_min_lr_schedule_with_warmup
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from tev.data.corpus import load_split
 from tev.data.prompts import heldout_function_prompts, humaneval_prompts
@@ -37,7 +37,9 @@ from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, fit_prompt
 from tev.engine.models import load_block_drafter
 from tev.train.card import refresh_card
-from tev.train.distill import DistillSettings, make_distill_data, regenerate_sequences, train_block_drafter
+from tev.train.data import TrainData
+from tev.train.loop import TrainSettings, drafter_shape, run_to_end, schedule_for, train
+from tev.train.teacher import regenerate_sequences, with_features
 from tev.util.files import atomic_folder
 from tev.util.paths import REPO_ROOT, assets_dir
 from tev.util.timing import machine_info
@@ -66,12 +68,7 @@ class BuildConfig:
     target_warmup: int = 150
     eval_windows: int = 48
     # block drafter (self-distilled on target continuations)
-    drafter_horizon: int = 8
-    drafter_window: int = 16
-    drafter_hidden: int = 256
-    drafter_layers: int = 2
-    drafter_heads: int = 4
-    drafter_intermediate: int = 768
+    drafter: BlockDrafterConfig = field(default_factory=lambda: drafter_shape(horizon=8, context_window=16, hidden_size=256, num_layers=2, num_heads=4, intermediate_size=768))
     distill_sequences: int = 3072
     distill_context: int = 128
     distill_new_tokens: int = 96
@@ -97,12 +94,7 @@ QUICK_BUILD = BuildConfig(
     target_batch=4,
     target_warmup=5,
     eval_windows=4,
-    drafter_horizon=4,
-    drafter_window=4,
-    drafter_hidden=32,
-    drafter_layers=1,
-    drafter_heads=2,
-    drafter_intermediate=64,
+    drafter=drafter_shape(horizon=4, context_window=4, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
     distill_sequences=32,
     distill_context=16,
     distill_new_tokens=16,
@@ -226,7 +218,7 @@ def train_target(work: Path, config: BuildConfig, log=print) -> Path:
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=config.target_lr, betas=(0.9, 0.95)
     )
-    schedule = get_cosine_with_min_lr_schedule_with_warmup(optimizer, config.target_warmup, config.target_steps, min_lr_rate=0.1)
+    schedule = schedule_for(optimizer, config.target_warmup, config.target_steps)
     data_generator = torch.Generator().manual_seed(config.seed)
     eval_generator = torch.Generator().manual_seed(config.seed + 1)
     eval_windows = random_windows(heldout_stream, config.eval_windows, config.context_length, eval_generator)
@@ -279,7 +271,7 @@ def _all_windows(stream: torch.Tensor, length: int) -> torch.Tensor:
 
 # ---------------------------------------------------------------------- block drafter
 DRAFTER_FIELDS = (
-    "drafter_horizon", "drafter_window", "drafter_hidden", "drafter_layers", "drafter_heads", "drafter_intermediate",
+    "drafter",
     "distill_sequences", "distill_context", "distill_new_tokens", "drafter_steps", "drafter_batch", "drafter_lr", "seed",
 )
 
@@ -298,28 +290,21 @@ def train_drafter(work: Path, config: BuildConfig, log=print) -> Path:
     for parameter in target.parameters():
         parameter.requires_grad_(False)
     train_stream, _ = encode_corpus(tokenizer, "train", config.corpus_limit_files)
-    drafter_config = BlockDrafterConfig(
+    drafter_config = replace(
+        config.drafter,
         vocab_size=target.config.vocab_size,
         target_hidden_size=target.config.hidden_size,
         feature_layers=default_feature_layers(target.config.num_hidden_layers),
-        horizon=config.drafter_horizon,
-        context_window=config.drafter_window,
-        hidden_size=config.drafter_hidden,
-        num_layers=config.drafter_layers,
-        num_heads=config.drafter_heads,
-        intermediate_size=config.drafter_intermediate,
         target_num_layers=target.config.num_hidden_layers,
         notes={"trained_by": "python -m tev build-assets", "loss": "token-level cross-entropy on target continuations"},
     )
-    data = make_distill_data(
-        target, train_stream, drafter_config.feature_layers, config.distill_sequences, config.distill_context,
-        config.distill_new_tokens, seed=config.seed + 2,
-    )
+    sequences = regenerate_sequences(target, train_stream, config.distill_sequences, config.distill_context, config.distill_new_tokens, seed=config.seed + 2)
+    data = with_features(target, TrainData.of(sequences, config.distill_context), drafter_config.feature_layers)
     data_seconds = time.time() - start
     torch.manual_seed(config.seed + 3)
     drafter = BlockDrafter.for_target(drafter_config, target)
-    settings = DistillSettings(steps=config.drafter_steps, batch=config.drafter_batch, lr=config.drafter_lr, seed=config.seed + 4)
-    history = train_block_drafter(drafter, data, settings)
+    settings = TrainSettings(steps=config.drafter_steps, batch=config.drafter_batch, lr=config.drafter_lr, seed=config.seed + 4)
+    history = run_to_end(train(drafter, data, settings), progress=True)
     seconds = time.time() - start
     parameters = sum(p.numel() for p in drafter.parameters())
     with atomic_folder(folder) as tmp:
@@ -328,7 +313,7 @@ def train_drafter(work: Path, config: BuildConfig, log=print) -> Path:
             tmp, key, seconds=seconds, data_seconds=data_seconds, parameters=parameters,
             anchors=data.num_anchors, history=history,
         )
-    log(f"drafter: {parameters / 1e6:.2f}M parameters, {data.num_anchors} anchors, final loss {history[-1]['loss']:.3f}, {seconds / 60:.1f} min")
+    log(f"drafter: {parameters / 1e6:.2f}M parameters, {data.num_anchors} anchors, final loss {history[-1]['running_loss']:.3f}, {seconds / 60:.1f} min")
     return folder
 
 

@@ -12,7 +12,7 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -25,17 +25,30 @@ from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, format_tau_table
 from tev.engine.models import default_pair, load_bundle, shipped_drafter
-from tev.train.anchor_data import AnchorData
 from tev.train.card import refresh_card
-from tev.train.distill import regenerate_sequences
+from tev.train.data import TrainData
 from tev.train.exittrain_data import load_chat_exittrain_data
-from tev.train.trainer import ExitTrainConfig, ExitTrainer
+from tev.train.experiment import Experiment, heldout_trees
+from tev.train.loop import TrainSettings, train
+from tev.train.teacher import regenerate_sequences
 from tev.util.files import atomic_file, atomic_folder
 from tev.util.paths import REPO_ROOT, assets_dir
 
-__all__ = ["exittrain_command", "training_sequences", "exittrain_sets", "pair_of", "weights_fingerprint", "install_drafter", "invoked_command", "SEQUENCE_CACHE"]
+__all__ = ["EXITTRAIN_SETTINGS", "EXITTRAIN_FLAGS", "settings_from_args", "exittrain_command", "training_sequences", "exittrain_sets", "pair_of", "weights_fingerprint", "install_drafter", "invoked_command", "SEQUENCE_CACHE"]
 
 SEQUENCE_CACHE = REPO_ROOT / "runs" / "exittrain-data"
+# Same-distribution ExitTrain: on-policy trees of B = 32 at T = 1, the exit term at lambda_tree 16,
+# soft labels (the target's top-16 laws, as the shipped drafters learn), 4 rows x 8 anchors a step.
+EXITTRAIN_SETTINGS = TrainSettings(steps=400, lr=2e-4, warmup=20, weight_decay=0.0, short_history_share=0.0, soft_top=16, tree_term="exit",
+                                   lambda_tree=16.0, trees="on-policy", budget=32, temperature=1.0, sequences_per_step=4, anchors_per_sequence=8,
+                                   eval_every=50, save_every=100)
+EXITTRAIN_FLAGS = ("tree_term", "steps", "budget", "lambda_tree", "temperature", "lr", "warmup", "sequences_per_step", "anchors_per_sequence",
+                   "soft_top", "eval_every", "save_every", "seed")
+
+
+def settings_from_args(args, preset: TrainSettings = EXITTRAIN_SETTINGS) -> TrainSettings:
+    """``preset`` with the command line's values of its flags."""
+    return replace(preset, **{name: getattr(args, name) for name in EXITTRAIN_FLAGS if getattr(args, name, None) is not None})
 
 
 def weights_fingerprint(model) -> str:
@@ -70,7 +83,7 @@ def pair_of(args) -> str | None:
     return None if getattr(args, "target", None) else (args.pair or default_pair())
 
 
-def exittrain_sets(bundle, args, seed: int, progress: bool = True) -> tuple[AnchorData, AnchorData]:
+def exittrain_sets(bundle, args, seed: int, progress: bool = True) -> tuple[TrainData, TrainData]:
     """(train, held-out) ExitTrain data of a command: the default pair's shipped conversations
     (of ``args.domain`` when set; their token ids are SmolLM2's), else corpus sequences the
     target regenerates itself (any target)."""
@@ -81,7 +94,7 @@ def exittrain_sets(bundle, args, seed: int, progress: bool = True) -> tuple[Anch
         raise ValueError("--domain needs the default pair (its conversations have domains); other data has none")
     train = training_sequences(bundle.target, bundle.tokenizer, "train", args.data_sequences, args.context_length, args.new_tokens, seed=seed + 7, cache_dir=SEQUENCE_CACHE, progress=progress)
     heldout = training_sequences(bundle.target, bundle.tokenizer, "heldout", args.heldout_sequences, args.context_length, args.new_tokens, seed=seed + 8, cache_dir=SEQUENCE_CACHE, progress=progress)
-    return AnchorData.of(train, args.context_length - 1), AnchorData.of(heldout, args.context_length - 1)
+    return TrainData.of(train, args.context_length), TrainData.of(heldout, args.context_length)
 
 
 def install_drafter(drafter: BlockDrafter, destination: Path, extra_files: dict[str, str] | None = None) -> None:
@@ -107,8 +120,8 @@ def _check_data_flags(args) -> None:
 
 def exittrain_command(args) -> None:
     _check_data_flags(args)
-    config = ExitTrainConfig.from_args(args)
-    out = Path(args.out) if args.out else REPO_ROOT / "runs" / "exittrain" / f"{config.weights}-{time.strftime('%Y%m%d-%H%M%S')}"
+    settings = settings_from_args(args)
+    out = Path(args.out) if args.out else REPO_ROOT / "runs" / "exittrain" / f"{settings.tree_term}-{time.strftime('%Y%m%d-%H%M%S')}"
     assets = (REPO_ROOT / "assets").resolve()
     if out.resolve() == assets or assets in out.resolve().parents:
         raise ValueError(f"--out {out} is inside assets/; write elsewhere and use --install to ship a result")
@@ -122,26 +135,28 @@ def exittrain_command(args) -> None:
         raise ValueError("with --target, pass --base: the block drafter to fine-tune")
     base = Path(args.base) if args.base else shipped_drafter(pair, "block")
     drafter = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
-    train, heldout = exittrain_sets(bundle, args, config.seed)
-    trainer = ExitTrainer(config, bundle.target, drafter, train, heldout=heldout)
-    if args.resume and trainer.load_checkpoint(out):
-        print(f"resumed from {out / 'checkpoint'} at step {trainer.step}")
-    before = trainer.heldout_expected_tau() if trainer.step == 0 else None
+    train_data, heldout = exittrain_sets(bundle, args, settings.seed)
+    experiment = Experiment(drafter, lambda d: train(d, train_data, settings, target=bundle.target, checkpoint=out / "checkpoint"),
+                            lambda d: heldout_trees(bundle.target, d, heldout, settings))
+    for _ in experiment.measure_before():
+        pass
     start = time.time()
-    bar = tqdm(total=config.steps, initial=trainer.step, desc=f"exittrain[{config.weights}]", unit="step")
-    for event in trainer.run(out):
-        postfix = {"loss": f"{event.loss:.3f}", "1+C": f"{event.expected_tau:.3f}"}
-        if event.heldout_expected_tau is not None:
-            postfix["heldout 1+C"] = f"{event.heldout_expected_tau:.3f}"
-        bar.set_postfix(postfix)
-        bar.update(1)
+    bar = tqdm(total=settings.steps, desc=f"exittrain[{settings.tree_term}]", unit="step")
+    for record in experiment.train():
+        bar.n = record["step"]
+        bar.set_postfix({"loss": f"{record['loss']:.3f}", "1+C": f"{record['expected_tau']:.3f}"})
+        bar.update(0)
     bar.close()
     seconds = time.time() - start
-    trained = trainer.accelerator.unwrap_model(trainer.drafter)
-    trained.config.notes = {**trained.config.notes, "exittrain": asdict(config), "trained_by": "python -m tev exittrain"}
+    for _ in experiment.measure_after():
+        pass
+    change = experiment.change()
+    trained = experiment.drafter
+    trained.config.notes = {**trained.config.notes, "exittrain": asdict(settings), "trained_by": "python -m tev exittrain"}
     trained.save_pretrained(out / "drafter")
-    after = trainer.heldout_expected_tau()
-    report = {"config": asdict(config), "steps_done": trainer.step, "seconds": seconds, "heldout_expected_tau_before": before, "heldout_expected_tau_after": after, "history": trainer.history}
+    steps_done = experiment.history[-1]["step"] if experiment.history else 0
+    report = {"settings": asdict(settings), "steps_done": steps_done, "seconds": seconds, "heldout_expected_tau_before": change["before"],
+              "heldout_expected_tau_after": change["after"], "heldout_change": change, "history": experiment.history}
     if args.eval_prompts:
         prompts = evaluation_prompts(bundle.is_chat, args.eval_prompts, getattr(args, "domain", None))
         original = BlockDrafter.from_pretrained(base, bundle.target)
@@ -151,9 +166,10 @@ def exittrain_command(args) -> None:
             print(f"{name}:\n" + format_tau_table(rows[name]))
         report["tau"] = rows
     (out / "report.json").write_text(json.dumps(report, indent=1))
-    print(f"held-out expected 1 + C: before {before if before is not None else float('nan'):.3f}, after {after:.3f}; {seconds / 60:.1f} min; saved {out / 'drafter'}")
+    print(f"held-out expected 1 + C: before {change['before']:.3f}, after {change['after']:.3f} ({100 * change['change']:+.1f}% +- {100 * change['change_se']:.1f}%); "
+          f"{seconds / 60:.1f} min; saved {out / 'drafter'}")
     if args.install:
-        if trainer.step < config.steps:
+        if steps_done < settings.steps:
             raise ValueError("the run did not finish; not installing a partial drafter")
         report["command"] = invoked_command()
         install_drafter(trained, shipped_drafter(pair, "exittrain"), extra_files={"exittrain.json": json.dumps(report, indent=1)})

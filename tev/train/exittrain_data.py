@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tev.train.anchor_data import DOMAINS, AnchorData, anchor_data_from_conversations, load_anchor_data, save_anchor_data
+from tev.train.data import DOMAINS, TrainData, load_train_data, save_train_data
 from tev.train.train_drafter import cached_conversations, split_conversations
 from tev.util.paths import models_dir
 
-__all__ = ["chat_exittrain_data_path", "build_chat_exittrain_data", "load_chat_exittrain_data", "exittrain_data_command"]
+__all__ = ["chat_exittrain_data_path", "conversation_data", "build_chat_exittrain_data", "load_chat_exittrain_data", "exittrain_data_command"]
 
 PAD_ID = 0  # padding is never attended to by a tree nor labelled, so any id will do
 
@@ -27,7 +27,7 @@ def chat_exittrain_data_path() -> Path:
     return models_dir() / "smollm2" / "exittrain-data.safetensors"
 
 
-def _first_per_domain(data: AnchorData, per_domain: int) -> AnchorData:
+def _first_per_domain(data: TrainData, per_domain: int) -> TrainData:
     """The first ``per_domain`` rows of each domain, in their order."""
     taken = {domain: 0 for domain in DOMAINS}
     keep = []
@@ -38,24 +38,36 @@ def _first_per_domain(data: AnchorData, per_domain: int) -> AnchorData:
     return data.select(keep)
 
 
-def build_chat_exittrain_data(work: Path, per_domain: int, response_tokens: int, min_anchors: int = 16) -> dict[str, AnchorData]:
+def conversation_data(conversations, max_response_tokens: int, min_anchors: int = 8) -> TrainData:
+    """Chat conversations (a :class:`tev.train.teacher.ChatSequences`) as training data: each
+    cut to its prompt and at most ``max_response_tokens`` of its response; a conversation with
+    fewer than ``min_anchors`` anchors is left out."""
+    kept = [i for i, (ids, start) in enumerate(zip(conversations.token_ids, conversations.prompt_lengths))
+            if min(len(ids), start + max_response_tokens) - start >= min_anchors]
+    if not kept:
+        raise ValueError(f"no conversation has a response of {min_anchors} tokens or more")
+    rows = [conversations.token_ids[i][: conversations.prompt_lengths[i] + max_response_tokens] for i in kept]
+    return TrainData.from_lists(rows, [conversations.prompt_lengths[i] for i in kept], PAD_ID, [conversations.domains[i] for i in kept])
+
+
+def build_chat_exittrain_data(work: Path, per_domain: int, response_tokens: int, min_anchors: int = 16) -> dict[str, TrainData]:
     """``train`` (up to ``per_domain`` conversations of each domain, in the split's seeded
     order) and ``heldout`` (every held-out conversation) from a ``train-drafter`` work folder."""
     conversations, recipe = cached_conversations(Path(work))
     train, heldout = split_conversations(conversations, recipe)
     return {
-        "train": _first_per_domain(anchor_data_from_conversations(train, PAD_ID, response_tokens, min_anchors), per_domain),
-        "heldout": anchor_data_from_conversations(heldout, PAD_ID, response_tokens, min_anchors),
+        "train": _first_per_domain(conversation_data(train, response_tokens, min_anchors), per_domain),
+        "heldout": conversation_data(heldout, response_tokens, min_anchors),
     }
 
 
-def load_chat_exittrain_data(domain: str | None = None, path: Path | None = None) -> tuple[AnchorData, AnchorData]:
+def load_chat_exittrain_data(domain: str | None = None, path: Path | None = None) -> tuple[TrainData, TrainData]:
     """(train, held-out) of the default pair's shipped ExitTrain data, of one domain when given."""
     path = Path(path or chat_exittrain_data_path())
     if not path.is_file():
         raise FileNotFoundError(f"the default pair's ExitTrain data is missing ({path}); rebuild it with "
                                 "`python -m tev exittrain-data --work-dir runs/train-drafter-smollm2` after `python -m tev train-drafter`")
-    parts = load_anchor_data(path)
+    parts = load_train_data(path)
     if domain:
         return parts["train"].domain(domain), parts["heldout"].domain(domain)
     return parts["train"], parts["heldout"]
@@ -66,8 +78,8 @@ def exittrain_data_command(args) -> None:
         raise ValueError("--per-domain must be at least 1 and --response-tokens at least 16")
     parts = build_chat_exittrain_data(Path(args.work_dir), args.per_domain, args.response_tokens)
     out = Path(args.out) if args.out else chat_exittrain_data_path()
-    save_anchor_data(out, parts)
+    save_train_data(out, parts)
     for name, part in parts.items():
         counts = {d: part.domains.count(d) for d in DOMAINS}
-        print(f"{name}: {len(part)} conversations {counts}, {int(part.spans.sum())} anchors, width {part.ids.shape[1]}")
+        print(f"{name}: {len(part)} conversations {counts}, {int(part.spans.sum())} anchors, width {part.token_ids.shape[1]}")
     print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB)")

@@ -2,7 +2,7 @@
 
 Stages, each cached in the work folder so a stopped run resumes where it was:
 
-1. requests   the target writes its own user requests (self-instruct, :mod:`tev.train.chat_data`)
+1. requests   the target writes its own user requests (self-instruct, :mod:`tev.train.teacher`)
 2. responses  the target answers them (greedy for a share, T = 1 for the rest)
 3. features   one teacher-forced target forward per conversation: hidden states at a few layers
 4. training   the one-pass block drafter learns ``L_tok`` on every response position (anchor),
@@ -25,7 +25,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -38,11 +38,13 @@ from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_causal_lm, load_tokenizer
 from tev.engine.prompt_text import ChatTemplate
-from tev.train.chat_data import ChatSequences, write_requests, write_responses
+from tev.train.teacher import ChatSequences, target_features, write_requests, write_responses
 from tev.train.card import refresh_card
-from tev.train.distill import DistillData, DistillSettings, SoftLabels, heldout_loss, target_features, train_block_drafter
+from tev.train.data import SoftLabels, TrainData
+from tev.train.loop import TrainSettings, drafter_shape, heldout_loss, run_to_end, train
 from tev.util.files import atomic_folder, write_text_atomic
 from tev.util.paths import REPO_ROOT, assets_dir
+from tev.util.precision import low_precision
 
 __all__ = ["split_conversations", "cached_conversations", "DrafterRecipe", "QUICK_RECIPE", "draft_vocabulary", "chat_prompt_tau", "train_drafter_pipeline", "train_drafter_command"]
 
@@ -61,16 +63,12 @@ class DrafterRecipe:
     request_tokens: int = 64
     response_tokens: int = 192
     greedy_share: float = 0.5
-    generation_batch: int = 96  # rows written at once (bfloat16): per token, 96 rows cost about a third of one
-    # drafter shape
-    draft_vocab: int = 8192
-    horizon: int = 8
-    window: int = 16
-    hidden: int = 256
-    layers: int = 2
-    heads: int = 4
-    intermediate: int = 768
-    feature_dropout: float = 0.1  # the target's features identify a position almost uniquely: without it the drafter memorises
+    generation_batch: int = 96  # rows written at once: per token, 96 rows cost about a third of one (bfloat16, on a CPU with bf16 instructions)
+    # the drafter's shape; draft_vocab_size: the most frequent response tokens it may propose. Feature
+    # dropout: the target's features identify a position almost uniquely, without it the drafter memorises
+    drafter: BlockDrafterConfig = field(default_factory=lambda: drafter_shape(
+        horizon=8, context_window=16, hidden_size=256, num_layers=2, num_heads=4, intermediate_size=768, draft_vocab_size=8192,
+        feature_norm="per_layer", feature_dropout=0.1))
     soft_top: int = 16  # labels: the target's top-k distribution over the draft vocabulary (0: the tokens it wrote)
     # optimisation
     steps: int = 2400
@@ -88,9 +86,13 @@ class DrafterRecipe:
         """The budgets ``tau`` is measured at: ``eval_budget`` and the benchmarks' B = 16."""
         return tuple(sorted({16, self.eval_budget}))
 
-    def distill_settings(self) -> DistillSettings:
-        return DistillSettings(self.steps, self.batch, self.lr, self.warmup, self.seed, self.short_history_share, self.save_every, self.eval_every,
-                               soft_labels=self.soft_top > 0)
+    @classmethod
+    def from_json(cls, values: dict) -> "DrafterRecipe":
+        return cls(**{**values, "drafter": BlockDrafterConfig(**values["drafter"])})
+
+    def train_settings(self) -> TrainSettings:
+        return TrainSettings(self.steps, self.batch, self.lr, self.warmup, self.seed, short_history_share=self.short_history_share,
+                             save_every=self.save_every, eval_every=self.eval_every, soft_top=self.soft_top)
 
 
 STORED_SOFT_TOP = 16  # the target's top tokens kept per position in the feature cache
@@ -99,9 +101,10 @@ STORED_SOFT_TOP = 16  # the target's top tokens kept per position in the feature
 DATA_FIELDS = ("seed", "shard_requests", "request_tokens", "response_tokens", "greedy_share", "generation_batch")
 
 QUICK_RECIPE = DrafterRecipe(
-    shard_requests=8, shards=2, heldout_requests=4, request_tokens=16, response_tokens=16, generation_batch=8, draft_vocab=256,
-    horizon=4, window=4, hidden=32, layers=1, heads=2, intermediate=64, steps=12, batch=16, warmup=2, save_every=5, eval_every=4,
-    eval_new_tokens=8,
+    shard_requests=8, shards=2, heldout_requests=4, request_tokens=16, response_tokens=16, generation_batch=8,
+    drafter=drafter_shape(horizon=4, context_window=4, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, draft_vocab_size=256,
+                          feature_norm="per_layer", feature_dropout=0.1),
+    steps=12, batch=16, warmup=2, save_every=5, eval_every=4, eval_new_tokens=8,
 )
 
 
@@ -172,7 +175,7 @@ def cached_conversations(work: Path) -> tuple[ChatSequences, DrafterRecipe]:
     recipe_path = work / "recipe.json"
     if not recipe_path.is_file():
         raise FileNotFoundError(f"{work} holds no train-drafter run (no recipe.json); run `python -m tev train-drafter --work-dir {work}` first")
-    recipe = DrafterRecipe(**json.loads(recipe_path.read_text()))
+    recipe = DrafterRecipe.from_json(json.loads(recipe_path.read_text()))
     parts = []
     for shard in range(recipe.shards):
         path = work / f"shard-{shard:03d}" / "conversations.json"
@@ -233,7 +236,8 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     recipe_path.write_text(json.dumps(asdict(recipe), indent=1))
     torch.manual_seed(recipe.seed)
     tokenizer = load_tokenizer(target_source, allow_download)
-    target = load_causal_lm(target_source, device="cpu", dtype="bfloat16", allow_download=allow_download).eval()
+    # the data writer and the feature forward run in bfloat16 only where this CPU is faster at it
+    target = load_causal_lm(target_source, device="cpu", dtype=low_precision("cpu"), allow_download=allow_download).eval()
     for parameter in target.parameters():
         parameter.requires_grad_(False)
     template = ChatTemplate.of(tokenizer)
@@ -245,14 +249,11 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     timings["conversations_s"] = time.time() - t
     train_part, heldout_part = split_conversations(conversations, recipe)
 
-    vocab, coverage = draft_vocabulary(train_part, min(recipe.draft_vocab, target.config.vocab_size), always=(template.end_of_turn,))
-    drafter_config = BlockDrafterConfig(
-        vocab_size=target.get_output_embeddings().weight.shape[0],
-        target_hidden_size=target.config.hidden_size,
-        feature_layers=default_feature_layers(target.config.num_hidden_layers),
-        horizon=recipe.horizon, context_window=recipe.window, hidden_size=recipe.hidden, num_layers=recipe.layers,
-        num_heads=recipe.heads, intermediate_size=recipe.intermediate, target_num_layers=target.config.num_hidden_layers,
-        draft_vocab_size=int(vocab.numel()), feature_norm="per_layer", feature_dropout=recipe.feature_dropout,
+    vocab, coverage = draft_vocabulary(train_part, min(recipe.drafter.draft_vocab_size, target.config.vocab_size), always=(template.end_of_turn,))
+    drafter_config = replace(
+        recipe.drafter, vocab_size=target.get_output_embeddings().weight.shape[0], target_hidden_size=target.config.hidden_size,
+        feature_layers=default_feature_layers(target.config.num_hidden_layers), target_num_layers=target.config.num_hidden_layers,
+        draft_vocab_size=int(vocab.numel()),
         notes={"trained_by": command, "loss": (f"cross-entropy against the target's top-{recipe.soft_top} next-token distributions" if recipe.soft_top
                                                else "token-level cross-entropy") + " on the target's own chat responses"},
     )
@@ -261,20 +262,20 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     for name, part in (("train", train_part), ("heldout", heldout_part)):
         ids, lengths, prompt_lengths = part.padded(template.end_of_turn)
         features, soft = _cached_features(work / f"features-{name}", target, ids, lengths, drafter_config.feature_layers, vocab, recipe.soft_top, progress)
-        datasets[name] = DistillData.build(ids, lengths, prompt_lengths, features, soft)
+        datasets[name] = TrainData(ids, lengths, prompt_lengths, features, soft)
     timings["features_s"] = time.time() - t
 
     torch.manual_seed(recipe.seed + 3)
     drafter = BlockDrafter.for_target(drafter_config, target).float()
     drafter.set_draft_vocab(vocab)
     t = time.time()
-    history = train_block_drafter(drafter, datasets["train"], recipe.distill_settings(), checkpoint=work / "checkpoint", heldout=datasets["heldout"], progress=progress)
+    history = run_to_end(train(drafter, datasets["train"], recipe.train_settings(), checkpoint=work / "checkpoint", heldout=datasets["heldout"]), progress)
     timings["training_s"] = time.time() - t
     heldout = heldout_loss(drafter, datasets["heldout"], soft=recipe.soft_top > 0)
 
     t = time.time()
     inference = drafter.to(torch.bfloat16).eval()
-    target = target.float()  # tau as served: the data was written in bfloat16, the default pair runs in float32
+    target = target.float()  # tau as served: the default pair runs in float32
     rows = chat_prompt_tau(target, tokenizer, inference, eval_prompts, recipe, progress)
     timings["evaluation_s"] = time.time() - t
     report = {
@@ -304,15 +305,15 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
 
 def train_drafter_command(args) -> None:
     recipe = QUICK_RECIPE if args.quick else DrafterRecipe()
-    overrides = {name: getattr(args, name) for name in ("steps", "shards", "seed", "soft_top", "hidden", "layers", "heads", "intermediate")
-                 if getattr(args, name, None) is not None}
-    recipe = replace(recipe, **overrides)
-    if min(recipe.steps, recipe.shards, recipe.hidden, recipe.layers, recipe.heads, recipe.intermediate) < 1:
+    given = lambda names: {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}  # noqa: E731
+    recipe = replace(recipe, **given(("steps", "shards", "seed", "soft_top")), drafter=replace(recipe.drafter, **given(("hidden_size", "num_layers", "num_heads", "intermediate_size"))))
+    shape = recipe.drafter
+    if min(recipe.steps, recipe.shards, shape.hidden_size, shape.num_layers, shape.num_heads, shape.intermediate_size) < 1:
         raise ValueError("--steps, --shards, --hidden, --layers, --heads and --intermediate must be at least 1")
-    if recipe.hidden % recipe.heads:
-        raise ValueError(f"--heads ({recipe.heads}) must divide --hidden ({recipe.hidden})")
-    if recipe.soft_top < 0 or recipe.soft_top > recipe.draft_vocab:
-        raise ValueError(f"--soft-top must be from 0 to the draft vocabulary size ({recipe.draft_vocab})")
+    if shape.hidden_size % shape.num_heads:
+        raise ValueError(f"--heads ({shape.num_heads}) must divide --hidden ({shape.hidden_size})")
+    if recipe.soft_top < 0 or recipe.soft_top > shape.draft_vocab_size:
+        raise ValueError(f"--soft-top must be from 0 to the draft vocabulary size ({shape.draft_vocab_size})")
     out = Path(args.out)
     work = Path(args.work_dir) if args.work_dir else REPO_ROOT / "runs" / f"train-drafter-{out.name}"
     command = shlex.join(["python", "-m", "tev", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith(("tev", "__main__.py")) else "python -m tev train-drafter"

@@ -12,38 +12,59 @@ terms asked for are trained and measured the same way.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import math
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from tev.engine.block_drafter import BlockDrafter
-
 from tev.engine.drafters import BlockTreeDrafter
-from tev.engine.evaluation import evaluate_drafter
+from tev.engine.evaluation import evaluation_rounds
 from tev.engine.models import load_bundle, shipped_drafter
 from tev.train.exittrain_command import invoked_command
-from tev.train.workload_data import answer_prompts, extend_draft_vocab, load_workload, split_workload
-from tev.train.distill import DistillSettings, train_block_drafter
-from tev.train.workload_finetune import TREE_TERMS, build_train_set, workload_settings
+from tev.train.losses import TREE_TERMS
+from tev.train.loop import TrainSettings, train
+from tev.train.teacher import answer_prompts, with_features
+from tev.train.trees import fixed_trees
+from tev.train.workload_data import extend_draft_vocab, load_workload, split_workload
 from tev.util.paths import REPO_ROOT
 
-__all__ = ["DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "adapt_to_workload", "heldout_mass", "relative_gain", "workload_command"]
+__all__ = ["DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "SOFT_TOP", "workload_settings", "workload_train_set",
+           "adaptation", "heldout_mass", "relative_gain", "workload_command"]
 
-DEFAULT_TREE_TERM = ("exit", 0.1)  # (weight, lambda): the tree term of the shipped recipe; see docs/exittrain.md
+DEFAULT_TREE_TERM = ("exit", 0.1)  # (tree term, lambda_tree) of the shipped recipe; see docs/exittrain.md
 EVAL_BUDGET = 16
 EVAL_NEW_TOKENS = 64
 EVAL_PROMPTS = 10  # held-out prompts decoded (the first of the held-out split): a large workload's quarter would not fit the budget
+SOFT_TOP = 16  # the target's top tokens kept as soft labels (train-drafter's default)
+TREES_PER_ANSWER = 8
 TEMPERATURES = {"T0": 0.0, "T1": 1.0}
 # Shares of the time budget by which each phase must end: the answers, then the fine-tune; the
 # held-out evaluation of base and adapted drafter takes the rest.
 ANSWER_SHARE, TRAIN_SHARE = 0.2, 0.45
+
+
+def workload_settings(tree_term: str = "exit", lambda_tree: float = 0.1, steps: int = 160, seed: int = 0) -> TrainSettings:
+    """The workload fine-tune: 64 soft-labelled anchors and 16 fixed trees a step, lr 5e-4 (10
+    warm-up steps, cosine to a tenth), no weight decay or short histories (a few minutes from a trained base)."""
+    return TrainSettings(steps=steps, batch=64, lr=5e-4, warmup=10, seed=seed, weight_decay=0.0, short_history_share=0.0, soft_top=SOFT_TOP,
+                         tree_term=tree_term, lambda_tree=lambda_tree, trees="fixed", tree_batch=16, budget=EVAL_BUDGET)
+
+
+def workload_train_set(target, drafter: BlockDrafter, answers, seed: int = 0, progress: bool = True):
+    """The target's features and laws on the answers, then at a few seeded anchors of each answer
+    the tree ``drafter`` builds there, scored at T = 1: yields an int per piece of work, then
+    ``(TrainData, ScoredTrees)``."""
+    if not len(answers):
+        raise ValueError("no answers to train on")
+    data = with_features(target, answers.data(), list(drafter.config.feature_layers), drafter.draft_vocab, SOFT_TOP, progress)
+    yield -1
+    for trees in fixed_trees(target, drafter, data, EVAL_BUDGET, TREES_PER_ANSWER, seed, soft_top=SOFT_TOP):
+        yield trees if isinstance(trees, int) else (data, trees)
 
 
 def relative_gain(after: dict, before: dict) -> dict:
@@ -54,95 +75,95 @@ def relative_gain(after: dict, before: dict) -> dict:
     return {"gain": ratio - 1, "se": se}
 
 
-def _measure(bundle, model: BlockDrafter, name: str, prompts: list[dict], progress: bool, compute=contextlib.nullcontext()) -> dict:
-    """``{"T0": {"tau", "se", ...}, "T1": {...}}`` of one drafter on the held-out prompts."""
+def _measure(bundle, model: BlockDrafter, name: str, prompts: list[dict], progress: bool):
+    """Decodes the held-out prompts with one drafter: yields each round, then
+    ``{"T0": {"tau", "se", "tau_bound", "rounds"}, "T1": {...}}``."""
     drafter = BlockTreeDrafter(copy.deepcopy(model).eval().to(torch.bfloat16), name=name)
-    rows = evaluate_drafter(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(EVAL_BUDGET,), temperatures=tuple(TEMPERATURES.values()),
-                            max_new_tokens=EVAL_NEW_TOKENS, progress=progress, desc=f"held-out tau [{name}]", compute=compute)
-    by_temperature = {row["temperature"]: row for row in rows}
-    return {key: {"tau": by_temperature[t]["tau"], "se": by_temperature[t]["tau_se"], "tau_bound": by_temperature[t]["tau_bound"], "rounds": by_temperature[t]["rounds"]}
-            for key, t in TEMPERATURES.items()}
+    for event in evaluation_rounds(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(EVAL_BUDGET,), temperatures=tuple(TEMPERATURES.values()),
+                                   max_new_tokens=EVAL_NEW_TOKENS, progress=progress, desc=f"held-out tau [{name}]"):
+        if not isinstance(event, list):
+            yield event
+    by_temperature = {row["temperature"]: row for row in event}
+    yield {key: {"tau": by_temperature[t]["tau"], "se": by_temperature[t]["tau_se"], "tau_bound": by_temperature[t]["tau_bound"], "rounds": by_temperature[t]["rounds"]}
+           for key, t in TEMPERATURES.items()}
 
 
-def adapt_to_workload(
-    bundle,
-    prompts: list[str],
-    base: Path,
-    minutes: float = 5.0,
-    settings: DistillSettings | None = None,
-    controls: tuple[str, ...] = ("none",),
-    seed: int = 0,
-    progress: bool = True,
-    should_stop: Callable[[], bool] | None = None,
-    on_phase: Callable[[str, dict], None] | None = None,
-    compute=contextlib.nullcontext(),
-    with_mass: bool = True,
-) -> tuple[dict, BlockDrafter]:
-    """The whole adaptation; returns (the result, the adapted drafter in float32).
+def _last(pieces, into: list):
+    """Yield ``("work", None)`` for every piece of ``pieces`` but the last, which goes into ``into``."""
+    previous = None
+    for piece in pieces:
+        if previous is not None:
+            yield "work", None
+        previous = piece
+    into.append(previous)
 
+
+def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, settings: TrainSettings | None = None, controls: tuple[str, ...] = ("none",),
+               seed: int = 0, progress: bool = True, with_mass: bool = True):
+    """The whole adaptation as a generator of ``(phase, info)`` events, one after every piece of
+    work (a batch of answers, an answer's scored trees, a training step, a decoding round: ``work``
+    or ``step``), so a server takes its compute lock per piece and a cancel stops between pieces.
+    Phases ``answers``, ``answers done``, ``train``, ``evaluate``, ``evaluated``, ``mass``,
+    ``control`` say what starts; the last event is ``("done", {"result": ..., "drafter": ...})``
+    with the adapted drafter in float32.
+
+    The run plans its phases within ``minutes``: the answers by :data:`ANSWER_SHARE` of it, the
+    fine-tune by :data:`TRAIN_SHARE`, the held-out decoding of base and adapted drafter after.
     ``controls`` are tree terms trained after the budget on the same data, steps and seed
-    (``none`` is the token-only control; the result names it ``token_only``). ``on_phase(name,
-    info)`` reports each phase as it starts or ends (``answers``, ``train``, ``evaluate``, ...).
-    ``compute`` (a lock) is held for each piece of work (a batch of answers, an answer's scored
-    trees, a step, a round of the held-out decoding), so a server's other users take turns with the run. With ``with_mass``, after the
-    budget, where the target's mass leaves each drafter's trees on the held-out answers
-    (:func:`heldout_mass`).
-    """
-    report = on_phase or (lambda name, info: None)
-    settings = settings or workload_settings(*DEFAULT_TREE_TERM)
+    (``none`` is the token-only control; the result names it ``token_only``). With ``with_mass``,
+    after the budget, where the target's mass leaves each drafter's trees on the held-out answers."""
+    settings = replace(settings or workload_settings(*DEFAULT_TREE_TERM), seed=seed)
     start = time.monotonic()
     budget = minutes * 60.0
     train_prompts, heldout_prompts = split_workload(prompts, seed)
-    report("answers", {"prompts": len(train_prompts)})
-    answers = answer_prompts(bundle.target, bundle.tokenizer, train_prompts, deadline=start + ANSWER_SHARE * budget, should_stop=should_stop,
-                            progress=progress, compute=compute)
-    if not len(answers):
+    yield "answers", {"prompts": len(train_prompts)}
+    answers = None
+    for answers in answer_prompts(bundle.target, bundle.tokenizer, train_prompts, progress=progress):
+        if time.monotonic() > start + ANSWER_SHARE * budget:
+            break
+        yield "work", None
+    if answers is None or not len(answers):
         raise ValueError("the target wrote no answer in the time given; raise --minutes or shorten the prompts")
-    report("answers done", {"answers": len(answers), "tokens": answers.answer_tokens, "seconds": answers.seconds})
+    yield "answers done", {"answers": len(answers), "tokens": answers.answer_tokens, "seconds": answers.seconds}
     base_model = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
     work = copy.deepcopy(base_model)
     added = extend_draft_vocab(work, answers)
-    data, trees = build_train_set(bundle.target, work, answers, budget=EVAL_BUDGET, seed=seed, progress=progress, compute=compute)
+    built = []
+    yield from _last(workload_train_set(bundle.target, work, answers, seed, progress), built)
+    data, trees = built[0]
     initial = copy.deepcopy(work.state_dict())
-    report("train", {"anchors": data.num_anchors, "trees": len(trees), "vocab_added": len(added)})
-    history: list[dict] = []
-
-    def on_step(record: dict) -> None:
-        history.append(record)
-        report("step", record)
-
-    train_block_drafter(work, data, replace(settings, seed=seed), progress=progress, trees=trees, deadline=start + TRAIN_SHARE * budget,
-                        should_stop=should_stop, on_step=on_step, compute=compute)
-    steps_done = len(history)
-    if should_stop is not None and should_stop():
-        raise InterruptedError("cancelled")
+    yield "train", {"anchors": data.num_anchors, "trees": len(trees), "vocab_added": len(added)}
     held = [{"text": p, "chat": True} for p in heldout_prompts[:EVAL_PROMPTS]]
-    report("evaluate", {"prompts": len(held)})
+    history = []
+    for record in train(work, data, settings, trees=trees):
+        history.append(record)
+        yield "step", record
+        if time.monotonic() > start + TRAIN_SHARE * budget:
+            break
+    yield "evaluate", {"prompts": len(held)}
     cells = {}
     for name, model in (("base", base_model), ("exittrain", work)):
-        if should_stop is not None and should_stop():
-            raise InterruptedError("cancelled")
-        cells[name] = _measure(bundle, model, name, held, progress, compute)
-    report("evaluated", {"base": cells["base"], "exittrain": cells["exittrain"]})
+        measured = []
+        yield from _last(_measure(bundle, model, name, held, progress), measured)
+        cells[name] = measured[0]
+    yield "evaluated", {"base": cells["base"], "exittrain": cells["exittrain"]}
     seconds = time.monotonic() - start
-    report("mass", {})
-    mass = heldout_mass(bundle, {"base": base_model, "exittrain": work}, [p["text"] for p in held], seed, should_stop, compute, progress) if with_mass else None
-    control_rows = {}
+    mass = None
+    if with_mass:
+        yield "mass", {}
+        found = []
+        yield from _last(heldout_mass(bundle, {"base": base_model, "exittrain": work}, [p["text"] for p in held], seed, progress), found)
+        mass = found[0]
     for term in controls:
-        if should_stop is not None and should_stop():
-            break
         control = copy.deepcopy(work)
         control.load_state_dict(initial)
-        report("control", {"tree_term": term})
-        train_block_drafter(control, data, replace(settings, tree_term=term, seed=seed, steps=max(1, steps_done)), progress=progress, trees=trees,
-                            should_stop=should_stop, compute=compute)
-        if should_stop is not None and should_stop():
-            break
-        control_rows["token_only" if term == "none" else term] = _measure(bundle, control, term, held, progress, compute)
-    cells.update(control_rows)
-    result = {
-        key: {name: {"tau": row[key]["tau"], "se": row[key]["se"]} for name, row in cells.items()} for key in TEMPERATURES
-    }
+        yield "control", {"tree_term": term}
+        for _ in train(control, data, replace(settings, tree_term=term, steps=max(1, len(history))), trees=trees):
+            yield "work", None
+        measured = []
+        yield from _last(_measure(bundle, control, term, held, progress), measured)
+        cells["token_only" if term == "none" else term] = measured[0]
+    result = {key: {name: {"tau": row[key]["tau"], "se": row[key]["se"]} for name, row in cells.items()} for key in TEMPERATURES}
     result.update({
         "gain": {key: {name: relative_gain(cells[name][key], cells["base"][key]) for name in cells if name != "base"} for key in TEMPERATURES},
         "minutes": seconds / 60.0,
@@ -154,7 +175,7 @@ def adapt_to_workload(
         "answer_tokens": answers.answer_tokens,
         "answer_seconds": answers.seconds,
         "vocab_added": len(added),
-        "steps": steps_done,
+        "steps": len(history),
         "settings": asdict(settings),
         "budget": EVAL_BUDGET,
         "max_new_tokens": EVAL_NEW_TOKENS,
@@ -162,26 +183,30 @@ def adapt_to_workload(
         "history": history,
         "heldout_mass": mass,
     })
-    work.config.notes = {**work.config.notes, "workload_adaptation": {"steps": steps_done, "settings": asdict(settings), "train_prompts": len(answers), "vocab_added": len(added)}}
-    return result, work
+    work.config.notes = {**work.config.notes, "workload_adaptation": {"steps": len(history), "settings": asdict(settings), "train_prompts": len(answers), "vocab_added": len(added)}}
+    yield "done", {"result": result, "drafter": work}
 
 
-def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], seed: int = 0, should_stop=None, compute=contextlib.nullcontext(),
-                 progress: bool = True) -> dict | None:
+def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], seed: int = 0, progress: bool = True):
     """Where the target's mass leaves each drafter's trees on the held-out prompts: the target's
     greedy answers to them (for measurement only), each drafter's trees at the same anchors of
-    those answers (B = 16), scored at T = 1; per drafter the mean exit mass by depth
-    (missing / tree ended, :meth:`TreeBatch.exit_mass_by_depth`) and the mean ``1 + C``."""
-    answers = answer_prompts(bundle.target, bundle.tokenizer, prompts, should_stop=should_stop, progress=progress, compute=compute)
-    if not len(answers):
-        return None
+    those answers (B = 16), scored at T = 1; per drafter the mean exit mass by depth (missing /
+    tree ended, :meth:`TreeBatch.exit_mass_by_depth`) and the mean ``1 + C``. Yields after each
+    piece of work, then the summaries (None when the target wrote no answer)."""
+    answers = None
+    for answers in answer_prompts(bundle.target, bundle.tokenizer, prompts, progress=progress):
+        yield answers
+    if answers is None or not len(answers):
+        yield None
+        return
     summaries = {}
     for name, drafter in drafters.items():
-        if should_stop is not None and should_stop():
-            return None
-        _, trees = build_train_set(bundle.target, drafter, answers, budget=EVAL_BUDGET, seed=seed, progress=progress, compute=compute)
+        built = []
+        for piece in _last(workload_train_set(bundle.target, drafter, answers, seed, progress), built):
+            yield piece
+        trees = built[0][1]
         summaries[name] = {**trees.scored.exit_mass_by_depth(drafter.config.horizon), "expected_tau": trees.scored.expected_tau}
-    return summaries
+    yield summaries
 
 
 def _summary_lines(result: dict) -> list[str]:
@@ -217,8 +242,12 @@ def workload_command(args) -> None:
     if args.target and not args.base:
         raise ValueError("with --target, pass --base: the block drafter to adapt")
     base = Path(args.base) if args.base else shipped_drafter(bundle.pair, "block")
-    settings = workload_settings(args.tree_term, args.tree_lambda, args.workload_steps, args.seed)
-    result, drafter = adapt_to_workload(bundle, prompts, base, args.minutes, settings, tuple(args.controls), seed=args.seed)
+    term = args.tree_term or DEFAULT_TREE_TERM[0]
+    lam = DEFAULT_TREE_TERM[1] if args.lambda_tree is None else args.lambda_tree
+    settings = workload_settings(term, lam, args.workload_steps, args.seed or 0)
+    for phase, info in adaptation(bundle, prompts, base, args.minutes, settings, tuple(args.controls), seed=settings.seed):
+        if phase == "done":
+            result, drafter = info["result"], info["drafter"]
     result["workload"] = str(args.workload)
     result["command"] = invoked_command()
     drafter.save_pretrained(out / "drafter")

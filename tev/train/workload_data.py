@@ -1,33 +1,19 @@
-"""A user's workload as drafter training data: its prompts, the target's answers to them, and the
-answers' tokens the draft vocabulary lacks.
+"""A user's workload as drafter training data: its prompts, and the answers' tokens the draft
+vocabulary lacks (the target's answers: :func:`tev.train.teacher.answer_prompts`).
 
 A workload file is a JSON list of user messages. A seeded split keeps a quarter of them (at
-least :data:`MIN_HELDOUT`) as held-out prompts that never reach the trainer. The target answers
-the training prompts greedily (the text a T = 0 user gets), in batches.
-
-Anchor convention (one for the whole workload path, as in distillation): anchor ``t`` reads
-the target's features up to position ``t``; its root is token ``t + 1`` and its labels are the
-tokens after the root. A decoding round whose root sits at position ``r`` is anchor ``r - 1``,
-so the first round's tree (root = the last prompt token) is trained too.
+least :data:`MIN_HELDOUT`) as held-out prompts that never reach the trainer.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-import torch
-from tqdm import tqdm
+from tev.engine.prompt_text import check_prompt_text
 
-from tev.engine.batch_generate import generate_batch
-from tev.engine.prompt_text import check_prompt_text, encode_chat
-
-__all__ = ["MIN_PROMPTS", "MIN_HELDOUT", "MAX_PROMPT_CHARS", "load_workload", "check_workload", "split_workload", "WorkloadAnswers", "answer_prompts", "extend_draft_vocab"]
+__all__ = ["MIN_PROMPTS", "MIN_HELDOUT", "MAX_PROMPT_CHARS", "load_workload", "check_workload", "split_workload", "extend_draft_vocab"]
 
 MIN_PROMPTS = 16
 MIN_HELDOUT = 4
@@ -73,74 +59,6 @@ def split_workload(prompts: list[str], seed: int = 0) -> tuple[list[str], list[s
     heldout = [prompts[i] for i in sorted(order[:count])]
     train = [prompts[i] for i in sorted(order[count:])]
     return train, heldout
-
-
-@dataclass
-class WorkloadAnswers:
-    """The target's answers to a workload's training prompts.
-
-    Attributes:
-        sequences: per answer, prompt ids + answer ids (`list[int]`).
-        prompt_lengths: per answer, how many of its ids are the prompt.
-        seconds: wall time of the answering.
-    """
-
-    sequences: list[list[int]] = field(default_factory=list)
-    prompt_lengths: list[int] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def __len__(self) -> int:
-        return len(self.sequences)
-
-    @property
-    def answer_tokens(self) -> int:
-        return sum(len(s) - p for s, p in zip(self.sequences, self.prompt_lengths))
-
-
-@torch.no_grad()
-def answer_prompts(
-    target,
-    tokenizer,
-    prompts: list[str],
-    max_new_tokens: int = 96,
-    batch: int = 8,
-    deadline: float | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    progress: bool = True,
-    compute=contextlib.nullcontext(),
-) -> WorkloadAnswers:
-    """The target's greedy answers to ``prompts`` (each a user message through the chat
-    template), ``batch`` prompts per batch (left-padded, :func:`generate_batch`).
-
-    Batched greedy decoding writes a workload's answers several times faster than answering
-    one prompt at a time on a CPU (one weight read serves the whole batch); the text is what
-    the target writes (padding may move a near-tie, as any batch size may). Stops between
-    batches at ``deadline`` (a ``time.monotonic()`` value) or when ``should_stop()``. Answers
-    under two tokens are left out.
-    ``compute`` (a lock) is held for each batch, so a server's other users take turns with it.
-    """
-    start = time.perf_counter()
-    answers = WorkloadAnswers()
-    context = int(getattr(target.config, "max_position_embeddings", 1 << 30))
-    eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    encoded = [encode_chat(tokenizer, prompt, max_tokens=context - max_new_tokens - 1) for prompt in prompts]
-    bar = tqdm(total=len(prompts), desc="target answers", unit="prompt", disable=not progress)
-    for first in range(0, len(encoded), batch):
-        if (should_stop is not None and should_stop()) or (deadline is not None and time.monotonic() > deadline):
-            break
-        group = encoded[first : first + batch]
-        with compute:
-            written = generate_batch(target, group, max_new_tokens, 0.0, eos, seed=0, pad_id=pad)
-        for prompt_ids, answer in zip(group, written):
-            # the end of turn stays: the drafter should predict it too
-            if len(answer) >= 2:
-                answers.sequences.append(list(prompt_ids) + answer)
-                answers.prompt_lengths.append(len(prompt_ids))
-        bar.update(len(group))
-    bar.close()
-    answers.seconds = time.perf_counter() - start
-    return answers
 
 
 def extend_draft_vocab(drafter, answers: WorkloadAnswers, limit: int = 512) -> list[int]:

@@ -1,0 +1,295 @@
+"""What the frozen target writes and computes for its drafter's training.
+
+- corpus continuations (the tiny pair), self-instruct chat conversations (train-drafter), answers
+  to a workload's prompts: all written by :func:`tev.engine.batch_generate.generate_batch`
+  (sampling through :mod:`tev.core.sampling`);
+- the target's features at the drafter's layers along the text, and its next-token laws there,
+  cut to their top tokens over the draft vocabulary (:class:`SoftLabels`, the one soft form).
+
+Chat conversations: the target is given only its chat template's opening of a user turn (after
+the template's default system turn) and writes the user's message itself (Magpie-style
+self-instruct), sampled at T = 1 so the requests are diverse; a share of the user turns is
+started with a few words that steer towards code or mathematics. The target answers each
+request, greedily for a share of them (what T = 0 decoding meets) and at T = 1 for the rest,
+until its end-of-turn token. Everything is seeded: the same target, counts and seed give the
+same conversations.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from tev.engine.batch_generate import generate_batch
+from tev.engine.prompt_text import ChatTemplate, encode_chat
+from tev.train.data import SoftLabels, TrainData
+from tev.util.precision import low_precision
+
+__all__ = ["regenerate_sequences", "target_features", "with_features", "WorkloadAnswers", "answer_prompts", "DOMAIN_OPENINGS", "ChatSequences",
+           "write_requests", "write_responses"]
+
+
+def regenerate_sequences(target, stream: torch.Tensor, num_sequences: int, context_length: int, new_tokens: int, seed: int,
+                         greedy_share: float = 0.5, progress: bool = True, desc: str = "target continuations") -> torch.Tensor:
+    """Target-regenerated sequences: contexts at random offsets of ``stream``, continued by the
+    target; a ``greedy_share`` of them greedily (what T = 0 decoding meets), the rest sampled at
+    T = 1. Returns `LongTensor[num_sequences, context_length + new_tokens]`."""
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, stream.numel() - context_length, (num_sequences,), generator=generator)
+    contexts = [stream[s : s + context_length].tolist() for s in starts.tolist()]
+    greedy_count = int(round(num_sequences * greedy_share))
+    rows, chunk = [], 64
+    bar = tqdm(total=num_sequences, desc=desc, unit="seq", disable=not progress)
+    for start in range(0, num_sequences, chunk):
+        block = contexts[start : start + chunk]
+        temperature = 0.0 if start < greedy_count else 1.0
+        written = generate_batch(target, block, new_tokens, temperature, None, seed * 100_003 + start)
+        rows += [context + tokens for context, tokens in zip(block, written)]
+        bar.update(len(block))
+    bar.close()
+    return torch.tensor(rows)
+
+
+@torch.no_grad()
+def target_features(
+    target, token_ids: torch.Tensor, lengths: torch.Tensor, layers: list[int], batch: int = 8, progress: bool = True,
+    soft_vocab: torch.Tensor | None = None, soft_top: int = 0,
+) -> torch.Tensor | tuple[torch.Tensor, SoftLabels]:
+    """`Tensor[S, T, F]` (in :func:`low_precision`): hidden states at ``layers``, concatenated, of each
+    right-padded sequence.
+
+    With ``soft_top > 0`` also the target's next-token distributions as :class:`SoftLabels`:
+    at every position, the ``soft_top`` most likely tokens of the target's distribution over
+    ``soft_vocab`` (the drafter's draft vocabulary; renormalised over it, T = 1).
+    """
+    device = next(target.parameters()).device
+    body = target.get_decoder() if hasattr(target, "get_decoder") else target.base_model
+    store = low_precision(device)  # the features' storage: half the memory where this machine computes in bfloat16
+    out = torch.zeros(*token_ids.shape, len(layers) * target.config.hidden_size, dtype=store)
+    soft, head_rows = None, None
+    if soft_top > 0:
+        head = target.get_output_embeddings().weight
+        head_rows = head if soft_vocab is None else head[soft_vocab.to(head.device)]  # [Vd, H]
+        soft_top = min(soft_top, head_rows.shape[0])  # a draft vocabulary smaller than k keeps all of it
+        soft = SoftLabels(torch.zeros(*token_ids.shape, soft_top, dtype=torch.int16 if head_rows.shape[0] < 2**15 else torch.int32),
+                          torch.zeros(*token_ids.shape, soft_top, dtype=torch.float16))
+    order = torch.argsort(lengths, descending=True)  # similar lengths share a batch: less padding
+    for start in tqdm(range(0, len(order), batch), desc="target features", unit="batch", disable=not progress):
+        rows = order[start : start + batch]
+        width = int(lengths[rows].max())
+        ids = token_ids[rows, :width].to(device)
+        mask = (torch.arange(width)[None] < lengths[rows, None]).long().to(device)
+        result = body(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        hidden = result.hidden_states
+        out[rows, :width] = torch.cat([hidden[i] for i in layers], dim=-1).to(store).cpu()
+        if soft is not None:
+            # the final (normed) hidden state through the draft-vocabulary rows of the head
+            probs = torch.softmax((result.last_hidden_state @ head_rows.T).float(), dim=-1)
+            top = probs.topk(soft_top, dim=-1)
+            soft.positions[rows, :width] = top.indices.to(soft.positions.dtype).cpu()
+            soft.probs[rows, :width] = top.values.to(torch.float16).cpu()
+    return out if soft is None else (out, soft)
+
+
+def with_features(target, data: TrainData, layers: list[int], soft_vocab: torch.Tensor | None = None, soft_top: int = 0,
+                  progress: bool = True) -> TrainData:
+    """``data`` with the target's features at ``layers`` (and with ``soft_top`` its top-k laws) at every position."""
+    out = target_features(target, data.token_ids, data.lengths, layers, progress=progress, soft_vocab=soft_vocab, soft_top=soft_top)
+    features, soft = out if soft_top > 0 else (out, None)
+    return TrainData(data.token_ids, data.lengths, data.prompt_lengths, features, soft, data.domains)
+
+
+@dataclass
+class WorkloadAnswers:
+    """The target's answers to a workload's training prompts.
+
+    Attributes:
+        sequences: per answer, prompt ids + answer ids (`list[int]`).
+        prompt_lengths: per answer, how many of its ids are the prompt.
+        seconds: wall time of the answering.
+    """
+
+    sequences: list[list[int]] = field(default_factory=list)
+    prompt_lengths: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def data(self, pad_id: int = 0) -> TrainData:
+        return TrainData.from_lists(self.sequences, self.prompt_lengths, pad_id)
+
+    @property
+    def answer_tokens(self) -> int:
+        return sum(len(s) - p for s, p in zip(self.sequences, self.prompt_lengths))
+
+
+@torch.no_grad()
+def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 96, batch: int = 8, progress: bool = True):
+    """The target's greedy answers to ``prompts`` (each a user message through the chat
+    template), ``batch`` prompts at a time (left-padded, :func:`generate_batch`): yields the
+    :class:`WorkloadAnswers` so far after every batch (a caller stops between batches at its
+    deadline, or takes turns with other work). Answers under two tokens are left out.
+
+    Batched greedy decoding writes a workload's answers several times faster than answering one
+    prompt at a time on a CPU (one weight read serves the whole batch)."""
+    start = time.perf_counter()
+    answers = WorkloadAnswers()
+    context = int(getattr(target.config, "max_position_embeddings", 1 << 30))
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    encoded = [encode_chat(tokenizer, prompt, max_tokens=context - max_new_tokens - 1) for prompt in prompts]
+    bar = tqdm(total=len(prompts), desc="target answers", unit="prompt", disable=not progress)
+    for first in range(0, len(encoded), batch):
+        group = encoded[first : first + batch]
+        written = generate_batch(target, group, max_new_tokens, 0.0, eos, seed=0, pad_id=pad)
+        for prompt_ids, answer in zip(group, written):
+            if len(answer) >= 2:  # the end of turn stays: the drafter should predict it too
+                answers.sequences.append(list(prompt_ids) + answer)
+                answers.prompt_lengths.append(len(prompt_ids))
+        bar.update(len(group))
+        answers.seconds = time.perf_counter() - start
+        yield answers
+    bar.close()
+
+
+# Words that start a user turn, by domain ("" leaves the request entirely to the target).
+DOMAIN_OPENINGS = {
+    "dialogue": ("",),
+    "code": ("Write a Python function", "Write a Python program that", "How do I", "Write a function in Python to", "Explain what this Python code does:", "Fix the bug in this Python code:"),
+    "math": ("Solve", "What is", "Calculate", "A store sells", "If x", "Find the", "How many"),
+}
+_FIELDS = ("token_ids", "prompt_lengths", "domains", "requests")
+
+
+@dataclass
+class ChatSequences:
+    """Conversations as token ids.
+
+    Attributes:
+        token_ids: one list per conversation: prompt (template + request) then the response,
+            ending with the end-of-turn token when the response finished.
+        prompt_lengths: where each response starts.
+        domains: ``dialogue``, ``code`` or ``math`` (the steer of the request).
+        requests: the user messages.
+    """
+
+    token_ids: list[list[int]]
+    prompt_lengths: list[int]
+    domains: list[str]
+    requests: list[str]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def response_tokens(self) -> int:
+        return sum(len(ids) - start for ids, start in zip(self.token_ids, self.prompt_lengths))
+
+    def padded(self, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(`LongTensor[S, T]` right-padded ids, `LongTensor[S]` lengths, `LongTensor[S]` prompt lengths)."""
+        width = max(len(ids) for ids in self.token_ids)
+        ids = torch.full((len(self), width), pad_id, dtype=torch.long)
+        for row, sequence in enumerate(self.token_ids):
+            ids[row, : len(sequence)] = torch.tensor(sequence)
+        lengths = torch.tensor([len(s) for s in self.token_ids])
+        return ids, lengths, torch.tensor(self.prompt_lengths)
+
+    def to_json(self) -> dict:
+        return {"token_ids": self.token_ids, "prompt_lengths": self.prompt_lengths, "domains": self.domains, "requests": self.requests}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ChatSequences":
+        return cls(data["token_ids"], data["prompt_lengths"], data["domains"], data["requests"])
+
+    def split(self, heldout: int) -> tuple["ChatSequences", "ChatSequences"]:
+        """(train, held-out): the last ``heldout`` conversations are held out."""
+        cut = len(self) - heldout
+        return self.take(range(cut)), self.take(range(cut, len(self)))
+
+    def take(self, indices) -> "ChatSequences":
+        """The conversations at ``indices``, in that order."""
+        indices = list(indices)
+        return ChatSequences(*([getattr(self, name)[i] for i in indices] for name in _FIELDS))
+
+    @classmethod
+    def concat(cls, parts: list["ChatSequences"]) -> "ChatSequences":
+        """The conversations of ``parts``, one after another."""
+        return cls(*(sum((getattr(p, name) for p in parts), []) for name in _FIELDS))
+
+
+def _generate(target, tokenizer, prompts: list[list[int]], max_new_tokens: int, temperature: float, stop_id: int, seed: int) -> list[list[int]]:
+    """Continue each prompt until ``stop_id`` (kept) or ``max_new_tokens``."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_id
+    return generate_batch(target, prompts, max_new_tokens, temperature, stop_id, seed, pad_id=pad)
+
+
+def write_requests(target, tokenizer, count: int, seed: int, max_tokens: int = 64, domain_shares=(0.5, 0.25, 0.25), exclude=(), batch: int = 48, progress: bool = True) -> list[tuple[str, str]]:
+    """``count`` distinct user requests written by the target, as ``(domain, text)``.
+
+    Only requests the target finished (end-of-turn within ``max_tokens``) are kept; texts in
+    ``exclude`` (the held-out evaluation prompts) never are.
+    """
+    template = ChatTemplate.of(tokenizer)
+    rng = random.Random(seed)
+    names = list(DOMAIN_OPENINGS)
+    excluded = {text.strip() for text in exclude}
+    seen: set[str] = set()
+    requests: list[tuple[str, str]] = []
+    bar = tqdm(total=count, desc="requests (self-instruct)", unit="req", disable=not progress)
+    round_index = 0
+    while len(requests) < count:
+        if round_index > 50 + 4 * count // batch:
+            raise RuntimeError(f"the target wrote only {len(requests)} usable requests of {count}; lower --requests")
+        steers = [rng.choices(names, weights=domain_shares)[0] for _ in range(batch)]
+        openings = [rng.choice(DOMAIN_OPENINGS[d]) for d in steers]
+        prompts = [tokenizer.encode(template.user_opening + opening, add_special_tokens=False) for opening in openings]
+        written = _generate(target, tokenizer, prompts, max_tokens, 1.0, template.end_of_turn, seed * 100_003 + round_index)
+        round_index += 1
+        for domain, opening, ids in zip(steers, openings, written):
+            if not ids or ids[-1] != template.end_of_turn:
+                continue  # unfinished
+            text = (opening + tokenizer.decode(ids[:-1], skip_special_tokens=True)).strip()
+            if len(text) < 8 or text in seen or text in excluded:
+                continue
+            seen.add(text)
+            requests.append((domain, text))
+            bar.update()
+            if len(requests) == count:
+                break
+    bar.close()
+    return requests
+
+
+def write_responses(
+    target, tokenizer, requests: list[tuple[str, str]], max_new_tokens: int, seed: int, greedy_share: float = 0.5, batch: int = 48,
+    progress: bool = True, done: list[list[int]] | None = None, on_batch=None,
+) -> ChatSequences:
+    """The target's answer to each request: the first ``greedy_share`` greedily, the rest at T = 1.
+
+    Resumable: ``done`` holds the conversations of the batches already written (as passed to
+    ``on_batch(token_ids)`` after each batch); every batch is seeded by where it starts, so a
+    resumed run writes what an uninterrupted one would.
+    """
+    template = ChatTemplate.of(tokenizer)
+    prompts = [template.prompt_ids(tokenizer, text) for _, text in requests]
+    greedy_count = int(round(len(requests) * greedy_share))
+    token_ids: list[list[int]] = list(done or [])
+    bar = tqdm(total=len(requests), initial=len(token_ids), desc="responses", unit="resp", disable=not progress)
+    start = len(token_ids)
+    while start < len(requests):
+        # a batch never mixes greedy and sampled answers
+        stop = min(start + batch, greedy_count) if start < greedy_count else min(start + batch, len(requests))
+        chunk = prompts[start:stop]
+        temperature = 0.0 if start < greedy_count else 1.0
+        answers = _generate(target, tokenizer, chunk, max_new_tokens, temperature, template.end_of_turn, seed * 100_003 + start)
+        token_ids += [p + a for p, a in zip(chunk, answers)]
+        if on_batch is not None:
+            on_batch(token_ids)
+        bar.update(len(chunk))
+        start = stop
+    bar.close()
+    return ChatSequences(token_ids, [len(p) for p in prompts], [d for d, _ in requests], [t for _, t in requests])
