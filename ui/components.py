@@ -30,12 +30,14 @@ class _Checked:
         whole = getattr(self, "precision", None) == 0 or (getattr(self, "step", None) == 1 and float(self.minimum or 0).is_integer())
         return check_number(self._short_label(), value, self.minimum, self.maximum, integer=whole)
 
-    def preprocess(self, payload):
+    def refused(self, payload) -> bool:
+        """Whether :meth:`checked` refuses ``payload``: then preprocessing passes it on as it is, for
+        the event's validator to refuse by name before the handler runs."""
         try:
             self.checked(payload)
         except UserInputError:
-            return payload  # refused by the event's validator, by name, before its handler runs
-        return super().preprocess(payload)
+            return True
+        return False
 
 
 # Gradio's component metaclass writes a ``.pyi`` stub beside the module that defines a
@@ -45,20 +47,30 @@ class _Checked:
 _write_stub = gradio.component_meta.create_or_modify_pyi
 gradio.component_meta.create_or_modify_pyi = lambda *args, **kwargs: None
 try:
-    class Slider(_Checked, gr.Slider):
+    # gr.Slider first: Gradio picks a subclass's front end from its first base
+    class Slider(gr.Slider, _Checked):
         """``gr.Slider`` (same front end) whose bad values :func:`validator` refuses by name."""
 
         is_template = True
 
-    class Number(_Checked, gr.Number):
+        def preprocess(self, payload):
+            return payload if self.refused(payload) else super().preprocess(payload)
+
+    class Number(gr.Number, _Checked):
         """``gr.Number`` (same front end) whose bad values (an empty field included) :func:`validator` refuses by name."""
 
         is_template = True
 
-    class Radio(_Checked, gr.Radio):
+        def preprocess(self, payload):
+            return payload if self.refused(payload) else super().preprocess(payload)
+
+    class Radio(gr.Radio, _Checked):
         """``gr.Radio`` (same front end) whose unknown choices :func:`validator` refuses by name."""
 
         is_template = True
+
+        def preprocess(self, payload):
+            return payload if self.refused(payload) else super().preprocess(payload)
 
         def checked(self, value):
             choices = [value for _, value in self.choices]
@@ -74,12 +86,13 @@ def validator(inputs: list, check=None):
     input's own range, then ``check(*values)``, a function with the handler's parameters that
     raises ``ValueError`` saying what to change. The message goes under the input it names
     first (a parameter name, with ``_`` read as a space or a hyphen: ``top_p`` is "top-p"),
-    else under the first input; the handler then does not run and no output changes."""
+    else under the first visible input; the handler then does not run and no output changes."""
     names = list(inspect.signature(check).parameters)[: len(inputs)] if check else []
+    shown = next((i for i, component in enumerate(inputs) if getattr(component, "visible", True) is not False), 0)
 
     def named(message: str) -> int:
         found = [(message.find(word), i) for i, name in enumerate(names) for word in (name.replace("_", " "), name.replace("_", "-")) if word in message]
-        return min(found)[1] if found else 0
+        return min(found)[1] if found else shown
 
     def validate(*values):
         verdicts = [gr.validate(True, "") for _ in inputs]

@@ -202,6 +202,12 @@ RUN_OUTPUTS = ("curve", "status", "compare", "table", "mass", "tree_base", "tree
 SHIPPED_OUTPUTS = ("compare", "table", "mass", "tree_base", "tree_trained")
 
 
+def check_free(*inputs):
+    """Refuses a start while any ExitTrain run (live or workload) holds the server's one slot."""
+    if shared.EXITTRAIN_SLOT.owner is not None:
+        raise UserInputError("another ExitTrain run is in progress on this server; wait for it to finish, then start again")
+
+
 def tab() -> None:
     """The ExitTrain tab's live fine-tune: its components and events (the workload mode follows, :func:`ui.workload.tab`)."""
     live = live_config(shared.EXITTRAIN_CHAT)
@@ -229,6 +235,6 @@ def tab() -> None:
         ui["tree_base"] = gr.Plot(label="base drafter's tree")
         ui["tree_trained"] = gr.Plot(label="ExitTrain drafter's tree")
     inputs = [domain, weights, steps, lambda_exit]
-    start.click(gpu.gpu_task("exittrain")(run_exittrain), inputs, [ui[name] for name in RUN_OUTPUTS], validator=validator(inputs), api_name="exittrain", **COMPUTE)
+    start.click(gpu.gpu_task("exittrain")(run_exittrain), inputs, [ui[name] for name in RUN_OUTPUTS], validator=validator(inputs, check_free), api_name="exittrain", **COMPUTE)
     cancel.click(cancel_exittrain, None, ui["status"], api_name="exittrain_cancel")
     shipped.click(gpu.gpu_task("compare_shipped")(compare_shipped), None, [ui[name] for name in SHIPPED_OUTPUTS], api_name="compare_shipped", **COMPUTE)

@@ -292,7 +292,7 @@ def tab(examples: list[str]) -> None:
                 top_k = Slider(0, LIMITS.max_top_k, value=DEFAULT_SAMPLING.top_k, step=1, label="top-k (0: off)")
             max_new_tokens = Slider(1, LIMITS.max_new_tokens, value=DEFAULT_NEW_TOKENS, step=1, label="max new tokens")
             with gr.Row():
-                seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed")
+                seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed", elem_id="live-seed")
                 compare_ar = gr.Checkbox(value=True, label="also time an autoregressive run (speedup)")
     stats = gr.Markdown("Press **Generate**.", elem_id="live-stats")
     text_view = gr.HTML(elem_id="text-view", elem_classes="tev-text")

@@ -21,7 +21,7 @@ from tev.util.paths import assets_dir
 from tev.util.stats import change_in_words
 from ui import gpu, shared
 from ui.components import Radio, Slider, validator
-from ui.exittrain import cancel_exittrain, side_by_side
+from ui.exittrain import cancel_exittrain, check_free, side_by_side
 from ui.shared import COMPUTE, _user_error
 from visual import exit_mass_change_figure
 
@@ -169,8 +169,9 @@ RUN_OUTPUTS = ("status", "table", "mass", "tree_base", "tree_adapted")  # run_wo
 
 
 def check_prompts(pack, prompts, minutes):
-    """Refuses a workload without enough prompts before the run starts (``ValueError`` naming the prompts)."""
+    """Refuses a workload without enough prompts (naming the prompts), or while another ExitTrain run holds the slot."""
     _prompts(pack, prompts)
+    check_free()
 
 
 def tab() -> None:
