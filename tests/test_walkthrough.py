@@ -106,7 +106,10 @@ def test_the_steps_say_what_this_round_shows(pair):
     trace = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.7, top_k=2), "tev", 8, seed=2)
     tokens, probs = trace.marginals
     falling = torch.linspace(0.9, 0.1, probs.shape[0]).unsqueeze(1).expand_as(probs).contiguous()
-    assert "further ahead, less sure" in walkthrough_step(dataclasses.replace(trace, marginals=(tokens, falling)), 1, str).text
+    assert "less sure than the one before it" in walkthrough_step(dataclasses.replace(trace, marginals=(tokens, falling)), 1, str).text
+    bump = falling.clone()
+    bump[1] = 0.95  # surest at depth 2, still falling on the whole
+    assert "surest best guess is at depth 2" in walkthrough_step(dataclasses.replace(trace, marginals=(tokens, bump)), 1, str).text
     rising = falling.flip(0)
     assert "but not in this round" in walkthrough_step(dataclasses.replace(trace, marginals=(tokens, rising)), 1, str).text
     bonus = walkthrough_step(trace, 6, str)

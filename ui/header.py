@@ -20,7 +20,7 @@ def device_markdown() -> str:
     """The models, the machine, and which precision each part runs in and why."""
     try:
         info = shared.SERVICE.info()
-        drafters = {str(next(d.model.parameters()).dtype).removeprefix("torch.") for d in shared.SERVICE.bundle().drafters.values()}
+        drafters = {kind: str(next(drafter.model.parameters()).dtype).removeprefix("torch.") for kind, drafter in shared.SERVICE.bundle().drafters.items() if kind != "chain"}
     except Exception as error:  # a missing or broken asset must show, not crash the page
         return f"**Models could not be loaded:** {error}"
     sizes = ", ".join(f"{name} {count / 1e6:.2f}M" for name, count in info["parameters"].items())
@@ -32,9 +32,9 @@ def device_markdown() -> str:
     speed = f", bfloat16 products {machine['bf16_matmul_speedup']:.2f}x float32's speed" if "bf16_matmul_speedup" in machine else ""
     return (
         f"**models** {pair} · **device** {info['device']} · **threads** {info['threads']} · **context** {info['context']} tokens · "
-        f"**vocabulary** {info['vocab']} · **parameters** {sizes}\n\n**precision** target {target} · drafters {', '.join(sorted(drafters))} "
-        f"(the precision they are stored in: a drafter only proposes, so its rounding changes speed, never the output) · this CPU: "
-        f"{machine['cpu_capability']}{speed}"
+        f"**vocabulary** {info['vocab']} · **parameters** {sizes}\n\n**precision** target {target} · drafters "
+        f"{', '.join(f'{kind} {dtype}' for kind, dtype in drafters.items())} (a drafter only proposes: its precision changes how often its "
+        f"guesses are kept, never the output; the block drafters run in the bfloat16 they are stored in) · this CPU: {machine['cpu_capability']}{speed}"
     )
 
 

@@ -100,13 +100,20 @@ def _marginals(trace, token_text, word):
     ))
     _plain(fig, f"the block drafter's top {top} tokens at each depth, from one pass", yaxis="rank", height=360)
     fig.update_yaxes(autorange="reversed")
-    first, last = float(probs[0, 0]), float(probs[-1, 0])
-    trend = ("further ahead, less sure" if last < first else
-             "as sure as at depth 1 or surer: guesses further ahead are usually less sure, but not in this round")
+    best = [float(p) for p in probs[:, 0]]  # the best guess's q at each depth
+    surest, least = max(range(depth_count), key=best.__getitem__), min(range(depth_count), key=best.__getitem__)
+    half = depth_count // 2
+    if all(a >= b for a, b in zip(best, best[1:])):
+        trend = "each depth's best guess is less sure than the one before it: further ahead, less sure"
+    elif half and sum(best[:half]) / half > sum(best[-half:]) / half:
+        trend = (f"its surest best guess is at depth {surest + 1} ($q_{{{surest + 1}}}$ = {best[surest]:.2f}) and its least sure at depth "
+                 f"{least + 1} ({best[least]:.2f}): on the whole, further ahead, less sure")
+    else:
+        trend = (f"its surest best guess is at depth {surest + 1} ($q_{{{surest + 1}}}$ = {best[surest]:.2f}) and its least sure at depth "
+                 f"{least + 1} ({best[least]:.2f}): guesses further ahead are usually less sure, but not in this round")
     text = (f"The block drafter reads the target's hidden states at the committed tokens and, **in one pass**, gives a distribution "
             f"$q_d$ over the next token at each depth $d = 1..{depth_count}$ (independently per depth: the block's marginals). "
-            f"Its best guess for the root's next token: {word(int(tokens[0, 0]))} with $q_1$ = {first:.2f}; at depth {depth_count} its best "
-            f"guess has $q_{{{depth_count}}}$ = {last:.2f}: {trend}.")
+            f"Its best guess for the root's next token: {word(int(tokens[0, 0]))} with $q_1$ = {best[0]:.2f}; {trend}.")
     return text, fig
 
 
