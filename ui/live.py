@@ -25,7 +25,9 @@ DRAFTER_LABELS = {"block": "block (base)", "exittrain": "block (ExitTrain, shipp
 STAGE_LABELS = {"draft": "draft", "build": "tree build", "forward": "tree forward", "head": "head (rows, truncation)", "verify": "verify", "commit": "commit"}
 # Below this many tokens a tokens-per-second ratio is mostly noise (a few steps' jitter, the first step's warm-up): not given.
 MIN_TIMED_TOKENS = 32
-DEFAULT_NEW_TOKENS = 96
+# Long enough for most default-prompt answers to end on their own: on the default pair (T = 0.7, top-p 0.9, the 8
+# example prompts, seeds 0 and 1) 11 of 16 answers ended within 224 tokens (median 190), 2 of 16 within 96.
+DEFAULT_NEW_TOKENS = 224
 STOPPED = {"eos": "the answer ended", "stop_string": "a stop string", "cancelled": "you pressed Stop", "context_limit": "the target's context is full"}
 
 
