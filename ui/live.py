@@ -22,7 +22,8 @@ from visual import mass_by_depth_figure, text_view_html, timeline_figure, tree_f
 
 DRAFTER_LABELS = {"block": "block (base)", "exittrain": "block (ExitTrain, shipped with the app)", "chain": "chain (top-1)", "ar": "AR drafter"}  # one per DRAFTER_KINDS
 # A round's stages as the engine names them (their times sum to the round's), in the order they run.
-STAGE_LABELS = {"draft": "draft", "build": "tree build", "forward": "tree forward", "head": "head (rows, truncation)", "verify": "verify", "commit": "commit"}
+STAGE_LABELS = {"draft": "draft", "build": "tree build", "forward": "target forward", "head": "head (rows, truncation)", "verify": "verify", "commit": "commit"}
+UNDRAFTED = ("draft", "build")  # at budget 0 nothing is drafted or built: these stages are not named
 # Below this many tokens a tokens-per-second ratio is mostly noise (a few steps' jitter, the first step's warm-up): not given.
 MIN_TIMED_TOKENS = 32
 # Long enough for most default-prompt answers to end on their own: on the default pair (T = 0.7, top-p 0.9, the 8
@@ -82,7 +83,8 @@ def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: Gener
     speedup = spec.tokens_per_second / max(ar.tokens_per_second, 1e-9)
     step_ms = 1e3 * (ar.seconds - ar.prefill_seconds) / max(1, len(ar.token_ids))  # one target step
     round_ms = 1e3 * (spec.seconds - spec.prefill_seconds) / max(1, spec.rounds)
-    stages = " · ".join(f"{label} {1e3 * spec.stage_seconds[key] / max(1, spec.rounds):.0f} ms" for key, label in STAGE_LABELS.items() if key in spec.stage_seconds)
+    ran = [key for key in STAGE_LABELS if key in spec.stage_seconds and not (config.budget == 0 and key in UNDRAFTED)]
+    stages = " · ".join(f"{STAGE_LABELS[key]} {1e3 * spec.stage_seconds[key] / max(1, spec.rounds):.0f} ms" for key in ran)
     same = "the same text" if config.temperature == 0 else "the same settings and seed (plain decoding samples its own text)"
     threads = f"{torch.get_num_threads()} torch thread(s) (TEV_THREADS)"
     if config.budget == 0:
