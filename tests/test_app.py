@@ -6,6 +6,10 @@ import re
 import pytest
 from gradio_client import Client
 
+from ui.exittrain import RUN_OUTPUTS
+from ui.lab import LabView
+from ui.live import MIN_TIMED_TOKENS, LiveView, RoundView
+
 SHORT_PROMPT = "def add(a, b):\n    "
 
 
@@ -14,8 +18,20 @@ def client(app_server):
     return Client(app_server.url, verbose=False)
 
 
+def named(fields, values) -> dict:
+    """An API result by output name (the per-session state is no API output)."""
+    fields = [name for name in fields if name != "state"]
+    assert len(values) == len(fields)
+    return dict(zip(fields, values))
+
+
+def traces(plot) -> list:
+    """The trace names of a plot output (empty for no figure)."""
+    return [trace.get("name") for trace in json.loads(plot["plot"])["data"]] if plot else []
+
+
 def generate(client, prompt=SHORT_PROMPT, drafter="block", verifier="tev", budget=8, temperature=1.0, max_new=16, seed=0, compare_ar=False):
-    return client.predict(prompt, drafter, verifier, budget, temperature, max_new, seed, compare_ar, api_name="/generate")
+    return named(LiveView._fields, client.predict(prompt, drafter, verifier, budget, temperature, max_new, seed, compare_ar, api_name="/generate"))
 
 
 def test_api_lists_the_documented_endpoints(client):
@@ -24,24 +40,41 @@ def test_api_lists_the_documented_endpoints(client):
 
 
 def test_generate_streams_rounds_and_is_reproducible(client):
-    job = client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 16, 7, True, api_name="/generate")
-    final = job.result()
-    streamed = job.outputs()
-    assert len(streamed) >= 2  # at least the first round and the final update
-    text_html, tree, mass, timeline, stats, rounds = final  # the per-session state is not an API output
+    job = client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 64, 7, True, api_name="/generate")
+    final = named(LiveView._fields, job.result())
+    assert len(job.outputs()) >= 2  # at least the first round and the final update
+    stats = final["stats"]
     assert "rounds" in stats and "timed again with the page idle" in stats and "one-token steps" in stats
+    assert "the same settings and seed" in stats and "the same text" not in stats  # at T > 0 plain decoding samples its own text
+    assert re.search(r"on \d+ torch thread", stats)  # the thread setting it was timed under
     assert re.search(r"→ \*\*\d+\.\d\dx\*\*", stats)  # the speedup of the quiet rerun over plain decoding
-    assert "tev-" in text_html and "bonus" in text_html
-    assert tree is not None and timeline is not None and mass is not None
-    again = client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 16, 7, True, api_name="/generate").result()
-    assert again[0] == text_html  # same seed, same text and the same round colouring
-    other = client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 16, 8, True, api_name="/generate").result()
-    assert other[0] != text_html  # another seed samples another text: the seed is what fixes it
+    assert "tev-" in final["text"] and "bonus" in final["text"]
+    assert "nodes" in traces(final["tree"]) and traces(final["mass"]) and traces(final["timeline"])
+    again = named(LiveView._fields, client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 64, 7, True, api_name="/generate").result())
+    assert again["text"] == final["text"]  # same seed, same text and the same round colouring
+    other = named(LiveView._fields, client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 64, 8, True, api_name="/generate").result())
+    assert other["text"] != final["text"]  # another seed samples another text: the seed is what fixes it
+
+
+def test_a_short_answer_gets_no_speed_ratio_and_says_why(client):
+    stats = generate(client, max_new=MIN_TIMED_TOKENS // 4, compare_ar=True)["stats"]
+    assert "too few to time" in stats and "timed again" not in stats and not re.search(r"\d\.\d\dx", stats)
+
+
+def test_budget_zero_says_plain_decoding_without_a_tree_or_a_ratio(client):
+    stats = generate(client, budget=0, temperature=0.0, max_new=48, compare_ar=True)["stats"]
+    assert "budget 0 drafts nothing" in stats and "the same text" in stats  # greedy: the plain run writes the same text
+    assert "tree" not in stats.split("timed again")[1] and not re.search(r"\d\.\d\dx", stats)
+
+
+def test_a_run_that_stops_at_the_length_says_so(client):
+    stats = generate(client, max_new=4)["stats"]
+    assert "at the length limit (4 new tokens)" in stats or "the answer ended" in stats
 
 
 @pytest.mark.parametrize("drafter,verifier,temperature", [("chain", "predraw", 0.7), ("block", "sequential", 1.3), ("block", "greedy", 0.0)])
 def test_every_drafter_and_verifier_runs(client, drafter, verifier, temperature):
-    stats = generate(client, drafter=drafter, verifier=verifier, temperature=temperature, max_new=8)[4]
+    stats = generate(client, drafter=drafter, verifier=verifier, temperature=temperature, max_new=8)["stats"]
     assert "rounds" in stats
 
 
@@ -49,8 +82,8 @@ def test_browse_rounds_and_export(client):
     job = client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 12, 3, False, api_name="/generate")
     job.result()
     # browse and export act on this session's state: the same client session keeps it
-    tree, mass, info = client.predict(1, api_name="/browse_round")
-    assert "round 1" in info and "1 + C" in info
+    browsed = named(RoundView._fields, client.predict(1, api_name="/browse_round"))
+    assert "round 1" in browsed["info"] and "1 + C" in browsed["info"] and "nodes" in traces(browsed["tree"])
     path = client.predict(api_name="/export")
     with open(path) as handle:
         payload = json.load(handle)
@@ -60,29 +93,29 @@ def test_browse_rounds_and_export(client):
 
 
 def test_verifier_lab_synthetic_and_prompt(client):
-    figure, tree, table = client.predict("synthetic example", SHORT_PROMPT, "block", 16, 1.0, 500, 0, api_name="/verifier_lab")
+    table = named(LabView._fields, client.predict("synthetic example", SHORT_PROMPT, "block", 16, 1.0, 500, 0, api_name="/verifier_lab"))["table"]
     assert "| tev |" in table and "| predraw |" in table and "| sequential |" in table
-    figure, tree, table = client.predict("prompt", SHORT_PROMPT, "block", 8, 1.0, 300, 1, api_name="/verifier_lab")
+    table = named(LabView._fields, client.predict("prompt", SHORT_PROMPT, "block", 8, 1.0, 300, 1, api_name="/verifier_lab"))["table"]
     assert "1 + C" in table
 
 
 def test_budget_zero_drafts_nothing_and_decodes_plainly(client):
-    stats = generate(client, budget=0, max_new=6)[4]
+    stats = generate(client, budget=0, max_new=6)["stats"]
     assert "**tau** (mean block length) 1.00" in stats  # one token per target forward, not a silent budget of 1
 
 
 def test_tiny_exittrain_run(client):
     job = client.submit("math", "exit", 5, 16, api_name="/exittrain")
-    curve, status, compare, table, mass, tree_base, tree_trained = job.result()
-    assert status.startswith("trained 5 steps")
-    assert "Held-out 1 + C" in table and re.search(r"no measurable change|\(a gain\)|\(a loss\)", table)  # the paired change, in words
-    assert compare is not None and tree_base is not None and tree_trained is not None
+    result = named(RUN_OUTPUTS, job.result())
+    assert result["status"].startswith("trained 5 steps")
+    assert "Held-out 1 + C" in result["table"] and re.search(r"no measurable change|\(a gain\)|\(a loss\)", result["table"])  # the paired change, in words
+    assert traces(result["compare"]) and "nodes" in traces(result["tree_base"]) and "nodes" in traces(result["tree_trained"])
 
 
-# Out-of-range numbers and unknown choices are stopped by the component itself ("Value 0 is less than minimum
-# value 1."), before our own check; both name the bound to respect.
-RANGE = r"minimum value|maximum value"
-CHOICE = r"not in the list of choices"  # the radio's own check, same idea
+# Out-of-range numbers are refused by the event's validator, by the input's name and range, before the handler
+# runs, as unknown choices are. Each message names what to change.
+RANGE = r"must be from \d"
+CHOICE = r"must be one of"  # an unknown choice, likewise
 
 
 @pytest.mark.parametrize(

@@ -85,13 +85,67 @@ def test_stop_keeps_the_figures_of_what_ran(app_server, browser):
     page.close()
 
 
-def test_a_refused_input_says_why_and_changes_nothing(app_server, browser):
+def _figures(page, *selectors) -> list[str]:
+    """What each output shows (a plotly figure's data, else the text), to see that a refusal left it as it was."""
+    return [page.evaluate("""selector => {
+        const plot = document.querySelector(selector + ' .js-plotly-plot');
+        return plot ? JSON.stringify(plot.data) : document.querySelector(selector).innerText;
+    }""", selector) for selector in selectors]
+
+
+def _refused_once(page, message: str) -> None:
+    """The refusal is said once, where it is visible, and no output is marked failed."""
+    page.wait_for_selector(f"text={message}", timeout=30_000)
+    assert page.get_by_text(message).filter(visible=True).count() == 1
+    assert _error_badges(page) == 0
+
+
+def test_a_refused_input_says_why_once_and_leaves_the_figures(app_server, browser):
     page = _open(app_server, browser)
-    page.get_by_label("prompt (Python code to continue)").fill("x" * 4100)  # over the stated limit: refused, not cut
+    box = page.get_by_label("prompt (Python code to continue)")
+    box.fill("def add(a, b):\n    ")
     page.click("#generate-button")
-    page.wait_for_selector("text=shorten it to at most 4000", timeout=30_000)
-    assert page.get_by_label("prompt (Python code to continue)").input_value() == "x" * 4100
-    assert "Press" in page.inner_text("#live-stats")  # nothing ran
+    page.wait_for_function("document.querySelector('#live-stats').innerText.includes('stopped')", timeout=120_000)
+    page.wait_for_selector("#timeline-plot .js-plotly-plot", timeout=30_000)
+    figures = ["#tree-plot", "#mass-plot", "#timeline-plot", "#live-stats", "#text-view"]
+    before = _figures(page, *figures)
+    box.fill("x" * 4100)  # over the stated limit: refused, not cut
+    page.click("#generate-button")
+    _refused_once(page, "shorten it to at most 4000")
+    assert box.input_value() == "x" * 4100
+    box.fill("   ")
+    page.click("#generate-button")
+    _refused_once(page, "the prompt is empty")
+    seed = page.locator("#live-seed input")
+    box.fill("def add(a, b):\n    ")
+    seed.fill("")  # an empty number
+    page.click("#generate-button")
+    _refused_once(page, "seed is missing")
+    page.wait_for_timeout(1000)
+    assert _figures(page, *figures) == before  # every figure and the stats as the good run left them
+    page.close()
+
+
+def test_generate_is_in_view_and_a_typed_round_number_browses(app_server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(app_server.url, wait_until="domcontentloaded")
+    page.wait_for_function("(document.querySelector('#device-info')?.innerText || '').includes('precision')", timeout=60_000)
+    button = page.locator("#generate-button").bounding_box()
+    assert button["y"] + button["height"] <= 1000  # above the fold, header loaded, no scrolling
+    assert "target float32" in page.inner_text("#device-info")  # each part's precision, and why
+    page.get_by_label("prompt (Python code to continue)").fill("def add(a, b):\n    ")
+    tokens = page.get_by_role("spinbutton", name="number input for max new tokens")
+    tokens.fill("48")
+    tokens.press("Enter")
+    page.click("#generate-button")
+    page.wait_for_function("document.querySelector('#live-stats').innerText.includes('stopped')", timeout=120_000)
+    rounds = int(page.inner_text("#live-stats").split("rounds")[1].split()[0])
+    assert rounds >= 2
+    number = page.locator("#round-slider input[type=number]")
+    number.fill("1")
+    number.press("Enter")
+    page.wait_for_function("document.querySelector('#round-info').innerText.startsWith('round 1:')", timeout=30_000)
+    page.wait_for_function("document.querySelector('#tree-plot').innerText.includes('round 1 of')", timeout=30_000)
     page.close()
 
 
@@ -103,14 +157,27 @@ def test_the_verifier_lab_runs_and_reports_each_verifier(app_server, browser):
     table = page.inner_text("#lab-table")
     assert "tev" in table and "predraw" in table and "folded" in table
     assert _error_badges(page) == 0
+    for figure in ("#lab-plot", "#lab-tree"):
+        page.wait_for_selector(f"{figure} .js-plotly-plot .main-svg", timeout=30_000)
+    before = _figures(page, "#lab-table", "#lab-plot", "#lab-tree")
+    page.locator("#lab-prompt textarea").fill("")
+    page.click("#lab-run")
+    _refused_once(page, "the prompt is empty")
+    page.wait_for_timeout(1000)
+    assert _figures(page, "#lab-table", "#lab-plot", "#lab-tree") == before
     page.close()
 
 
 def test_exittrain_cancel_measures_nothing(app_server, browser):
-    page = _open(app_server, browser)
-    page.get_by_role("tab", name="ExitTrain").click()
+    page, other = _open(app_server, browser), _open(app_server, browser)  # the other: another visitor
+    for visitor in (page, other):
+        visitor.get_by_role("tab", name="ExitTrain").click()
     page.click("#exittrain-start")
     page.wait_for_function("document.querySelector('#exittrain-status').innerText.trim().length > 0", timeout=60_000)
+    other.click("#exittrain-start")  # while the server's one run is busy
+    _refused_once(other, "another ExitTrain run is in progress")
+    assert other.inner_text("#exittrain-status").strip() == "" and other.inner_text("#exittrain-table").strip() == ""
+    other.close()
     page.click("#exittrain-cancel")
     page.wait_for_function("document.querySelector('#exittrain-table').innerText.includes('Cancelled: nothing was measured')", timeout=90_000)
     assert "+0.0%" not in page.inner_text("#exittrain-table")
@@ -118,12 +185,17 @@ def test_exittrain_cancel_measures_nothing(app_server, browser):
     page.close()
 
 
-def test_the_walkthrough_steps_through_one_round_and_exports_it(app_server, browser):
+def test_the_walkthrough_steps_through_rounds_back_and_forth_and_exports_them(app_server, browser, tmp_path):
     from visual.walkthrough import STEP_TITLES
 
     page = _open(app_server, browser)
     page.get_by_role("tab", name="Walkthrough").click()
-    page.locator("#walk-prompt textarea").fill("def add(a, b):\n    ")  # the quick assets' context is 128 tokens
+    prompt = page.locator("#walk-prompt textarea")
+    prompt.fill("")
+    page.click("#walk-run")
+    _refused_once(page, "the prompt is empty")
+    assert "Press" in page.inner_text("#walk-where")  # nothing ran
+    prompt.fill("def add(a, b):\n    ")  # the quick assets' context is 128 tokens
     page.click("#walk-run")
     page.wait_for_function("document.querySelector('#walk-where').innerText.includes('step 1 of 8')", timeout=60_000)
     for number, title in enumerate(STEP_TITLES, start=1):
@@ -132,10 +204,26 @@ def test_the_walkthrough_steps_through_one_round_and_exports_it(app_server, brow
         page.wait_for_selector("#walk-plot .js-plotly-plot .main-svg", timeout=30_000)  # the step's figure rendered
         page.click("#walk-next")
     page.wait_for_function("document.querySelector('#walk-where').innerText.includes('round 2 · step 1 of 8')", timeout=60_000)
-    page.click("#walk-back")
+    page.click("#walk-back")  # back across rounds: round 1's last step
+    page.wait_for_function("document.querySelector('#walk-where').innerText.includes('round 1 · step 8 of 8')", timeout=30_000)
+    page.click("#walk-next")  # forward to the kept round 2, not a new round
+    page.wait_for_function("document.querySelector('#walk-where').innerText.includes('round 2 · step 1 of 8')", timeout=30_000)
     page.click("#walk-replay")
     page.wait_for_function("document.querySelector('#walk-replay-table').innerText.includes('mean block length')", timeout=60_000)
     page.click("#walk-export")
-    page.wait_for_selector("a[href*='tev-walkthrough-']", timeout=30_000)
+    link = page.wait_for_selector("a[href*='tev-walkthrough-']", timeout=30_000)
     assert _error_badges(page) == 0
+    exported = tmp_path / "walkthrough.html"
+    exported.write_bytes(page.request.get(link.get_attribute("href")).body())
     page.close()
+    # the file offline: every formula rendered as text, no request beyond the file itself
+    offline = browser.new_page()
+    requests = []
+    offline.on("request", lambda request: requests.append(request.url))
+    offline.goto(exported.as_uri(), wait_until="load")
+    offline.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+    text = " ".join(offline.locator(".step p").all_inner_texts())
+    assert offline.locator(".step").count() == 2 * len(STEP_TITLES) and "ρ(v)" in text
+    assert text.count("$") == 0
+    assert requests == [exported.as_uri()]
+    offline.close()

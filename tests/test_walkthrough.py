@@ -1,5 +1,6 @@
 """The walkthrough traces the decode loop's own round, and its steps agree with each other."""
 
+import dataclasses
 import json
 import re
 
@@ -13,7 +14,7 @@ from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import load_bundle
 from tev.engine.walkthrough import trace_round
 from tests.tiny import tiny_ar_drafter, tiny_block_drafter, tiny_target
-from visual.walkthrough import STEP_TITLES, walkthrough_html, walkthrough_steps
+from visual.walkthrough import STEP_TITLES, walkthrough_html, walkthrough_step, walkthrough_steps
 
 VOCAB = 40
 PROMPT = [1, 5, 9, 3, 7]
@@ -96,3 +97,33 @@ def test_the_command_line_export_writes_the_steps(tmp_path, monkeypatch):
     walkthrough_export.main(["--prompt", "def add(a, b):\n    ", "--rounds", "2", "--out", str(out), "--budget", "6"])
     page = out.read_text()
     assert page.count("class='step'") == 16 and "8. The commit" in page
+
+
+def test_the_steps_say_what_this_round_shows(pair):
+    """Step 2's caption follows this round's marginals, step 7 leaves out tokens of probability 0,
+    step 8 calls 1 + C the expected block length, not a bound."""
+    target, drafters = pair
+    trace = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.7, top_k=2), "tev", 8, seed=2)
+    tokens, probs = trace.marginals
+    falling = torch.linspace(0.9, 0.1, probs.shape[0]).unsqueeze(1).expand_as(probs).contiguous()
+    assert "less sure than the one before it" in walkthrough_step(dataclasses.replace(trace, marginals=(tokens, falling)), 1, str).text
+    bump = falling.clone()
+    bump[1] = 0.95  # surest at depth 2, still falling on the whole
+    assert "surest best guess is at depth 2" in walkthrough_step(dataclasses.replace(trace, marginals=(tokens, bump)), 1, str).text
+    rising = falling.flip(0)
+    assert "but not in this round" in walkthrough_step(dataclasses.replace(trace, marginals=(tokens, rising)), 1, str).text
+    bonus = walkthrough_step(trace, 6, str)
+    assert all(x > 0 for bars in bonus.figure.data for x in bars.x)
+    assert any(p == 0 for _, p in trace.bonus["row"])  # top-k 2: four of the row's top six tokens have probability 0
+    greedy = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.0), "greedy", 8, seed=2)
+    assert "There is no residual" in walkthrough_step(greedy, 6, str).text and len(walkthrough_step(greedy, 6, str).figure.data) == 1
+    assert "**expected** $L$" in walkthrough_step(trace, 7, str).text and "bound" not in walkthrough_step(trace, 7, str).text.split("not a bound")[0]
+
+
+def test_the_export_writes_its_formulas_as_text(pair):
+    target, drafters = pair
+    trace = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.7, top_p=0.9), "tev", 8, seed=1)
+    page = walkthrough_html([trace], str)
+    paragraphs = re.findall(r"<p>(.*?)</p>", page, flags=re.S)
+    assert len(paragraphs) == len(STEP_TITLES) and sum(p.count("$") for p in paragraphs) == 0
+    assert "p<sub>V</sub><sup>res</sup>(a) ∝" in page and "ρ(v)" in page

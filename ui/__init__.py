@@ -1,5 +1,6 @@
-"""The app's tabs: input components, one module of handlers per tab, and the Learn text.
+"""The app's tabs: one module per tab builds its components and wires its events beside its
+handlers (``tab()``), plus the header, the checked input components and the Learn text.
 
-``app.py`` (at the repository root, where Hugging Face Spaces looks) lays the page out and
-wires these handlers; the server objects they share live in :mod:`ui.shared`.
+``app.py`` (at the repository root, where Hugging Face Spaces looks) lays the tabs out; the
+server objects they share live in :mod:`ui.shared`.
 """

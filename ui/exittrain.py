@@ -21,9 +21,11 @@ from tev.engine.decode import rounds_in_turn
 from tev.service.live_exittrain import has_domains, live_data, live_experiment, live_settings
 from tev.service.service import LIMITS, UserInputError, check_number
 from tev.train.data import DOMAINS
+from tev.train.losses import TREE_TERMS
 from tev.util.stats import change_in_words
-from ui import shared
-from ui.shared import _user_error
+from ui import gpu, shared
+from ui.components import Radio, Slider, validator
+from ui.shared import COMPUTE, _user_error
 from visual import before_after_figure, exit_mass_change_figure, training_figure, tree_figure
 
 RUN_SECONDS = 180  # the whole live run, both held-out scorings included: training stops in time to keep it
@@ -200,3 +202,47 @@ def _control_note(bundle, domain: str | None) -> str:
     where = "all domains" if not domain else "all domains, not only " + domain
     return (f"\n\nStored result of the shipped ablation (equal data, steps and seed; {where}), held-out 1 + C change against the base: "
             + ", ".join(parts) + " (none = token-only control).")
+
+
+# ------------------------------------------------------------------------------ the tab
+# run_exittrain yields, and compare_shipped returns, their outputs in this order.
+RUN_OUTPUTS = ("curve", "status", "compare", "table", "mass", "tree_base", "tree_trained")
+SHIPPED_OUTPUTS = ("compare", "table", "mass", "tree_base", "tree_trained")
+
+
+def check_free(*inputs):
+    """Refuses a start while any ExitTrain run (live or workload) holds the server's one slot."""
+    if shared.EXITTRAIN_SLOT.owner is not None:
+        raise UserInputError("another ExitTrain run is in progress on this server; wait for it to finish, then start again")
+
+
+def tab() -> None:
+    """The ExitTrain tab's live fine-tune: its components and events (the workload mode follows, :func:`ui.workload.tab`)."""
+    live = live_settings(shared.EXITTRAIN_CHAT)
+    gr.Markdown(
+        "Fine-tune the base block drafter with **ExitTrain** (a run takes at most 3 minutes, scoring included; Cancel stops it at any point): the frozen target scores the trees the drafter "
+        "actually builds, and the loss pushes draft probability toward nodes where target mass exits. Before and after, the same "
+        "held-out rounds are scored, so the change in `1 + C` is paired, with its standard error; the bars below show at which "
+        "depth the target's mass leaves each drafter's trees. One run at a time per server; generations take turns with it. "
+        + ("Pick a domain: the drafter fine-tunes on that domain's conversations (written by the target itself) and is judged on "
+           "its held-out ones." if shared.EXITTRAIN_CHAT else "This tab runs on the **tiny code pair**, whose training data ships with the app.")
+    )
+    with gr.Row():
+        domain = Radio(list(DOMAINS), value="dialogue", label="domain (train and judge on it; the base drafter does worst on dialogue)", visible=shared.EXITTRAIN_CHAT)
+        tree_term = Radio(list(TREE_TERMS), value="exit", label="tree term (exit: the method; prefix, none: controls)")
+        steps = Slider(LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, value=CHAT_TAB_STEPS if shared.EXITTRAIN_CHAT else live.steps, step=1, label="steps (training stops early if the 3 minutes run out)")
+        lambda_tree = Slider(0, LIMITS.max_lambda_exit, value=live.lambda_tree, step=1, label="lambda_tree (weight of L_tree)")
+    with gr.Row():
+        start = gr.Button("Start fine-tune", variant="primary", elem_id="exittrain-start")
+        cancel = gr.Button("Cancel", elem_id="exittrain-cancel")
+        shipped = gr.Button("Compare the shipped ExitTrain drafter instead")
+    gr.Markdown(gpu.quota_note("exittrain"), visible=gpu.ZERO_GPU)
+    ui = {"status": gr.Markdown(elem_id="exittrain-status"), "curve": gr.Plot(label="training"), "compare": gr.Plot(label="tau before / after"),
+          "table": gr.Markdown(elem_id="exittrain-table"), "mass": gr.Plot(label="where the target's mass leaves the trees, before / after")}
+    with gr.Row():
+        ui["tree_base"] = gr.Plot(label="base drafter's tree")
+        ui["tree_trained"] = gr.Plot(label="ExitTrain drafter's tree")
+    inputs = [domain, tree_term, steps, lambda_tree]
+    start.click(gpu.gpu_task("exittrain")(run_exittrain), inputs, [ui[name] for name in RUN_OUTPUTS], validator=validator(inputs, check_free), api_name="exittrain", **COMPUTE)
+    cancel.click(cancel_exittrain, None, ui["status"], api_name="exittrain_cancel")
+    shipped.click(gpu.gpu_task("compare_shipped")(compare_shipped), None, [ui[name] for name in SHIPPED_OUTPUTS], api_name="compare_shipped", **COMPUTE)

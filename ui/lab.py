@@ -2,33 +2,55 @@
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import gradio as gr
 
 from tev.bench.lab import SYNTHETIC_WORDS, run_lab, synthetic_tree, tree_from_prompt
+from tev.engine.models import DRAFTER_KINDS
 from tev.service.service import LIMITS, UserInputError, check_number
-from ui import shared
-from ui.shared import _user_error
+from ui import gpu, shared
+from ui.components import Number, Radio, Slider, validator
+from ui.shared import COMPUTE, _user_error
 from visual import tree_figure, verifier_lab_figure
 
+LAB_DRAFTERS = [kind for kind in DRAFTER_KINDS if kind != "ar"]  # the lab offers the block drafter kinds
+SYNTHETIC = "synthetic example"
 
-def run_verifier_lab(source, prompt, drafter, budget, temperature, draws, seed, progress=gr.Progress()):
+
+class LabView(NamedTuple):
+    plot: Any
+    tree: Any
+    table: Any
+
+
+def check_lab(source, prompt, drafter, budget, temperature, draws, seed):
+    """The lab's settings (``draws``, ``seed``, and for a prompt's tree ``budget``, ``temperature``
+    and the prompt's ids); raises ``ValueError`` saying what to change."""
+    draws = check_number("draws", draws, 100, LIMITS.max_lab_draws, integer=True)
+    seed = check_number("seed", seed, 0, LIMITS.max_seed, integer=True)
+    if source == SYNTHETIC:
+        return draws, seed, None, None, None
+    bundle = shared.SERVICE.bundle()
+    budget = check_number("budget", budget, 1, LIMITS.max_lab_budget, integer=True)
+    temperature = check_number("temperature", temperature, LIMITS.min_lab_temperature, LIMITS.max_temperature)
+    if drafter not in bundle.drafters:
+        raise UserInputError(f"unknown drafter {drafter!r}")
+    return draws, seed, budget, temperature, shared.SERVICE.encode(prompt, chat=bundle.is_chat)
+
+
+def run_verifier_lab(source, prompt, drafter, budget, temperature, draws, seed, progress=gr.Progress()) -> LabView:
     try:
-        draws = check_number("draws", draws, 100, LIMITS.max_lab_draws, integer=True)
-        seed = check_number("seed", seed, 0, LIMITS.max_seed, integer=True)
-        if source == "synthetic example":
+        draws, seed, budget, temperature, ids = check_lab(source, prompt, drafter, budget, temperature, draws, seed)
+        if ids is None:
             lab = synthetic_tree()
             token_text = SYNTHETIC_WORDS.__getitem__
         else:
             bundle = shared.SERVICE.bundle()
-            budget = check_number("budget", budget, 1, LIMITS.max_lab_budget, integer=True)
-            temperature = check_number("temperature", temperature, LIMITS.min_lab_temperature, LIMITS.max_temperature)
-            if drafter not in bundle.drafters:
-                raise UserInputError(f"unknown drafter {drafter!r}")
-            ids = shared.SERVICE.encode(prompt, chat=bundle.is_chat)
             with shared.SERVICE.compute:
                 lab = tree_from_prompt(bundle.target, bundle.drafter(drafter), ids, budget, temperature)
             token_text = shared.SERVICE.token_text
-    except ValueError as error:
+    except ValueError as error:  # the validator refuses bad settings first; an API call that skips it lands here
         raise _user_error(error) from None
     verifiers = ("tev", "predraw", "sequential")
     progress(0.05, desc=f"running each verifier {draws} times")
@@ -50,4 +72,24 @@ def run_verifier_lab(source, prompt, drafter, budget, temperature, draws, seed, 
         "these frequencies have exactly the law they would have on the full rows, at a fraction of the cost; the decision "
         "time is measured on the full rows, as in decoding."
     )
-    return figure, tree, "\n".join(rows) + "\n\n" + note
+    return LabView(figure, tree, "\n".join(rows) + "\n\n" + note)
+
+
+def tab(prompt_text: str) -> None:
+    """The Verifier lab tab's components and events."""
+    gr.Markdown("Fix **one** tree and run each exact verifier many times: the exit-node frequencies follow the exit law w(v) and the mean block length is 1 + C(T), for TEV, predraw and sequential alike (fixed-tree equivalence).")
+    with gr.Row():
+        source = Radio(["prompt", SYNTHETIC], value="prompt", label="tree from")
+        drafter = Radio(LAB_DRAFTERS, value="block", label="drafter")
+        budget = Slider(1, LIMITS.max_lab_budget, value=16, step=1, label="budget B")
+        temperature = Slider(LIMITS.min_lab_temperature, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
+        draws = Slider(100, LIMITS.max_lab_draws, value=3000, step=100, label="draws per verifier")
+        seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed")
+    prompt = gr.Textbox(label=f"prompt · at most {LIMITS.max_prompt_chars:,} characters", value=prompt_text, lines=4, elem_id="lab-prompt")
+    run = gr.Button("Run the verifiers", variant="primary", elem_id="lab-run")
+    gr.Markdown(gpu.quota_note("verifier_lab"), visible=gpu.ZERO_GPU)
+    table = gr.Markdown(elem_id="lab-table")
+    plot = gr.Plot(label="exit law vs empirical exit frequencies", elem_id="lab-plot")
+    tree = gr.Plot(label="the fixed tree", elem_id="lab-tree")
+    inputs = [source, prompt, drafter, budget, temperature, draws, seed]
+    run.click(gpu.gpu_task("verifier_lab")(run_verifier_lab), inputs, list(LabView(plot, tree, table)), validator=validator(inputs, check_lab), api_name="verifier_lab", **COMPUTE)

@@ -1,5 +1,9 @@
 """The Learn tab's text: the quantities the other tabs show, in the paper's notation."""
 
+import gradio as gr
+
+from ui.shared import FORMULAS
+
 LEARN = r"""
 ### Speculative decoding with a draft tree
 
@@ -71,3 +75,8 @@ floored reach or $w(v)\,d(v)$, or the target's law $p_v$ at every node as the la
 beat the token-only control. A tree term reweights tokens the trees already hold; the answers themselves
 are what the drafter had not seen. *ExitTrain tab: adapt the drafter to a workload.*
 """
+
+
+def tab() -> None:
+    """The Learn tab: the text, its formulas rendered."""
+    gr.Markdown(LEARN, latex_delimiters=FORMULAS)

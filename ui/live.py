@@ -6,17 +6,54 @@ import dataclasses
 import threading
 import time
 from collections import OrderedDict
+from typing import Any, NamedTuple
 
 import gradio as gr
+import torch
 
-from tev.engine.decode import GenerationSummary, run_to_end
-from tev.service.service import UserInputError, check_settings, records_to_json
-from ui import shared
-from ui.shared import _user_error
+from tev.core.verify import VERIFIERS
+from tev.engine.decode import DecodeConfig, GenerationSummary, run_to_end
+from tev.engine.models import DRAFTER_KINDS
+from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, check_settings, records_to_json
+from ui import gpu, shared
+from ui.components import Number, Radio, Slider, validator
+from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
 from visual import mass_by_depth_figure, text_view_html, timeline_figure, tree_figure
 
+DRAFTER_LABELS = {"block": "block (base)", "exittrain": "block (ExitTrain, shipped with the app)", "chain": "chain (top-1)", "ar": "AR drafter"}  # one per DRAFTER_KINDS
+# A round's stages as the engine names them (their times sum to the round's), in the order they run.
+STAGE_LABELS = {"draft": "draft", "build": "tree build", "forward": "target forward", "head": "head (rows, truncation)", "verify": "verify", "commit": "commit"}
+UNDRAFTED = ("draft", "build")  # at budget 0 nothing is drafted or built: these stages are not named
+# Below this many tokens a tokens-per-second ratio is mostly noise (a few steps' jitter, the first step's warm-up): not given.
+MIN_TIMED_TOKENS = 32
+# Long enough for most default-prompt answers to end on their own: on the default pair (T = 0.7, top-p 0.9, the 8
+# example prompts, seeds 0 and 1) 11 of 16 answers ended within 224 tokens (median 190), 2 of 16 within 96.
+DEFAULT_NEW_TOKENS = 224
+STOPPED = {"eos": "the answer ended", "stop_string": "a stop string", "cancelled": "you pressed Stop", "context_limit": "the target's context is full"}
 
-def _stats_markdown(records, summary: GenerationSummary | None, timing: dict | None = None) -> str:
+
+class LiveView(NamedTuple):
+    """The outputs of a generation."""
+
+    text: Any
+    tree: Any
+    mass: Any
+    timeline: Any
+    stats: Any
+    rounds: Any  # the round browser's slider
+    state: Any
+
+
+class RoundView(NamedTuple):
+    """The round browser's outputs."""
+
+    rounds: Any  # its slider
+    tree: Any
+    mass: Any
+    info: Any
+
+
+def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeConfig | None = None, timing: dict | None = None) -> str:
     if not records:
         return "No rounds yet."
     lengths = [r.block_length for r in records]
@@ -28,30 +65,36 @@ def _stats_markdown(records, summary: GenerationSummary | None, timing: dict | N
         "tau = tokens emitted per target forward (accepted draft tokens + the bonus token); see the Learn tab for other tools' figures.",
     ]
     if summary is not None:
-        stopped = "you pressed Stop" if summary.stop_reason == "cancelled" else summary.stop_reason
+        stopped = STOPPED.get(summary.stop_reason, summary.stop_reason)
+        if summary.stop_reason == "max_new_tokens":
+            stopped = f"at the length limit ({config.max_new_tokens} new tokens): the answer may be cut short; raise max new tokens to let it finish"
         lines.append(f"stopped: {stopped} · time to first token {1e3 * summary.time_to_first_token:.0f} ms · "
                      f"{summary.tokens_per_second:.1f} tokens/s while the page drew each round")
     if timing:
-        lines.append(_speed_verdict(timing["speculative"], timing["autoregressive"]))
+        lines.append(_speed_verdict(timing["speculative"], timing["autoregressive"], config))
+    elif summary is not None and tokens < MIN_TIMED_TOKENS and config is not None and summary.stop_reason != "cancelled":
+        lines.append(f"No speed comparison: {tokens} tokens are too few to time (it needs at least {MIN_TIMED_TOKENS}; over a few "
+                     "steps the first step's warm-up and the machine's jitter would decide the ratio).")
     return "\n\n".join(lines)
 
 
-def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary) -> str:
-    """The speedup of a quiet rerun over plain decoding, and why, from the rerun's stage times."""
+def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: DecodeConfig) -> str:
+    """The speed of a quiet rerun against plain decoding, and why, from the rerun's stage times."""
     speedup = spec.tokens_per_second / max(ar.tokens_per_second, 1e-9)
     step_ms = 1e3 * (ar.seconds - ar.prefill_seconds) / max(1, len(ar.token_ids))  # one target step
     round_ms = 1e3 * (spec.seconds - spec.prefill_seconds) / max(1, spec.rounds)
-    stage = {k: 1e3 * v / max(1, spec.rounds) for k, v in spec.stage_seconds.items()}
-    cost = round_ms / max(step_ms, 1e-9)
-    head = (
-        f"**speed, timed again with the page idle** (same prompt, settings and seed: the same text): speculation "
-        f"{spec.tokens_per_second:.1f} tokens/s, plain decoding {ar.tokens_per_second:.1f} tokens/s → **{speedup:.2f}x**"
-    )
-    why = (
-        f"A round cost {round_ms:.0f} ms, the time of **{cost:.1f} one-token steps** ({step_ms:.0f} ms each): forward "
-        f"{stage.get('forward', 0):.0f} ms, head {stage.get('head', 0):.0f} ms, verify {stage.get('verify', 0):.0f} ms, draft and build "
-        f"{stage.get('draft', 0) + stage.get('build', 0):.0f} ms; it produced **tau = {spec.tau:.2f} tokens**."
-    )
+    ran = [key for key in STAGE_LABELS if key in spec.stage_seconds and not (config.budget == 0 and key in UNDRAFTED)]
+    stages = " · ".join(f"{STAGE_LABELS[key]} {1e3 * spec.stage_seconds[key] / max(1, spec.rounds):.0f} ms" for key in ran)
+    same = "the same text" if config.temperature == 0 else "the same settings and seed (plain decoding samples its own text)"
+    threads = f"{torch.get_num_threads()} torch thread(s) (TEV_THREADS)"
+    if config.budget == 0:
+        return (f"**speed, timed again with the page idle** on {threads}, same prompt and {same}: budget 0 drafts nothing, so both runs are "
+                f"plain decoding, one token per target forward: the round loop {spec.tokens_per_second:.1f} tokens/s, the plain loop "
+                f"{ar.tokens_per_second:.1f} tokens/s. A round cost {round_ms:.0f} ms ({stages}), a plain step {step_ms:.0f} ms.")
+    head = (f"**speed, timed again with the page idle** on {threads}, same prompt and {same}: speculation "
+            f"{spec.tokens_per_second:.1f} tokens/s, plain decoding {ar.tokens_per_second:.1f} tokens/s → **{speedup:.2f}x**")
+    why = (f"A round cost {round_ms:.0f} ms, the time of **{round_ms / max(step_ms, 1e-9):.1f} one-token steps** ({step_ms:.0f} ms each): "
+           f"{stages}; it produced **tau = {spec.tau:.2f} tokens**.")
     if speedup < 1:
         why += (" Speculation pays only when a round yields more tokens than it costs steps: here it does not. On a CPU a "
                 "forward over the B + 1 tree tokens costs more than a one-token step (on a GPU about the same); a smaller "
@@ -93,18 +136,23 @@ def stop_live(request: gr.Request):
     _stop_flag(request).set()
 
 
+def check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar=False, chat=False, top_p=1.0, top_k=0):
+    """The prompt's token ids and the generation's settings; raises ``ValueError`` saying what to change."""
+    bundle = shared.SERVICE.bundle()
+    if chat and not bundle.is_chat:
+        raise UserInputError("this target has no chat template; untick 'chat' to continue the text as it is")
+    prompt_ids = shared.SERVICE.encode(prompt, chat=bool(chat))
+    config = check_settings(verifier, budget, temperature, max_new_tokens, seed, top_p=top_p, top_k=top_k)
+    return prompt_ids, config, shared.SERVICE.request(prompt_ids, drafter, config)
+
+
 def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat=False, top_p=1.0, top_k=0, request: gr.Request = None):
-    """Stream a generation: text, current tree, mass by depth, stats; then the timeline.
-    With ``chat`` the prompt is a user message (chat template, generation prompt added).
+    """Stream a generation (:class:`LiveView`): text, current tree, mass by depth, stats; then the
+    timeline. With ``chat`` the prompt is a user message (chat template, generation prompt added).
     Stop (:func:`stop_live`) ends it between rounds, with every figure drawn for what ran."""
     try:
-        bundle = shared.SERVICE.bundle()
-        if chat and not bundle.is_chat:
-            raise UserInputError("this target has no chat template; untick 'chat' to continue the text as it is")
-        prompt_ids = shared.SERVICE.encode(prompt, chat=bool(chat))
-        config = check_settings(verifier, budget, temperature, max_new_tokens, seed, top_p=top_p, top_k=top_k)
-        speculation = shared.SERVICE.request(prompt_ids, drafter, config)
-    except ValueError as error:  # the user's input, or models that could not be loaded
+        prompt_ids, config, speculation = check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k)
+    except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
         raise _user_error(error) from None
     stop = _stop_flag(request)
     records, summary = [], None
@@ -121,13 +169,14 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
             if len(records) == 1 or now - last_draw > 0.25:  # redraw at most 4 times a second
                 last_draw = now
                 tree, mass = _round_figures(records, len(records) - 1)
-                yield (text_view_html(records, token_text=text, prompt_text=prompt), tree, mass, gr.skip(), _stats_markdown(records, None), gr.skip(), {"records": records, "summary": None})
+                yield only(LiveView, text=text_view_html(records, token_text=text, prompt_text=prompt), tree=tree, mass=mass,
+                           stats=_stats_markdown(records, None), state={"records": records, "summary": None})
     finally:
         events.close()
     timing = None
-    if compare_ar and summary is not None and summary.stop_reason != "cancelled" and records:
-        waiting = (gr.skip(),) * 4 + (_stats_markdown(records, summary) + "\n\ntiming speculation and plain decoding again, with the page idle…", gr.skip(), gr.skip())
-        yield waiting
+    tokens = sum(len(r.emitted) for r in records)
+    if compare_ar and summary is not None and summary.stop_reason != "cancelled" and tokens >= MIN_TIMED_TOKENS:
+        yield only(LiveView, stats=_stats_markdown(records, summary, config) + "\n\ntiming speculation and plain decoding again, with the page idle…")
 
         def quiet_runs(should_stop):
             def halted():
@@ -135,23 +184,23 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
             quiet = run_to_end(shared.SERVICE.generate(speculation, should_stop=halted))[1]
             return quiet, shared.SERVICE.autoregressive(prompt_ids, config, should_stop=halted)
 
-        quiet, ar = yield from _in_worker(quiet_runs, tick=(gr.skip(),) * 7)
+        quiet, ar = yield from _in_worker(quiet_runs, tick=only(LiveView))
         if "cancelled" not in (quiet.stop_reason, ar.stop_reason):
             timing = {"speculative": quiet, "autoregressive": ar}
     state = {"records": records, "summary": summary, "settings": {"prompt": prompt, "drafter": drafter, **dataclasses.asdict(config)}}
     if not records:
         message = "Stopped before the first round." if summary is not None and summary.stop_reason == "cancelled" else "The generation produced no rounds."
-        yield ("", None, None, None, message, gr.update(minimum=1, maximum=2, value=1, interactive=False), state)
+        yield LiveView("", None, None, None, message, gr.update(minimum=1, maximum=2, value=1, interactive=False), state)
         return
     tree, mass = _round_figures(records, len(records) - 1)
-    yield (
-        text_view_html(records, token_text=text, prompt_text=prompt),
-        tree,
-        mass,
-        timeline_figure(records),
-        _stats_markdown(records, summary, timing),
-        gr.update(minimum=1, maximum=max(2, len(records)), value=len(records), step=1, interactive=len(records) > 1),  # a slider needs min < max
-        state,
+    yield LiveView(
+        text=text_view_html(records, token_text=text, prompt_text=prompt),
+        tree=tree,
+        mass=mass,
+        timeline=timeline_figure(records),
+        stats=_stats_markdown(records, summary, config, timing),
+        rounds=gr.update(minimum=1, maximum=max(2, len(records)), value=len(records), step=1, interactive=len(records) > 1),  # a slider needs min < max
+        state=state,
     )
 
 
@@ -186,15 +235,24 @@ def _in_worker(work, tick, poll: float = 0.25):
     return box["value"]
 
 
-def browse_round(round_number, state):
-    records = (state or {}).get("records") or []
-    if not records:
-        raise gr.Error("generate first: there are no rounds to browse yet", print_exception=False)
+def _records(state) -> list:
+    return (state or {}).get("records") or []
+
+
+def check_browse(round_number, state, delta=0):
+    """Refuses browsing before a generation; any round number is taken to the nearest round."""
+    if not _records(state):
+        raise UserInputError("generate first: there are no rounds to browse yet")
+
+
+def browse_round(round_number, state, delta=0) -> RoundView:
+    """Round ``round_number + delta`` (clamped to the run's rounds): its tree, mass and numbers."""
     try:
-        index = int(round_number) - 1
-    except (TypeError, ValueError):
-        raise gr.Error("round must be a whole number", print_exception=False) from None
-    index = min(max(index, 0), len(records) - 1)
+        check_browse(round_number, state)
+    except ValueError as error:  # the validator refuses this first; an API call that skips it lands here
+        raise _user_error(error) from None
+    records = _records(state)
+    index = min(max(int(round_number or 1) + int(delta) - 1, 0), len(records) - 1)
     tree, mass = _round_figures(records, index)
     record = records[index]
     info = (
@@ -202,19 +260,75 @@ def browse_round(round_number, state):
         f"block length L = {record.block_length} (accepted {len(record.accepted_tokens)} + bonus), exit node {record.verdict.exit_node} "
         f"at depth {int(record.tree.depths[record.verdict.exit_node])}"
     )
-    return tree, mass, info
-
-
-def step_round(round_number, delta, state):
-    records = (state or {}).get("records") or []
-    if not records:
-        raise gr.Error("generate first: there are no rounds to browse yet", print_exception=False)
-    value = min(max(int(round_number or 1) + delta, 1), len(records))
-    return gr.update(value=value)
+    return RoundView(gr.update(value=index + 1) if delta else gr.skip(), tree, mass, info)
 
 
 def export_run(state):
-    records = (state or {}).get("records") or []
+    records = _records(state)
     if not records:
-        raise gr.Error("generate first: there is no run to export yet", print_exception=False)
+        return refuse("generate first: there is no run to export yet")
     return records_to_json(records, state.get("summary"), state.get("settings", {}), token_text=shared.SERVICE.token_text)
+
+
+def tab(examples: list[str]) -> None:
+    """The Live tab's components and events."""
+    with gr.Row():
+        with gr.Column(scale=3):
+            prompt = gr.Textbox(  # no max_length: a longer prompt is refused with a message, never cut silently
+                label=("your message to the model" if shared.CHAT_DEFAULT else "prompt (Python code to continue)") + f" · at most {LIMITS.max_prompt_chars:,} characters",
+                value=examples[0], lines=5 if shared.CHAT_DEFAULT else 8, max_lines=20,
+            )
+            with gr.Row():  # right under the prompt: in view without scrolling
+                generate = gr.Button("Generate", variant="primary", elem_id="generate-button")
+                stop = gr.Button("Stop", elem_id="stop-button")
+            gr.Markdown(gpu.quota_note("generate"), visible=gpu.ZERO_GPU)
+            chat = gr.Checkbox(value=shared.CHAT_DEFAULT, label="chat: send the prompt as a user message (chat template, stops at the end of the answer); untick to continue the raw text")
+            gr.Examples(
+                examples=[[e] for e in examples], inputs=[prompt],
+                label="held-out chat prompts: dialogue, code, math" if shared.CHAT_DEFAULT else "held-out stdlib functions and HumanEval prompts",
+            )
+        with gr.Column(scale=2):
+            drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTER_LABELS[kind]}" for kind in DRAFTER_KINDS))
+            verifier = Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
+            budget = Slider(0, LIMITS.max_budget, value=16, step=1, label="budget B (draft nodes per round; 0 drafts nothing: plain decoding)")
+            temperature = Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T (0: greedy)")
+            with gr.Row():
+                top_p = Slider(LIMITS.min_top_p, 1.0, value=DEFAULT_SAMPLING.top_p, step=0.01, label="top-p (1: off)")
+                top_k = Slider(0, LIMITS.max_top_k, value=DEFAULT_SAMPLING.top_k, step=1, label="top-k (0: off)")
+            max_new_tokens = Slider(1, LIMITS.max_new_tokens, value=DEFAULT_NEW_TOKENS, step=1, label="max new tokens")
+            with gr.Row():
+                seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed", elem_id="live-seed")
+                compare_ar = gr.Checkbox(value=True, label="also time an autoregressive run (speedup)")
+    stats = gr.Markdown("Press **Generate**.", elem_id="live-stats")
+    text_view = gr.HTML(elem_id="text-view", elem_classes="tev-text")
+    with gr.Row():
+        tree_plot = gr.Plot(label="draft tree of the round", elem_id="tree-plot")
+    with gr.Row():
+        mass_plot = gr.Plot(label="where the tree loses target mass", elem_id="mass-plot")
+        timeline_plot = gr.Plot(label="rounds", elem_id="timeline-plot")
+    with gr.Row():
+        round_slider = Slider(1, 2, value=1, step=1, label="browse rounds", interactive=False, elem_id="round-slider")
+        previous_round = gr.Button("◀ previous", scale=0)
+        next_round = gr.Button("next ▶", scale=0)
+    round_info = gr.Markdown(elem_id="round-info")
+    with gr.Row():
+        export = gr.Button("Export rounds as JSON", scale=0)
+        export_file = gr.File(label="rounds JSON", interactive=False)
+    run_state = gr.State({"records": [], "summary": None}, time_to_live=RUN_STATE_SECONDS)
+
+    inputs = [prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k]
+    # Stop is a flag the generation polls between rounds (not Gradio's cancel, which would
+    # mark every output as failed and leave the figures of a half-drawn run)
+    generate.click(arm_stop, None, None, queue=False, api_name=False).then(
+        gpu.gpu_task("generate")(run_live), inputs, list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, round_slider, run_state)),
+        validator=validator(inputs, check_live), api_name="generate", **COMPUTE,
+    )
+    stop.click(stop_live, None, None, queue=False, api_name=False)
+    views = list(RoundView(round_slider, tree_plot, mass_plot, round_info))
+    # release: the slider dragged; input: a round number typed into its box
+    for event, api_name in ((round_slider.release, "browse_round"), (round_slider.input, False)):
+        event(browse_round, [round_slider, run_state], views, validator=validator([round_slider, run_state], check_browse), api_name=api_name, trigger_mode="always_last")
+    for button, delta in ((previous_round, -1), (next_round, 1)):
+        inputs = [round_slider, run_state, gr.State(delta)]
+        button.click(browse_round, inputs, views, validator=validator(inputs, check_browse), api_name=False)
+    export.click(export_run, run_state, export_file, api_name="export")

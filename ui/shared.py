@@ -32,5 +32,26 @@ EXITTRAIN_SLOT = ExitTrainSlot()
 CHAT_DEFAULT = SERVICE.target_source is None and default_pair() == "smollm2"  # a chat target: prompts are user messages
 
 
+# Every event that runs the models: two at a time, in one queue shared by every tab (a third waits).
+COMPUTE = {"concurrency_limit": 2, "concurrency_id": "compute"}
+# $...$ in markdown is a formula (KaTeX in the page)
+FORMULAS = [{"left": "$", "right": "$", "display": False}]
+# How long a finished run's state (rounds, traces) stays browsable in a session.
+RUN_STATE_SECONDS = 3600
+
+
 def _user_error(error: Exception) -> gr.Error:
     return gr.Error(str(error), print_exception=False)  # the user's mistake, not a server fault
+
+
+def only(view: type, **values):
+    """An instance of ``view`` (a NamedTuple naming an event's outputs) that sets ``values`` and
+    leaves every other output as it was."""
+    return view(*(values.get(name, gr.skip()) for name in view._fields))
+
+
+def refuse(message: str, view: type | None = None):
+    """A press that cannot act yet (nothing to step or export): one warning saying what to do
+    first, and every output of ``view`` (or the event's one output) left as it was."""
+    gr.Warning(message)
+    return gr.skip() if view is None else only(view)

@@ -14,14 +14,16 @@ from tev.engine.models import shipped_drafter
 from tev.engine.decode import rounds_in_turn
 from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, adaptation, workload_settings
 from tev.train.workload_data import check_workload, load_workload, split_workload
+from tev.service.service import LIMITS
 from tev.util.paths import assets_dir
 from tev.util.stats import change_in_words
-from ui import shared
-from ui.exittrain import Cancel, side_by_side
-from ui.shared import _user_error
+from ui import gpu, shared
+from ui.components import Radio, Slider, validator
+from ui.exittrain import Cancel, cancel_exittrain, check_free, side_by_side
+from ui.shared import COMPUTE, _user_error
 from visual import exit_mass_change_figure
 
-__all__ = ["OWN", "MIN_MINUTES", "MAX_MINUTES", "pack_names", "verdict", "result_table", "run_workload"]
+__all__ = ["OWN", "MIN_MINUTES", "MAX_MINUTES", "pack_names", "verdict", "result_table", "run_workload", "tab"]
 
 OWN = "my own prompts (below)"
 MIN_MINUTES, MAX_MINUTES = 2.0, 10.0
@@ -137,3 +139,42 @@ PHASES = {  # what each phase of the run says while it runs
 
 def _status(name: str, info: dict, elapsed: float) -> str:
     return f"{elapsed:.0f} s · " + (PHASES[name](info) if name in PHASES else name)
+
+
+# ------------------------------------------------------------------------------ the tab
+RUN_OUTPUTS = ("status", "table", "mass", "tree_base", "tree_adapted")  # run_workload yields its outputs in this order
+
+
+def check_prompts(pack, prompts, minutes):
+    """Refuses a workload without enough prompts (naming the prompts), or while another ExitTrain run holds the slot."""
+    _prompts(pack, prompts)
+    check_free()
+
+
+def tab() -> None:
+    """The ExitTrain tab's workload mode (default pair only): its components and events."""
+    shown = shared.EXITTRAIN_CHAT
+    gr.Markdown(
+        "### Adapt the drafter to your workload\n"
+        "A drafter gains most where it meets text it has not learned: pick a workload pack or paste your own prompts (one per "
+        "line, at least 16). The target answers three quarters of them, the drafter is fine-tuned on those answers (the token "
+        "loss plus ExitTrain's tree term on the trees it builds there), and the last quarter, never trained on, measures "
+        "`tau` before and after, with the token-only control beside it. Cancel stops it at once; nothing is saved to the server.",
+        visible=shown,
+    )
+    with gr.Row(visible=shown):
+        pack = Radio(pack_names() + [OWN], value=(pack_names() or [OWN])[0], label="workload")
+        minutes = Slider(MIN_MINUTES, MAX_MINUTES, value=5, step=0.5, label="minutes (answers, fine-tune and held-out measurement)")
+    text = gr.Textbox(label=f"your prompts, one per line (at least 16; each at most {LIMITS.max_prompt_chars} characters)", lines=6,
+                      max_lines=30, max_length=200_000, visible=shown)
+    with gr.Row(visible=shown):
+        start = gr.Button("Adapt to this workload", variant="primary", elem_id="workload-start")
+        cancel = gr.Button("Cancel")
+    ui = {"status": gr.Markdown(visible=shown, elem_id="workload-status"), "table": gr.Markdown(visible=shown, elem_id="workload-table"),
+          "mass": gr.Plot(label="where the target's mass leaves the trees on the held-out answers: base / adapted", visible=shown)}
+    with gr.Row(visible=shown, elem_id="workload-trees"):
+        ui["tree_base"] = gr.Plot(label="base drafter's tree (held-out prompt)")
+        ui["tree_adapted"] = gr.Plot(label="adapted drafter's tree (same prompt)")
+    inputs = [pack, text, minutes]
+    start.click(gpu.gpu_task("exittrain")(run_workload), inputs, [ui[name] for name in RUN_OUTPUTS], validator=validator(inputs, check_prompts), api_name="exittrain_workload", **COMPUTE)
+    cancel.click(cancel_exittrain, None, ui["status"], api_name="exittrain_workload_cancel")

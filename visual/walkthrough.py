@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
@@ -99,11 +100,20 @@ def _marginals(trace, token_text, word):
     ))
     _plain(fig, f"the block drafter's top {top} tokens at each depth, from one pass", yaxis="rank", height=360)
     fig.update_yaxes(autorange="reversed")
-    first = float(probs[0, 0])
+    best = [float(p) for p in probs[:, 0]]  # the best guess's q at each depth
+    surest, least = max(range(depth_count), key=best.__getitem__), min(range(depth_count), key=best.__getitem__)
+    half = depth_count // 2
+    if all(a >= b for a, b in zip(best, best[1:])):
+        trend = "each depth's best guess is less sure than the one before it: further ahead, less sure"
+    elif half and sum(best[:half]) / half > sum(best[-half:]) / half:
+        trend = (f"its surest best guess is at depth {surest + 1} ($q_{{{surest + 1}}}$ = {best[surest]:.2f}) and its least sure at depth "
+                 f"{least + 1} ({best[least]:.2f}): on the whole, further ahead, less sure")
+    else:
+        trend = (f"its surest best guess is at depth {surest + 1} ($q_{{{surest + 1}}}$ = {best[surest]:.2f}) and its least sure at depth "
+                 f"{least + 1} ({best[least]:.2f}): guesses further ahead are usually less sure, but not in this round")
     text = (f"The block drafter reads the target's hidden states at the committed tokens and, **in one pass**, gives a distribution "
             f"$q_d$ over the next token at each depth $d = 1..{depth_count}$ (independently per depth: the block's marginals). "
-            f"Its best guess for the root's next token: {word(int(tokens[0, 0]))} with $q_1$ = {first:.2f}; at depth {depth_count} its best "
-            f"guess has only $q_{{{depth_count}}}$ = {float(probs[-1, 0]):.2f}: guesses further ahead are less sure.")
+            f"Its best guess for the root's next token: {word(int(tokens[0, 0]))} with $q_1$ = {best[0]:.2f}; {trend}.")
     return text, fig
 
 
@@ -217,23 +227,29 @@ def _decision(trace, token_text, word):
 def _bonus(trace, token_text, word):
     bonus, verdict = trace.bonus, trace.verdict
     removed = {t for t, _ in bonus["removed"]}
-    names = [html.unescape(token_label(t, token_text, 12)) for t, _ in bonus["row"]]
+    row = [(t, p) for t, p in bonus["row"] if p > 0]  # the row's top tokens; truncation (top-p, top-k) zeroes the rest
+    residual = [] if bonus["greedy"] else [(t, p) for t, p in bonus["residual"] if p > 0]
     fig = go.Figure()
-    fig.add_trace(go.Bar(y=names, x=[p for _, p in bonus["row"]], orientation="h", name="p_V" + (" (softmax at T = 1)" if bonus["greedy"] else ""),
-                         marker_color=[GREY if t in removed else "#3b7dd8" for t, _ in bonus["row"]]))
-    fig.add_trace(go.Bar(y=[html.unescape(token_label(t, token_text, 12)) for t, _ in bonus["residual"]], x=[p for _, p in bonus["residual"]],
-                         orientation="h", name="residual p_V^res", marker_color=[BONUS_COLOUR if t == verdict.bonus_token else "#ffbf80" for t, _ in bonus["residual"]]))
-    _plain(fig, "the exit row p_V (grey: V's children, removed) and the residual the bonus is drawn from", xaxis="probability")
+    fig.add_trace(go.Bar(y=[html.unescape(token_label(t, token_text, 12)) for t, _ in row], x=[p for _, p in row], orientation="h",
+                         name="p_V" + (" (softmax at T = 1)" if bonus["greedy"] else ""), marker_color=[GREY if t in removed else "#3b7dd8" for t, _ in row]))
+    if residual:
+        fig.add_trace(go.Bar(y=[html.unescape(token_label(t, token_text, 12)) for t, _ in residual], x=[p for _, p in residual], orientation="h",
+                             name="residual p_V^res", marker_color=[BONUS_COLOUR if t == verdict.bonus_token else "#ffbf80" for t, _ in residual]))
+    shown = ("the exit row p_V (grey: V's children, removed) and the residual the bonus is drawn from" if residual else
+             "the exit row p_V (softmax at T = 1 for display); at T = 0 no residual is drawn from")
+    _plain(fig, shown + " (tokens of probability 0 left out)", xaxis="probability")
     fig.update_yaxes(autorange="reversed", visible=True)
     fig.update_layout(barmode="group", showlegend=True)
-    removed_text = ", ".join(f"{word(t)} ({p:.2f})" for t, p in bonus["removed"]) or "none (V is a leaf)"
+    removed_text = ", ".join(f"{word(t)} ({p:.2f})" for t, p in bonus["removed"])
     if bonus["greedy"]:
-        text = (f"At T = 0 the bonus token is the target's argmax at the exit node: {word(verdict.bonus_token)}. It is never one of $V$'s "
-                f"children ({removed_text}): had it been, the walk would have gone on.")
+        text = (f"At T = 0 the bonus token is the target's argmax at the exit node: {word(verdict.bonus_token)}. There is no residual: "
+                f"nothing is drawn, so nothing needs removing. The argmax is never one of $V$'s children "
+                f"({removed_text or 'V is a leaf: it has none'}): had it been, the walk would have gone on.")
     else:
+        removal = (f"the children the tree already offered at $V$ are removed ({removed_text}), because the target did not go there"
+                   if removed_text else "$V$ is a leaf, so nothing is removed: the residual is $p_V$ itself")
         text = (f"The bonus token is drawn from the **residual** at the exit node, $p_V^{{res}}(a) \\propto p_V(a)\\,[a \\notin Ch(V)]$: "
-                f"the children the tree already offered at $V$ are removed ({removed_text}), because the target did not go there. "
-                f"Drawn: {word(verdict.bonus_token)}, with $p_V^{{res}}$ = {bonus['bonus_residual_prob']:.3f}. This is what makes the "
+                f"{removal}. Drawn: {word(verdict.bonus_token)}, with $p_V^{{res}}$ = {bonus['bonus_residual_prob']:.3f}. This is what makes the "
                 "output exact: the path's probability times the residual is the target's own probability of the block.")
     return text, fig
 
@@ -244,8 +260,8 @@ def _commit(trace, token_text, word):
     accepted = verdict.accepted_tokens(tree)
     kept = " ".join(word(t) for t in accepted) or "no draft token"
     text = (f"Committed: {kept} + the bonus {word(verdict.bonus_token)}: **L = {verdict.block_length} token(s) for one target forward** "
-            f"(this tree's bound $1 + C$ = {trace.flow.tau_bound:.2f}; over many rounds the mean of $L$, $\\tau$, equals the mean "
-            f"$1 + C$). The cache keeps the accepted path and drops the rest of the tree; the next round starts from the root "
+            f"(this tree's $1 + C$ = {trace.flow.tau_bound:.2f} is the **expected** $L$ over the verifier's draws, not a bound: a single "
+            f"round may keep more or fewer; over many rounds the mean of $L$, $\\tau$, equals the mean $1 + C$). The cache keeps the accepted path and drops the rest of the tree; the next round starts from the root "
             f"{word(verdict.bonus_token)}. The round took {1e3 * trace.seconds:.0f} ms on this machine. **Next** runs the next round.")
     return text, fig
 
@@ -306,10 +322,24 @@ def walkthrough_html(traces, token_text: TokenText = str, title: str = "TEV Expl
     return "\n".join(parts)
 
 
+_SYMBOLS = {"rho": "ρ", "sum": "Σ", "notin": "∉", "in": "∈", "ne": "≠", "le": "≤", "to": "→", "cdot": "·", "mid": "|", "propto": "∝",
+            "sim": "∼", "tau": "τ", "theta": "θ", "lambda": "λ", ",": "\u2009"}
+
+
+def _formula_html(tex: str) -> str:
+    """One ``$...$`` formula of the steps' text as plain HTML (symbols, sub- and superscripts), so the
+    exported page needs no formula renderer: ``p_V^{res}(a)`` -> p<sub>V</sub><sup>res</sup>(a)."""
+    out = re.sub(r"\\(mathrm|text)\{([^}]*)\}", r"\2", tex)
+    out = re.sub(r"\\([a-z]+|,)", lambda m: _SYMBOLS.get(m.group(1), m.group(1)), out)
+    out = re.sub(r"([_^])(?:\{([^}]*)\}|(\w))", lambda m: ("<sub>{}</sub>" if m.group(1) == "_" else "<sup>{}</sup>").format(m.group(2) or m.group(3)), out)
+    return f"<i>{out.replace('{', '').replace('}', '')}</i>"
+
+
 def _markdown_inline(text: str) -> str:
-    """The steps' markdown (bold, code) as HTML; the $...$ formulas stay as text (readable as they are)."""
-    out = html.escape(text, quote=False)
-    for mark, tag in (("**", "b"), ("`", "code")):
-        pieces = out.split(mark)
-        out = "".join(piece if i % 2 == 0 else f"<{tag}>{piece}</{tag}>" for i, piece in enumerate(pieces))
-    return out
+    """The steps' markdown (code, formulas, bold) as HTML; each $...$ formula outside code is written as
+    text (:func:`_formula_html`), so a token's own ``$`` stays as it is."""
+    pieces = html.escape(text, quote=False).split("`")
+    out = "".join(f"<code>{piece}</code>" if i % 2 else
+                  "".join(_formula_html(part) if j % 2 else part for j, part in enumerate(piece.split("$"))) for i, piece in enumerate(pieces))
+    pieces = out.split("**")
+    return "".join(piece if i % 2 == 0 else f"<b>{piece}</b>" for i, piece in enumerate(pieces))

@@ -1,0 +1,45 @@
+"""The page's header: what the page shows, and the models, the machine and the precision each part runs in."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from tev.util.precision import precision_record
+from ui import shared
+
+INTRO = (
+    "# TEV Explorer\nSpeculative decoding makes a language model write several tokens per step: a small drafter guesses a "
+    "**tree** of continuations and the model checks them all in one pass, keeping the longest path it agrees with, with exactly "
+    "the text it would have written alone. **Press Generate** and watch each round's tree: a node's colour is how much of the "
+    "model's probability reaches it, its size how much leaves the tree there, the thick path is what the model kept and the red "
+    "ring where it left the tree. The Learn tab explains each quantity."
+)
+
+
+def device_markdown() -> str:
+    """The models, the machine, and which precision each part runs in and why."""
+    try:
+        info = shared.SERVICE.info()
+        drafters = {kind: str(next(drafter.model.parameters()).dtype).removeprefix("torch.") for kind, drafter in shared.SERVICE.bundle().drafters.items() if kind != "chain"}
+    except Exception as error:  # a missing or broken asset must show, not crash the page
+        return f"**Models could not be loaded:** {error}"
+    sizes = ", ".join(f"{name} {count / 1e6:.2f}M" for name, count in info["parameters"].items())
+    pair = {"smollm2": "SmolLM2-135M-Instruct + this project's block drafter", "tiny": "tiny 7M code pair"}.get(info["pair"], info["target_source"])
+    machine = precision_record(info["device"].split(" ")[0])
+    target = ("float32 (TEV_DTYPE): exact, greedy speculation equals greedy decoding token for token" if info["dtype"] == "float32" else
+              f"{info['dtype']} (TEV_DTYPE): faster here, but a tree forward and a one-token forward round differently, so greedy "
+              "speculation can part from greedy decoding where the model's two best tokens nearly tie (see the README)")
+    speed = f", bfloat16 products {machine['bf16_matmul_speedup']:.2f}x float32's speed" if "bf16_matmul_speedup" in machine else ""
+    return (
+        f"**models** {pair} · **device** {info['device']} · **threads** {info['threads']} · **context** {info['context']} tokens · "
+        f"**vocabulary** {info['vocab']} · **parameters** {sizes}\n\n**precision** target {target} · drafters "
+        f"{', '.join(f'{kind} {dtype}' for kind, dtype in drafters.items())} (a drafter only proposes: its precision changes how often its "
+        f"guesses are kept, never the output; the block drafters run in the bfloat16 they are stored in) · this CPU: {machine['cpu_capability']}{speed}"
+    )
+
+
+def tab(demo: gr.Blocks) -> None:
+    """The header's two paragraphs; the second is filled in when the page loads (the models load first)."""
+    gr.Markdown(INTRO)
+    device_info = gr.Markdown("loading models…", elem_id="device-info")
+    demo.load(device_markdown, outputs=device_info, api_name=False)
