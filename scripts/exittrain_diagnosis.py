@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tqdm import tqdm  # noqa: E402
 
-from tev.engine.models import load_bundle  # noqa: E402
+from tev.engine.models import DEFAULT_PAIR, load_bundle  # noqa: E402
 from tev.service.live_exittrain import CHAT_LIVE_SETTINGS, live_experiment  # noqa: E402
 from tev.train.exittrain_data import load_chat_exittrain_data  # noqa: E402
 
@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     results = json.loads(out.read_text()) if out.is_file() else {}
-    bundle = load_bundle(pair="smollm2", dtype="float32")
+    bundle = load_bundle(pair=DEFAULT_PAIR.name, dtype="float32")
     data = load_chat_exittrain_data()
     reference_trees = {}
     for name, change in VARIANTS.items():

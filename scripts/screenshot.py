@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.appserver import AppServer  # noqa: E402
+from tev.engine.models import DEFAULT_PAIR  # noqa: E402
 from tev.util.paths import assets_dir  # noqa: E402
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -34,7 +35,7 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     log = Path(tempfile.mkdtemp()) / "app.log"
-    server = AppServer(assets_dir(), log, extra_env={"TEV_PAIR": "smollm2"})
+    server = AppServer(assets_dir(), log, extra_env={"TEV_PAIR": DEFAULT_PAIR.name})
     try:
         print(f"app ready in {server.wait_ready():.1f}s")
         with sync_playwright() as playwright:

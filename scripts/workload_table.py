@@ -14,6 +14,7 @@ import shlex
 from pathlib import Path
 
 from tev.bench.report.workload_gain import workload_data, workload_section
+from tev.engine.models import DEFAULT_PAIR
 from tev.train.card import refresh_card
 from tev.util.files import write_text_atomic
 from tev.util.paths import assets_dir
@@ -59,9 +60,9 @@ def main() -> None:
             result = json.loads(path.read_text())
             keep = {k: result[k] for k in ("T0", "T1", "gain", "minutes", "train_prompts", "heldout_prompts", "answer_tokens", "vocab_added", "steps", "settings")}
             entries[Path(result["workload"]).stem] = {"task": task_of(result["workload"]), "command": command_of(path, result), "result": keep}
-        write_text_atomic(assets_dir() / "models" / "smollm2" / "workload-results.json", json.dumps(entries, indent=1) + "\n")
+        write_text_atomic(assets_dir() / "models" / DEFAULT_PAIR.home / "workload-results.json", json.dumps(entries, indent=1) + "\n")
         refresh_card(assets_dir())
-        print(f"\nwrote {assets_dir() / 'models' / 'smollm2' / 'workload-results.json'}; model card re-rendered")
+        print(f"\nwrote {assets_dir() / 'models' / DEFAULT_PAIR.home / 'workload-results.json'}; model card re-rendered")
 
 
 if __name__ == "__main__":

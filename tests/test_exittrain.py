@@ -219,7 +219,7 @@ def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_
     assert all(t["heldout_change"]["before"] == result["base_heldout_expected_tau"] for t in result["training"].values())  # one set of held-out anchors
     for summary in result["heldout_trees"].values():  # the exit law sums to 1 per tree, over depths
         assert sum(summary["internal"]) + sum(summary["leaf"]) == pytest.approx(1.0, abs=1e-6)
-    result["command"] = "python -m tev bench exittrain --install"
+    result["command"], result["pair"] = "python -m tev bench exittrain --install", "tiny"  # as the command records them
     install_from_ablation(result, tmp_path / "eval", bundle.target)
     shipped = shipped_drafter("tiny", "exittrain")
     shipped_tensors, measured_tensors = load_file(shipped / "drafter.safetensors"), load_file(tmp_path / "eval" / "drafter-exit" / "drafter.safetensors")

@@ -16,9 +16,8 @@ from tev.data.prompts import evaluation_prompts
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, fit_prompt
-from tev.engine.models import shipped_drafter
 from tev.engine.decode import rounds_in_turn
-from tev.service.live_exittrain import has_domains, live_data, live_experiment, live_settings
+from tev.service.live_exittrain import live_data, live_experiment, live_settings
 from tev.service.service import LIMITS, UserInputError, check_number
 from tev.train.data import DOMAINS
 from tev.train.losses import TREE_TERMS
@@ -61,10 +60,10 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
         bundle = shared.EXITTRAIN_SERVICE.bundle()
         if "block" not in bundle.drafters:
             raise UserInputError("ExitTrain needs the block drafter, which is not loaded")
-        if has_domains(bundle) and domain not in DOMAINS:
+        if bundle.has_domains and domain not in DOMAINS:
             raise UserInputError(f"choose a domain: {', '.join(DOMAINS)}")
-        domain = domain if has_domains(bundle) else None
-        settings = dataclasses.replace(live_settings(has_domains(bundle)), tree_term=tree_term, steps=steps, lambda_tree=lambda_tree)
+        domain = domain if bundle.has_domains else None
+        settings = dataclasses.replace(live_settings(bundle.has_domains), tree_term=tree_term, steps=steps, lambda_tree=lambda_tree)
         data = live_data(bundle, domain)
     except (ValueError, FileNotFoundError) as error:
         raise _user_error(error) from None
@@ -89,7 +88,7 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
             history.append(record)
             left = max(0.0, deadline - time.monotonic())
             progress(record["step"] / settings.steps, desc=f"step {record['step']}/{settings.steps} · loss {record['loss']:.3f} · {left:.0f} s of training left")
-            if has_domains(bundle) or record["step"] % 5 == 0 or record["step"] == settings.steps:
+            if bundle.has_domains or record["step"] % 5 == 0 or record["step"] == settings.steps:
                 yield training_figure(history), f"step {record['step']}/{settings.steps} · batch 1 + C {record['expected_tau']:.3f} · at most {left:.0f} s of training left", *[gr.skip()] * 5
             if cancel.cancelled or time.monotonic() >= deadline:
                 break
@@ -121,7 +120,7 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
                  f"{change_in_words(change['change'], change['change_se'])} (paired standard error)."
                  + _control_note(bundle, domain) + _NO_HEADROOM)
         trained = experiment.drafter.eval().to(torch.bfloat16)  # served like the shipped drafters
-        base = BlockTreeDrafter(BlockDrafter.from_pretrained(shipped_drafter(bundle.pair or "tiny", "block"), bundle.target), name="base")
+        base = BlockTreeDrafter(BlockDrafter.from_pretrained(bundle.shipped_folder("block"), bundle.target), name="base")
         trees = side_by_side(bundle, {"base": base, "ExitTrain (live)": BlockTreeDrafter(trained, name="live")}, evaluation_prompts(bundle.is_chat, 1, domain)[0])
         seconds = time.monotonic() - started
         yield training_figure(history), f"{status}; {seconds:.0f} s in all", bars, table, mass, *trees
@@ -182,7 +181,7 @@ def side_by_side(bundle, drafters: dict, prompt: dict, budget: int = 32) -> list
 
 
 def _shipped_result(bundle) -> dict | None:
-    path = shipped_drafter(bundle.pair or "tiny", "exittrain") / "exittrain.json"
+    path = bundle.shipped_folder("exittrain") / "exittrain.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gradio as gr
 
+from tev.engine.models import PAIRS
 from tev.util.precision import precision_record
 from ui import shared
 
@@ -24,7 +25,7 @@ def device_markdown() -> str:
     except Exception as error:  # a missing or broken asset must show, not crash the page
         return f"**Models could not be loaded:** {error}"
     sizes = ", ".join(f"{name} {count / 1e6:.2f}M" for name, count in info["parameters"].items())
-    pair = {"smollm2": "SmolLM2-135M-Instruct + this project's block drafter", "tiny": "tiny 7M code pair"}.get(info["pair"], info["target_source"])
+    pair = PAIRS[info["pair"]].description if info["pair"] in PAIRS else info["target_source"]
     machine = precision_record(info["device"].split(" ")[0])
     target = ("float32 (TEV_DTYPE): exact, greedy speculation equals greedy decoding token for token" if info["dtype"] == "float32" else
               f"{info['dtype']} (TEV_DTYPE): faster here, but a tree forward and a one-token forward round differently, so greedy "

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 import gradio as gr
 
 from tev.bench.lab import SYNTHETIC_WORDS, run_lab, synthetic_tree, tree_from_prompt
+from tev.core.verify import SAMPLING_VERIFIERS
 from tev.engine.models import DRAFTER_KINDS
 from tev.service.service import LIMITS, UserInputError, check_number
 from ui import gpu, shared
@@ -52,7 +53,7 @@ def run_verifier_lab(source, prompt, drafter, budget, temperature, draws, seed, 
             token_text = shared.SERVICE.token_text
     except ValueError as error:  # the validator refuses bad settings first; an API call that skips it lands here
         raise _user_error(error) from None
-    verifiers = ("tev", "predraw", "sequential")
+    verifiers = SAMPLING_VERIFIERS
     progress(0.05, desc=f"running each verifier {draws} times")
     with shared.SERVICE.compute:
         result = run_lab(lab, verifiers, draws=draws, seed=seed,

@@ -13,14 +13,13 @@ import torch
 
 from tev.core.verify import VERIFIERS
 from tev.engine.decode import DecodeConfig, GenerationSummary, run_to_end
-from tev.engine.models import DRAFTER_KINDS
+from tev.engine.models import DRAFTER_KINDS, DRAFTERS
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, check_settings, records_to_json
 from ui import gpu, shared
 from ui.components import Number, Radio, Slider, validator
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
 from visual import mass_by_depth_figure, text_view_html, timeline_figure, tree_figure
 
-DRAFTER_LABELS = {"block": "block (base)", "exittrain": "block (ExitTrain, shipped with the app)", "chain": "chain (top-1)", "ar": "AR drafter"}  # one per DRAFTER_KINDS
 # A round's stages as the engine names them (their times sum to the round's), in the order they run.
 STAGE_LABELS = {"draft": "draft", "build": "tree build", "forward": "target forward", "head": "head (rows, truncation)", "verify": "verify", "commit": "commit"}
 UNDRAFTED = ("draft", "build")  # at budget 0 nothing is drafted or built: these stages are not named
@@ -288,7 +287,7 @@ def tab(examples: list[str]) -> None:
                 label="held-out chat prompts: dialogue, code, math" if shared.CHAT_DEFAULT else "held-out stdlib functions and HumanEval prompts",
             )
         with gr.Column(scale=2):
-            drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTER_LABELS[kind]}" for kind in DRAFTER_KINDS))
+            drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in DRAFTERS))
             verifier = Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
             budget = Slider(0, LIMITS.max_budget, value=16, step=1, label="budget B (draft nodes per round; 0 drafts nothing: plain decoding)")
             temperature = Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T (0: greedy)")

@@ -10,7 +10,7 @@ import os
 
 import gradio as gr
 
-from tev.engine.models import default_pair
+from tev.engine.models import PAIRS, default_pair
 from tev.service.service import ExitTrainSlot, ModelService
 
 # "auto": CUDA when torch sees it (on ZeroGPU the spaces package makes it visible at start-up
@@ -27,9 +27,9 @@ SERVICE = ModelService(target=os.environ.get("TEV_TARGET") or None, draft=os.env
 SHARES_EXITTRAIN = SERVICE.target_source is None and DTYPE in ("auto", "float32")
 EXITTRAIN_SERVICE = SERVICE if SHARES_EXITTRAIN else ModelService(pair=default_pair(), device=DEVICE)
 EXITTRAIN_SERVICE.compute = SERVICE.compute
-EXITTRAIN_CHAT = default_pair() == "smollm2"  # its data has domains (dialogue, code, math)
+EXITTRAIN_CHAT = PAIRS[default_pair()].has_domains  # its data has domains (dialogue, code, math)
 EXITTRAIN_SLOT = ExitTrainSlot()
-CHAT_DEFAULT = SERVICE.target_source is None and default_pair() == "smollm2"  # a chat target: prompts are user messages
+CHAT_DEFAULT = SERVICE.target_source is None and PAIRS[default_pair()].chat  # a chat target: prompts are user messages
 
 
 # Every event that runs the models: two at a time, in one queue shared by every tab (a third waits).

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import gradio as gr
 
 from tev.bench.lab import LabTree, run_lab
-from tev.core.verify import VERIFIERS
+from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS
 from tev.engine.models import DRAFTER_KINDS
 from tev.engine.walkthrough import trace_round
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, check_settings
@@ -111,7 +111,7 @@ def replay_walkthrough(state, progress=gr.Progress()) -> ReplayView:
     if trace.law.greedy:
         return refuse("at T = 0 the decision is deterministic (one argmax walk): replaying it gives the same block every time; run a round at T > 0", ReplayView)
     lab = LabTree(trace.tree, trace.rows, trace.flow, "walkthrough")
-    verifiers = ("tev", "predraw", "sequential")
+    verifiers = SAMPLING_VERIFIERS
     with shared.SERVICE.compute:
         result = run_lab(lab, verifiers, draws=REPLAY_DRAWS, seed=state["seed"],
                          on_verifier=lambda name, i: progress(i / len(verifiers), desc=f"{name}: {REPLAY_DRAWS} draws"))

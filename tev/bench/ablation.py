@@ -149,7 +149,7 @@ def install_from_ablation(result: dict, out: Path, target) -> None:
     }
     trained = BlockDrafter.from_pretrained(out / "drafter-exit", target)
     trained.config.notes = {**trained.config.notes, "exittrain": config, "trained_by": result["command"]}
-    destination = shipped_drafter(result.get("pair") or "tiny", "exittrain")
+    destination = shipped_drafter(result["pair"], "exittrain")
     install_drafter(trained, destination, extra_files={"exittrain.json": json.dumps(entry, indent=1)})
     refresh_card(assets_dir())
     print(f"installed the exit-weighted drafter as {destination}; model card updated")

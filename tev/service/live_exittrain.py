@@ -30,7 +30,7 @@ from tev.train.experiment import Experiment
 from tev.train.loop import TrainSettings
 from tev.util.paths import models_dir
 
-__all__ = ["LIVE_SETTINGS", "CHAT_LIVE_SETTINGS", "live_settings", "has_domains", "live_data", "live_experiment", "run_live_check", "live_check_command"]
+__all__ = ["LIVE_SETTINGS", "CHAT_LIVE_SETTINGS", "live_settings", "live_data", "live_experiment", "run_live_check", "live_check_command"]
 
 # Calibrated on a 2-core CPU: 300 steps of the tiny pair take about 70 s; lr 1e-3 (60 steps) lowered tau by 16%.
 LIVE_SETTINGS = dataclasses.replace(EXITTRAIN_SETTINGS, steps=300, warmup=5, sequences_per_step=2, anchors_per_sequence=8, eval_every=0, save_every=0)
@@ -43,15 +43,10 @@ def live_settings(chat: bool) -> TrainSettings:
     return CHAT_LIVE_SETTINGS if chat else LIVE_SETTINGS
 
 
-def has_domains(bundle) -> bool:
-    """Whether the bundle's live data comes by domain (the default pair's conversations)."""
-    return bundle.pair == "smollm2"
-
-
 def live_data(bundle, domain: str | None = None) -> tuple[TrainData, TrainData]:
     """(train, held-out) of a pair's live mode: the default pair's conversations of ``domain``
     (all when None), or the tiny pair's shipped sequences."""
-    if has_domains(bundle):
+    if bundle.has_domains:
         return load_chat_exittrain_data(domain)
     path = models_dir() / "exittrain-data.safetensors"
     if not path.is_file():
@@ -62,7 +57,7 @@ def live_data(bundle, domain: str | None = None) -> tuple[TrainData, TrainData]:
 
 def live_experiment(bundle, settings: TrainSettings, data: tuple[TrainData, TrainData]) -> Experiment:
     """Before -> train -> after of a fresh float32 copy of the pair's shipped base drafter on ``data``."""
-    drafter = BlockDrafter.from_pretrained(shipped_drafter(bundle.pair or "tiny", "block"), bundle.target, dtype=torch.float32)
+    drafter = BlockDrafter.from_pretrained(bundle.shipped_folder("block"), bundle.target, dtype=torch.float32)
     return Experiment.exittrain(bundle.target, drafter, data[0], data[1], settings)
 
 
@@ -70,9 +65,9 @@ def run_live_check(bundle, seeds=(0, 1, 2), prompts: list[dict] | None = None, b
                    domain: str | None = None, progress: bool = True) -> dict:
     """The app's live mode from the base drafter, once per seed: wall time, the held-out
     ``1 + C`` change on the same anchors, and the decoding ``tau`` change on held-out prompts."""
-    settings = live_settings(has_domains(bundle))
+    settings = live_settings(bundle.has_domains)
     data = live_data(bundle, domain)
-    base = BlockTreeDrafter(BlockDrafter.from_pretrained(shipped_drafter(bundle.pair or "tiny", "block"), bundle.target), name="base")
+    base = BlockTreeDrafter(BlockDrafter.from_pretrained(bundle.shipped_folder("block"), bundle.target), name="base")
     reference = evaluate_drafter(bundle.target, bundle.tokenizer, base, prompts, budgets=(budget,), max_new_tokens=max_new_tokens, desc="tau [base]", progress=progress)
     runs = []
     for seed in seeds:

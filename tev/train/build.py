@@ -35,7 +35,7 @@ from tev.engine.decode import DecodeConfig, autoregressive_generate
 from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig, default_feature_layers
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, fit_prompt
-from tev.engine.models import load_block_drafter
+from tev.engine.models import DEFAULT_PAIR, load_block_drafter
 from tev.train.card import refresh_card
 from tev.train.data import TrainData
 from tev.train.loop import TrainSettings, drafter_shape, run_to_end, schedule_for, train
@@ -418,8 +418,8 @@ def install_assets(work: Path, out: Path, report: dict, log=print) -> None:
             shutil.copytree(work / "exittrain", models / "drafter-exittrain", ignore=_only("drafter_config.json", "drafter.safetensors"))
         shutil.copy2(work / "live-data" / "exittrain-data.safetensors", models / "exittrain-data.safetensors")
         (models / "build.json").write_text(json.dumps(report, indent=2) + "\n")
-        if (out / "models" / "smollm2").is_dir():  # the default pair's drafters are not built here: keep them
-            shutil.copytree(out / "models" / "smollm2", models / "smollm2")
+        if (out / "models" / DEFAULT_PAIR.home).is_dir():  # the default pair's drafters are not built here: keep them
+            shutil.copytree(out / "models" / DEFAULT_PAIR.home, models / DEFAULT_PAIR.home)
         for path in (out / "prompts").glob("*.json") if (out / "prompts").is_dir() else ():
             shutil.copy2(path, prompts / path.name)  # e.g. the chat prompts; the build's own sets replace theirs below
         for path in (work / "prompts").glob("*.json"):

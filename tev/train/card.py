@@ -12,6 +12,7 @@ from pathlib import Path
 import jinja2
 
 from tev.engine.evaluation import format_tau_table
+from tev.engine.models import DEFAULT_PAIR
 from tev.train.loop import shape_of
 from tev.util.files import write_text_atomic
 
@@ -115,6 +116,6 @@ def refresh_card(assets: Path) -> None:
     exittrain = load(assets / "models" / "drafter-exittrain" / "exittrain.json")
     if exittrain:
         report["exittrain"] = exittrain
-    smollm2 = assets / "models" / "smollm2"
-    write_card(assets, report, load(smollm2 / "drafter-block" / "training.json"), load(smollm2 / "drafter-exittrain" / "exittrain.json"),
-               load(smollm2 / "workload-results.json"))
+    default = assets / "models" / DEFAULT_PAIR.home
+    write_card(assets, report, load(default / "drafter-block" / "training.json"), load(default / "drafter-exittrain" / "exittrain.json"),
+               load(default / "workload-results.json"))

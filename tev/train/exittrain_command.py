@@ -88,7 +88,7 @@ def exittrain_sets(bundle, args, seed: int, progress: bool = True) -> tuple[Trai
     (of ``args.domain`` when set; their token ids are SmolLM2's), else corpus sequences the
     target regenerates itself (any target)."""
     domain = getattr(args, "domain", None)
-    if bundle.pair == "smollm2":
+    if bundle.has_domains:
         return load_chat_exittrain_data(domain)
     if domain:
         raise ValueError("--domain needs the default pair (its conversations have domains); other data has none")

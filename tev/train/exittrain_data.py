@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tev.train.data import DOMAINS, TrainData, load_train_data, save_train_data
 from tev.train.train_drafter import cached_conversations, split_conversations
-from tev.util.paths import models_dir
+from tev.engine.models import DEFAULT_PAIR
 
 __all__ = ["chat_exittrain_data_path", "conversation_data", "build_chat_exittrain_data", "load_chat_exittrain_data", "exittrain_data_command"]
 
@@ -24,7 +24,7 @@ PAD_ID = 0  # padding is never attended to by a tree nor labelled, so any id wil
 
 def chat_exittrain_data_path() -> Path:
     """The default pair's shipped ExitTrain data."""
-    return models_dir() / "smollm2" / "exittrain-data.safetensors"
+    return DEFAULT_PAIR.exittrain_data_path()
 
 
 def _first_per_domain(data: TrainData, per_domain: int) -> TrainData:
