@@ -52,12 +52,16 @@ it picked instead, from $p_V$ with the children removed: together that is one dr
 block of tokens comes out with the target's own probability. The drafter only decides *which* paths are offered; a bad
 drafter makes blocks short, never wrong.
 
-**What a round costs and what it gains.** A round costs one drafter pass, one target forward over $B + 1$ tokens and
-the decision; it gains $L$ tokens ($\tau$ on average). Plain decoding gains one token per target forward. On a GPU a
-forward over 17 tokens costs about as much as over one (the weights are read once either way), so the speedup is close
-to $\tau$. On this 2-core CPU a 17-token forward costs noticeably more than a one-token one and the decision at $T > 0$
-normalises rows over the 49,152-token vocabulary, so a round can cost more steps than it yields tokens: the Live tab
-says so with this run's numbers when it happens. *Live tab: the speed line; Walkthrough: step 8.*
+**What a round costs and what it gains.** A round has six stages, named the same in the page, the JSON and the
+benchmarks: *draft* (the drafter's pass), *build* (the tree from its guesses), *forward* (the target's one forward over
+the $B + 1$ tree tokens), *head* (the tree's rows through the output head, truncated to the sampling law, with their
+normalisers), *verify* (the verifier's own choice of exit node and bonus token: milliseconds) and *commit* (the cache
+keeps the accepted path). It gains $L$ tokens ($\tau$ on average); plain decoding gains one token per target forward.
+On a GPU a forward over 17 tokens costs about as much as over one (the weights are read once either way), so the
+speedup is close to $\tau$. On a 2-core CPU a 17-token forward costs noticeably more than a one-token one, and at any
+temperature the head reads the whole 49,152-row output matrix once (greedy only needs each row's argmax, sampling each
+row's normaliser too), so a round can cost more steps than it yields tokens: the Live tab says so with this run's
+numbers when it happens. *Live tab: the speed line; Walkthrough: step 8.*
 
 **ExitTrain.** Fine-tune the drafter on the trees inference actually builds:
 $\mathcal{L} = \mathcal{L}_{tok} + \lambda\,\mathcal{L}_{exit}$ with
