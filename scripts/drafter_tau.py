@@ -20,7 +20,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
 
 from tev.data.prompts import load_prompt_set  # noqa: E402
 from tev.engine.default_target import ensure_default_target  # noqa: E402
@@ -40,7 +39,7 @@ def main() -> None:
     prompts = load_prompt_set("chat")
     results = {}
     for folder in args.drafters:
-        rows = chat_prompt_tau(target, tokenizer, BlockDrafter.from_pretrained(folder, target, dtype=torch.bfloat16), prompts, DrafterRecipe())
+        rows = chat_prompt_tau(target, tokenizer, BlockDrafter.from_pretrained(folder, target), prompts, DrafterRecipe())
         results[folder] = rows
         for row in rows:
             print(f"{folder}: T={row['temperature']:g} B={row['budget']}: tau {row['tau']:.3f} +- {row['tau_se']:.3f} (1 + C {row['tau_bound']:.3f})", flush=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import math
 import types
 import zipfile
 from dataclasses import replace

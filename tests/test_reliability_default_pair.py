@@ -77,8 +77,8 @@ def test_invalid_utf8_and_lone_surrogates_in_a_chat_message_are_refused_and_the_
     invalid = b'{"data": ["\xff\xfe hi' + b'"' + rest.encode() + b"}"
     refused = httpx.post(f"{base}/gradio_api/call/generate", content=invalid, headers={"content-type": "application/json"})
     assert refused.status_code == 400, refused.text  # the request is refused before any handler runs
-    events = post_raw(smollm2_server.url, "generate", '["hi \\ud800"' + rest)
-    assert "event: error" in events and "invalid Unicode" in events, events[-400:]
+    status, text = post_raw(smollm2_server.url, "generate", '["hi \\ud800"' + rest)
+    assert status == 422 and "invalid Unicode" in text, (status, text[-400:])
     served = run_one(new_client(smollm2_server.url), Settings(QUESTION, budget=8, max_new_tokens=8, chat=True), 0)
     assert served.outcome == "ok", served.message
 

@@ -31,7 +31,7 @@ from tev.train.exittrain_command import EXITTRAIN_FLAGS, EXITTRAIN_SETTINGS, exi
 from tev.train.exittrain_data import exittrain_data_command
 from tev.train.loop import TrainSettings
 from tev.train.losses import TREE_TERMS
-from tev.train.workload_command import DEFAULT_TREE_TERM, workload_command, workload_settings
+from tev.train.workload_command import workload_command, workload_settings
 
 __all__ = ["build_parser", "main"]
 

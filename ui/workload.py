@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 
 import gradio as gr
-import torch
 
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import shipped_drafter
@@ -118,7 +117,7 @@ def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progr
         mass_figure = exit_mass_change_figure({"base": mass["base"], "adapted": mass["exittrain"]}) if mass else None
         yield f"finished in {result['minutes']:.1f} min; drawing both drafters' trees on a held-out prompt…", table, mass_figure, gr.skip(), gr.skip()
         _, heldout = split_workload(prompts)
-        adapted = BlockTreeDrafter(outcome["drafter"].eval().to(torch.bfloat16), name="adapted")
+        adapted = BlockTreeDrafter(outcome["drafter"].served(), name="adapted")
         trees = side_by_side(bundle, {"base": bundle.drafter("block"), "adapted": adapted}, {"text": heldout[0], "chat": True}, EVAL_BUDGET)
         yield f"finished in {result['minutes']:.1f} min", table, gr.skip(), *trees
     finally:

@@ -109,7 +109,7 @@ def run_ablation(
                           "history": experiment.history}
         if out is not None:
             trained.save_pretrained(Path(out) / f"drafter-{mode}")
-        drafters[mode] = trained.to(torch.bfloat16)
+        drafters[mode] = trained.served()
     rows = []
     for name, model in drafters.items():
         rows += _measure(bundle, name, model, prompts, budgets, temperatures, max_new_tokens, progress)

@@ -258,6 +258,11 @@ class BlockDrafter(nn.Module):
         return torch.log_softmax(self(window, valid, root)[0], dim=-1)  # -inf outside the draft vocabulary
 
     # ------------------------------------------------------------------ persistence
+    def served(self) -> "BlockDrafter":
+        """This drafter (changed in place) in eval mode and the precision drafters are served in:
+        :func:`~tev.util.precision.low_precision` of its device, as :meth:`from_pretrained` loads one."""
+        return self.eval().to(low_precision(next(self.parameters()).device))
+
     def save_pretrained(self, folder: str | Path) -> None:
         """Write ``drafter_config.json`` and ``drafter.safetensors`` (own parameters only)."""
         folder = Path(folder)

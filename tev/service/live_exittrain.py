@@ -22,7 +22,6 @@ from tev.bench.ablation import evaluation_setup
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter
-from tev.engine.models import shipped_drafter
 from tev.train.data import TrainData, load_train_data
 from tev.train.exittrain_command import EXITTRAIN_SETTINGS
 from tev.train.exittrain_data import load_chat_exittrain_data
@@ -75,7 +74,7 @@ def run_live_check(bundle, seeds=(0, 1, 2), prompts: list[dict] | None = None, b
         start = time.time()
         heldout = experiment.run()
         seconds = time.time() - start
-        trained = BlockTreeDrafter(experiment.drafter.eval().to(torch.bfloat16), name=f"live-{seed}")
+        trained = BlockTreeDrafter(experiment.drafter.served(), name=f"live-{seed}")
         rows = evaluate_drafter(bundle.target, bundle.tokenizer, trained, prompts, budgets=(budget,), max_new_tokens=max_new_tokens, desc=f"tau [live seed {seed}]", progress=progress)
         runs.append({"seed": seed, "seconds": seconds, "heldout_expected_tau": heldout, "rows": rows})
     changes = {}

@@ -161,7 +161,7 @@ def exittrain_command(args) -> None:
         prompts = evaluation_prompts(bundle.is_chat, args.eval_prompts, getattr(args, "domain", None))
         original = BlockDrafter.from_pretrained(base, bundle.target)
         rows = {}
-        for name, model in (("before", original), ("after", trained.eval().to(torch.bfloat16))):
+        for name, model in (("before", original), ("after", trained.served())):
             rows[name] = evaluate_drafter(bundle.target, bundle.tokenizer, BlockTreeDrafter(model, name=name), prompts, budgets=(32,), temperatures=(0.0, 1.0), desc=f"tau {name}")
             print(f"{name}:\n" + format_tau_table(rows[name]))
         report["tau"] = rows

@@ -209,7 +209,7 @@ def _cached_features(folder: Path, target, ids, lengths, layers, vocab, soft_top
 def chat_prompt_tau(target, tokenizer, drafter: BlockDrafter, prompts: list[dict], recipe: DrafterRecipe, progress: bool = True) -> list[dict]:
     """``tau`` of ``drafter`` (run in bfloat16, as shipped) on ``prompts`` at the recipe's budgets,
     T = 0 (greedy) and T = 1 (TEV), its new tokens and seed: rows of :func:`evaluate_drafter`."""
-    tree_drafter = BlockTreeDrafter(drafter.to(torch.bfloat16).eval(), name="block")
+    tree_drafter = BlockTreeDrafter(drafter.served(), name="block")
     return evaluate_drafter(target, tokenizer, tree_drafter, prompts, budgets=recipe.eval_budgets(), temperatures=(0.0, 1.0),
                             max_new_tokens=recipe.eval_new_tokens, seed=recipe.seed, progress=progress, desc="tau on held-out chat prompts")
 
@@ -274,7 +274,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     heldout = heldout_loss(drafter, datasets["heldout"], soft=recipe.soft_top > 0)
 
     t = time.time()
-    inference = drafter.to(torch.bfloat16).eval()
+    inference = drafter.served()
     target = target.float()  # tau as served: the default pair runs in float32
     rows = chat_prompt_tau(target, tokenizer, inference, eval_prompts, recipe, progress)
     timings["evaluation_s"] = time.time() - t

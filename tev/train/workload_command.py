@@ -78,7 +78,7 @@ def relative_gain(after: dict, before: dict) -> dict:
 def _measure(bundle, model: BlockDrafter, name: str, prompts: list[dict], progress: bool):
     """Decodes the held-out prompts with one drafter: yields each round, then
     ``{"T0": {"tau", "se", "tau_bound", "rounds"}, "T1": {...}}``."""
-    drafter = BlockTreeDrafter(copy.deepcopy(model).eval().to(torch.bfloat16), name=name)
+    drafter = BlockTreeDrafter(copy.deepcopy(model).served(), name=name)
     for event in evaluation_rounds(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(EVAL_BUDGET,), temperatures=tuple(TEMPERATURES.values()),
                                    max_new_tokens=EVAL_NEW_TOKENS, progress=progress, desc=f"held-out tau [{name}]"):
         if not isinstance(event, list):

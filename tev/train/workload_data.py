@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 
 from tev.engine.prompt_text import check_prompt_text
+from tev.train.teacher import WorkloadAnswers
 
 __all__ = ["MIN_PROMPTS", "MIN_HELDOUT", "MAX_PROMPT_CHARS", "load_workload", "check_workload", "split_workload", "extend_draft_vocab"]
 
