@@ -537,6 +537,9 @@ def test_malformed_requests_are_refused_and_the_server_carries_on(app_server):
 EXPECTED_IN_LOG = (  # what Gradio itself logs, with a traceback, for input it refuses
     r"gradio\.exceptions\.Error: ",  # its own range / choice checks
     r"ValueError: An event handler \(run_live\) didn't receive enough input values",  # the malformed request above
+    # Gradio's /cancel route and its queue's reset_iterators each test an event's iterator
+    # outside their lock and delete it inside: a client leaving while its run ends races them
+    r"KeyError: '[0-9a-f]{32}'$",
 )
 
 
