@@ -14,7 +14,7 @@ from tev.bench.lab import tree_from_prompt
 from tev.data.prompts import evaluation_prompts
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
-from tev.engine.evaluation import evaluate_drafter, fit_prompt
+from tev.engine.evaluation import evaluation_rounds, fit_prompt
 from tev.engine.decode import rounds_in_turn
 from tev.service.live_exittrain import live_data, live_experiment, live_settings
 from tev.service.service import LIMITS, UserInputError, check_number
@@ -160,8 +160,9 @@ def compare_shipped(progress=gr.Progress()):
 def _compare(bundle, drafters: dict, prompts: list[dict], max_new_tokens: int):
     rows, lines = [], ["| drafter | T | tau | 1 + C | per-prompt tau q25-q75 |", "|---|---|---|---|---|"]
     for name, drafter in drafters.items():
-        measured = evaluate_drafter(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(32,), temperatures=(0.0, 1.0), max_new_tokens=max_new_tokens,
-                                    progress=False, compute=shared.SERVICE.compute)  # the lock per round: other users take turns
+        events = evaluation_rounds(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(32,), temperatures=(0.0, 1.0), max_new_tokens=max_new_tokens, progress=False)
+        for measured in rounds_in_turn(events, shared.SERVICE.compute):  # the lock per round: other users take turns
+            pass  # round records, then the rows
         for row in measured:
             rows.append({"drafter": name, "temperature": row["temperature"], "tau": row["tau"], "tau_se": row["tau_se"], "tau_q25": row["prompt_tau_q25"], "tau_q75": row["prompt_tau_q75"]})
             lines.append(f"| {name} | {row['temperature']:g} | {row['tau']:.3f} +- {row['tau_se']:.3f} | {row['tau_bound']:.3f} | {row['prompt_tau_q25']:.2f}-{row['prompt_tau_q75']:.2f} |")

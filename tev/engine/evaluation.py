@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tqdm import tqdm
 
-from tev.engine.decode import DecodeConfig, GenerationSummary, Request, rounds_in_turn, speculative_generate
+from tev.engine.decode import DecodeConfig, GenerationSummary, Request, speculative_generate
 from tev.engine.prompt_text import encode_chat, encode_prompt
 from tev.util.stats import quantile, standard_error
 
@@ -87,16 +87,15 @@ def evaluation_rounds(
 
 
 def evaluate_drafter(target, tokenizer, drafter, prompts: list[dict], budgets=(8, 16, 32, 64), temperatures=(0.0, 1.0), max_new_tokens: int = 64,
-                     seed: int = 0, verifier: str = "tev", progress: bool = True, desc: str = "evaluate", compute=None) -> list[dict]:
-    """Measured ``tau`` (mean block length over all rounds) and mean ``1 + C`` per setting.
-    ``compute`` (a lock) is held for each round, so a server's other users take turns.
+                     seed: int = 0, verifier: str = "tev", progress: bool = True, desc: str = "evaluate") -> list[dict]:
+    """Measured ``tau`` (mean block length over all rounds) and mean ``1 + C`` per setting (a
+    server steps :func:`evaluation_rounds` instead, taking turns with its other users).
 
     Returns one row per (budget, temperature): ``tau``, its standard error over rounds,
     ``tau_bound``, the spread of per-prompt ``tau`` (q25/q75), rounds and tokens.
     """
-    events = evaluation_rounds(target, tokenizer, drafter, prompts, budgets, temperatures, max_new_tokens, seed, verifier, progress, desc)
-    for event in events if compute is None else rounds_in_turn(events, compute):
-        rows = event
+    for event in evaluation_rounds(target, tokenizer, drafter, prompts, budgets, temperatures, max_new_tokens, seed, verifier, progress, desc):
+        rows = event  # round records, then the rows
     return rows
 
 
