@@ -1,0 +1,122 @@
+"""The server's one compute thread: requests step in turn, a cancelled request leaves the others
+as they would be alone, an exception reaches only its own reader, and a long request (a
+fine-tune) cannot starve a short one (a user's generation)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tev.engine.decode import DecodeConfig, GenerationSummary, Request, speculative_generate
+from tev.util.compute_thread import ComputeThread
+from tests.tiny import tiny_block_drafter, tiny_target
+
+
+def _logged(name: str, steps: int, log: list, gate: threading.Event | None = None):
+    for index in range(steps):
+        if gate is not None and index == 0:
+            assert gate.wait(5)
+        log.append((name, index, threading.current_thread().name))
+        yield index
+
+
+def test_two_requests_step_in_turn_in_the_compute_thread():
+    compute, log, both_in = ComputeThread(lookahead=100), [], threading.Event()
+    first = compute.steps(_logged("a", 4, log, gate=both_in))
+    second = compute.steps(_logged("b", 4, log))
+    both_in.set()
+    assert list(first) == [0, 1, 2, 3] and list(second) == [0, 1, 2, 3]
+    assert [(name, index) for name, index, _ in log] == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("b", 3)]
+    assert {thread for _, _, thread in log} == {compute.name}
+
+
+def _tokens(events) -> list[int]:
+    return [token for event in events if not isinstance(event, GenerationSummary) for token in event.emitted]
+
+
+def test_cancelling_one_request_leaves_the_other_as_it_runs_alone():
+    target = tiny_target(64, seed=3)
+    drafter = tiny_block_drafter(target)
+    config = DecodeConfig(budget=6, temperature=1.0, max_new_tokens=24, seed=11)
+
+    def request(prompt):
+        return speculative_generate(Request(target, drafter, prompt, config))
+
+    alone = _tokens(request([3, 9, 27]))
+    compute = ComputeThread(lookahead=1)
+    kept = compute.steps(request([3, 9, 27]))
+    cancelled = compute.steps(request([5, 7]))
+    first = next(kept)
+    next(cancelled), next(cancelled)
+    cancelled.close()  # the reader leaves after two rounds: the request is closed, never stepped again
+    assert _tokens([first, *kept]) == alone
+    assert len(alone) >= 4  # several rounds ran, so the two requests did interleave
+    assert compute.active() == 0
+
+
+def _fails_at(step: int):
+    for index in range(step):
+        yield index
+    raise ValueError("a bad step")
+
+
+def test_an_exception_reaches_its_own_reader_and_the_thread_serves_on():
+    compute = ComputeThread()
+    failing = compute.steps(_fails_at(2))
+    healthy = compute.steps(iter(range(5)))
+    assert next(failing) == 0 and next(failing) == 1
+    with pytest.raises(ValueError, match="a bad step"):
+        next(failing)
+    assert list(healthy) == [0, 1, 2, 3, 4]
+    assert compute.call(lambda a, b: a * b, 6, b=7) == 42  # later work runs as before
+
+
+def test_a_long_request_does_not_starve_a_short_one():
+    """A fine-tune that always has another step and a user's generation of 5 rounds: the user's
+    rounds finish while the fine-tune has taken about one step per round, not all of its steps."""
+    compute, log, stop = ComputeThread(), [], threading.Event()
+
+    def fine_tune():
+        index = 0
+        while not stop.is_set():
+            log.append("step")
+            index += 1
+            yield index
+
+    def generation():
+        for index in range(5):
+            log.append("round")
+            yield index
+
+    training = compute.steps(fine_tune())
+    reader = threading.Thread(target=lambda: [None for _ in training])
+    reader.start()
+    assert list(compute.steps(generation())) == [0, 1, 2, 3, 4]
+    stop.set()
+    reader.join(5)
+    assert not reader.is_alive()
+    between = log[log.index("round"): len(log) - log[::-1].index("round")]
+    assert between.count("round") == 5 and between.count("step") <= 5
+
+
+def test_work_that_submits_work_runs_it_in_place():
+    compute = ComputeThread()
+    assert compute.call(lambda: compute.call(lambda: threading.current_thread().name)) == compute.name
+
+
+def test_a_reader_that_leaves_closes_its_request_in_the_compute_thread():
+    compute, closed_in = ComputeThread(lookahead=1), []
+
+    def work():
+        try:
+            while True:
+                yield 1
+        finally:
+            closed_in.append(threading.current_thread().name)
+
+    reader = compute.steps(work())
+    assert next(reader) == 1
+    reader.close()
+    assert compute.call(lambda: "served") == "served"  # the close came before this turn
+    assert closed_in == [compute.name]
