@@ -29,7 +29,7 @@ from tev.engine.prompt_text import ChatTemplate, encode_chat
 from tev.train.data import SoftLabels, TrainData
 from tev.util.precision import low_precision
 
-__all__ = ["regenerate_sequences", "target_features", "with_features", "WorkloadAnswers", "answer_prompts", "DOMAIN_OPENINGS", "ChatSequences",
+__all__ = ["regenerate_sequences", "target_features", "top_law", "with_features", "WorkloadAnswers", "answer_prompts", "DOMAIN_OPENINGS", "ChatSequences",
            "write_requests", "write_responses"]
 
 
@@ -62,9 +62,8 @@ def target_features(
     """`Tensor[S, T, F]` (in :func:`low_precision`): hidden states at ``layers``, concatenated, of each
     right-padded sequence.
 
-    With ``soft_top > 0`` also the target's next-token distributions as :class:`SoftLabels`:
-    at every position, the ``soft_top`` most likely tokens of the target's distribution over
-    ``soft_vocab`` (the drafter's draft vocabulary; renormalised over it, T = 1).
+    With ``soft_top > 0`` also the target's next-token laws as :class:`SoftLabels`: at every
+    position, :func:`top_law` over ``soft_vocab`` (the drafter's draft vocabulary) at T = 1.
     """
     device = next(target.parameters()).device
     body = target.get_decoder() if hasattr(target, "get_decoder") else target.base_model
@@ -88,11 +87,22 @@ def target_features(
         out[rows, :width] = torch.cat([hidden[i] for i in layers], dim=-1).to(store).cpu()
         if soft is not None:
             # the final (normed) hidden state through the draft-vocabulary rows of the head
-            probs = torch.softmax((result.last_hidden_state @ head_rows.T).float(), dim=-1)
-            top = probs.topk(soft_top, dim=-1)
-            soft.positions[rows, :width] = top.indices.to(soft.positions.dtype).cpu()
-            soft.probs[rows, :width] = top.values.to(torch.float16).cpu()
+            positions, probs = top_law(result.last_hidden_state @ head_rows.T, soft_top)
+            soft.positions[rows, :width] = positions.to(soft.positions.dtype).cpu()
+            soft.probs[rows, :width] = probs.to(torch.float16).cpu()
     return out if soft is None else (out, soft)
+
+
+def top_law(logits: torch.Tensor, top: int, vocab: torch.Tensor | None = None, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one soft label: the target's law ``softmax(logits / T)`` over ``vocab`` (`LongTensor[Vd]`,
+    a draft vocabulary; every token when None), restricted to its ``top`` most likely tokens and
+    renormalised over them, so it is a law. `Tensor[..., V]` logits -> (positions in ``vocab``
+    `LongTensor[..., k]`, probabilities `Tensor[..., k]` float32 summing to 1), k = ``min(top, Vd)``."""
+    if vocab is not None:
+        logits = logits[..., vocab.to(logits.device)]
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    best = probs.topk(min(top, probs.shape[-1]), dim=-1)
+    return best.indices, best.values / best.values.sum(-1, keepdim=True)
 
 
 def with_features(target, data: TrainData, layers: list[int], soft_vocab: torch.Tensor | None = None, soft_top: int = 0,

@@ -22,7 +22,7 @@ from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows
 from tev.engine.session import CausalLMSession
 from tev.train.data import SoftLabels, TrainData
-from tev.train.losses import top_law
+from tev.train.teacher import top_law
 from tev.util.precision import low_precision
 
 __all__ = ["TreeBatch", "ScoredTrees", "TargetPass", "target_pass", "draft_logits", "draft_trees", "score_trees", "fixed_trees", "on_policy"]
@@ -179,7 +179,7 @@ def score_trees(row: TargetPass, trees: list[DraftTree], roots: list[int], tempe
         coverage.append(flow.coverage)
         edges.append(edge.detach().cpu())
         if soft_top > 0:
-            node_soft.append(top_law(logits, temperature, soft_vocab, soft_top))
+            node_soft.append(tuple(x.cpu() for x in top_law(logits, soft_top, soft_vocab, temperature)))
     return TreeBatch(trees, reach, exit_weight, coverage, edges, node_soft if soft_top > 0 else None)
 
 
@@ -236,7 +236,7 @@ def on_policy(target, drafter, data: TrainData, index: torch.Tensor, budget: int
         features[i, : p.features.shape[0]] = p.features.float().cpu()
     soft = None
     if soft_top > 0:
-        laws = [top_law(p.logits, 1.0, drafter.draft_vocab, soft_top) for p in passes]
+        laws = [top_law(p.logits, soft_top, drafter.draft_vocab) for p in passes]
         k = laws[0][0].shape[-1]
         soft = SoftLabels(torch.zeros(len(rows), width, k, dtype=torch.long), torch.zeros(len(rows), width, k))
         for i, (positions, probs) in enumerate(laws):
