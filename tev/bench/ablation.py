@@ -64,7 +64,7 @@ def _measure(bundle, name: str, drafter, prompts: list[dict], budgets, temperatu
 
 
 def _trees_summary(trees, horizon: int) -> dict:
-    return {"expected_tau": trees.expected_tau, "trees": len(trees.trees), **trees.exit_mass_by_depth(horizon)}
+    return {"tau_bound": trees.expected_tau, "trees": len(trees.trees), **trees.exit_mass_by_depth(horizon)}
 
 
 def run_ablation(
@@ -98,14 +98,14 @@ def run_ablation(
         start = time.time()
         bar = tqdm(total=variant.steps, desc=f"train [{mode}]", disable=not progress)
         for record in experiment.train():
-            bar.set_postfix(loss=f"{record['loss']:.3f}", tau_bound=f"{record['expected_tau']:.3f}")
+            bar.set_postfix(loss=f"{record['loss']:.3f}", tau_bound=f"{record['tau_bound']:.3f}")
             bar.update(1)
         bar.close()
         for _ in experiment.measure_after():
             pass
         trained = experiment.drafter.eval()
         trees[mode] = _trees_summary(experiment.after, drafter.config.horizon)
-        training[mode] = {"seconds": time.time() - start, "heldout_expected_tau": trees[mode]["expected_tau"], "heldout_change": experiment.change(),
+        training[mode] = {"seconds": time.time() - start, "heldout_tau_bound": trees[mode]["tau_bound"], "heldout_change": experiment.change(),
                           "history": experiment.history}
         if out is not None:
             trained.save_pretrained(Path(out) / f"drafter-{mode}")
@@ -114,7 +114,7 @@ def run_ablation(
     for name, model in drafters.items():
         rows += _measure(bundle, name, model, prompts, budgets, temperatures, max_new_tokens, progress)
     return {"settings": asdict(config), "train_sequences": len(train), "heldout_sequences": len(heldout), "prompts": len(prompts), "rows": rows,
-            "training": training, "heldout_trees": trees, "base_heldout_expected_tau": trees.get("base", {}).get("expected_tau")}
+            "training": training, "heldout_trees": trees, "base_heldout_tau_bound": trees.get("base", {}).get("tau_bound")}
 
 
 def format_ablation(result: dict) -> str:
@@ -138,8 +138,8 @@ def install_from_ablation(result: dict, out: Path, target) -> None:
         "settings": config,
         "steps_done": config["steps"],
         "seconds": training["seconds"],
-        "heldout_expected_tau_before": result["base_heldout_expected_tau"],
-        "heldout_expected_tau_after": training["heldout_expected_tau"],
+        "heldout_tau_bound_before": result["base_heldout_tau_bound"],
+        "heldout_tau_bound_after": training["heldout_tau_bound"],
         "history": training["history"],
         "tau": {name: [row for row in result["rows"] if row["drafter"] == drafter] for name, drafter in (("before", "base"), ("after", "exit"))},
         "ablation": format_ablation(result),

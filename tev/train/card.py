@@ -16,13 +16,20 @@ from tev.engine.models import DEFAULT_PAIR
 from tev.train.loop import shape_of
 from tev.util.files import write_text_atomic
 
-__all__ = ["render_card", "write_card", "refresh_card", "workload_rows", "WORKLOAD_NAMES"]
+__all__ = ["load_report", "render_card", "write_card", "refresh_card", "workload_rows", "WORKLOAD_NAMES"]
 
 WORKLOAD_NAMES = {"exittrain": "adapted (token loss + tree term)", "token_only": "token-only control"}
 _ENVIRONMENT = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), trim_blocks=True, lstrip_blocks=True,
                                   keep_trailing_newline=True, undefined=jinja2.StrictUndefined, autoescape=False)
 _ENVIRONMENT.filters["f"] = format  # {{ x|f('.3f') }}
 _ENVIRONMENT.filters["tau_table"] = format_tau_table
+
+
+def load_report(path: Path) -> dict:
+    """A report a command wrote as JSON (``exittrain.json``, an ablation's result), its keys in
+    today's names: ``1 + C`` is ``tau_bound`` as in the engine, and files written when it was
+    ``expected_tau`` (``heldout_expected_tau_before`` ...) read the same, at any depth."""
+    return json.loads(Path(path).read_text(), object_hook=lambda entry: {key.replace("expected_tau", "tau_bound"): value for key, value in entry.items()})
 
 
 def _settings_of(entry: dict) -> dict:
@@ -49,7 +56,7 @@ def _exittrain(entry: dict, data: str) -> dict:
     trees = entry.get("heldout_trees", {})
     depths = 1 + max((d for t in trees.values() for d in range(len(t["internal"])) if t["internal"][d] + t["leaf"][d] >= 5e-4), default=-1)
     return {"command": entry["command"], "s": _settings_of(entry), "data": data, "steps_done": entry["steps_done"], "seconds": entry["seconds"],
-            "before": entry["heldout_expected_tau_before"], "after": entry["heldout_expected_tau_after"], "ablation": entry.get("ablation"),
+            "before": entry["heldout_tau_bound_before"], "after": entry["heldout_tau_bound_after"], "ablation": entry.get("ablation"),
             "tau": entry.get("tau", {}), "domain_gains": domain_gains, "trees": trees, "depths": depths}
 
 
@@ -111,7 +118,7 @@ def refresh_card(assets: Path) -> None:
     """Re-render ``assets/README.md`` from ``models/build.json``, the installed ExitTrain
     drafter's ``exittrain.json``, the default pair's ``training.json`` and the workload packs'
     ``models/smollm2/workload-results.json``, each when present."""
-    load = lambda path: json.loads(path.read_text()) if path.is_file() else None  # noqa: E731
+    load = lambda path: load_report(path) if path.is_file() else None  # noqa: E731
     report = load(assets / "models" / "build.json")
     exittrain = load(assets / "models" / "drafter-exittrain" / "exittrain.json")
     if exittrain:

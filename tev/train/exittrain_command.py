@@ -144,7 +144,7 @@ def exittrain_command(args) -> None:
     bar = tqdm(total=settings.steps, desc=f"exittrain[{settings.tree_term}]", unit="step")
     for record in experiment.train():
         bar.n = record["step"]
-        bar.set_postfix({"loss": f"{record['loss']:.3f}", "1+C": f"{record['expected_tau']:.3f}"})
+        bar.set_postfix({"loss": f"{record['loss']:.3f}", "1+C": f"{record['tau_bound']:.3f}"})
         bar.update(0)
     bar.close()
     seconds = time.time() - start
@@ -155,8 +155,8 @@ def exittrain_command(args) -> None:
     trained.config.notes = {**trained.config.notes, "exittrain": asdict(settings), "trained_by": "python -m tev exittrain"}
     trained.save_pretrained(out / "drafter")
     steps_done = experiment.history[-1]["step"] if experiment.history else 0
-    report = {"settings": asdict(settings), "steps_done": steps_done, "seconds": seconds, "heldout_expected_tau_before": change["before"],
-              "heldout_expected_tau_after": change["after"], "heldout_change": change, "history": experiment.history}
+    report = {"settings": asdict(settings), "steps_done": steps_done, "seconds": seconds, "heldout_tau_bound_before": change["before"],
+              "heldout_tau_bound_after": change["after"], "heldout_change": change, "history": experiment.history}
     if args.eval_prompts:
         prompts = evaluation_prompts(bundle.is_chat, args.eval_prompts, getattr(args, "domain", None))
         original = BlockDrafter.from_pretrained(base, bundle.target)

@@ -171,7 +171,7 @@ def train(drafter, data: TrainData, settings: TrainSettings, target=None, trees:
           checkpoint: Path | None = None) -> Iterator[dict]:
     """Train ``drafter`` in place; yields one record per step (``step``, ``steps``, ``loss``,
     ``loss_tok``, ``loss_tree``, ``lr``, ``seconds``, ``running_loss``, ``top1_by_depth``; on-policy
-    also ``expected_tau``, the step's trees' mean ``1 + C``; every ``eval_every`` steps with
+    also ``tau_bound``, the step's trees' mean ``1 + C``; every ``eval_every`` steps with
     ``heldout``, ``heldout_loss``). Resumes from ``checkpoint`` and saves there every
     ``save_every`` steps and at the end. With held-out data the drafter ends with the weights of
     its best held-out loss (a drafter can memorise its data)."""
@@ -196,14 +196,14 @@ def train(drafter, data: TrainData, settings: TrainSettings, target=None, trees:
             start = time.perf_counter()
             lr = schedule.get_last_lr()[0]
             generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
-            expected_tau = None
+            tau_bound = None
             if on:
                 index = data.draw(settings.sequences_per_step, settings.anchors_per_sequence, generator)
                 part, index, logits, scored = on_policy(target, drafter, data, index, settings.budget, settings.temperature, settings.soft_top,
                                                         settings.soft_top if settings.tree_term == "next-depth" else 0)
                 loss_tok, _, accuracy = anchor_token_loss(drafter, part, index, logits, soft)
                 loss_tree = tree_loss(logits, scored, list(range(index.shape[0])), settings.tree_term, drafter) if settings.tree_term != "none" else torch.zeros(())
-                expected_tau = scored.expected_tau
+                tau_bound = scored.expected_tau
             else:
                 anchors = data.anchors
                 index = anchors[torch.randint(0, anchors.shape[0], (settings.batch,), generator=generator)]
@@ -225,8 +225,8 @@ def train(drafter, data: TrainData, settings: TrainSettings, target=None, trees:
             running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
             record = {"step": done, "steps": settings.steps, "loss": loss.item(), "loss_tok": loss_tok.item(), "loss_tree": float(loss_tree.detach()),
                       "lr": lr, "seconds": time.perf_counter() - start, "running_loss": running, "top1_by_depth": [round(a, 4) for a in accuracy.tolist()]}
-            if expected_tau is not None:
-                record["expected_tau"] = expected_tau
+            if tau_bound is not None:
+                record["tau_bound"] = tau_bound
             if heldout is not None and settings.eval_every and (done % settings.eval_every == 0 or done == settings.steps):
                 measured = heldout_loss(drafter, heldout, soft=soft)
                 record.update(heldout_loss=measured["loss"], heldout_token_loss=measured["token_loss"], heldout_top1_by_depth=measured["top1_by_depth"])
