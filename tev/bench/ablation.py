@@ -16,7 +16,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from tev.data.prompts import evaluation_prompts
 from tev.engine.block_drafter import BlockDrafter
@@ -25,9 +24,9 @@ from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_bundle, shipped_drafter
 from tev.train.card import refresh_card
 from tev.train.data import TrainData
-from tev.train.exittrain_command import EXITTRAIN_SETTINGS, exittrain_sets, install_drafter, invoked_command, pair_of, settings_from_args
+from tev.train.exittrain_command import EXITTRAIN_SETTINGS, exittrain_sets, invoked_command, pair_of, settings_from_args
 from tev.train.experiment import Experiment
-from tev.train.loop import TrainSettings
+from tev.train.loop import TrainSettings, install_drafter, with_progress
 from tev.util.paths import REPO_ROOT, assets_dir
 
 __all__ = ["run_ablation", "format_ablation", "install_from_ablation", "ablation_command", "evaluation_setup", "pooled_rows"]
@@ -96,11 +95,8 @@ def run_ablation(
             pass
         trees.setdefault("base", _trees_summary(experiment.before, drafter.config.horizon))
         start = time.time()
-        bar = tqdm(total=variant.steps, desc=f"train [{mode}]", disable=not progress)
-        for record in experiment.train():
-            bar.set_postfix(loss=f"{record['loss']:.3f}", tau_bound=f"{record['tau_bound']:.3f}")
-            bar.update(1)
-        bar.close()
+        for _ in with_progress(experiment.train(), f"train [{mode}]", progress):
+            pass
         for _ in experiment.measure_after():
             pass
         trained = experiment.drafter.eval()

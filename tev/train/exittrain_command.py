@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from tqdm import tqdm
 
 from tev.data.prompts import evaluation_prompts
 from tev.data.token_stream import encode_corpus
@@ -29,12 +28,12 @@ from tev.train.card import refresh_card
 from tev.train.data import TrainData
 from tev.train.exittrain_data import load_chat_exittrain_data
 from tev.train.experiment import Experiment, heldout_trees
-from tev.train.loop import TrainSettings, train
+from tev.train.loop import TrainSettings, install_drafter, train, with_progress
 from tev.train.teacher import regenerate_sequences
-from tev.util.files import atomic_file, atomic_folder
+from tev.util.files import atomic_file
 from tev.util.paths import REPO_ROOT, assets_dir
 
-__all__ = ["EXITTRAIN_SETTINGS", "EXITTRAIN_FLAGS", "settings_from_args", "exittrain_command", "training_sequences", "exittrain_sets", "pair_of", "weights_fingerprint", "install_drafter", "invoked_command", "SEQUENCE_CACHE"]
+__all__ = ["EXITTRAIN_SETTINGS", "EXITTRAIN_FLAGS", "settings_from_args", "exittrain_command", "training_sequences", "exittrain_sets", "pair_of", "weights_fingerprint", "invoked_command", "SEQUENCE_CACHE"]
 
 SEQUENCE_CACHE = REPO_ROOT / "runs" / "exittrain-data"
 # Same-distribution ExitTrain: on-policy trees of B = 32 at T = 1, the exit term at lambda_tree 16,
@@ -97,14 +96,6 @@ def exittrain_sets(bundle, args, seed: int, progress: bool = True) -> tuple[Trai
     return TrainData.of(train, args.context_length), TrainData.of(heldout, args.context_length)
 
 
-def install_drafter(drafter: BlockDrafter, destination: Path, extra_files: dict[str, str] | None = None) -> None:
-    """Save ``drafter`` (and ``extra_files``, name -> text) as ``destination``, swapped in whole."""
-    with atomic_folder(destination) as staging:
-        drafter.save_pretrained(staging)
-        for name, text in (extra_files or {}).items():
-            (staging / name).write_text(text)
-
-
 def invoked_command() -> str:
     """This process's ``python -m tev ...`` command line, shell-quoted (for reports and the card)."""
     return shlex.join(["python", "-m", "tev", *sys.argv[1:]])
@@ -141,12 +132,8 @@ def exittrain_command(args) -> None:
     for _ in experiment.measure_before():
         pass
     start = time.time()
-    bar = tqdm(total=settings.steps, desc=f"exittrain[{settings.tree_term}]", unit="step")
-    for record in experiment.train():
-        bar.n = record["step"]
-        bar.set_postfix({"loss": f"{record['loss']:.3f}", "1+C": f"{record['tau_bound']:.3f}"})
-        bar.update(0)
-    bar.close()
+    for _ in with_progress(experiment.train(), f"exittrain[{settings.tree_term}]"):
+        pass
     seconds = time.time() - start
     for _ in experiment.measure_after():
         pass

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Literal, get_args
 
@@ -26,13 +26,13 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from tev.engine.block_drafter import BlockDrafterConfig
+from tev.engine.block_drafter import BlockDrafterConfig, default_feature_layers
 from tev.train.data import TrainData
 from tev.train.losses import TREE_TERMS, TreeTerm, token_losses, tree_loss
 from tev.train.trees import ScoredTrees, draft_logits, on_policy
 from tev.util.files import atomic_folder, recover_folder
 
-__all__ = ["TrainSettings", "TREE_MODES", "drafter_shape", "shape_of", "optimizer_for", "schedule_for", "save_checkpoint", "load_checkpoint", "train", "run_to_end", "heldout_loss", "anchor_token_loss"]
+__all__ = ["TrainSettings", "TREE_MODES", "drafter_shape", "fit_to_target", "shape_of", "optimizer_for", "schedule_for", "save_checkpoint", "install_drafter", "load_checkpoint", "train", "with_progress", "heldout_loss", "anchor_token_loss"]
 
 TreeMode = Literal["fixed", "on-policy"]  # trees scored once, or redrawn from the current drafter every step
 TREE_MODES = get_args(TreeMode)
@@ -85,8 +85,15 @@ class TrainSettings:
 
 def drafter_shape(**shape) -> BlockDrafterConfig:
     """A drafter's shape (a :class:`BlockDrafterConfig`) before its target is known: the target's
-    own fields (vocabulary, width, layers, feature layers) are filled in when it is built."""
+    own fields (vocabulary, width, layers, feature layers) are filled in by :func:`fit_to_target`."""
     return BlockDrafterConfig(vocab_size=0, target_hidden_size=0, feature_layers=[], **shape)
+
+
+def fit_to_target(shape: BlockDrafterConfig, target, **fields) -> BlockDrafterConfig:
+    """``shape`` with ``target``'s own fields (head rows, width, layers, the default feature layers) and ``fields``."""
+    layers = target.config.num_hidden_layers
+    return replace(shape, vocab_size=target.get_output_embeddings().weight.shape[0], target_hidden_size=target.config.hidden_size,
+                   feature_layers=default_feature_layers(layers), target_num_layers=layers, **fields)
 
 
 # how recipes written before the shape was a BlockDrafterConfig named its fields (shipped JSON still reads)
@@ -129,6 +136,14 @@ def save_checkpoint(folder: Path, drafter, optimizer: torch.optim.Optimizer, ste
         save_file(tensors, staging / "checkpoint.safetensors")
         meta = {"step": step, "history": history, **({"settings": asdict(settings)} if settings else {})}
         (staging / "checkpoint.json").write_text(json.dumps(meta))
+
+
+def install_drafter(drafter, destination: Path, extra_files: dict[str, str] | None = None) -> None:
+    """Save ``drafter`` (and ``extra_files``, name -> text) as ``destination``, swapped in whole."""
+    with atomic_folder(destination) as staging:
+        drafter.save_pretrained(staging)
+        for name, text in (extra_files or {}).items():
+            (staging / name).write_text(text)
 
 
 def load_checkpoint(folder: Path, drafter, optimizer: torch.optim.Optimizer) -> tuple[int, list[dict]]:
@@ -246,17 +261,15 @@ def train(drafter, data: TrainData, settings: TrainSettings, target=None, trees:
         drafter.eval()
 
 
-def run_to_end(records: Iterator[dict], progress: bool = False, desc: str = "block drafter") -> list[dict]:
-    """Drain :func:`train`; returns its records (a progress bar with ``progress``)."""
-    history = []
+def with_progress(records: Iterator[dict], desc: str = "block drafter", progress: bool = True) -> Iterator[dict]:
+    """:func:`train`'s records, passed on, shown on a progress bar (``1 + C`` too when on-policy)."""
     bar = tqdm(desc=desc, unit="step", disable=not progress)
     for record in records:
-        history.append(record)
         bar.total = record["steps"]
-        bar.set_postfix(loss=f"{record['running_loss']:.3f}")
-        bar.update(1)
+        bar.set_postfix({"loss": f"{record['running_loss']:.3f}", **({"1+C": f"{record['tau_bound']:.3f}"} if "tau_bound" in record else {})})
+        bar.update(record["step"] - bar.n)  # a resumed run starts at its checkpoint's step
+        yield record
     bar.close()
-    return history
 
 
 @torch.no_grad()

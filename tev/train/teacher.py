@@ -199,15 +199,6 @@ class ChatSequences:
     def response_tokens(self) -> int:
         return sum(len(ids) - start for ids, start in zip(self.token_ids, self.prompt_lengths))
 
-    def padded(self, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(`LongTensor[S, T]` right-padded ids, `LongTensor[S]` lengths, `LongTensor[S]` prompt lengths)."""
-        width = max(len(ids) for ids in self.token_ids)
-        ids = torch.full((len(self), width), pad_id, dtype=torch.long)
-        for row, sequence in enumerate(self.token_ids):
-            ids[row, : len(sequence)] = torch.tensor(sequence)
-        lengths = torch.tensor([len(s) for s in self.token_ids])
-        return ids, lengths, torch.tensor(self.prompt_lengths)
-
     def to_json(self) -> dict:
         return {"token_ids": self.token_ids, "prompt_lengths": self.prompt_lengths, "domains": self.domains, "requests": self.requests}
 

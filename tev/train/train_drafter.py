@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save_file
 
 from tev.data.prompts import load_prompt_set
 from tev.engine.default_target import DEFAULT_TARGET_NAME, ensure_default_target
-from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig, default_feature_layers
+from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_causal_lm, load_tokenizer
@@ -41,7 +41,7 @@ from tev.engine.prompt_text import ChatTemplate
 from tev.train.teacher import ChatSequences, target_features, write_requests, write_responses
 from tev.train.card import refresh_card
 from tev.train.data import SoftLabels, TrainData
-from tev.train.loop import TrainSettings, drafter_shape, heldout_loss, run_to_end, train
+from tev.train.loop import TrainSettings, drafter_shape, fit_to_target, heldout_loss, install_drafter, train, with_progress
 from tev.util.files import atomic_folder, write_text_atomic
 from tev.util.paths import REPO_ROOT, assets_dir
 from tev.util.precision import low_precision
@@ -223,8 +223,10 @@ def _stage_json(path: Path, make):
     return value
 
 
-def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: DrafterRecipe, command: str, allow_download: bool = False, progress: bool = True) -> dict:
-    """Run every stage (cached in ``work``) and install the drafter into ``out``; returns its report."""
+def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: DrafterRecipe, command: str, allow_download: bool = False, progress: bool = True,
+                           target_name: str | None = None) -> dict:
+    """Run every stage (cached in ``work``) and install the drafter into ``out``; returns its report
+    (its target named ``target_name``, else ``target_source``)."""
     start = time.time()
     work.mkdir(parents=True, exist_ok=True)
     recipe_path = work / "recipe.json"
@@ -250,26 +252,24 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     train_part, heldout_part = split_conversations(conversations, recipe)
 
     vocab, coverage = draft_vocabulary(train_part, min(recipe.drafter.draft_vocab_size, target.config.vocab_size), always=(template.end_of_turn,))
-    drafter_config = replace(
-        recipe.drafter, vocab_size=target.get_output_embeddings().weight.shape[0], target_hidden_size=target.config.hidden_size,
-        feature_layers=default_feature_layers(target.config.num_hidden_layers), target_num_layers=target.config.num_hidden_layers,
-        draft_vocab_size=int(vocab.numel()),
+    drafter_config = fit_to_target(
+        recipe.drafter, target, draft_vocab_size=int(vocab.numel()),
         notes={"trained_by": command, "loss": (f"cross-entropy against the target's top-{recipe.soft_top} next-token distributions" if recipe.soft_top
                                                else "token-level cross-entropy") + " on the target's own chat responses"},
     )
     t = time.time()
     datasets = {}
     for name, part in (("train", train_part), ("heldout", heldout_part)):
-        ids, lengths, prompt_lengths = part.padded(template.end_of_turn)
-        features, soft = _cached_features(work / f"features-{name}", target, ids, lengths, drafter_config.feature_layers, vocab, recipe.soft_top, progress)
-        datasets[name] = TrainData(ids, lengths, prompt_lengths, features, soft)
+        data = datasets[name] = TrainData.from_lists(part.token_ids, part.prompt_lengths, template.end_of_turn)
+        data.features, data.soft = _cached_features(work / f"features-{name}", target, data.token_ids, data.lengths, drafter_config.feature_layers, vocab,
+                                                    recipe.soft_top, progress)
     timings["features_s"] = time.time() - t
 
     torch.manual_seed(recipe.seed + 3)
     drafter = BlockDrafter.for_target(drafter_config, target).float()
     drafter.set_draft_vocab(vocab)
     t = time.time()
-    history = run_to_end(train(drafter, datasets["train"], recipe.train_settings(), checkpoint=work / "checkpoint", heldout=datasets["heldout"]), progress)
+    history = list(with_progress(train(drafter, datasets["train"], recipe.train_settings(), checkpoint=work / "checkpoint", heldout=datasets["heldout"]), progress=progress))
     timings["training_s"] = time.time() - t
     heldout = heldout_loss(drafter, datasets["heldout"], soft=recipe.soft_top > 0)
 
@@ -279,7 +279,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     rows = chat_prompt_tau(target, tokenizer, inference, eval_prompts, recipe, progress)
     timings["evaluation_s"] = time.time() - t
     report = {
-        "target": target_source,
+        "target": target_name or target_source,
         "recipe": asdict(recipe),
         "command": command,
         "data": {
@@ -297,9 +297,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
         "total_minutes": round((time.time() - start) / 60, 1),
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads()},
     }
-    with atomic_folder(out) as staging:
-        inference.save_pretrained(staging)
-        (staging / "training.json").write_text(json.dumps(report, indent=1))
+    install_drafter(inference, out, {"training.json": json.dumps(report, indent=1)})
     return report
 
 
@@ -318,10 +316,7 @@ def train_drafter_command(args) -> None:
     work = Path(args.work_dir) if args.work_dir else REPO_ROOT / "runs" / f"train-drafter-{out.name}"
     command = shlex.join(["python", "-m", "tev", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith(("tev", "__main__.py")) else "python -m tev train-drafter"
     target = args.target or str(ensure_default_target())
-    report = train_drafter_pipeline(target, out, work, recipe, command, allow_download=args.allow_download)
-    if args.target is None:
-        report["target"] = DEFAULT_TARGET_NAME
-        write_text_atomic(out / "training.json", json.dumps(report, indent=1))
+    report = train_drafter_pipeline(target, out, work, recipe, command, allow_download=args.allow_download, target_name=args.target or DEFAULT_TARGET_NAME)
     assets = assets_dir().resolve()
     if assets in out.resolve().parents and (assets / "models" / "build.json").is_file():
         refresh_card(assets)  # the shipped drafter changed: so does the model card

@@ -12,7 +12,7 @@ on-policy (redrawn from the current drafter every step: ExitTrain).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Iterator
 
 import torch
@@ -44,19 +44,12 @@ class TreeBatch:
 
     @classmethod
     def join(cls, parts: list["TreeBatch"]) -> "TreeBatch":
-        """One batch holding the trees of ``parts`` in order."""
+        """One batch holding the trees of ``parts`` in order (an optional list only where every part has it)."""
         def joined(name):
             lists = [getattr(part, name) for part in parts]
             return None if any(x is None for x in lists) else [x for part in lists for x in part]
 
-        return cls(
-            trees=[t for part in parts for t in part.trees],
-            reach=[r for part in parts for r in part.reach],
-            exit_weight=[w for part in parts for w in part.exit_weight],
-            coverage=[c for part in parts for c in part.coverage],
-            edge_prob=joined("edge_prob"),
-            node_soft=joined("node_soft"),
-        )
+        return cls(*(joined(f.name) for f in fields(cls)))
 
     @property
     def expected_tau(self) -> float:
