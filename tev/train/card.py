@@ -103,7 +103,8 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
         timings, data = default_pair["timings_s"], default_pair["data"]
         checks = [h for h in default_pair["history"] if "heldout_loss" in h]
         best = min(checks, key=lambda h: h["heldout_loss"]) if checks else None
-        values.update(shape=shape_of(default_pair["recipe"]), timings=[f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in timings.items() if seconds >= 1],
+        recipe = default_pair["recipe"]  # its training settings under "train", or at the top in recipes written before
+        values.update(shape=shape_of(recipe), train=recipe.get("train", recipe), timings=[f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in timings.items() if seconds >= 1],
                       cached=timings["conversations_s"] < 60, checks=checks, best=best, after_best=_after_best(best, checks, data) if checks else "",
                       top1=", ".join(f"{100 * a:.0f}%" for a in default_pair["heldout"]["top1_by_depth"]))
     return _ENVIRONMENT.get_template("card.md.j2").render(**values)

@@ -25,7 +25,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -69,18 +69,15 @@ class DrafterRecipe:
     drafter: BlockDrafterConfig = field(default_factory=lambda: drafter_shape(
         horizon=8, context_window=16, hidden_size=256, num_layers=2, num_heads=4, intermediate_size=768, draft_vocab_size=8192,
         feature_norm="per_layer", feature_dropout=0.1))
-    soft_top: int = 16  # labels: the target's top-k distribution over the draft vocabulary (0: the tokens it wrote)
-    # optimisation
-    steps: int = 2400
-    batch: int = 256
-    lr: float = 1e-3
-    warmup: int = 100
-    short_history_share: float = 0.1  # anchors that see only a few features (a prompt's first rounds)
-    save_every: int = 100
-    eval_every: int = 100  # held-out loss every this many steps; the best checkpoint is the one kept
+    # labels: the target's top-16 laws over the draft vocabulary; the held-out loss every 100 steps (the
+    # best step's weights are kept); its seed is the recipe's
+    train: TrainSettings = field(default_factory=lambda: TrainSettings(steps=2400, batch=256, warmup=100, save_every=100, eval_every=100, soft_top=16))
     # evaluation on the held-out chat prompts
     eval_budget: int = 32  # measured with B = 16 as well (the benchmarks' budget)
     eval_new_tokens: int = 64
+
+    def __post_init__(self):
+        object.__setattr__(self, "train", replace(self.train, seed=self.seed))
 
     def eval_budgets(self) -> tuple[int, ...]:
         """The budgets ``tau`` is measured at: ``eval_budget`` and the benchmarks' B = 16."""
@@ -88,11 +85,10 @@ class DrafterRecipe:
 
     @classmethod
     def from_json(cls, values: dict) -> "DrafterRecipe":
-        return cls(**{**values, "drafter": BlockDrafterConfig(**values["drafter"])})
-
-    def train_settings(self) -> TrainSettings:
-        return TrainSettings(self.steps, self.batch, self.lr, self.warmup, self.seed, short_history_share=self.short_history_share,
-                             save_every=self.save_every, eval_every=self.eval_every, soft_top=self.soft_top)
+        """A recipe from JSON; recipes written before it held a :class:`TrainSettings` give its fields at the top."""
+        own = {f.name for f in fields(cls)} - {"drafter", "train"}
+        train = values.get("train") or {k: v for k, v in values.items() if k not in own | {"drafter"}}
+        return cls(**{k: v for k, v in values.items() if k in own}, drafter=BlockDrafterConfig(**values["drafter"]), train=TrainSettings(**train))
 
 
 STORED_SOFT_TOP = 16  # the target's top tokens kept per position in the feature cache
@@ -104,7 +100,7 @@ QUICK_RECIPE = DrafterRecipe(
     shard_requests=8, shards=2, heldout_requests=4, request_tokens=16, response_tokens=16, generation_batch=8,
     drafter=drafter_shape(horizon=4, context_window=4, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, draft_vocab_size=256,
                           feature_norm="per_layer", feature_dropout=0.1),
-    steps=12, batch=16, warmup=2, save_every=5, eval_every=4, eval_new_tokens=8,
+    train=TrainSettings(steps=12, batch=16, warmup=2, save_every=5, eval_every=4, soft_top=16), eval_new_tokens=8,
 )
 
 
@@ -254,7 +250,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     vocab, coverage = draft_vocabulary(train_part, min(recipe.drafter.draft_vocab_size, target.config.vocab_size), always=(template.end_of_turn,))
     drafter_config = fit_to_target(
         recipe.drafter, target, draft_vocab_size=int(vocab.numel()),
-        notes={"trained_by": command, "loss": (f"cross-entropy against the target's top-{recipe.soft_top} next-token distributions" if recipe.soft_top
+        notes={"trained_by": command, "loss": (f"cross-entropy against the target's top-{recipe.train.soft_top} next-token distributions" if recipe.train.soft_top
                                                else "token-level cross-entropy") + " on the target's own chat responses"},
     )
     t = time.time()
@@ -262,16 +258,16 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     for name, part in (("train", train_part), ("heldout", heldout_part)):
         data = datasets[name] = TrainData.from_lists(part.token_ids, part.prompt_lengths, template.end_of_turn)
         data.features, data.soft = _cached_features(work / f"features-{name}", target, data.token_ids, data.lengths, drafter_config.feature_layers, vocab,
-                                                    recipe.soft_top, progress)
+                                                    recipe.train.soft_top, progress)
     timings["features_s"] = time.time() - t
 
     torch.manual_seed(recipe.seed + 3)
     drafter = BlockDrafter.for_target(drafter_config, target).float()
     drafter.set_draft_vocab(vocab)
     t = time.time()
-    history = list(with_progress(train(drafter, datasets["train"], recipe.train_settings(), checkpoint=work / "checkpoint", heldout=datasets["heldout"]), progress=progress))
+    history = list(with_progress(train(drafter, datasets["train"], recipe.train, checkpoint=work / "checkpoint", heldout=datasets["heldout"]), progress=progress))
     timings["training_s"] = time.time() - t
-    heldout = heldout_loss(drafter, datasets["heldout"], soft=recipe.soft_top > 0)
+    heldout = heldout_loss(drafter, datasets["heldout"], soft=recipe.train.soft_top > 0)
 
     t = time.time()
     inference = drafter.served()
@@ -304,14 +300,15 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
 def train_drafter_command(args) -> None:
     recipe = QUICK_RECIPE if args.quick else DrafterRecipe()
     given = lambda names: {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}  # noqa: E731
-    recipe = replace(recipe, **given(("steps", "shards", "seed", "soft_top")), drafter=replace(recipe.drafter, **given(("hidden_size", "num_layers", "num_heads", "intermediate_size"))))
+    recipe = replace(recipe, **given(("shards", "seed")), drafter=replace(recipe.drafter, **given(("hidden_size", "num_layers", "num_heads", "intermediate_size"))),
+                     train=replace(recipe.train, **given(("steps", "soft_top"))))  # TrainSettings refuses a bad step count or soft_top
     shape = recipe.drafter
-    if min(recipe.steps, recipe.shards, shape.hidden_size, shape.num_layers, shape.num_heads, shape.intermediate_size) < 1:
-        raise ValueError("--steps, --shards, --hidden, --layers, --heads and --intermediate must be at least 1")
+    if min(recipe.shards, shape.hidden_size, shape.num_layers, shape.num_heads, shape.intermediate_size) < 1:
+        raise ValueError("--shards, --hidden, --layers, --heads and --intermediate must be at least 1")
     if shape.hidden_size % shape.num_heads:
         raise ValueError(f"--heads ({shape.num_heads}) must divide --hidden ({shape.hidden_size})")
-    if recipe.soft_top < 0 or recipe.soft_top > shape.draft_vocab_size:
-        raise ValueError(f"--soft-top must be from 0 to the draft vocabulary size ({shape.draft_vocab_size})")
+    if recipe.train.soft_top > shape.draft_vocab_size:
+        raise ValueError(f"--soft-top must be at most the draft vocabulary size ({shape.draft_vocab_size})")
     out = Path(args.out)
     work = Path(args.work_dir) if args.work_dir else REPO_ROOT / "runs" / f"train-drafter-{out.name}"
     command = shlex.join(["python", "-m", "tev", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith(("tev", "__main__.py")) else "python -m tev train-drafter"
