@@ -193,7 +193,7 @@ def random_windows(stream: torch.Tensor, count: int, length: int, generator: tor
 
 
 @torch.no_grad()
-def heldout_loss(model, windows: torch.Tensor, batch: int = 8) -> float:
+def lm_loss(model, windows: torch.Tensor, batch: int = 8) -> float:
     """Mean next-token loss in nats over ``windows`` (`LongTensor[n, T]`)."""
     model.eval()
     total, count = 0.0, 0
@@ -246,7 +246,7 @@ def train_target(work: Path, config: BuildConfig, log=print) -> Path:
         schedule.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if (step + 1) % max(1, config.target_steps // 10) == 0 or step + 1 == config.target_steps:
-            history.append({"step": step + 1, "train_loss": loss.item(), "heldout_loss": heldout_loss(model, eval_windows)})
+            history.append({"step": step + 1, "train_loss": loss.item(), "heldout_loss": lm_loss(model, eval_windows)})
     seconds = time.time() - start
     # Save in bfloat16 (half the size); everything downstream uses the saved weights.
     model = model.to(torch.bfloat16)
@@ -254,8 +254,8 @@ def train_target(work: Path, config: BuildConfig, log=print) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         reloaded = LlamaForCausalLM.from_pretrained(tmp, dtype=torch.float32, local_files_only=True)
-        nats = heldout_loss(reloaded, eval_windows)
-        full_nats = heldout_loss(reloaded, _all_windows(heldout_stream, config.context_length + 1))
+        nats = lm_loss(reloaded, eval_windows)
+        full_nats = lm_loss(reloaded, _all_windows(heldout_stream, config.context_length + 1))
         tokens_per_byte = heldout_stream.numel() / heldout_bytes
         _write_marker(
             tmp,

@@ -13,7 +13,6 @@ import jinja2
 
 from tev.engine.evaluation import format_tau_table
 from tev.engine.models import DEFAULT_PAIR
-from tev.train.loop import shape_of
 from tev.util.files import write_text_atomic
 
 __all__ = ["load_report", "render_card", "write_card", "refresh_card", "workload_rows", "WORKLOAD_NAMES"]
@@ -30,6 +29,18 @@ def load_report(path: Path) -> dict:
     today's names: ``1 + C`` is ``tau_bound`` as in the engine, and files written when it was
     ``expected_tau`` (``heldout_expected_tau_before`` ...) read the same, at any depth."""
     return json.loads(Path(path).read_text(), object_hook=lambda entry: {key.replace("expected_tau", "tau_bound"): value for key, value in entry.items()})
+
+
+# how recipes written before the shape was a BlockDrafterConfig named its fields (shipped JSON still reads)
+_OLD_SHAPE = {"horizon": "horizon", "window": "context_window", "hidden": "hidden_size", "layers": "num_layers", "heads": "num_heads", "intermediate": "intermediate_size"}
+
+
+def _shape_of(recipe: dict, prefix: str = "") -> dict:
+    """The drafter shape of a recipe or build config as JSON: its ``drafter`` entry, or the flat
+    ``<prefix>window`` ... fields older files hold, under :class:`BlockDrafterConfig`'s names."""
+    if "drafter" in recipe:
+        return recipe["drafter"]
+    return {new: recipe[prefix + old] for old, new in _OLD_SHAPE.items()}
 
 
 def _settings_of(entry: dict) -> dict:
@@ -93,7 +104,7 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
     """The model card: the default pair's section from its drafter's ``training.json`` (when
     present), its ExitTrain drafter, the workload packs' measured adaptation, then the tiny pair's
     from its build report (``report["exittrain"]``: its ExitTrain drafter, when installed)."""
-    values = {"report": report, "cfg": report["config"], "tiny_shape": shape_of(report["config"], "drafter_"), "target": report["target"], "drafter": report["drafter"], "evaluation": report["evaluation"],
+    values = {"report": report, "cfg": report["config"], "tiny_shape": _shape_of(report["config"], "drafter_"), "target": report["target"], "drafter": report["drafter"], "evaluation": report["evaluation"],
               "final_loss": report["drafter"]["history"][-1].get("running_loss", report["drafter"]["history"][-1]["loss"]),  # builds before one loop kept "loss"
               "default_pair": default_pair, "workload_names": WORKLOAD_NAMES, "workloads": workload_rows(workloads) if workloads else None,
               "workload_commands": sorted({entry["command"] for entry in (workloads or {}).values()}),
@@ -104,7 +115,7 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
         checks = [h for h in default_pair["history"] if "heldout_loss" in h]
         best = min(checks, key=lambda h: h["heldout_loss"]) if checks else None
         recipe = default_pair["recipe"]  # its training settings under "train", or at the top in recipes written before
-        values.update(shape=shape_of(recipe), train=recipe.get("train", recipe), timings=[f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in timings.items() if seconds >= 1],
+        values.update(shape=_shape_of(recipe), train=recipe.get("train", recipe), timings=[f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in timings.items() if seconds >= 1],
                       cached=timings["conversations_s"] < 60, checks=checks, best=best, after_best=_after_best(best, checks, data) if checks else "",
                       top1=", ".join(f"{100 * a:.0f}%" for a in default_pair["heldout"]["top1_by_depth"]))
     return _ENVIRONMENT.get_template("card.md.j2").render(**values)

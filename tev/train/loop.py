@@ -32,7 +32,7 @@ from tev.train.losses import TREE_TERMS, TreeTerm, token_losses, tree_loss
 from tev.train.trees import ScoredTrees, draft_logits, on_policy
 from tev.util.files import atomic_folder, recover_folder
 
-__all__ = ["TrainSettings", "TREE_MODES", "drafter_shape", "fit_to_target", "shape_of", "optimizer_for", "schedule_for", "save_checkpoint", "install_drafter", "load_checkpoint", "train", "with_progress", "heldout_loss", "anchor_token_loss"]
+__all__ = ["TrainSettings", "TREE_MODES", "drafter_shape", "fit_to_target", "optimizer_for", "schedule_for", "save_checkpoint", "install_drafter", "load_checkpoint", "train", "with_progress", "heldout_loss", "anchor_token_loss"]
 
 TreeMode = Literal["fixed", "on-policy"]  # trees scored once, or redrawn from the current drafter every step
 TREE_MODES = get_args(TreeMode)
@@ -94,18 +94,6 @@ def fit_to_target(shape: BlockDrafterConfig, target, **fields) -> BlockDrafterCo
     layers = target.config.num_hidden_layers
     return replace(shape, vocab_size=target.get_output_embeddings().weight.shape[0], target_hidden_size=target.config.hidden_size,
                    feature_layers=default_feature_layers(layers), target_num_layers=layers, **fields)
-
-
-# how recipes written before the shape was a BlockDrafterConfig named its fields (shipped JSON still reads)
-_OLD_SHAPE = {"horizon": "horizon", "window": "context_window", "hidden": "hidden_size", "layers": "num_layers", "heads": "num_heads", "intermediate": "intermediate_size"}
-
-
-def shape_of(recipe: dict, prefix: str = "") -> dict:
-    """The drafter shape of a recipe or build config as JSON: its ``drafter`` entry, or the flat
-    ``<prefix>window`` ... fields older files hold, under :class:`BlockDrafterConfig`'s names."""
-    if "drafter" in recipe:
-        return recipe["drafter"]
-    return {new: recipe[prefix + old] for old, new in _OLD_SHAPE.items()}
 
 
 def optimizer_for(drafter, settings: TrainSettings) -> torch.optim.AdamW:
