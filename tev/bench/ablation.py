@@ -24,7 +24,7 @@ from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_bundle, shipped_drafter
 from tev.train.card import refresh_card
 from tev.train.data import TrainData
-from tev.train.exittrain_command import EXITTRAIN_SETTINGS, exittrain_sets, invoked_command, pair_of, settings_from_args
+from tev.train.exittrain_command import EXITTRAIN_SETTINGS, exittrain_sets, fine_tune_start, invoked_command, pair_of, settings_from_args
 from tev.train.experiment import Experiment
 from tev.train.loop import TrainSettings, install_drafter, with_progress
 from tev.util.paths import REPO_ROOT, assets_dir
@@ -151,11 +151,11 @@ def install_from_ablation(result: dict, out: Path, target) -> None:
     print(f"installed the exit-weighted drafter as {destination}; model card updated")
 
 
-def evaluation_setup(args) -> tuple[Path, object, list[dict]]:
-    """(output folder, created; the models in float32; the held-out prompts) of a ``bench exittrain`` run."""
+def evaluation_setup(args, bundle=None) -> tuple[Path, object, list[dict]]:
+    """(output folder, created; the models in float32, unless given; the held-out prompts) of a ``bench exittrain`` run."""
     out = Path(args.out) if args.out else REPO_ROOT / "runs" / f"exittrain-eval-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=pair_of(args))
+    bundle = bundle or load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=pair_of(args))
     prompts = evaluation_prompts(bundle.is_chat, args.num_prompts, getattr(args, "domain", None))
     return out, bundle, prompts
 
@@ -163,15 +163,10 @@ def evaluation_setup(args) -> tuple[Path, object, list[dict]]:
 def ablation_command(args) -> None:
     if args.install and "exit" not in args.tree_terms:
         raise ValueError("--install ships the exit-term drafter: keep exit in --tree-terms")
-    pair = pair_of(args)
-    if pair is None and args.install:
-        raise ValueError("--install ships a drafter for a shipped pair; drop --target")
-    out, bundle, prompts = evaluation_setup(args)
-    if pair is None and not args.base:
-        raise ValueError("with --target, pass --base: the block drafter to fine-tune")
+    pair, bundle, base = fine_tune_start(args)
+    out, _, prompts = evaluation_setup(args, bundle)
     config = dataclasses.replace(settings_from_args(args), eval_every=0, save_every=0)
     train, heldout = exittrain_sets(bundle, args, config.seed)
-    base = Path(args.base) if args.base else shipped_drafter(pair, "block")
     result = run_ablation(bundle, base, train, heldout, prompts, args.tree_terms, config, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, out=out)
     result["command"] = invoked_command()
     result["pair"] = pair

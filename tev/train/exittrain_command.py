@@ -33,7 +33,7 @@ from tev.train.teacher import regenerate_sequences
 from tev.util.files import atomic_file
 from tev.util.paths import REPO_ROOT, assets_dir
 
-__all__ = ["EXITTRAIN_SETTINGS", "EXITTRAIN_FLAGS", "settings_from_args", "exittrain_command", "training_sequences", "exittrain_sets", "pair_of", "weights_fingerprint", "invoked_command", "SEQUENCE_CACHE"]
+__all__ = ["EXITTRAIN_SETTINGS", "EXITTRAIN_FLAGS", "settings_from_args", "exittrain_command", "training_sequences", "exittrain_sets", "pair_of", "fine_tune_start", "weights_fingerprint", "invoked_command", "SEQUENCE_CACHE"]
 
 SEQUENCE_CACHE = REPO_ROOT / "runs" / "exittrain-data"
 # Same-distribution ExitTrain: on-policy trees of B = 32 at T = 1, the exit term at lambda_tree 16,
@@ -82,6 +82,18 @@ def pair_of(args) -> str | None:
     return None if getattr(args, "target", None) else (args.pair or default_pair())
 
 
+def fine_tune_start(args) -> tuple[str | None, object, Path]:
+    """(the shipped pair, None with ``--target``; the models in float32; the base drafter's folder)
+    of a fine-tuning command: ``--install`` needs a shipped pair, ``--target`` a ``--base``."""
+    pair = pair_of(args)
+    if pair is None and args.install:
+        raise ValueError("--install ships a drafter for a shipped pair; drop --target")
+    if pair is None and not args.base:
+        raise ValueError("with --target, pass --base: the block drafter to fine-tune")
+    bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=pair)
+    return pair, bundle, Path(args.base) if args.base else shipped_drafter(pair, "block")
+
+
 def exittrain_sets(bundle, args, seed: int, progress: bool = True) -> tuple[TrainData, TrainData]:
     """(train, held-out) ExitTrain data of a command: the default pair's shipped conversations
     (of ``args.domain`` when set; their token ids are SmolLM2's), else corpus sequences the
@@ -118,13 +130,7 @@ def exittrain_command(args) -> None:
         raise ValueError(f"--out {out} is inside assets/; write elsewhere and use --install to ship a result")
     if args.resume and not (out / "checkpoint").is_dir():
         raise FileNotFoundError(f"--resume: no checkpoint in {out}")
-    pair = pair_of(args)
-    if pair is None and args.install:
-        raise ValueError("--install ships a drafter for a shipped pair; drop --target")
-    bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=pair)
-    if pair is None and not args.base:
-        raise ValueError("with --target, pass --base: the block drafter to fine-tune")
-    base = Path(args.base) if args.base else shipped_drafter(pair, "block")
+    pair, bundle, base = fine_tune_start(args)
     drafter = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
     train_data, heldout = exittrain_sets(bundle, args, settings.seed)
     experiment = Experiment(drafter, lambda d: train(d, train_data, settings, target=bundle.target, checkpoint=out / "checkpoint"),

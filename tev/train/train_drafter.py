@@ -122,11 +122,6 @@ def draft_vocabulary(conversations: ChatSequences, size: int, always: tuple[int,
 
 
 # --------------------------------------------------------------------------- the command
-def shard_seed(seed: int, shard: int) -> int:
-    """The seed of shard ``shard`` (shard 0 uses the recipe's seed itself)."""
-    return seed + 7919 * shard
-
-
 def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: list[str], progress: bool = True) -> ChatSequences:
     """Every shard's conversations, from the cache in ``work/shard-NNN/`` where present.
 
@@ -139,7 +134,7 @@ def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: 
     for shard in range(recipe.shards):
         folder = work / f"shard-{shard:03d}"
         folder.mkdir(parents=True, exist_ok=True)
-        seed = shard_seed(recipe.seed, shard)
+        seed = recipe.seed + 7919 * shard  # shard 0 uses the recipe's seed itself
         if progress:
             print(f"shard {shard + 1} of {recipe.shards} ({folder})", flush=True)
         requests = _stage_json(folder / "requests.json", lambda: write_requests(
