@@ -19,7 +19,7 @@ import math
 import platform
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -71,9 +71,7 @@ class BuildConfig:
     distill_sequences: int = 3072
     distill_context: int = 128
     distill_new_tokens: int = 96
-    drafter_steps: int = 3000
-    drafter_batch: int = 256
-    drafter_lr: float = 1e-3
+    drafter_training: TrainSettings = field(default_factory=lambda: TrainSettings(steps=3000, batch=256))  # seeded with seed + 4
     # live ExitTrain data shipped for the app
     live_train_sequences: int = 256
     live_heldout_sequences: int = 32
@@ -97,8 +95,7 @@ QUICK_BUILD = BuildConfig(
     distill_sequences=32,
     distill_context=16,
     distill_new_tokens=16,
-    drafter_steps=20,
-    drafter_batch=32,
+    drafter_training=TrainSettings(steps=20, batch=32),
     live_train_sequences=8,
     live_heldout_sequences=4,
     live_context=16,
@@ -283,7 +280,7 @@ def _all_windows(stream: torch.Tensor, length: int) -> torch.Tensor:
 # ---------------------------------------------------------------------- block drafter
 DRAFTER_FIELDS = (
     "drafter",
-    "distill_sequences", "distill_context", "distill_new_tokens", "drafter_steps", "drafter_batch", "drafter_lr", "seed",
+    "distill_sequences", "distill_context", "distill_new_tokens", "drafter_training", "seed",
 )
 
 
@@ -303,8 +300,7 @@ def train_drafter(work: Path, config: BuildConfig, log=print) -> Path:
     data_seconds = time.time() - start
     torch.manual_seed(config.seed + 3)
     drafter = BlockDrafter.for_target(drafter_config, target)
-    settings = TrainSettings(steps=config.drafter_steps, batch=config.drafter_batch, lr=config.drafter_lr, seed=config.seed + 4)
-    history = list(with_progress(train(drafter, data, settings)))
+    history = list(with_progress(train(drafter, data, replace(config.drafter_training, seed=config.seed + 4))))
     seconds = time.time() - start
     parameters = sum(p.numel() for p in drafter.parameters())
     with atomic_folder(folder) as tmp:
@@ -430,7 +426,7 @@ def run_build(config: BuildConfig, work: Path, out: Path, quick: bool, fresh: bo
         shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    stages = [("tokenizer", 1), ("target", config.target_steps * 2.3 / 60), ("prompts", 0.3), ("drafter", 4 + config.drafter_steps * 0.45 / 60), ("live data", 1), ("evaluation", 6)]
+    stages = [("tokenizer", 1), ("target", config.target_steps * 2.3 / 60), ("prompts", 0.3), ("drafter", 4 + config.drafter_training.steps * 0.45 / 60), ("live data", 1), ("evaluation", 6)]
     if quick:
         log("quick build: a miniature pipeline (seconds)")
     else:

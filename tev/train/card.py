@@ -104,7 +104,10 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
     """The model card: the default pair's section from its drafter's ``training.json`` (when
     present), its ExitTrain drafter, the workload packs' measured adaptation, then the tiny pair's
     from its build report (``report["exittrain"]``: its ExitTrain drafter, when installed)."""
-    values = {"report": report, "cfg": report["config"], "tiny_shape": _shape_of(report["config"], "drafter_"), "target": report["target"], "drafter": report["drafter"], "evaluation": report["evaluation"],
+    cfg = report["config"]
+    values = {"report": report, "cfg": cfg, "tiny_shape": _shape_of(cfg, "drafter_"), "target": report["target"], "drafter": report["drafter"], "evaluation": report["evaluation"],
+              # builds before the drafter's TrainSettings named its steps and batch at the top
+              "tiny_training": cfg.get("drafter_training") or {"steps": cfg["drafter_steps"], "batch": cfg["drafter_batch"]},
               "final_loss": report["drafter"]["history"][-1].get("running_loss", report["drafter"]["history"][-1]["loss"]),  # builds before one loop kept "loss"
               "default_pair": default_pair, "workload_names": WORKLOAD_NAMES, "workloads": workload_rows(workloads) if workloads else None,
               "workload_commands": sorted({entry["command"] for entry in (workloads or {}).values()}),
@@ -115,7 +118,8 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
         checks = [h for h in default_pair["history"] if "heldout_loss" in h]
         best = min(checks, key=lambda h: h["heldout_loss"]) if checks else None
         recipe = default_pair["recipe"]  # its training settings under "train", or at the top in recipes written before
-        values.update(shape=_shape_of(recipe), train=recipe.get("train", recipe), timings=[f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in timings.items() if seconds >= 1],
+        values.update(shape=_shape_of(recipe), train=recipe.get("train", recipe),
+                      timings=[f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in timings.items() if seconds >= 1],
                       cached=timings["conversations_s"] < 60, checks=checks, best=best, after_best=_after_best(best, checks, data) if checks else "",
                       top1=", ".join(f"{100 * a:.0f}%" for a in default_pair["heldout"]["top1_by_depth"]))
     return _ENVIRONMENT.get_template("card.md.j2").render(**values)
