@@ -20,10 +20,10 @@ from tev.engine.models import DEFAULT_PAIR, load_bundle, shipped_drafter
 from tev.train.card import load_report, refresh_card
 from tev.train.data import TrainData
 from tev.train.experiment import Experiment
-from tev.train.exittrain_command import EXITTRAIN_SETTINGS, training_sequences
+from tev.train.exittrain_command import EXITTRAIN_SETTINGS
 from tev.train.loop import optimizer_for, schedule_for, train
 from tev.train.losses import exit_loss_terms, node_weights
-from tev.train.teacher import regenerate_sequences
+from tev.train.teacher import corpus_sequences, regenerate_sequences
 from tev.train.trees import score_trees, target_pass
 from tev.util.paths import assets_dir
 from tests.tiny import tiny_block_drafter, tiny_target
@@ -212,8 +212,8 @@ def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_
     bundle = load_bundle(dtype="float32")
     config = dataclasses.replace(EXITTRAIN_SETTINGS, steps=2, budget=8, sequences_per_step=2, anchors_per_sequence=2, eval_every=0, save_every=0)
     prompts = load_prompt_set("heldout")[:2]
-    train = TrainData.of(training_sequences(bundle.target, bundle.tokenizer, "train", 4, 24, 8, seed=7, cache_dir=None, progress=False), 24)
-    heldout = TrainData.of(training_sequences(bundle.target, bundle.tokenizer, "heldout", 4, 24, 8, seed=8, cache_dir=None, progress=False), 24)
+    train = TrainData.of(corpus_sequences(bundle.target, bundle.tokenizer, "train", 4, 24, 8, seed=7, cache_dir=None, progress=False), 24)
+    heldout = TrainData.of(corpus_sequences(bundle.target, bundle.tokenizer, "heldout", 4, 24, 8, seed=8, cache_dir=None, progress=False), 24)
     result = run_ablation(bundle, shipped_drafter("tiny", "block"), train, heldout, prompts, config=config, budgets=(8,), temperatures=(0.0, 1.0), max_new_tokens=6, out=tmp_path / "eval", progress=False)
     assert sorted({row["drafter"] for row in result["rows"]}) == ["base", "exit", "none", "prefix"]
     assert len(result["rows"]) == 4 * 2 and all(math.isfinite(row["tau"]) for row in result["rows"])

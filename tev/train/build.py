@@ -38,7 +38,7 @@ from tev.engine.models import DEFAULT_PAIR, load_block_drafter
 from tev.train.card import refresh_card
 from tev.train.data import TrainData, save_train_data
 from tev.train.loop import TrainSettings, drafter_shape, fit_to_target, schedule_for, train, with_progress
-from tev.train.teacher import regenerate_sequences, with_features
+from tev.train.teacher import corpus_sequences, with_features
 from tev.util.files import atomic_folder
 from tev.util.paths import REPO_ROOT, assets_dir
 from tev.util.timing import machine_info
@@ -293,9 +293,9 @@ def train_drafter(work: Path, config: BuildConfig, log=print) -> Path:
     start = time.time()
     tokenizer, target = _built_target(work)
     target.requires_grad_(False)
-    train_stream, _ = encode_corpus(tokenizer, "train", config.corpus_limit_files)
     drafter_config = fit_to_target(config.drafter, target, notes={"trained_by": "python -m tev build-assets", "loss": "token-level cross-entropy on target continuations"})
-    sequences = regenerate_sequences(target, train_stream, config.distill_sequences, config.distill_context, config.distill_new_tokens, seed=config.seed + 2)
+    sequences = corpus_sequences(target, tokenizer, "train", config.distill_sequences, config.distill_context, config.distill_new_tokens, seed=config.seed + 2,
+                                 limit_files=config.corpus_limit_files)
     data = with_features(target, TrainData.of(sequences, config.distill_context), drafter_config.feature_layers)
     data_seconds = time.time() - start
     torch.manual_seed(config.seed + 3)
@@ -342,11 +342,9 @@ def build_live_data(work: Path, config: BuildConfig, log=print) -> Path:
     if _reused(folder, key, log):
         return folder
     tokenizer, target = _built_target(work)
-    parts = {}  # contexts from the corpus (train / held-out splits), continuations sampled from the target
-    for name, split, count, files, seed in (("train", "train", config.live_train_sequences, config.corpus_limit_files, config.seed + 5),
-                                            ("heldout", "heldout", config.live_heldout_sequences, None, config.seed + 6)):
-        stream, _ = encode_corpus(tokenizer, split, files)
-        parts[name] = TrainData.of(regenerate_sequences(target, stream, count, context, new_tokens, seed=seed, desc=f"live {name} sequences"), context)
+    parts = {name: TrainData.of(corpus_sequences(target, tokenizer, name, count, context, new_tokens, seed, limit_files=files), context)
+             for name, count, files, seed in (("train", config.live_train_sequences, config.corpus_limit_files, config.seed + 5),
+                                              ("heldout", config.live_heldout_sequences, None, config.seed + 6))}
     with atomic_folder(folder) as tmp:
         save_train_data(tmp / "exittrain-data.safetensors", parts)
         _write_marker(tmp, key)

@@ -15,7 +15,7 @@ from tev.engine.evaluation import format_tau_table
 from tev.engine.models import DEFAULT_PAIR
 from tev.util.files import write_text_atomic
 
-__all__ = ["load_report", "render_card", "write_card", "refresh_card", "workload_rows", "WORKLOAD_NAMES"]
+__all__ = ["load_report", "render_card", "refresh_card", "workload_rows", "WORKLOAD_NAMES"]
 
 WORKLOAD_NAMES = {"exittrain": "adapted (token loss + tree term)", "token_only": "token-only control"}
 _ENVIRONMENT = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), trim_blocks=True, lstrip_blocks=True,
@@ -125,11 +125,6 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
     return _ENVIRONMENT.get_template("card.md.j2").render(**values)
 
 
-def write_card(assets: Path, report: dict, default_pair: dict | None = None, default_exittrain: dict | None = None, workloads: dict | None = None) -> None:
-    """Write ``assets/README.md`` (readers see the old or the new card, never half)."""
-    write_text_atomic(Path(assets) / "README.md", render_card(report, default_pair, default_exittrain, workloads))
-
-
 def refresh_card(assets: Path) -> None:
     """Re-render ``assets/README.md`` from ``models/build.json``, the installed ExitTrain
     drafter's ``exittrain.json``, the default pair's ``training.json`` and the workload packs'
@@ -140,5 +135,6 @@ def refresh_card(assets: Path) -> None:
     if exittrain:
         report["exittrain"] = exittrain
     default = assets / "models" / DEFAULT_PAIR.home
-    write_card(assets, report, load(default / "drafter-block" / "training.json"), load(default / "drafter-exittrain" / "exittrain.json"),
-               load(default / "workload-results.json"))
+    card = render_card(report, load(default / "drafter-block" / "training.json"), load(default / "drafter-exittrain" / "exittrain.json"),
+                       load(default / "workload-results.json"))
+    write_text_atomic(Path(assets) / "README.md", card)  # readers see the old or the new card, never half

@@ -7,7 +7,6 @@ corpus sequences, cached under ``runs/exittrain-data`` by their settings and the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 import sys
@@ -16,10 +15,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from tev.data.prompts import evaluation_prompts
-from tev.data.token_stream import encode_corpus
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, format_tau_table
@@ -29,11 +26,10 @@ from tev.train.data import TrainData
 from tev.train.exittrain_data import load_chat_exittrain_data
 from tev.train.experiment import Experiment, heldout_trees
 from tev.train.loop import TrainSettings, install_drafter, train, with_progress
-from tev.train.teacher import regenerate_sequences
-from tev.util.files import atomic_file
+from tev.train.teacher import corpus_sequences
 from tev.util.paths import REPO_ROOT, assets_dir
 
-__all__ = ["EXITTRAIN_SETTINGS", "EXITTRAIN_FLAGS", "settings_from_args", "exittrain_command", "training_sequences", "exittrain_sets", "pair_of", "fine_tune_start", "weights_fingerprint", "invoked_command", "SEQUENCE_CACHE"]
+__all__ = ["EXITTRAIN_SETTINGS", "EXITTRAIN_FLAGS", "settings_from_args", "exittrain_command", "exittrain_sets", "pair_of", "fine_tune_start", "invoked_command", "SEQUENCE_CACHE"]
 
 SEQUENCE_CACHE = REPO_ROOT / "runs" / "exittrain-data"
 # Same-distribution ExitTrain: on-policy trees of B = 32 at T = 1, the exit term at lambda_tree 16,
@@ -48,33 +44,6 @@ EXITTRAIN_FLAGS = ("tree_term", "steps", "budget", "lambda_tree", "temperature",
 def settings_from_args(args, preset: TrainSettings = EXITTRAIN_SETTINGS) -> TrainSettings:
     """``preset`` with the command line's values of its flags."""
     return replace(preset, **{name: getattr(args, name) for name in EXITTRAIN_FLAGS if getattr(args, name, None) is not None})
-
-
-def weights_fingerprint(model) -> str:
-    """A cache key for a model's weights: SHA-256 over every state-dict entry (name, shape and
-    values as float32, so one checkpoint loaded in bf16 or fp32 keys the same), 12 hex digits."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(f"{name}{tuple(tensor.shape)}".encode())
-        digest.update(tensor.detach().float().cpu().contiguous().numpy())
-    return digest.hexdigest()[:12]
-
-
-def training_sequences(target, tokenizer, split: str, count: int, context_length: int, new_tokens: int, seed: int, cache_dir: Path | None = None, progress: bool = True) -> torch.Tensor:
-    """`LongTensor[count, context_length + new_tokens]`: target-regenerated sequences from a
-    corpus split, cached in ``cache_dir`` (None: no cache) by their settings and the target."""
-    path = None
-    if cache_dir is not None:
-        key = f"{split}-{count}-{context_length}-{new_tokens}-{seed}-{weights_fingerprint(target)}"
-        path = Path(cache_dir) / f"sequences-{key}.safetensors"
-        if path.is_file():
-            return load_file(path)["sequences"].long()
-    stream, _ = encode_corpus(tokenizer, split)
-    sequences = regenerate_sequences(target, stream, count, context_length, new_tokens, seed, progress=progress, desc=f"{split} sequences")
-    if path is not None:
-        with atomic_file(path) as temporary:
-            save_file({"sequences": sequences.to(torch.int32)}, temporary)
-    return sequences
 
 
 def pair_of(args) -> str | None:
@@ -103,8 +72,8 @@ def exittrain_sets(bundle, args, seed: int, progress: bool = True) -> tuple[Trai
         return load_chat_exittrain_data(domain)
     if domain:
         raise ValueError("--domain needs the default pair (its conversations have domains); other data has none")
-    train = training_sequences(bundle.target, bundle.tokenizer, "train", args.data_sequences, args.context_length, args.new_tokens, seed=seed + 7, cache_dir=SEQUENCE_CACHE, progress=progress)
-    heldout = training_sequences(bundle.target, bundle.tokenizer, "heldout", args.heldout_sequences, args.context_length, args.new_tokens, seed=seed + 8, cache_dir=SEQUENCE_CACHE, progress=progress)
+    train = corpus_sequences(bundle.target, bundle.tokenizer, "train", args.data_sequences, args.context_length, args.new_tokens, seed=seed + 7, cache_dir=SEQUENCE_CACHE, progress=progress)
+    heldout = corpus_sequences(bundle.target, bundle.tokenizer, "heldout", args.heldout_sequences, args.context_length, args.new_tokens, seed=seed + 8, cache_dir=SEQUENCE_CACHE, progress=progress)
     return TrainData.of(train, args.context_length), TrainData.of(heldout, args.context_length)
 
 

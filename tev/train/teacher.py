@@ -17,19 +17,24 @@ same conversations.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from tev.data.token_stream import encode_corpus
 from tev.engine.batch_generate import generate_batch
 from tev.engine.prompt_text import ChatTemplate, encode_chat
 from tev.train.data import SoftLabels, TrainData
+from tev.util.files import atomic_file
 from tev.util.precision import low_precision
 
-__all__ = ["regenerate_sequences", "target_features", "top_law", "with_features", "WorkloadAnswers", "answer_prompts", "DOMAIN_OPENINGS", "ChatSequences",
+__all__ = ["regenerate_sequences", "weights_fingerprint", "corpus_sequences", "target_features", "top_law", "with_features", "WorkloadAnswers", "answer_prompts", "DOMAIN_OPENINGS", "ChatSequences",
            "write_requests", "write_responses"]
 
 
@@ -52,6 +57,35 @@ def regenerate_sequences(target, stream: torch.Tensor, num_sequences: int, conte
         bar.update(len(block))
     bar.close()
     return torch.tensor(rows)
+
+
+def weights_fingerprint(model) -> str:
+    """A cache key for a model's weights: SHA-256 over every state-dict entry (name, shape and
+    values as float32, so one checkpoint loaded in bf16 or fp32 keys the same), 12 hex digits."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().float().cpu().contiguous().numpy())
+    return digest.hexdigest()[:12]
+
+
+def corpus_sequences(target, tokenizer, split: str, count: int, context_length: int, new_tokens: int, seed: int, cache_dir: Path | None = None,
+                     progress: bool = True, limit_files: int | None = None) -> torch.Tensor:
+    """`LongTensor[count, context_length + new_tokens]`: :func:`regenerate_sequences` from a corpus
+    split (its first ``limit_files`` files; None: all), cached in ``cache_dir`` (None: no cache) by
+    their settings and the target."""
+    path = None
+    if cache_dir is not None:
+        key = f"{split}-{count}-{context_length}-{new_tokens}-{seed}-{weights_fingerprint(target)}" + (f"-{limit_files}" if limit_files else "")
+        path = Path(cache_dir) / f"sequences-{key}.safetensors"
+        if path.is_file():
+            return load_file(path)["sequences"].long()
+    stream, _ = encode_corpus(tokenizer, split, limit_files)
+    sequences = regenerate_sequences(target, stream, count, context_length, new_tokens, seed, progress=progress, desc=f"{split} sequences")
+    if path is not None:
+        with atomic_file(path) as temporary:
+            save_file({"sequences": sequences.to(torch.int32)}, temporary)
+    return sequences
 
 
 @torch.no_grad()
