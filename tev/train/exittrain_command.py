@@ -57,9 +57,9 @@ def fine_tune_start(args) -> tuple[str | None, object, Path]:
     pair = pair_of(args)
     if pair is None and args.install:
         raise ValueError("--install ships a drafter for a shipped pair; drop --target")
-    if pair is None and not args.base:
-        raise ValueError("with --target, pass --base: the block drafter to fine-tune")
     bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=pair)
+    if pair is None and not args.base:  # after loading: a target that does not load is the first thing to fix
+        raise ValueError("with --target, pass --base: the block drafter to fine-tune")
     return pair, bundle, Path(args.base) if args.base else shipped_drafter(pair, "block")
 
 
