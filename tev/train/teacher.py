@@ -1,10 +1,11 @@
 """What the frozen target writes and computes for its drafter's training.
 
-- corpus continuations (the tiny pair), self-instruct chat conversations (train-drafter), answers
+- corpus continuations (the tiny pair; cached by the target's weights), self-instruct chat conversations (train-drafter), answers
   to a workload's prompts: all written by :func:`tev.engine.batch_generate.generate_batch`
   (sampling through :mod:`tev.core.sampling`);
 - the target's features at the drafter's layers along the text, and its next-token laws there,
-  cut to their top tokens over the draft vocabulary (:class:`SoftLabels`, the one soft form).
+  cut to their top tokens over the draft vocabulary and renormalised (:func:`top_law`, the one
+  soft-label builder; stored as :class:`SoftLabels`).
 
 Chat conversations: the target is given only its chat template's opening of a user turn (after
 the template's default system turn) and writes the user's message itself (Magpie-style
@@ -34,8 +35,8 @@ from tev.train.data import SoftLabels, TrainData
 from tev.util.files import atomic_file
 from tev.util.precision import low_precision
 
-__all__ = ["regenerate_sequences", "weights_fingerprint", "corpus_sequences", "target_features", "top_law", "with_features", "WorkloadAnswers", "answer_prompts", "DOMAIN_OPENINGS", "ChatSequences",
-           "write_requests", "write_responses"]
+__all__ = ["regenerate_sequences", "weights_fingerprint", "corpus_sequences", "target_features", "top_law", "with_features", "WorkloadAnswers",
+           "answer_prompts", "DOMAIN_OPENINGS", "ChatSequences", "write_requests", "write_responses"]
 
 
 def regenerate_sequences(target, stream: torch.Tensor, num_sequences: int, context_length: int, new_tokens: int, seed: int,
