@@ -229,7 +229,7 @@ def on_policy(target, drafter, data: TrainData, index: torch.Tensor, budget: int
         features[i, : p.features.shape[0]] = p.features.float().cpu()
     soft = None
     if soft_top > 0:
-        laws = [top_law(p.logits, soft_top, drafter.draft_vocab) for p in passes]
+        laws = [[x.cpu() for x in top_law(p.logits, soft_top, drafter.draft_vocab)] for p in passes]
         k = laws[0][0].shape[-1]
         soft = SoftLabels(torch.zeros(len(rows), width, k, dtype=torch.long), torch.zeros(len(rows), width, k))
         for i, (positions, probs) in enumerate(laws):
