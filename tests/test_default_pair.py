@@ -98,7 +98,7 @@ def test_train_drafter_pipeline_on_a_tiny_chat_model(chat_folder, tmp_path):
     report = train_drafter_pipeline(str(chat_folder), out, work, QUICK_RECIPE, "python -m tev train-drafter --quick", progress=False)
     assert (out / "drafter.safetensors").is_file() and (out / "training.json").is_file()
     saved = json.loads((out / "training.json").read_text())
-    assert saved["recipe"]["steps"] == QUICK_RECIPE.steps and saved["data"]["conversations"] == QUICK_RECIPE.shards * QUICK_RECIPE.shard_requests - QUICK_RECIPE.heldout_requests
+    assert saved["recipe"]["train"]["steps"] == QUICK_RECIPE.train.steps and saved["data"]["conversations"] == QUICK_RECIPE.shards * QUICK_RECIPE.shard_requests - QUICK_RECIPE.heldout_requests
     assert {row["temperature"] for row in saved["tau"]} == {0.0, 1.0} and all(row["tokens"] >= row["rounds"] > 0 for row in saved["tau"])
     assert report["heldout"]["anchors"] > 0 and len(report["heldout"]["top1_by_depth"]) == QUICK_RECIPE.drafter.horizon
     # the held-out evaluation prompts are never among the training requests
@@ -269,10 +269,10 @@ def test_greedy_speculation_equals_greedy_decoding_on_chat_prompts(smollm2, draf
 
 def test_train_drafter_with_soft_labels_reuses_the_cached_target_forward(chat_folder, tmp_path, monkeypatch):
     work = tmp_path / "work"
-    recipe = replace(QUICK_RECIPE, soft_top=4)
+    recipe = replace(QUICK_RECIPE, train=replace(QUICK_RECIPE.train, soft_top=4))
     report = train_drafter_pipeline(str(chat_folder), tmp_path / "out", work, recipe, "cmd", progress=False)
     checks = [h for h in report["history"] if "heldout_loss" in h]
     assert checks and all(h["heldout_loss"] > 0 and h["heldout_token_loss"] > 0 for h in checks)
     # a retrained drafter on the same data reads the features and soft labels from the cache
     monkeypatch.setattr(pipeline, "target_features", lambda *a, **k: pytest.fail("the target forward ran again"))
-    train_drafter_pipeline(str(chat_folder), tmp_path / "out", work, replace(recipe, steps=recipe.steps + 2), "cmd", progress=False)
+    train_drafter_pipeline(str(chat_folder), tmp_path / "out", work, replace(recipe, train=replace(recipe.train, steps=recipe.train.steps + 2)), "cmd", progress=False)

@@ -16,14 +16,16 @@ from tev.bench.ablation import install_from_ablation, run_ablation
 from tev.core.flow import target_flow
 from tev.core.tree import DraftTree
 from tev.data.prompts import load_prompt_set
-from tev.engine.models import load_bundle, shipped_drafter
+from tev.engine.models import DEFAULT_PAIR, load_bundle, shipped_drafter
+from tev.train.card import load_report, refresh_card
 from tev.train.data import TrainData
 from tev.train.experiment import Experiment
-from tev.train.exittrain_command import EXITTRAIN_SETTINGS, training_sequences
+from tev.train.exittrain_command import EXITTRAIN_SETTINGS
 from tev.train.loop import optimizer_for, schedule_for, train
 from tev.train.losses import exit_loss_terms, node_weights
-from tev.train.teacher import regenerate_sequences
+from tev.train.teacher import corpus_sequences, regenerate_sequences
 from tev.train.trees import score_trees, target_pass
+from tev.util.paths import assets_dir
 from tests.tiny import tiny_block_drafter, tiny_target
 
 VOCAB = 48
@@ -210,13 +212,13 @@ def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_
     bundle = load_bundle(dtype="float32")
     config = dataclasses.replace(EXITTRAIN_SETTINGS, steps=2, budget=8, sequences_per_step=2, anchors_per_sequence=2, eval_every=0, save_every=0)
     prompts = load_prompt_set("heldout")[:2]
-    train = TrainData.of(training_sequences(bundle.target, bundle.tokenizer, "train", 4, 24, 8, seed=7, cache_dir=None, progress=False), 24)
-    heldout = TrainData.of(training_sequences(bundle.target, bundle.tokenizer, "heldout", 4, 24, 8, seed=8, cache_dir=None, progress=False), 24)
+    train = TrainData.of(corpus_sequences(bundle.target, bundle.tokenizer, "train", 4, 24, 8, seed=7, cache_dir=None, progress=False), 24)
+    heldout = TrainData.of(corpus_sequences(bundle.target, bundle.tokenizer, "heldout", 4, 24, 8, seed=8, cache_dir=None, progress=False), 24)
     result = run_ablation(bundle, shipped_drafter("tiny", "block"), train, heldout, prompts, config=config, budgets=(8,), temperatures=(0.0, 1.0), max_new_tokens=6, out=tmp_path / "eval", progress=False)
     assert sorted({row["drafter"] for row in result["rows"]}) == ["base", "exit", "none", "prefix"]
     assert len(result["rows"]) == 4 * 2 and all(math.isfinite(row["tau"]) for row in result["rows"])
     assert set(result["training"]) == {"none", "prefix", "exit"}
-    assert all(t["heldout_change"]["before"] == result["base_heldout_expected_tau"] for t in result["training"].values())  # one set of held-out anchors
+    assert all(t["heldout_change"]["before"] == result["base_heldout_tau_bound"] for t in result["training"].values())  # one set of held-out anchors
     for summary in result["heldout_trees"].values():  # the exit law sums to 1 per tree, over depths
         assert sum(summary["internal"]) + sum(summary["leaf"]) == pytest.approx(1.0, abs=1e-6)
     result["command"], result["pair"] = "python -m tev bench exittrain --install", "tiny"  # as the command records them
@@ -236,3 +238,30 @@ def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_
     assert (assets / "models" / "smollm2" / "drafter-exittrain" / "exittrain.json").is_file()
     card = (assets / "README.md").read_text()
     assert card.count("## ExitTrain drafter") == 2 and "Where the target's mass leaves each drafter's trees" in card
+
+
+def test_reports_written_when_1_plus_c_was_expected_tau_read_as_tau_bound(tmp_path):
+    old = {"heldout_expected_tau_before": 2.0, "heldout_expected_tau_after": 2.1, "base_heldout_expected_tau": 2.0,
+           "heldout_trees": {"base": {"expected_tau": 2.0, "internal": [0.5]}}, "history": [{"step": 1, "expected_tau": 1.9, "heldout_expected_tau": None}]}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert load_report(tmp_path / "old.json") == {
+        "heldout_tau_bound_before": 2.0, "heldout_tau_bound_after": 2.1, "base_heldout_tau_bound": 2.0,
+        "heldout_trees": {"base": {"tau_bound": 2.0, "internal": [0.5]}}, "history": [{"step": 1, "tau_bound": 1.9, "heldout_tau_bound": None}]}
+
+
+def test_the_card_renders_from_the_shipped_reports(tmp_path):
+    """Every report the card reads, as shipped (older ones with older key names), renders; each
+    pair's ExitTrain section shows its held-out 1 + C before and after and its trees' table."""
+    shipped = assets_dir() / "models"
+    names = ["build.json", "drafter-exittrain/exittrain.json", f"{DEFAULT_PAIR.home}/drafter-block/training.json",
+             f"{DEFAULT_PAIR.home}/drafter-exittrain/exittrain.json", f"{DEFAULT_PAIR.home}/workload-results.json"]
+    for name in names:
+        (tmp_path / "models" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(shipped / name, tmp_path / "models" / name)
+    refresh_card(tmp_path)
+    card = (tmp_path / "README.md").read_text()
+    for name in names[1:4:2]:
+        entry = load_report(shipped / name)
+        assert f"{entry['heldout_tau_bound_before']:.3f} before, {entry['heldout_tau_bound_after']:.3f} after" in card
+        for drafter, trees in entry.get("heldout_trees", {}).items():
+            assert f"| {drafter} | {trees['tau_bound']:.3f} |" in card

@@ -22,7 +22,7 @@ from tev.train.exittrain_command import EXITTRAIN_SETTINGS
 from tev.train.exittrain_data import build_chat_exittrain_data, conversation_data
 from tev.train.loop import train
 from tev.train.losses import token_losses
-from tev.train.train_drafter import QUICK_RECIPE, split_conversations
+from tev.train.train_drafter import QUICK_RECIPE, DrafterRecipe, split_conversations
 from tev.train.trees import TreeBatch, on_policy
 from tests.tiny import tiny_block_drafter, tiny_target, tiny_vocab_drafter
 
@@ -186,7 +186,7 @@ def test_the_data_command_keeps_the_drafter_split_and_caps_each_domain(tmp_path)
     parts = load_train_data(out)
     assert {d: parts["train"].domains.count(d) for d in ("dialogue", "code", "math")} == {"dialogue": 3, "code": 3, "math": 3}
     everything = ChatSequences.concat([first, second])
-    _, heldout = split_conversations(everything, type(QUICK_RECIPE)(**recipe))
+    _, heldout = split_conversations(everything, DrafterRecipe.from_json(recipe))
     heldout_rows = {tuple(ids[: start + 16]) for ids, start in zip(heldout.token_ids, heldout.prompt_lengths) if min(len(ids) - start, 16) >= 16}
     train_rows = {tuple(row[:length].tolist()) for row, length in zip(parts["train"].token_ids, parts["train"].lengths)}
     assert not heldout_rows & train_rows  # no held-out conversation is trained on
@@ -200,3 +200,11 @@ def test_benchmark_prompts_give_each_domain_its_share():
         domains = [p["domain"] for p in spread_evenly(chat, count)]
         assert all(domains.count(d) == count // 3 for d in ("dialogue", "code", "math")), (count, domains)
     assert spread_evenly(chat, 100) == chat and spread_evenly(chat, 0) == []
+
+
+def test_a_recipe_reads_back_and_one_written_before_it_held_its_train_settings_reads_the_same():
+    assert DrafterRecipe.from_json(json.loads(json.dumps(asdict(QUICK_RECIPE)))) == QUICK_RECIPE
+    old = asdict(QUICK_RECIPE)
+    train = old.pop("train")
+    old.update({name: train[name] for name in ("steps", "batch", "lr", "warmup", "short_history_share", "save_every", "eval_every", "soft_top")})
+    assert DrafterRecipe.from_json(old) == QUICK_RECIPE

@@ -192,7 +192,7 @@ def test_claim_5_reads_the_pooled_rows_and_shows_domains_errors_and_the_exit_mas
         rows.append({"drafter": drafter, "budget": 32, "temperature": 0.0, "tau": 9.0, "tau_se": 0.5, "domain": "code"})  # must not be read as pooled
     rows.append({"drafter": "exit", "budget": 32, "temperature": 0.0, "tau": 9.9, "tau_se": 0.5, "domain": "math"})
     rows.append({"drafter": "base", "budget": 32, "temperature": 0.0, "tau": 9.0, "tau_se": 0.5, "domain": "math"})
-    trees = {name: {"expected_tau": 1.8, "internal": [0.3, 0.2, 0.1], "leaf": [0.0, 0.3, 0.1]} for name in ("base", "exit")}
+    trees = {name: {"tau_bound": 1.8, "internal": [0.3, 0.2, 0.1], "leaf": [0.0, 0.3, 0.1]} for name in ("base", "exit")}
     data = exittrain_from_results({"rows": rows, "heldout_trees": trees, "command": "python -m tev bench exittrain"})
     assert data["settings"][0]["base"] == 2.0 and data["mean_gain"] == pytest.approx(0.05)
     assert data["domain_gains"] == pytest.approx({"code": 0.0, "math": 0.1})

@@ -419,15 +419,15 @@ def test_text_view_escapes_and_marks_bonus(records):
 def test_training_figure_skips_missing_heldout():
     history = [
         {
-            "step": s, "loss": 3.0 - 0.1 * s, "loss_tok": 2.0, "loss_exit": 1.0 - 0.1 * s,
-            "expected_tau": 1.5 + 0.05 * s,
-            "heldout_expected_tau": (1.4 + 0.05 * s) if s % 5 == 0 else None,  # measured every 5 steps
+            "step": s, "loss": 3.0 - 0.1 * s, "loss_tok": 2.0, "loss_tree": 1.0 - 0.1 * s,
+            "tau_bound": 1.5 + 0.05 * s,
+            "heldout_tau_bound": (1.4 + 0.05 * s) if s % 5 == 0 else None,  # measured every 5 steps
         }
         for s in range(1, 11)
     ]
     fig = training_figure(history)
     assert list(trace(fig, "loss").y) == pytest.approx([3.0 - 0.1 * s for s in range(1, 11)])
-    assert len(trace(fig, "loss_exit").x) == 10
+    assert len(trace(fig, "loss_tree").x) == 10
     heldout = trace(fig, "1 + C (held out)")
     assert list(heldout.x) == [5, 10] and list(heldout.y) == pytest.approx([1.65, 1.9])
     assert list(trace(fig, "1 + C (train trees)").y)[0] == pytest.approx(1.55)

@@ -4,7 +4,6 @@ default pair), or the shipped ExitTrain drafter, against the base on held-out ro
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 
@@ -18,6 +17,7 @@ from tev.engine.evaluation import evaluation_rounds, fit_prompt
 from tev.engine.decode import rounds_in_turn
 from tev.service.live_exittrain import live_data, live_experiment, live_settings
 from tev.service.service import LIMITS, UserInputError, check_number
+from tev.train.card import load_report
 from tev.train.data import DOMAINS
 from tev.train.losses import TREE_TERMS
 from tev.util.stats import change_in_words
@@ -82,13 +82,13 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
         before = experiment.before
         scoring = time.monotonic() - started
         deadline = started + RUN_SECONDS - scoring - TREES_SECONDS  # the 'after' scoring costs what the 'before' did
-        history.append({"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_tree": float("nan"), "expected_tau": before.expected_tau, "heldout_expected_tau": before.expected_tau})
+        history.append({"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_tree": float("nan"), "tau_bound": before.expected_tau, "heldout_tau_bound": before.expected_tau})
         for record in rounds_in_turn(experiment.train(), shared.SERVICE.compute):  # a step at a time: another user's generation takes turns
             history.append(record)
             left = max(0.0, deadline - time.monotonic())
             progress(record["step"] / settings.steps, desc=f"step {record['step']}/{settings.steps} · loss {record['loss']:.3f} · {left:.0f} s of training left")
             if bundle.has_domains or record["step"] % 5 == 0 or record["step"] == settings.steps:
-                yield training_figure(history), f"step {record['step']}/{settings.steps} · batch 1 + C {record['expected_tau']:.3f} · at most {left:.0f} s of training left", *[gr.skip()] * 5
+                yield training_figure(history), f"step {record['step']}/{settings.steps} · batch 1 + C {record['tau_bound']:.3f} · at most {left:.0f} s of training left", *[gr.skip()] * 5
             if cancel.cancelled or time.monotonic() >= deadline:
                 break
         if cancel.cancelled:
@@ -108,8 +108,8 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
         change = experiment.change()
         horizon = experiment.drafter.config.horizon
         label = f"ExitTrain ({tree_term}, live)"
-        mass = exit_mass_change_figure({"base": {**before.exit_mass_by_depth(horizon), "expected_tau": change["before"]},
-                                        label: {**after.exit_mass_by_depth(horizon), "expected_tau": change["after"]}})
+        mass = exit_mass_change_figure({"base": {**before.exit_mass_by_depth(horizon), "tau_bound": change["before"]},
+                                        label: {**after.exit_mass_by_depth(horizon), "tau_bound": change["after"]}})
         bars = before_after_figure(
             [{"drafter": "base", "temperature": settings.temperature, "tau": change["before"]}, {"drafter": label, "temperature": settings.temperature, "tau": change["after"]}],
             title="Held-out 1 + C (the expected tau) of the same rounds, before and after", yaxis="1 + C",
@@ -183,7 +183,7 @@ def side_by_side(bundle, drafters: dict, prompt: dict, budget: int = 32) -> list
 
 def _shipped_result(bundle) -> dict | None:
     path = bundle.shipped_folder("exittrain") / "exittrain.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return load_report(path) if path.is_file() else None
 
 
 def _shipped_mass(bundle):
@@ -198,7 +198,7 @@ def _control_note(bundle, domain: str | None) -> str:
     trees = (result or {}).get("heldout_trees", {})
     if "none" not in trees or "base" not in trees:
         return ""
-    parts = [f"{name} {100 * (trees[name]['expected_tau'] / trees['base']['expected_tau'] - 1):+.1f}%" for name in ("none", "prefix", "exit") if name in trees]
+    parts = [f"{name} {100 * (trees[name]['tau_bound'] / trees['base']['tau_bound'] - 1):+.1f}%" for name in ("none", "prefix", "exit") if name in trees]
     where = "all domains" if not domain else "all domains, not only " + domain
     return (f"\n\nStored result of the shipped ablation (equal data, steps and seed; {where}), held-out 1 + C change against the base: "
             + ", ".join(parts) + " (none = token-only control).")

@@ -95,7 +95,7 @@ def exit_mass_change_figure(summaries: dict) -> go.Figure:
     Args:
         summaries: drafter name -> ``{"internal": [...], "leaf": [...]}``, the mean exit mass
             per tree by depth ``0..K`` (:meth:`tev.train.trees.TreeBatch.exit_mass_by_depth`),
-            optionally with ``expected_tau``.
+            optionally with ``tau_bound`` (its mean ``1 + C``).
 
     One bar per drafter at each depth: the solid part is the missing mass (the target's next
     token was not among the node's children), the pale part the mass that reached a leaf
@@ -109,7 +109,7 @@ def exit_mass_change_figure(summaries: dict) -> go.Figure:
         colour = palette[i % len(palette)]
         internal, leaf = summary["internal"], summary["leaf"]
         depths = list(range(len(internal)))
-        label = f"{name} (1 + C = {summary['expected_tau']:.3f})" if "expected_tau" in summary else name
+        label = f"{name} (1 + C = {summary['tau_bound']:.3f})" if "tau_bound" in summary else name
         fig.add_trace(go.Bar(x=depths, y=internal, name=f"{label}: missing", offsetgroup=name, marker_color=colour,
                              hovertemplate="depth %{x}: %{y:.3f} missing<extra>" + html.escape(name) + "</extra>"))
         fig.add_trace(go.Bar(x=depths, y=leaf, base=internal, name=f"{label}: tree ended", offsetgroup=name, marker_color=colour, opacity=0.35,
@@ -178,8 +178,8 @@ def training_figure(history) -> go.Figure:
     """ExitTrain progress.
 
     Args:
-        history: a list of dicts with ``step``, ``loss``, ``loss_tok``, ``loss_exit``,
-            ``expected_tau`` and ``heldout_expected_tau`` (``None`` where not measured).
+        history: a list of dicts with ``step``, ``loss``, ``loss_tok``, ``loss_tree``,
+            ``tau_bound`` and ``heldout_tau_bound`` (``None`` where not measured).
 
     Left: the three losses. Right: the expected block length ``1 + C(T)`` of the realized
     training trees and, where measured, on held-out prompts.
@@ -189,12 +189,12 @@ def training_figure(history) -> go.Figure:
         return _empty_figure("Training: no steps yet")
     fig = make_subplots(rows=1, cols=2, subplot_titles=("loss", "expected block length 1 + C(T)"))
     steps = [h["step"] for h in history]
-    styles = {"loss": dict(color=PATH_COLOUR, width=2), "loss_tok": dict(color="#3b7dd8"), "loss_exit": dict(color=EXIT_COLOUR)}
+    styles = {"loss": dict(color=PATH_COLOUR, width=2), "loss_tok": dict(color="#3b7dd8"), "loss_tree": dict(color=EXIT_COLOUR)}
     for key, line in styles.items():
         fig.add_trace(go.Scatter(x=steps, y=[h.get(key) for h in history], name=key, mode="lines", line=line), row=1, col=1)
-    train_tau = [h.get("expected_tau") for h in history]
+    train_tau = [h.get("tau_bound") for h in history]
     fig.add_trace(go.Scatter(x=steps, y=train_tau, name="1 + C (train trees)", mode="lines", line=dict(color="#2ca02c")), row=1, col=2)
-    heldout = [(h["step"], h["heldout_expected_tau"]) for h in history if h.get("heldout_expected_tau") is not None]
+    heldout = [(h["step"], h["heldout_tau_bound"]) for h in history if h.get("heldout_tau_bound") is not None]
     if heldout:
         fig.add_trace(go.Scatter(
             x=[s for s, _ in heldout], y=[v for _, v in heldout], name="1 + C (held out)", mode="lines+markers",

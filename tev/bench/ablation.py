@@ -16,7 +16,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from tev.data.prompts import evaluation_prompts
 from tev.engine.block_drafter import BlockDrafter
@@ -25,9 +24,9 @@ from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_bundle, shipped_drafter
 from tev.train.card import refresh_card
 from tev.train.data import TrainData
-from tev.train.exittrain_command import EXITTRAIN_SETTINGS, exittrain_sets, install_drafter, invoked_command, pair_of, settings_from_args
+from tev.train.exittrain_command import EXITTRAIN_SETTINGS, exittrain_sets, fine_tune_start, invoked_command, pair_of, settings_from_args
 from tev.train.experiment import Experiment
-from tev.train.loop import TrainSettings
+from tev.train.loop import TrainSettings, install_drafter, with_progress
 from tev.util.paths import REPO_ROOT, assets_dir
 
 __all__ = ["run_ablation", "format_ablation", "install_from_ablation", "ablation_command", "evaluation_setup", "pooled_rows"]
@@ -64,7 +63,7 @@ def _measure(bundle, name: str, drafter, prompts: list[dict], budgets, temperatu
 
 
 def _trees_summary(trees, horizon: int) -> dict:
-    return {"expected_tau": trees.expected_tau, "trees": len(trees.trees), **trees.exit_mass_by_depth(horizon)}
+    return {"tau_bound": trees.expected_tau, "trees": len(trees.trees), **trees.exit_mass_by_depth(horizon)}
 
 
 def run_ablation(
@@ -96,16 +95,13 @@ def run_ablation(
             pass
         trees.setdefault("base", _trees_summary(experiment.before, drafter.config.horizon))
         start = time.time()
-        bar = tqdm(total=variant.steps, desc=f"train [{mode}]", disable=not progress)
-        for record in experiment.train():
-            bar.set_postfix(loss=f"{record['loss']:.3f}", tau_bound=f"{record['expected_tau']:.3f}")
-            bar.update(1)
-        bar.close()
+        for _ in with_progress(experiment.train(), f"train [{mode}]", progress):
+            pass
         for _ in experiment.measure_after():
             pass
         trained = experiment.drafter.eval()
         trees[mode] = _trees_summary(experiment.after, drafter.config.horizon)
-        training[mode] = {"seconds": time.time() - start, "heldout_expected_tau": trees[mode]["expected_tau"], "heldout_change": experiment.change(),
+        training[mode] = {"seconds": time.time() - start, "heldout_tau_bound": trees[mode]["tau_bound"], "heldout_change": experiment.change(),
                           "history": experiment.history}
         if out is not None:
             trained.save_pretrained(Path(out) / f"drafter-{mode}")
@@ -114,7 +110,7 @@ def run_ablation(
     for name, model in drafters.items():
         rows += _measure(bundle, name, model, prompts, budgets, temperatures, max_new_tokens, progress)
     return {"settings": asdict(config), "train_sequences": len(train), "heldout_sequences": len(heldout), "prompts": len(prompts), "rows": rows,
-            "training": training, "heldout_trees": trees, "base_heldout_expected_tau": trees.get("base", {}).get("expected_tau")}
+            "training": training, "heldout_trees": trees, "base_heldout_tau_bound": trees.get("base", {}).get("tau_bound")}
 
 
 def format_ablation(result: dict) -> str:
@@ -138,8 +134,8 @@ def install_from_ablation(result: dict, out: Path, target) -> None:
         "settings": config,
         "steps_done": config["steps"],
         "seconds": training["seconds"],
-        "heldout_expected_tau_before": result["base_heldout_expected_tau"],
-        "heldout_expected_tau_after": training["heldout_expected_tau"],
+        "heldout_tau_bound_before": result["base_heldout_tau_bound"],
+        "heldout_tau_bound_after": training["heldout_tau_bound"],
         "history": training["history"],
         "tau": {name: [row for row in result["rows"] if row["drafter"] == drafter] for name, drafter in (("before", "base"), ("after", "exit"))},
         "ablation": format_ablation(result),
@@ -155,11 +151,11 @@ def install_from_ablation(result: dict, out: Path, target) -> None:
     print(f"installed the exit-weighted drafter as {destination}; model card updated")
 
 
-def evaluation_setup(args) -> tuple[Path, object, list[dict]]:
-    """(output folder, created; the models in float32; the held-out prompts) of a ``bench exittrain`` run."""
+def evaluation_setup(args, bundle=None) -> tuple[Path, object, list[dict]]:
+    """(output folder, created; the models in float32, unless given; the held-out prompts) of a ``bench exittrain`` run."""
     out = Path(args.out) if args.out else REPO_ROOT / "runs" / f"exittrain-eval-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=pair_of(args))
+    bundle = bundle or load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=pair_of(args))
     prompts = evaluation_prompts(bundle.is_chat, args.num_prompts, getattr(args, "domain", None))
     return out, bundle, prompts
 
@@ -167,15 +163,10 @@ def evaluation_setup(args) -> tuple[Path, object, list[dict]]:
 def ablation_command(args) -> None:
     if args.install and "exit" not in args.tree_terms:
         raise ValueError("--install ships the exit-term drafter: keep exit in --tree-terms")
-    pair = pair_of(args)
-    if pair is None and args.install:
-        raise ValueError("--install ships a drafter for a shipped pair; drop --target")
-    out, bundle, prompts = evaluation_setup(args)
-    if pair is None and not args.base:
-        raise ValueError("with --target, pass --base: the block drafter to fine-tune")
+    pair, bundle, base = fine_tune_start(args)
+    out, _, prompts = evaluation_setup(args, bundle)
     config = dataclasses.replace(settings_from_args(args), eval_every=0, save_every=0)
     train, heldout = exittrain_sets(bundle, args, config.seed)
-    base = Path(args.base) if args.base else shipped_drafter(pair, "block")
     result = run_ablation(bundle, base, train, heldout, prompts, args.tree_terms, config, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, out=out)
     result["command"] = invoked_command()
     result["pair"] = pair

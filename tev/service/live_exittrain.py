@@ -76,7 +76,7 @@ def run_live_check(bundle, seeds=(0, 1, 2), prompts: list[dict] | None = None, b
         seconds = time.time() - start
         trained = BlockTreeDrafter(experiment.drafter.served(), name=f"live-{seed}")
         rows = evaluate_drafter(bundle.target, bundle.tokenizer, trained, prompts, budgets=(budget,), max_new_tokens=max_new_tokens, desc=f"tau [live seed {seed}]", progress=progress)
-        runs.append({"seed": seed, "seconds": seconds, "heldout_expected_tau": heldout, "rows": rows})
+        runs.append({"seed": seed, "seconds": seconds, "heldout_change": heldout, "rows": rows})
     changes = {}
     for i, base_row in enumerate(reference):
         values = [run["rows"][i]["tau"] / base_row["tau"] - 1 for run in runs]
@@ -91,7 +91,7 @@ def live_check_command(args) -> None:
     (out / "exittrain-live.json").write_text(json.dumps(result, indent=1))
     seconds = sum(r["seconds"] for r in result["runs"]) / len(result["runs"])
     for run in result["runs"]:
-        change = run["heldout_expected_tau"]
+        change = run["heldout_change"]
         print(f"seed {run['seed']}: held-out 1 + C {change['before']:.3f} -> {change['after']:.3f} ({100 * change['change']:+.1f}% +- {100 * change['change_se']:.1f}%, "
               f"{change['anchors']} anchors) in {run['seconds']:.0f} s")
     for key, change in result["tau_change"].items():

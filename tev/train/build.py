@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -32,14 +31,14 @@ from tev.data.corpus import load_split
 from tev.data.prompts import heldout_function_prompts, humaneval_prompts
 from tev.data.token_stream import encode_corpus
 from tev.engine.decode import DecodeConfig, autoregressive_generate
-from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig, default_feature_layers
+from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, fit_prompt
 from tev.engine.models import DEFAULT_PAIR, load_block_drafter
 from tev.train.card import refresh_card
-from tev.train.data import TrainData
-from tev.train.loop import TrainSettings, drafter_shape, run_to_end, schedule_for, train
-from tev.train.teacher import regenerate_sequences, with_features
+from tev.train.data import TrainData, save_train_data
+from tev.train.loop import TrainSettings, drafter_shape, fit_to_target, schedule_for, train, with_progress
+from tev.train.teacher import corpus_sequences, with_features
 from tev.util.files import atomic_folder
 from tev.util.paths import REPO_ROOT, assets_dir
 from tev.util.timing import machine_info
@@ -72,9 +71,7 @@ class BuildConfig:
     distill_sequences: int = 3072
     distill_context: int = 128
     distill_new_tokens: int = 96
-    drafter_steps: int = 3000
-    drafter_batch: int = 256
-    drafter_lr: float = 1e-3
+    drafter_training: TrainSettings = field(default_factory=lambda: TrainSettings(steps=3000, batch=256))  # seeded with seed + 4
     # live ExitTrain data shipped for the app
     live_train_sequences: int = 256
     live_heldout_sequences: int = 32
@@ -98,8 +95,7 @@ QUICK_BUILD = BuildConfig(
     distill_sequences=32,
     distill_context=16,
     distill_new_tokens=16,
-    drafter_steps=20,
-    drafter_batch=32,
+    drafter_training=TrainSettings(steps=20, batch=32),
     live_train_sequences=8,
     live_heldout_sequences=4,
     live_context=16,
@@ -112,9 +108,23 @@ def config_key(config: BuildConfig, *fields: str) -> dict:
     return {name: values[name] for name in fields}
 
 
-def _stage_ready(folder: Path, key: dict) -> bool:
-    marker = folder / "stage.json"
-    return marker.exists() and json.loads(marker.read_text()).get("config") == key
+def _marker(work: Path, stage: str) -> dict:
+    """What a finished stage recorded: its ``config`` key and measurements."""
+    return json.loads((work / stage / "stage.json").read_text())
+
+
+def _reused(folder: Path, key: dict, log) -> bool:
+    """Whether ``folder`` holds its stage built with ``key`` (then the stage is skipped)."""
+    if (folder / "stage.json").exists() and _marker(folder.parent, folder.name).get("config") == key:
+        log(f"{folder.name}: reusing {folder}")
+        return True
+    return False
+
+
+def _built_target(work: Path):
+    """(tokenizer, target in float32 and eval mode) of the target stage."""
+    return (AutoTokenizer.from_pretrained(work / "target", local_files_only=True),
+            LlamaForCausalLM.from_pretrained(work / "target", dtype=torch.float32, local_files_only=True).eval())
 
 
 def _write_marker(folder: Path, key: dict, **extra) -> None:
@@ -126,8 +136,7 @@ def build_tokenizer(work: Path, config: BuildConfig, log=print) -> Path:
     """Byte-level BPE on the train split; saved for ``AutoTokenizer.from_pretrained``."""
     folder = work / "tokenizer"
     key = config_key(config, "vocab_size", "corpus_limit_files")
-    if _stage_ready(folder, key):
-        log(f"tokenizer: reusing {folder}")
+    if _reused(folder, key, log):
         return folder
     start = time.time()
     files = load_split("train", limit_files=config.corpus_limit_files)
@@ -181,7 +190,7 @@ def random_windows(stream: torch.Tensor, count: int, length: int, generator: tor
 
 
 @torch.no_grad()
-def heldout_loss(model, windows: torch.Tensor, batch: int = 8) -> float:
+def lm_loss(model, windows: torch.Tensor, batch: int = 8) -> float:
     """Mean next-token loss in nats over ``windows`` (`LongTensor[n, T]`)."""
     model.eval()
     total, count = 0.0, 0
@@ -202,8 +211,7 @@ def train_target(work: Path, config: BuildConfig, log=print) -> Path:
         config, "seed", "vocab_size", "corpus_limit_files", "hidden_size", "intermediate_size", "num_layers",
         "num_heads", "context_length", "target_steps", "target_batch", "target_lr", "target_warmup", "eval_windows",
     )
-    if _stage_ready(folder, key):
-        log(f"target: reusing {folder}")
+    if _reused(folder, key, log):
         return folder
     start = time.time()
     tokenizer = AutoTokenizer.from_pretrained(work / "tokenizer", local_files_only=True)
@@ -235,7 +243,7 @@ def train_target(work: Path, config: BuildConfig, log=print) -> Path:
         schedule.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if (step + 1) % max(1, config.target_steps // 10) == 0 or step + 1 == config.target_steps:
-            history.append({"step": step + 1, "train_loss": loss.item(), "heldout_loss": heldout_loss(model, eval_windows)})
+            history.append({"step": step + 1, "train_loss": loss.item(), "heldout_loss": lm_loss(model, eval_windows)})
     seconds = time.time() - start
     # Save in bfloat16 (half the size); everything downstream uses the saved weights.
     model = model.to(torch.bfloat16)
@@ -243,8 +251,8 @@ def train_target(work: Path, config: BuildConfig, log=print) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         reloaded = LlamaForCausalLM.from_pretrained(tmp, dtype=torch.float32, local_files_only=True)
-        nats = heldout_loss(reloaded, eval_windows)
-        full_nats = heldout_loss(reloaded, _all_windows(heldout_stream, config.context_length + 1))
+        nats = lm_loss(reloaded, eval_windows)
+        full_nats = lm_loss(reloaded, _all_windows(heldout_stream, config.context_length + 1))
         tokens_per_byte = heldout_stream.numel() / heldout_bytes
         _write_marker(
             tmp,
@@ -272,39 +280,27 @@ def _all_windows(stream: torch.Tensor, length: int) -> torch.Tensor:
 # ---------------------------------------------------------------------- block drafter
 DRAFTER_FIELDS = (
     "drafter",
-    "distill_sequences", "distill_context", "distill_new_tokens", "drafter_steps", "drafter_batch", "drafter_lr", "seed",
+    "distill_sequences", "distill_context", "distill_new_tokens", "drafter_training", "seed",
 )
 
 
 def train_drafter(work: Path, config: BuildConfig, log=print) -> Path:
     """Self-distil the base block drafter on the target's own continuations (L_tok only)."""
     folder = work / "drafter"
-    target_marker = json.loads((work / "target" / "stage.json").read_text())
-    key = {**config_key(config, *DRAFTER_FIELDS), "target": target_marker["config"]}
-    if _stage_ready(folder, key):
-        log(f"drafter: reusing {folder}")
+    key = {**config_key(config, *DRAFTER_FIELDS), "target": _marker(work, "target")["config"]}
+    if _reused(folder, key, log):
         return folder
     start = time.time()
-    tokenizer = AutoTokenizer.from_pretrained(work / "target", local_files_only=True)
-    target = LlamaForCausalLM.from_pretrained(work / "target", dtype=torch.float32, local_files_only=True).eval()
-    for parameter in target.parameters():
-        parameter.requires_grad_(False)
-    train_stream, _ = encode_corpus(tokenizer, "train", config.corpus_limit_files)
-    drafter_config = replace(
-        config.drafter,
-        vocab_size=target.config.vocab_size,
-        target_hidden_size=target.config.hidden_size,
-        feature_layers=default_feature_layers(target.config.num_hidden_layers),
-        target_num_layers=target.config.num_hidden_layers,
-        notes={"trained_by": "python -m tev build-assets", "loss": "token-level cross-entropy on target continuations"},
-    )
-    sequences = regenerate_sequences(target, train_stream, config.distill_sequences, config.distill_context, config.distill_new_tokens, seed=config.seed + 2)
+    tokenizer, target = _built_target(work)
+    target.requires_grad_(False)
+    drafter_config = fit_to_target(config.drafter, target, notes={"trained_by": "python -m tev build-assets", "loss": "token-level cross-entropy on target continuations"})
+    sequences = corpus_sequences(target, tokenizer, "train", config.distill_sequences, config.distill_context, config.distill_new_tokens, seed=config.seed + 2,
+                                 limit_files=config.corpus_limit_files)
     data = with_features(target, TrainData.of(sequences, config.distill_context), drafter_config.feature_layers)
     data_seconds = time.time() - start
     torch.manual_seed(config.seed + 3)
     drafter = BlockDrafter.for_target(drafter_config, target)
-    settings = TrainSettings(steps=config.drafter_steps, batch=config.drafter_batch, lr=config.drafter_lr, seed=config.seed + 4)
-    history = run_to_end(train(drafter, data, settings), progress=True)
+    history = list(with_progress(train(drafter, data, replace(config.drafter_training, seed=config.seed + 4))))
     seconds = time.time() - start
     parameters = sum(p.numel() for p in drafter.parameters())
     with atomic_folder(folder) as tmp:
@@ -322,8 +318,7 @@ def build_prompts(work: Path, config: BuildConfig, log=print) -> Path:
     """``heldout.json`` (function headers + docstrings, held-out files) and ``humaneval.json``."""
     folder = work / "prompts"
     key = {"python": platform.python_version(), "count": 64}
-    if _stage_ready(folder, key):
-        log(f"prompts: reusing {folder}")
+    if _reused(folder, key, log):
         return folder
     with atomic_folder(folder) as tmp:
         sets = [heldout_function_prompts(count=64)]
@@ -342,35 +337,25 @@ def build_prompts(work: Path, config: BuildConfig, log=print) -> Path:
 def build_live_data(work: Path, config: BuildConfig, log=print) -> Path:
     """Target-regenerated sequences for the app's live ExitTrain mode (train + held-out)."""
     folder = work / "live-data"
-    target_marker = json.loads((work / "target" / "stage.json").read_text())
     context, new_tokens = config.live_context, config.live_new_tokens
-    key = {**config_key(config, "seed", "live_train_sequences", "live_heldout_sequences", "live_context", "live_new_tokens"), "target": target_marker["config"]}
-    if _stage_ready(folder, key):
-        log(f"live data: reusing {folder}")
+    key = {**config_key(config, "seed", "live_train_sequences", "live_heldout_sequences", "live_context", "live_new_tokens"), "target": _marker(work, "target")["config"]}
+    if _reused(folder, key, log):
         return folder
-    tokenizer = AutoTokenizer.from_pretrained(work / "target", local_files_only=True)
-    target = LlamaForCausalLM.from_pretrained(work / "target", dtype=torch.float32, local_files_only=True).eval()
-    train_stream, _ = encode_corpus(tokenizer, "train", config.corpus_limit_files)
-    heldout_stream, _ = encode_corpus(tokenizer, "heldout")
-    train = regenerate_sequences(target, train_stream, config.live_train_sequences, context, new_tokens, seed=config.seed + 5, desc="live train sequences")
-    heldout = regenerate_sequences(target, heldout_stream, config.live_heldout_sequences, context, new_tokens, seed=config.seed + 6, desc="live held-out sequences")
+    tokenizer, target = _built_target(work)
+    parts = {name: TrainData.of(corpus_sequences(target, tokenizer, name, count, context, new_tokens, seed, limit_files=files), context)
+             for name, count, files, seed in (("train", config.live_train_sequences, config.corpus_limit_files, config.seed + 5),
+                                              ("heldout", config.live_heldout_sequences, None, config.seed + 6))}
     with atomic_folder(folder) as tmp:
-        save_file(
-            {"train": train.to(torch.int16 if len(tokenizer) < 2**15 else torch.int32), "heldout": heldout.to(torch.int16 if len(tokenizer) < 2**15 else torch.int32),
-             "first_anchor": torch.tensor([context - 1])},
-            tmp / "exittrain-data.safetensors",
-            metadata={"source": "contexts from the corpus (train / held-out splits), continuations sampled from the target"},
-        )
+        save_train_data(tmp / "exittrain-data.safetensors", parts)
         _write_marker(tmp, key)
-    log(f"live data: {train.shape[0]} train and {heldout.shape[0]} held-out sequences of {context + new_tokens} tokens")
+    log(f"live data: {len(parts['train'])} train and {len(parts['heldout'])} held-out sequences of {context + new_tokens} tokens")
     return folder
 
 
 # ---------------------------------------------------------------------- evaluation for the card
 def evaluate_assets(work: Path, config: BuildConfig, quick: bool, log=print) -> dict:
     """Measure what the model card reports, on the built files (never on training data)."""
-    tokenizer = AutoTokenizer.from_pretrained(work / "target", local_files_only=True)
-    target = LlamaForCausalLM.from_pretrained(work / "target", dtype=torch.float32, local_files_only=True).eval()
+    tokenizer, target = _built_target(work)
     drafter = load_block_drafter(work / "drafter", target, name="block")
     heldout = json.loads((work / "prompts" / "heldout.json").read_text())["prompts"]
     count, new_tokens = (2, 12) if quick else (24, 64)
@@ -439,7 +424,7 @@ def run_build(config: BuildConfig, work: Path, out: Path, quick: bool, fresh: bo
         shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    stages = [("tokenizer", 1), ("target", config.target_steps * 2.3 / 60), ("prompts", 0.3), ("drafter", 4 + config.drafter_steps * 0.45 / 60), ("live data", 1), ("evaluation", 6)]
+    stages = [("tokenizer", 1), ("target", config.target_steps * 2.3 / 60), ("prompts", 0.3), ("drafter", 4 + config.drafter_training.steps * 0.45 / 60), ("live data", 1), ("evaluation", 6)]
     if quick:
         log("quick build: a miniature pipeline (seconds)")
     else:
@@ -450,8 +435,7 @@ def run_build(config: BuildConfig, work: Path, out: Path, quick: bool, fresh: bo
     train_drafter(work, config, log)
     build_live_data(work, config, log)
     evaluation = evaluate_assets(work, config, quick, log)
-    target_marker = json.loads((work / "target" / "stage.json").read_text())
-    drafter_marker = json.loads((work / "drafter" / "stage.json").read_text())
+    target_marker, drafter_marker = _marker(work, "target"), _marker(work, "drafter")
     drafter_config = json.loads((work / "drafter" / "drafter_config.json").read_text())
     report = {
         "command": command,
@@ -460,7 +444,7 @@ def run_build(config: BuildConfig, work: Path, out: Path, quick: bool, fresh: bo
         "machine": machine_info("cpu"),
         "config": asdict(config),
         "seconds": time.time() - start
-        + sum(json.loads((work / s / "stage.json").read_text()).get("seconds", 0.0) for s in ("tokenizer", "target", "drafter")),
+        + sum(_marker(work, s).get("seconds", 0.0) for s in ("tokenizer", "target", "drafter")),
         "target": {k: v for k, v in target_marker.items() if k != "config"},
         "drafter": {**{k: v for k, v in drafter_marker.items() if k != "config"}, "feature_layers": drafter_config["feature_layers"]},
         "evaluation": evaluation,

@@ -13,16 +13,34 @@ import jinja2
 
 from tev.engine.evaluation import format_tau_table
 from tev.engine.models import DEFAULT_PAIR
-from tev.train.loop import shape_of
 from tev.util.files import write_text_atomic
 
-__all__ = ["render_card", "write_card", "refresh_card", "workload_rows", "WORKLOAD_NAMES"]
+__all__ = ["load_report", "render_card", "refresh_card", "workload_rows", "WORKLOAD_NAMES"]
 
 WORKLOAD_NAMES = {"exittrain": "adapted (token loss + tree term)", "token_only": "token-only control"}
 _ENVIRONMENT = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), trim_blocks=True, lstrip_blocks=True,
                                   keep_trailing_newline=True, undefined=jinja2.StrictUndefined, autoescape=False)
 _ENVIRONMENT.filters["f"] = format  # {{ x|f('.3f') }}
 _ENVIRONMENT.filters["tau_table"] = format_tau_table
+
+
+def load_report(path: Path) -> dict:
+    """A report a command wrote as JSON (``exittrain.json``, an ablation's result), its keys in
+    today's names: ``1 + C`` is ``tau_bound`` as in the engine, and files written when it was
+    ``expected_tau`` (``heldout_expected_tau_before`` ...) read the same, at any depth."""
+    return json.loads(Path(path).read_text(), object_hook=lambda entry: {key.replace("expected_tau", "tau_bound"): value for key, value in entry.items()})
+
+
+# how recipes written before the shape was a BlockDrafterConfig named its fields (shipped JSON still reads)
+_OLD_SHAPE = {"horizon": "horizon", "window": "context_window", "hidden": "hidden_size", "layers": "num_layers", "heads": "num_heads", "intermediate": "intermediate_size"}
+
+
+def _shape_of(recipe: dict, prefix: str = "") -> dict:
+    """The drafter shape of a recipe or build config as JSON: its ``drafter`` entry, or the flat
+    ``<prefix>window`` ... fields older files hold, under :class:`BlockDrafterConfig`'s names."""
+    if "drafter" in recipe:
+        return recipe["drafter"]
+    return {new: recipe[prefix + old] for old, new in _OLD_SHAPE.items()}
 
 
 def _settings_of(entry: dict) -> dict:
@@ -49,7 +67,7 @@ def _exittrain(entry: dict, data: str) -> dict:
     trees = entry.get("heldout_trees", {})
     depths = 1 + max((d for t in trees.values() for d in range(len(t["internal"])) if t["internal"][d] + t["leaf"][d] >= 5e-4), default=-1)
     return {"command": entry["command"], "s": _settings_of(entry), "data": data, "steps_done": entry["steps_done"], "seconds": entry["seconds"],
-            "before": entry["heldout_expected_tau_before"], "after": entry["heldout_expected_tau_after"], "ablation": entry.get("ablation"),
+            "before": entry["heldout_tau_bound_before"], "after": entry["heldout_tau_bound_after"], "ablation": entry.get("ablation"),
             "tau": entry.get("tau", {}), "domain_gains": domain_gains, "trees": trees, "depths": depths}
 
 
@@ -86,7 +104,10 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
     """The model card: the default pair's section from its drafter's ``training.json`` (when
     present), its ExitTrain drafter, the workload packs' measured adaptation, then the tiny pair's
     from its build report (``report["exittrain"]``: its ExitTrain drafter, when installed)."""
-    values = {"report": report, "cfg": report["config"], "tiny_shape": shape_of(report["config"], "drafter_"), "target": report["target"], "drafter": report["drafter"], "evaluation": report["evaluation"],
+    cfg = report["config"]
+    values = {"report": report, "cfg": cfg, "tiny_shape": _shape_of(cfg, "drafter_"), "target": report["target"], "drafter": report["drafter"], "evaluation": report["evaluation"],
+              # builds before the drafter's TrainSettings named its steps and batch at the top
+              "tiny_training": cfg.get("drafter_training") or {"steps": cfg["drafter_steps"], "batch": cfg["drafter_batch"]},
               "final_loss": report["drafter"]["history"][-1].get("running_loss", report["drafter"]["history"][-1]["loss"]),  # builds before one loop kept "loss"
               "default_pair": default_pair, "workload_names": WORKLOAD_NAMES, "workloads": workload_rows(workloads) if workloads else None,
               "workload_commands": sorted({entry["command"] for entry in (workloads or {}).values()}),
@@ -96,26 +117,24 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
         timings, data = default_pair["timings_s"], default_pair["data"]
         checks = [h for h in default_pair["history"] if "heldout_loss" in h]
         best = min(checks, key=lambda h: h["heldout_loss"]) if checks else None
-        values.update(shape=shape_of(default_pair["recipe"]), timings=[f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in timings.items() if seconds >= 1],
+        recipe = default_pair["recipe"]  # its training settings under "train", or at the top in recipes written before
+        values.update(shape=_shape_of(recipe), train=recipe.get("train", recipe),
+                      timings=[f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in timings.items() if seconds >= 1],
                       cached=timings["conversations_s"] < 60, checks=checks, best=best, after_best=_after_best(best, checks, data) if checks else "",
                       top1=", ".join(f"{100 * a:.0f}%" for a in default_pair["heldout"]["top1_by_depth"]))
     return _ENVIRONMENT.get_template("card.md.j2").render(**values)
-
-
-def write_card(assets: Path, report: dict, default_pair: dict | None = None, default_exittrain: dict | None = None, workloads: dict | None = None) -> None:
-    """Write ``assets/README.md`` (readers see the old or the new card, never half)."""
-    write_text_atomic(Path(assets) / "README.md", render_card(report, default_pair, default_exittrain, workloads))
 
 
 def refresh_card(assets: Path) -> None:
     """Re-render ``assets/README.md`` from ``models/build.json``, the installed ExitTrain
     drafter's ``exittrain.json``, the default pair's ``training.json`` and the workload packs'
     ``models/smollm2/workload-results.json``, each when present."""
-    load = lambda path: json.loads(path.read_text()) if path.is_file() else None  # noqa: E731
+    load = lambda path: load_report(path) if path.is_file() else None  # noqa: E731
     report = load(assets / "models" / "build.json")
     exittrain = load(assets / "models" / "drafter-exittrain" / "exittrain.json")
     if exittrain:
         report["exittrain"] = exittrain
     default = assets / "models" / DEFAULT_PAIR.home
-    write_card(assets, report, load(default / "drafter-block" / "training.json"), load(default / "drafter-exittrain" / "exittrain.json"),
-               load(default / "workload-results.json"))
+    card = render_card(report, load(default / "drafter-block" / "training.json"), load(default / "drafter-exittrain" / "exittrain.json"),
+                       load(default / "workload-results.json"))
+    write_text_atomic(Path(assets) / "README.md", card)  # readers see the old or the new card, never half

@@ -31,7 +31,9 @@ class SoftLabels:
 
     Attributes:
         positions: `Tensor[S, T, k]` (int16 or int32), indices into the draft vocabulary.
-        probs: `Tensor[S, T, k]` (float16 or float32), their probabilities (renormalised when used).
+        probs: `Tensor[S, T, k]` (float16 or float32), the law over them
+            (:func:`tev.train.teacher.top_law`); renormalised when read, as float16 storage or a
+            cache cut to fewer tokens than it stores leaves it slightly off 1.
     """
 
     positions: torch.Tensor

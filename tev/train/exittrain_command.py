@@ -7,7 +7,6 @@ corpus sequences, cached under ``runs/exittrain-data`` by their settings and the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 import sys
@@ -16,11 +15,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
-from tqdm import tqdm
 
 from tev.data.prompts import evaluation_prompts
-from tev.data.token_stream import encode_corpus
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, format_tau_table
@@ -29,12 +25,11 @@ from tev.train.card import refresh_card
 from tev.train.data import TrainData
 from tev.train.exittrain_data import load_chat_exittrain_data
 from tev.train.experiment import Experiment, heldout_trees
-from tev.train.loop import TrainSettings, train
-from tev.train.teacher import regenerate_sequences
-from tev.util.files import atomic_file, atomic_folder
+from tev.train.loop import TrainSettings, install_drafter, train, with_progress
+from tev.train.teacher import corpus_sequences
 from tev.util.paths import REPO_ROOT, assets_dir
 
-__all__ = ["EXITTRAIN_SETTINGS", "EXITTRAIN_FLAGS", "settings_from_args", "exittrain_command", "training_sequences", "exittrain_sets", "pair_of", "weights_fingerprint", "install_drafter", "invoked_command", "SEQUENCE_CACHE"]
+__all__ = ["EXITTRAIN_SETTINGS", "EXITTRAIN_FLAGS", "settings_from_args", "exittrain_command", "exittrain_sets", "pair_of", "fine_tune_start", "invoked_command", "SEQUENCE_CACHE"]
 
 SEQUENCE_CACHE = REPO_ROOT / "runs" / "exittrain-data"
 # Same-distribution ExitTrain: on-policy trees of B = 32 at T = 1, the exit term at lambda_tree 16,
@@ -51,36 +46,21 @@ def settings_from_args(args, preset: TrainSettings = EXITTRAIN_SETTINGS) -> Trai
     return replace(preset, **{name: getattr(args, name) for name in EXITTRAIN_FLAGS if getattr(args, name, None) is not None})
 
 
-def weights_fingerprint(model) -> str:
-    """A cache key for a model's weights: SHA-256 over every state-dict entry (name, shape and
-    values as float32, so one checkpoint loaded in bf16 or fp32 keys the same), 12 hex digits."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(f"{name}{tuple(tensor.shape)}".encode())
-        digest.update(tensor.detach().float().cpu().contiguous().numpy())
-    return digest.hexdigest()[:12]
-
-
-def training_sequences(target, tokenizer, split: str, count: int, context_length: int, new_tokens: int, seed: int, cache_dir: Path | None = None, progress: bool = True) -> torch.Tensor:
-    """`LongTensor[count, context_length + new_tokens]`: target-regenerated sequences from a
-    corpus split, cached in ``cache_dir`` (None: no cache) by their settings and the target."""
-    path = None
-    if cache_dir is not None:
-        key = f"{split}-{count}-{context_length}-{new_tokens}-{seed}-{weights_fingerprint(target)}"
-        path = Path(cache_dir) / f"sequences-{key}.safetensors"
-        if path.is_file():
-            return load_file(path)["sequences"].long()
-    stream, _ = encode_corpus(tokenizer, split)
-    sequences = regenerate_sequences(target, stream, count, context_length, new_tokens, seed, progress=progress, desc=f"{split} sequences")
-    if path is not None:
-        with atomic_file(path) as temporary:
-            save_file({"sequences": sequences.to(torch.int32)}, temporary)
-    return sequences
-
-
 def pair_of(args) -> str | None:
     """The shipped pair a command works on (None with ``--target``)."""
     return None if getattr(args, "target", None) else (args.pair or default_pair())
+
+
+def fine_tune_start(args) -> tuple[str | None, object, Path]:
+    """(the shipped pair, None with ``--target``; the models in float32; the base drafter's folder)
+    of a fine-tuning command: ``--install`` needs a shipped pair, ``--target`` a ``--base``."""
+    pair = pair_of(args)
+    if pair is None and args.install:
+        raise ValueError("--install ships a drafter for a shipped pair; drop --target")
+    bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=pair)
+    if pair is None and not args.base:  # after loading: a target that does not load is the first thing to fix
+        raise ValueError("with --target, pass --base: the block drafter to fine-tune")
+    return pair, bundle, Path(args.base) if args.base else shipped_drafter(pair, "block")
 
 
 def exittrain_sets(bundle, args, seed: int, progress: bool = True) -> tuple[TrainData, TrainData]:
@@ -92,17 +72,9 @@ def exittrain_sets(bundle, args, seed: int, progress: bool = True) -> tuple[Trai
         return load_chat_exittrain_data(domain)
     if domain:
         raise ValueError("--domain needs the default pair (its conversations have domains); other data has none")
-    train = training_sequences(bundle.target, bundle.tokenizer, "train", args.data_sequences, args.context_length, args.new_tokens, seed=seed + 7, cache_dir=SEQUENCE_CACHE, progress=progress)
-    heldout = training_sequences(bundle.target, bundle.tokenizer, "heldout", args.heldout_sequences, args.context_length, args.new_tokens, seed=seed + 8, cache_dir=SEQUENCE_CACHE, progress=progress)
+    train = corpus_sequences(bundle.target, bundle.tokenizer, "train", args.data_sequences, args.context_length, args.new_tokens, seed=seed + 7, cache_dir=SEQUENCE_CACHE, progress=progress)
+    heldout = corpus_sequences(bundle.target, bundle.tokenizer, "heldout", args.heldout_sequences, args.context_length, args.new_tokens, seed=seed + 8, cache_dir=SEQUENCE_CACHE, progress=progress)
     return TrainData.of(train, args.context_length), TrainData.of(heldout, args.context_length)
-
-
-def install_drafter(drafter: BlockDrafter, destination: Path, extra_files: dict[str, str] | None = None) -> None:
-    """Save ``drafter`` (and ``extra_files``, name -> text) as ``destination``, swapped in whole."""
-    with atomic_folder(destination) as staging:
-        drafter.save_pretrained(staging)
-        for name, text in (extra_files or {}).items():
-            (staging / name).write_text(text)
 
 
 def invoked_command() -> str:
@@ -127,13 +99,7 @@ def exittrain_command(args) -> None:
         raise ValueError(f"--out {out} is inside assets/; write elsewhere and use --install to ship a result")
     if args.resume and not (out / "checkpoint").is_dir():
         raise FileNotFoundError(f"--resume: no checkpoint in {out}")
-    pair = pair_of(args)
-    if pair is None and args.install:
-        raise ValueError("--install ships a drafter for a shipped pair; drop --target")
-    bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=pair)
-    if pair is None and not args.base:
-        raise ValueError("with --target, pass --base: the block drafter to fine-tune")
-    base = Path(args.base) if args.base else shipped_drafter(pair, "block")
+    pair, bundle, base = fine_tune_start(args)
     drafter = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
     train_data, heldout = exittrain_sets(bundle, args, settings.seed)
     experiment = Experiment(drafter, lambda d: train(d, train_data, settings, target=bundle.target, checkpoint=out / "checkpoint"),
@@ -141,12 +107,8 @@ def exittrain_command(args) -> None:
     for _ in experiment.measure_before():
         pass
     start = time.time()
-    bar = tqdm(total=settings.steps, desc=f"exittrain[{settings.tree_term}]", unit="step")
-    for record in experiment.train():
-        bar.n = record["step"]
-        bar.set_postfix({"loss": f"{record['loss']:.3f}", "1+C": f"{record['expected_tau']:.3f}"})
-        bar.update(0)
-    bar.close()
+    for _ in with_progress(experiment.train(), f"exittrain[{settings.tree_term}]"):
+        pass
     seconds = time.time() - start
     for _ in experiment.measure_after():
         pass
@@ -155,8 +117,8 @@ def exittrain_command(args) -> None:
     trained.config.notes = {**trained.config.notes, "exittrain": asdict(settings), "trained_by": "python -m tev exittrain"}
     trained.save_pretrained(out / "drafter")
     steps_done = experiment.history[-1]["step"] if experiment.history else 0
-    report = {"settings": asdict(settings), "steps_done": steps_done, "seconds": seconds, "heldout_expected_tau_before": change["before"],
-              "heldout_expected_tau_after": change["after"], "heldout_change": change, "history": experiment.history}
+    report = {"settings": asdict(settings), "steps_done": steps_done, "seconds": seconds, "heldout_tau_bound_before": change["before"],
+              "heldout_tau_bound_after": change["after"], "heldout_change": change, "history": experiment.history}
     if args.eval_prompts:
         prompts = evaluation_prompts(bundle.is_chat, args.eval_prompts, getattr(args, "domain", None))
         original = BlockDrafter.from_pretrained(base, bundle.target)

@@ -17,14 +17,9 @@ from tev.train.data import DOMAINS, TrainData, load_train_data, save_train_data
 from tev.train.train_drafter import cached_conversations, split_conversations
 from tev.engine.models import DEFAULT_PAIR
 
-__all__ = ["chat_exittrain_data_path", "conversation_data", "build_chat_exittrain_data", "load_chat_exittrain_data", "exittrain_data_command"]
+__all__ = ["conversation_data", "build_chat_exittrain_data", "load_chat_exittrain_data", "exittrain_data_command"]
 
 PAD_ID = 0  # padding is never attended to by a tree nor labelled, so any id will do
-
-
-def chat_exittrain_data_path() -> Path:
-    """The default pair's shipped ExitTrain data."""
-    return DEFAULT_PAIR.exittrain_data_path()
 
 
 def _first_per_domain(data: TrainData, per_domain: int) -> TrainData:
@@ -63,7 +58,7 @@ def build_chat_exittrain_data(work: Path, per_domain: int, response_tokens: int,
 
 def load_chat_exittrain_data(domain: str | None = None, path: Path | None = None) -> tuple[TrainData, TrainData]:
     """(train, held-out) of the default pair's shipped ExitTrain data, of one domain when given."""
-    path = Path(path or chat_exittrain_data_path())
+    path = Path(path or DEFAULT_PAIR.exittrain_data_path())
     if not path.is_file():
         raise FileNotFoundError(f"the default pair's ExitTrain data is missing ({path}); rebuild it with "
                                 "`python -m tev exittrain-data --work-dir runs/train-drafter-smollm2` after `python -m tev train-drafter`")
@@ -77,7 +72,7 @@ def exittrain_data_command(args) -> None:
     if args.per_domain < 1 or args.response_tokens < 16:
         raise ValueError("--per-domain must be at least 1 and --response-tokens at least 16")
     parts = build_chat_exittrain_data(Path(args.work_dir), args.per_domain, args.response_tokens)
-    out = Path(args.out) if args.out else chat_exittrain_data_path()
+    out = Path(args.out) if args.out else DEFAULT_PAIR.exittrain_data_path()
     save_train_data(out, parts)
     for name, part in parts.items():
         counts = {d: part.domains.count(d) for d in DOMAINS}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Literal, get_args
 
@@ -26,13 +26,13 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from tev.engine.block_drafter import BlockDrafterConfig
+from tev.engine.block_drafter import BlockDrafterConfig, default_feature_layers
 from tev.train.data import TrainData
 from tev.train.losses import TREE_TERMS, TreeTerm, token_losses, tree_loss
 from tev.train.trees import ScoredTrees, draft_logits, on_policy
 from tev.util.files import atomic_folder, recover_folder
 
-__all__ = ["TrainSettings", "TREE_MODES", "drafter_shape", "shape_of", "optimizer_for", "schedule_for", "save_checkpoint", "load_checkpoint", "train", "run_to_end", "heldout_loss", "anchor_token_loss"]
+__all__ = ["TrainSettings", "TREE_MODES", "drafter_shape", "fit_to_target", "optimizer_for", "schedule_for", "save_checkpoint", "install_drafter", "load_checkpoint", "train", "with_progress", "heldout_loss", "anchor_token_loss"]
 
 TreeMode = Literal["fixed", "on-policy"]  # trees scored once, or redrawn from the current drafter every step
 TREE_MODES = get_args(TreeMode)
@@ -85,20 +85,15 @@ class TrainSettings:
 
 def drafter_shape(**shape) -> BlockDrafterConfig:
     """A drafter's shape (a :class:`BlockDrafterConfig`) before its target is known: the target's
-    own fields (vocabulary, width, layers, feature layers) are filled in when it is built."""
+    own fields (vocabulary, width, layers, feature layers) are filled in by :func:`fit_to_target`."""
     return BlockDrafterConfig(vocab_size=0, target_hidden_size=0, feature_layers=[], **shape)
 
 
-# how recipes written before the shape was a BlockDrafterConfig named its fields (shipped JSON still reads)
-_OLD_SHAPE = {"horizon": "horizon", "window": "context_window", "hidden": "hidden_size", "layers": "num_layers", "heads": "num_heads", "intermediate": "intermediate_size"}
-
-
-def shape_of(recipe: dict, prefix: str = "") -> dict:
-    """The drafter shape of a recipe or build config as JSON: its ``drafter`` entry, or the flat
-    ``<prefix>window`` ... fields older files hold, under :class:`BlockDrafterConfig`'s names."""
-    if "drafter" in recipe:
-        return recipe["drafter"]
-    return {new: recipe[prefix + old] for old, new in _OLD_SHAPE.items()}
+def fit_to_target(shape: BlockDrafterConfig, target, **fields) -> BlockDrafterConfig:
+    """``shape`` with ``target``'s own fields (head rows, width, layers, the default feature layers) and ``fields``."""
+    layers = target.config.num_hidden_layers
+    return replace(shape, vocab_size=target.get_output_embeddings().weight.shape[0], target_hidden_size=target.config.hidden_size,
+                   feature_layers=default_feature_layers(layers), target_num_layers=layers, **fields)
 
 
 def optimizer_for(drafter, settings: TrainSettings) -> torch.optim.AdamW:
@@ -129,6 +124,14 @@ def save_checkpoint(folder: Path, drafter, optimizer: torch.optim.Optimizer, ste
         save_file(tensors, staging / "checkpoint.safetensors")
         meta = {"step": step, "history": history, **({"settings": asdict(settings)} if settings else {})}
         (staging / "checkpoint.json").write_text(json.dumps(meta))
+
+
+def install_drafter(drafter, destination: Path, extra_files: dict[str, str] | None = None) -> None:
+    """Save ``drafter`` (and ``extra_files``, name -> text) as ``destination``, swapped in whole."""
+    with atomic_folder(destination) as staging:
+        drafter.save_pretrained(staging)
+        for name, text in (extra_files or {}).items():
+            (staging / name).write_text(text)
 
 
 def load_checkpoint(folder: Path, drafter, optimizer: torch.optim.Optimizer) -> tuple[int, list[dict]]:
@@ -171,7 +174,7 @@ def train(drafter, data: TrainData, settings: TrainSettings, target=None, trees:
           checkpoint: Path | None = None) -> Iterator[dict]:
     """Train ``drafter`` in place; yields one record per step (``step``, ``steps``, ``loss``,
     ``loss_tok``, ``loss_tree``, ``lr``, ``seconds``, ``running_loss``, ``top1_by_depth``; on-policy
-    also ``expected_tau``, the step's trees' mean ``1 + C``; every ``eval_every`` steps with
+    also ``tau_bound``, the step's trees' mean ``1 + C``; every ``eval_every`` steps with
     ``heldout``, ``heldout_loss``). Resumes from ``checkpoint`` and saves there every
     ``save_every`` steps and at the end. With held-out data the drafter ends with the weights of
     its best held-out loss (a drafter can memorise its data)."""
@@ -196,14 +199,14 @@ def train(drafter, data: TrainData, settings: TrainSettings, target=None, trees:
             start = time.perf_counter()
             lr = schedule.get_last_lr()[0]
             generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
-            expected_tau = None
+            tau_bound = None
             if on:
                 index = data.draw(settings.sequences_per_step, settings.anchors_per_sequence, generator)
                 part, index, logits, scored = on_policy(target, drafter, data, index, settings.budget, settings.temperature, settings.soft_top,
                                                         settings.soft_top if settings.tree_term == "next-depth" else 0)
                 loss_tok, _, accuracy = anchor_token_loss(drafter, part, index, logits, soft)
                 loss_tree = tree_loss(logits, scored, list(range(index.shape[0])), settings.tree_term, drafter) if settings.tree_term != "none" else torch.zeros(())
-                expected_tau = scored.expected_tau
+                tau_bound = scored.expected_tau
             else:
                 anchors = data.anchors
                 index = anchors[torch.randint(0, anchors.shape[0], (settings.batch,), generator=generator)]
@@ -225,8 +228,8 @@ def train(drafter, data: TrainData, settings: TrainSettings, target=None, trees:
             running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
             record = {"step": done, "steps": settings.steps, "loss": loss.item(), "loss_tok": loss_tok.item(), "loss_tree": float(loss_tree.detach()),
                       "lr": lr, "seconds": time.perf_counter() - start, "running_loss": running, "top1_by_depth": [round(a, 4) for a in accuracy.tolist()]}
-            if expected_tau is not None:
-                record["expected_tau"] = expected_tau
+            if tau_bound is not None:
+                record["tau_bound"] = tau_bound
             if heldout is not None and settings.eval_every and (done % settings.eval_every == 0 or done == settings.steps):
                 measured = heldout_loss(drafter, heldout, soft=soft)
                 record.update(heldout_loss=measured["loss"], heldout_token_loss=measured["token_loss"], heldout_top1_by_depth=measured["top1_by_depth"])
@@ -246,17 +249,15 @@ def train(drafter, data: TrainData, settings: TrainSettings, target=None, trees:
         drafter.eval()
 
 
-def run_to_end(records: Iterator[dict], progress: bool = False, desc: str = "block drafter") -> list[dict]:
-    """Drain :func:`train`; returns its records (a progress bar with ``progress``)."""
-    history = []
+def with_progress(records: Iterator[dict], desc: str = "block drafter", progress: bool = True) -> Iterator[dict]:
+    """:func:`train`'s records, passed on, shown on a progress bar (``1 + C`` too when on-policy)."""
     bar = tqdm(desc=desc, unit="step", disable=not progress)
     for record in records:
-        history.append(record)
         bar.total = record["steps"]
-        bar.set_postfix(loss=f"{record['running_loss']:.3f}")
-        bar.update(1)
+        bar.set_postfix({"loss": f"{record['running_loss']:.3f}", **({"1+C": f"{record['tau_bound']:.3f}"} if "tau_bound" in record else {})})
+        bar.update(record["step"] - bar.n)  # a resumed run starts at its checkpoint's step
+        yield record
     bar.close()
-    return history
 
 
 @torch.no_grad()

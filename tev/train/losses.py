@@ -26,7 +26,7 @@ from tev.core.flow import flow_from_edge_prob
 from tev.core.tree import DraftTree
 from tev.train.data import IGNORE
 
-__all__ = ["TreeTerm", "TREE_TERMS", "REACH_FLOOR", "token_losses", "node_weights", "exit_loss_terms", "tree_node_loss", "next_depth_loss", "tree_loss", "top_law"]
+__all__ = ["TreeTerm", "TREE_TERMS", "REACH_FLOOR", "token_losses", "node_weights", "exit_loss_terms", "tree_node_loss", "next_depth_loss", "tree_loss"]
 
 TreeTerm = Literal["none", "reach", "exit", "exit-depth", "next-depth", "prefix"]
 TREE_TERMS = get_args(TreeTerm)
@@ -161,13 +161,3 @@ def tree_loss(draft_logits: torch.Tensor, scored, indices: list[int], term: str,
         return next_depth_loss(draft_logits, scored, indices, drafter.config.horizon)
     return tree_node_loss(draft_logits, scored, indices, term, drafter.draft_positions)
 
-
-def top_law(logits: torch.Tensor, temperature: float, vocab: torch.Tensor | None, top: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`Tensor[N, V]` logits -> the law ``softmax(logits / T)`` over ``vocab`` (all tokens when
-    None) cut to its ``top`` most likely entries and renormalised: (positions in ``vocab``
-    `LongTensor[N, top]`, probabilities `Tensor[N, top]`), on the CPU."""
-    if vocab is not None:
-        logits = logits[:, vocab.to(logits.device)]
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    best = probs.topk(min(top, probs.shape[-1]), dim=-1)
-    return best.indices.cpu(), (best.values / best.values.sum(-1, keepdim=True)).cpu()

@@ -1,10 +1,11 @@
 """What the frozen target writes and computes for its drafter's training.
 
-- corpus continuations (the tiny pair), self-instruct chat conversations (train-drafter), answers
+- corpus continuations (the tiny pair; cached by the target's weights), self-instruct chat conversations (train-drafter), answers
   to a workload's prompts: all written by :func:`tev.engine.batch_generate.generate_batch`
   (sampling through :mod:`tev.core.sampling`);
 - the target's features at the drafter's layers along the text, and its next-token laws there,
-  cut to their top tokens over the draft vocabulary (:class:`SoftLabels`, the one soft form).
+  cut to their top tokens over the draft vocabulary and renormalised (:func:`top_law`, the one
+  soft-label builder; stored as :class:`SoftLabels`).
 
 Chat conversations: the target is given only its chat template's opening of a user turn (after
 the template's default system turn) and writes the user's message itself (Magpie-style
@@ -17,20 +18,25 @@ same conversations.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from tev.data.token_stream import encode_corpus
 from tev.engine.batch_generate import generate_batch
 from tev.engine.prompt_text import ChatTemplate, encode_chat
 from tev.train.data import SoftLabels, TrainData
+from tev.util.files import atomic_file
 from tev.util.precision import low_precision
 
-__all__ = ["regenerate_sequences", "target_features", "with_features", "WorkloadAnswers", "answer_prompts", "DOMAIN_OPENINGS", "ChatSequences",
-           "write_requests", "write_responses"]
+__all__ = ["regenerate_sequences", "weights_fingerprint", "corpus_sequences", "target_features", "top_law", "with_features", "WorkloadAnswers",
+           "answer_prompts", "DOMAIN_OPENINGS", "ChatSequences", "write_requests", "write_responses"]
 
 
 def regenerate_sequences(target, stream: torch.Tensor, num_sequences: int, context_length: int, new_tokens: int, seed: int,
@@ -54,6 +60,35 @@ def regenerate_sequences(target, stream: torch.Tensor, num_sequences: int, conte
     return torch.tensor(rows)
 
 
+def weights_fingerprint(model) -> str:
+    """A cache key for a model's weights: SHA-256 over every state-dict entry (name, shape and
+    values as float32, so one checkpoint loaded in bf16 or fp32 keys the same), 12 hex digits."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().float().cpu().contiguous().numpy())
+    return digest.hexdigest()[:12]
+
+
+def corpus_sequences(target, tokenizer, split: str, count: int, context_length: int, new_tokens: int, seed: int, cache_dir: Path | None = None,
+                     progress: bool = True, limit_files: int | None = None) -> torch.Tensor:
+    """`LongTensor[count, context_length + new_tokens]`: :func:`regenerate_sequences` from a corpus
+    split (its first ``limit_files`` files; None: all), cached in ``cache_dir`` (None: no cache) by
+    their settings and the target."""
+    path = None
+    if cache_dir is not None:
+        key = f"{split}-{count}-{context_length}-{new_tokens}-{seed}-{weights_fingerprint(target)}" + (f"-{limit_files}" if limit_files else "")
+        path = Path(cache_dir) / f"sequences-{key}.safetensors"
+        if path.is_file():
+            return load_file(path)["sequences"].long()
+    stream, _ = encode_corpus(tokenizer, split, limit_files)
+    sequences = regenerate_sequences(target, stream, count, context_length, new_tokens, seed, progress=progress, desc=f"{split} sequences")
+    if path is not None:
+        with atomic_file(path) as temporary:
+            save_file({"sequences": sequences.to(torch.int32)}, temporary)
+    return sequences
+
+
 @torch.no_grad()
 def target_features(
     target, token_ids: torch.Tensor, lengths: torch.Tensor, layers: list[int], batch: int = 8, progress: bool = True,
@@ -62,9 +97,8 @@ def target_features(
     """`Tensor[S, T, F]` (in :func:`low_precision`): hidden states at ``layers``, concatenated, of each
     right-padded sequence.
 
-    With ``soft_top > 0`` also the target's next-token distributions as :class:`SoftLabels`:
-    at every position, the ``soft_top`` most likely tokens of the target's distribution over
-    ``soft_vocab`` (the drafter's draft vocabulary; renormalised over it, T = 1).
+    With ``soft_top > 0`` also the target's next-token laws as :class:`SoftLabels`: at every
+    position, :func:`top_law` over ``soft_vocab`` (the drafter's draft vocabulary) at T = 1.
     """
     device = next(target.parameters()).device
     body = target.get_decoder() if hasattr(target, "get_decoder") else target.base_model
@@ -88,11 +122,22 @@ def target_features(
         out[rows, :width] = torch.cat([hidden[i] for i in layers], dim=-1).to(store).cpu()
         if soft is not None:
             # the final (normed) hidden state through the draft-vocabulary rows of the head
-            probs = torch.softmax((result.last_hidden_state @ head_rows.T).float(), dim=-1)
-            top = probs.topk(soft_top, dim=-1)
-            soft.positions[rows, :width] = top.indices.to(soft.positions.dtype).cpu()
-            soft.probs[rows, :width] = top.values.to(torch.float16).cpu()
+            positions, probs = top_law(result.last_hidden_state @ head_rows.T, soft_top)
+            soft.positions[rows, :width] = positions.to(soft.positions.dtype).cpu()
+            soft.probs[rows, :width] = probs.to(torch.float16).cpu()
     return out if soft is None else (out, soft)
+
+
+def top_law(logits: torch.Tensor, top: int, vocab: torch.Tensor | None = None, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one soft label: the target's law ``softmax(logits / T)`` over ``vocab`` (`LongTensor[Vd]`,
+    a draft vocabulary; every token when None), restricted to its ``top`` most likely tokens and
+    renormalised over them, so it is a law. `Tensor[..., V]` logits -> (positions in ``vocab``
+    `LongTensor[..., k]`, probabilities `Tensor[..., k]` float32 summing to 1), k = ``min(top, Vd)``."""
+    if vocab is not None:
+        logits = logits[..., vocab.to(logits.device)]
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    best = probs.topk(min(top, probs.shape[-1]), dim=-1)
+    return best.indices, best.values / best.values.sum(-1, keepdim=True)
 
 
 def with_features(target, data: TrainData, layers: list[int], soft_vocab: torch.Tensor | None = None, soft_top: int = 0,
@@ -188,15 +233,6 @@ class ChatSequences:
 
     def response_tokens(self) -> int:
         return sum(len(ids) - start for ids, start in zip(self.token_ids, self.prompt_lengths))
-
-    def padded(self, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(`LongTensor[S, T]` right-padded ids, `LongTensor[S]` lengths, `LongTensor[S]` prompt lengths)."""
-        width = max(len(ids) for ids in self.token_ids)
-        ids = torch.full((len(self), width), pad_id, dtype=torch.long)
-        for row, sequence in enumerate(self.token_ids):
-            ids[row, : len(sequence)] = torch.tensor(sequence)
-        lengths = torch.tensor([len(s) for s in self.token_ids])
-        return ids, lengths, torch.tensor(self.prompt_lengths)
 
     def to_json(self) -> dict:
         return {"token_ids": self.token_ids, "prompt_lengths": self.prompt_lengths, "domains": self.domains, "requests": self.requests}

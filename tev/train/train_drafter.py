@@ -25,7 +25,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save_file
 
 from tev.data.prompts import load_prompt_set
 from tev.engine.default_target import DEFAULT_TARGET_NAME, ensure_default_target
-from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig, default_feature_layers
+from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_causal_lm, load_tokenizer
@@ -41,7 +41,7 @@ from tev.engine.prompt_text import ChatTemplate
 from tev.train.teacher import ChatSequences, target_features, write_requests, write_responses
 from tev.train.card import refresh_card
 from tev.train.data import SoftLabels, TrainData
-from tev.train.loop import TrainSettings, drafter_shape, heldout_loss, run_to_end, train
+from tev.train.loop import TrainSettings, drafter_shape, fit_to_target, heldout_loss, install_drafter, train, with_progress
 from tev.util.files import atomic_folder, write_text_atomic
 from tev.util.paths import REPO_ROOT, assets_dir
 from tev.util.precision import low_precision
@@ -69,18 +69,15 @@ class DrafterRecipe:
     drafter: BlockDrafterConfig = field(default_factory=lambda: drafter_shape(
         horizon=8, context_window=16, hidden_size=256, num_layers=2, num_heads=4, intermediate_size=768, draft_vocab_size=8192,
         feature_norm="per_layer", feature_dropout=0.1))
-    soft_top: int = 16  # labels: the target's top-k distribution over the draft vocabulary (0: the tokens it wrote)
-    # optimisation
-    steps: int = 2400
-    batch: int = 256
-    lr: float = 1e-3
-    warmup: int = 100
-    short_history_share: float = 0.1  # anchors that see only a few features (a prompt's first rounds)
-    save_every: int = 100
-    eval_every: int = 100  # held-out loss every this many steps; the best checkpoint is the one kept
+    # labels: the target's top-16 laws over the draft vocabulary; the held-out loss every 100 steps (the
+    # best step's weights are kept); its seed is the recipe's
+    train: TrainSettings = field(default_factory=lambda: TrainSettings(steps=2400, batch=256, warmup=100, save_every=100, eval_every=100, soft_top=16))
     # evaluation on the held-out chat prompts
     eval_budget: int = 32  # measured with B = 16 as well (the benchmarks' budget)
     eval_new_tokens: int = 64
+
+    def __post_init__(self):
+        object.__setattr__(self, "train", replace(self.train, seed=self.seed))
 
     def eval_budgets(self) -> tuple[int, ...]:
         """The budgets ``tau`` is measured at: ``eval_budget`` and the benchmarks' B = 16."""
@@ -88,11 +85,10 @@ class DrafterRecipe:
 
     @classmethod
     def from_json(cls, values: dict) -> "DrafterRecipe":
-        return cls(**{**values, "drafter": BlockDrafterConfig(**values["drafter"])})
-
-    def train_settings(self) -> TrainSettings:
-        return TrainSettings(self.steps, self.batch, self.lr, self.warmup, self.seed, short_history_share=self.short_history_share,
-                             save_every=self.save_every, eval_every=self.eval_every, soft_top=self.soft_top)
+        """A recipe from JSON; recipes written before it held a :class:`TrainSettings` give its fields at the top."""
+        own = {f.name for f in fields(cls)} - {"drafter", "train"}
+        train = values.get("train") or {k: v for k, v in values.items() if k not in own | {"drafter"}}
+        return cls(**{k: v for k, v in values.items() if k in own}, drafter=BlockDrafterConfig(**values["drafter"]), train=TrainSettings(**train))
 
 
 STORED_SOFT_TOP = 16  # the target's top tokens kept per position in the feature cache
@@ -104,7 +100,7 @@ QUICK_RECIPE = DrafterRecipe(
     shard_requests=8, shards=2, heldout_requests=4, request_tokens=16, response_tokens=16, generation_batch=8,
     drafter=drafter_shape(horizon=4, context_window=4, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, draft_vocab_size=256,
                           feature_norm="per_layer", feature_dropout=0.1),
-    steps=12, batch=16, warmup=2, save_every=5, eval_every=4, eval_new_tokens=8,
+    train=TrainSettings(steps=12, batch=16, warmup=2, save_every=5, eval_every=4, soft_top=16), eval_new_tokens=8,
 )
 
 
@@ -126,11 +122,6 @@ def draft_vocabulary(conversations: ChatSequences, size: int, always: tuple[int,
 
 
 # --------------------------------------------------------------------------- the command
-def shard_seed(seed: int, shard: int) -> int:
-    """The seed of shard ``shard`` (shard 0 uses the recipe's seed itself)."""
-    return seed + 7919 * shard
-
-
 def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: list[str], progress: bool = True) -> ChatSequences:
     """Every shard's conversations, from the cache in ``work/shard-NNN/`` where present.
 
@@ -143,7 +134,7 @@ def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: 
     for shard in range(recipe.shards):
         folder = work / f"shard-{shard:03d}"
         folder.mkdir(parents=True, exist_ok=True)
-        seed = shard_seed(recipe.seed, shard)
+        seed = recipe.seed + 7919 * shard  # shard 0 uses the recipe's seed itself
         if progress:
             print(f"shard {shard + 1} of {recipe.shards} ({folder})", flush=True)
         requests = _stage_json(folder / "requests.json", lambda: write_requests(
@@ -223,8 +214,10 @@ def _stage_json(path: Path, make):
     return value
 
 
-def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: DrafterRecipe, command: str, allow_download: bool = False, progress: bool = True) -> dict:
-    """Run every stage (cached in ``work``) and install the drafter into ``out``; returns its report."""
+def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: DrafterRecipe, command: str, allow_download: bool = False, progress: bool = True,
+                           target_name: str | None = None) -> dict:
+    """Run every stage (cached in ``work``) and install the drafter into ``out``; returns its report
+    (its target named ``target_name``, else ``target_source``)."""
     start = time.time()
     work.mkdir(parents=True, exist_ok=True)
     recipe_path = work / "recipe.json"
@@ -250,28 +243,26 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     train_part, heldout_part = split_conversations(conversations, recipe)
 
     vocab, coverage = draft_vocabulary(train_part, min(recipe.drafter.draft_vocab_size, target.config.vocab_size), always=(template.end_of_turn,))
-    drafter_config = replace(
-        recipe.drafter, vocab_size=target.get_output_embeddings().weight.shape[0], target_hidden_size=target.config.hidden_size,
-        feature_layers=default_feature_layers(target.config.num_hidden_layers), target_num_layers=target.config.num_hidden_layers,
-        draft_vocab_size=int(vocab.numel()),
-        notes={"trained_by": command, "loss": (f"cross-entropy against the target's top-{recipe.soft_top} next-token distributions" if recipe.soft_top
+    drafter_config = fit_to_target(
+        recipe.drafter, target, draft_vocab_size=int(vocab.numel()),
+        notes={"trained_by": command, "loss": (f"cross-entropy against the target's top-{recipe.train.soft_top} next-token distributions" if recipe.train.soft_top
                                                else "token-level cross-entropy") + " on the target's own chat responses"},
     )
     t = time.time()
     datasets = {}
     for name, part in (("train", train_part), ("heldout", heldout_part)):
-        ids, lengths, prompt_lengths = part.padded(template.end_of_turn)
-        features, soft = _cached_features(work / f"features-{name}", target, ids, lengths, drafter_config.feature_layers, vocab, recipe.soft_top, progress)
-        datasets[name] = TrainData(ids, lengths, prompt_lengths, features, soft)
+        data = datasets[name] = TrainData.from_lists(part.token_ids, part.prompt_lengths, template.end_of_turn)
+        data.features, data.soft = _cached_features(work / f"features-{name}", target, data.token_ids, data.lengths, drafter_config.feature_layers, vocab,
+                                                    recipe.train.soft_top, progress)
     timings["features_s"] = time.time() - t
 
     torch.manual_seed(recipe.seed + 3)
     drafter = BlockDrafter.for_target(drafter_config, target).float()
     drafter.set_draft_vocab(vocab)
     t = time.time()
-    history = run_to_end(train(drafter, datasets["train"], recipe.train_settings(), checkpoint=work / "checkpoint", heldout=datasets["heldout"]), progress)
+    history = list(with_progress(train(drafter, datasets["train"], recipe.train, checkpoint=work / "checkpoint", heldout=datasets["heldout"]), progress=progress))
     timings["training_s"] = time.time() - t
-    heldout = heldout_loss(drafter, datasets["heldout"], soft=recipe.soft_top > 0)
+    heldout = heldout_loss(drafter, datasets["heldout"], soft=recipe.train.soft_top > 0)
 
     t = time.time()
     inference = drafter.served()
@@ -279,7 +270,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     rows = chat_prompt_tau(target, tokenizer, inference, eval_prompts, recipe, progress)
     timings["evaluation_s"] = time.time() - t
     report = {
-        "target": target_source,
+        "target": target_name or target_source,
         "recipe": asdict(recipe),
         "command": command,
         "data": {
@@ -297,31 +288,27 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
         "total_minutes": round((time.time() - start) / 60, 1),
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads()},
     }
-    with atomic_folder(out) as staging:
-        inference.save_pretrained(staging)
-        (staging / "training.json").write_text(json.dumps(report, indent=1))
+    install_drafter(inference, out, {"training.json": json.dumps(report, indent=1)})
     return report
 
 
 def train_drafter_command(args) -> None:
     recipe = QUICK_RECIPE if args.quick else DrafterRecipe()
     given = lambda names: {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}  # noqa: E731
-    recipe = replace(recipe, **given(("steps", "shards", "seed", "soft_top")), drafter=replace(recipe.drafter, **given(("hidden_size", "num_layers", "num_heads", "intermediate_size"))))
+    recipe = replace(recipe, **given(("shards", "seed")), drafter=replace(recipe.drafter, **given(("hidden_size", "num_layers", "num_heads", "intermediate_size"))),
+                     train=replace(recipe.train, **given(("steps", "soft_top"))))  # TrainSettings refuses a bad step count or soft_top
     shape = recipe.drafter
-    if min(recipe.steps, recipe.shards, shape.hidden_size, shape.num_layers, shape.num_heads, shape.intermediate_size) < 1:
-        raise ValueError("--steps, --shards, --hidden, --layers, --heads and --intermediate must be at least 1")
+    if min(recipe.shards, shape.hidden_size, shape.num_layers, shape.num_heads, shape.intermediate_size) < 1:
+        raise ValueError("--shards, --hidden, --layers, --heads and --intermediate must be at least 1")
     if shape.hidden_size % shape.num_heads:
         raise ValueError(f"--heads ({shape.num_heads}) must divide --hidden ({shape.hidden_size})")
-    if recipe.soft_top < 0 or recipe.soft_top > shape.draft_vocab_size:
-        raise ValueError(f"--soft-top must be from 0 to the draft vocabulary size ({shape.draft_vocab_size})")
+    if recipe.train.soft_top > shape.draft_vocab_size:
+        raise ValueError(f"--soft-top must be at most the draft vocabulary size ({shape.draft_vocab_size})")
     out = Path(args.out)
     work = Path(args.work_dir) if args.work_dir else REPO_ROOT / "runs" / f"train-drafter-{out.name}"
     command = shlex.join(["python", "-m", "tev", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith(("tev", "__main__.py")) else "python -m tev train-drafter"
     target = args.target or str(ensure_default_target())
-    report = train_drafter_pipeline(target, out, work, recipe, command, allow_download=args.allow_download)
-    if args.target is None:
-        report["target"] = DEFAULT_TARGET_NAME
-        write_text_atomic(out / "training.json", json.dumps(report, indent=1))
+    report = train_drafter_pipeline(target, out, work, recipe, command, allow_download=args.allow_download, target_name=args.target or DEFAULT_TARGET_NAME)
     assets = assets_dir().resolve()
     if assets in out.resolve().parents and (assets / "models" / "build.json").is_file():
         refresh_card(assets)  # the shipped drafter changed: so does the model card

@@ -12,7 +12,7 @@ on-policy (redrawn from the current drafter every step: ExitTrain).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Iterator
 
 import torch
@@ -22,7 +22,7 @@ from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows
 from tev.engine.session import CausalLMSession
 from tev.train.data import SoftLabels, TrainData
-from tev.train.losses import top_law
+from tev.train.teacher import top_law
 from tev.util.precision import low_precision
 
 __all__ = ["TreeBatch", "ScoredTrees", "TargetPass", "target_pass", "draft_logits", "draft_trees", "score_trees", "fixed_trees", "on_policy"]
@@ -44,19 +44,12 @@ class TreeBatch:
 
     @classmethod
     def join(cls, parts: list["TreeBatch"]) -> "TreeBatch":
-        """One batch holding the trees of ``parts`` in order."""
+        """One batch holding the trees of ``parts`` in order (an optional list only where every part has it)."""
         def joined(name):
             lists = [getattr(part, name) for part in parts]
             return None if any(x is None for x in lists) else [x for part in lists for x in part]
 
-        return cls(
-            trees=[t for part in parts for t in part.trees],
-            reach=[r for part in parts for r in part.reach],
-            exit_weight=[w for part in parts for w in part.exit_weight],
-            coverage=[c for part in parts for c in part.coverage],
-            edge_prob=joined("edge_prob"),
-            node_soft=joined("node_soft"),
-        )
+        return cls(*(joined(f.name) for f in fields(cls)))
 
     @property
     def expected_tau(self) -> float:
@@ -179,7 +172,7 @@ def score_trees(row: TargetPass, trees: list[DraftTree], roots: list[int], tempe
         coverage.append(flow.coverage)
         edges.append(edge.detach().cpu())
         if soft_top > 0:
-            node_soft.append(top_law(logits, temperature, soft_vocab, soft_top))
+            node_soft.append(tuple(x.cpu() for x in top_law(logits, soft_top, soft_vocab, temperature)))
     return TreeBatch(trees, reach, exit_weight, coverage, edges, node_soft if soft_top > 0 else None)
 
 
@@ -236,7 +229,7 @@ def on_policy(target, drafter, data: TrainData, index: torch.Tensor, budget: int
         features[i, : p.features.shape[0]] = p.features.float().cpu()
     soft = None
     if soft_top > 0:
-        laws = [top_law(p.logits, 1.0, drafter.draft_vocab, soft_top) for p in passes]
+        laws = [[x.cpu() for x in top_law(p.logits, soft_top, drafter.draft_vocab)] for p in passes]
         k = laws[0][0].shape[-1]
         soft = SoftLabels(torch.zeros(len(rows), width, k, dtype=torch.long), torch.zeros(len(rows), width, k))
         for i, (positions, probs) in enumerate(laws):

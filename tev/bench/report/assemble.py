@@ -24,6 +24,7 @@ from tev.data.prompts import load_prompt_set
 from tev.engine.default_target import DEFAULT_TARGET_NAME, converted_folder
 from tev.engine.evaluation import fit_prompt
 from tev.engine.models import load_bundle
+from tev.train.card import load_report
 from tev.util.paths import REPO_ROOT
 from tev.util.precision import figure_precision, precision_summary
 from tev.util.timing import machine_info
@@ -189,7 +190,7 @@ def report_command(args) -> None:
             raise ValueError("--num-prompts must be at least 1")
         settings = replace(settings, num_prompts=args.num_prompts)
     args.out = Path(args.out) if args.out else REPO_ROOT / "runs" / f"report-{time.strftime('%Y%m%d-%H%M%S')}"
-    exittrain_results = json.loads(Path(args.exittrain_results).read_text()) if args.exittrain_results else None
+    exittrain_results = load_report(args.exittrain_results) if args.exittrain_results else None
     if exittrain_results is not None and not isinstance(exittrain_results.get("rows") if isinstance(exittrain_results, dict) else None, list):
         raise ValueError(f"{args.exittrain_results}: expected a JSON object with a 'rows' list (from `python -m tev bench exittrain`)")
     workload_results = {}

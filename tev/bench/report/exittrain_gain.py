@@ -111,7 +111,7 @@ def exittrain_section(report: dict) -> list[str]:
                   "(mean exit probability per tree at depths 0, 1, 2: missing mass + mass at a leaf):", "",
                   "| drafter | 1 + C | depth 0 | depth 1 | depth 2 |", "|---|---|---|---|---|"]
         for name, t in trees.items():
-            lines.append(f"| {name} | {t['expected_tau']:.3f} | " + " | ".join(f"{t['internal'][d]:.3f} + {t['leaf'][d]:.3f}" for d in range(3)) + " |")
+            lines.append(f"| {name} | {t['tau_bound']:.3f} | " + " | ".join(f"{t['internal'][d]:.3f} + {t['leaf'][d]:.3f}" for d in range(3)) + " |")
         if "exittrain_mass" in report.get("plots", {}):
             lines += ["", image(report["plots"], "exittrain_mass", "exit mass by depth, before and after ExitTrain")]
     return lines

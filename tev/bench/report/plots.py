@@ -119,7 +119,7 @@ def plot_exittrain_mass(trees: dict, plots_dir: Path) -> str:
     for i, name in enumerate(names):
         x = [d - 0.4 + width * (i + 0.5) for d in depths]
         internal = [trees[name]["internal"][d] for d in depths]
-        bars = ax.bar(x, internal, width, label=f"{name} (1 + C = {trees[name]['expected_tau']:.3f})")
+        bars = ax.bar(x, internal, width, label=f"{name} (1 + C = {trees[name]['tau_bound']:.3f})")
         ax.bar(x, [trees[name]["leaf"][d] for d in depths], width, bottom=internal, color=bars.patches[0].get_facecolor(), alpha=0.35)
     ax.set_xticks(depths)
     ax.set_xlabel("depth of the exit node")
