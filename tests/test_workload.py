@@ -13,7 +13,6 @@ import torch
 
 from tev.core.flow import target_flow
 from tev.core.tree import DraftTree
-from tev.engine.decode import rounds_in_turn
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.models import load_bundle
 from tev.engine.prompt_text import encode_chat
@@ -24,6 +23,7 @@ from tev.train.trees import ScoredTrees, TreeBatch
 from tev.train.trees import draft_logits as logits_at
 from tev.train.workload_command import workload_settings
 from tev.train.workload_data import MIN_PROMPTS, check_workload, extend_draft_vocab, load_workload, split_workload
+from tev.util.compute_thread import ComputeThread
 from tev.util.paths import REPO_ROOT
 from tests.tiny import CHAT_WORDS, save_chat_target, tiny_target, tiny_vocab_drafter
 
@@ -181,21 +181,6 @@ def _digest(folder: Path) -> dict:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-class _HoldCounter:
-    """A stand-in for the server's compute lock that counts holds and how deeply they nest."""
-
-    def __init__(self):
-        self.holds, self.depth, self.deepest = 0, 0, 0
-
-    def __enter__(self):
-        self.holds += 1
-        self.depth += 1
-        self.deepest = max(self.deepest, self.depth)
-
-    def __exit__(self, *exc):
-        self.depth -= 1
-
-
 def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch):
     from tev.train import workload_command
 
@@ -219,13 +204,12 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
     before_target = {k: v.clone() for k, v in bundle.target.state_dict().items()}
     assets = _digest(REPO_ROOT / "assets")
     settings = dataclasses.replace(workload_settings("exit", steps=4), batch=8, tree_batch=4)
-    compute = _HoldCounter()
     run = workload_command.adaptation(bundle, prompts, base, minutes=5, settings=settings, controls=("none", "next-depth"), progress=False)
-    events = list(rounds_in_turn(run, compute))
+    events = list(ComputeThread().steps(run))
     result, adapted = events[-1][1]["result"], events[-1][1]["drafter"]
-    # the caller takes the server's compute lock per piece of work, never nested: a held-out
+    # the run is small steps the server's compute thread takes in turn with other users' work: a held-out
     # decoding round (5 prompts x 2 temperatures x 4 drafters, each several rounds), a training step, an answer's scoring
-    assert compute.deepest == 1 and compute.holds >= 5 * 2 * 4 + 3 * 4 + 15
+    assert len(events) >= 5 * 2 * 4 + 3 * 4 + 15
     for key in ("T0", "T1"):
         assert set(result[key]) == {"base", "exittrain", "token_only", "next-depth"}
         assert all(math.isfinite(cell["tau"]) and cell["se"] >= 0 for cell in result[key].values())

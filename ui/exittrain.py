@@ -14,7 +14,6 @@ from tev.data.prompts import evaluation_prompts
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluation_rounds, fit_prompt
-from tev.engine.decode import rounds_in_turn
 from tev.service.live_exittrain import live_data, live_experiment, live_settings
 from tev.service.service import LIMITS, UserInputError, check_number
 from tev.train.card import load_report
@@ -51,7 +50,7 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
     """A short live fine-tune of the base drafter, within :data:`RUN_SECONDS`; then base and
     trained drafter on the same held-out rounds (a paired change in words) and side by side.
     Cancel stops every phase (scoring, training, scoring again) and measures nothing. Each piece
-    of work (a held-out batch, a step) runs under the server's compute lock, so other users take turns."""
+    of work (a held-out batch, a step) is a step of the server's compute thread, so other users take turns."""
     owner = getattr(request, "session_hash", None) or "anonymous"
     try:
         steps = check_number("steps", steps, LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, integer=True)
@@ -75,7 +74,7 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
         history = []
         progress(0, desc="scoring the base drafter's held-out trees…")
         yield training_figure(history), "scoring the base drafter's held-out trees (the 'before')…", *[gr.skip()] * 5
-        for _ in rounds_in_turn(experiment.measure_before(), shared.SERVICE.compute):
+        for _ in shared.SERVICE.compute.steps(experiment.measure_before()):
             if cancel.cancelled:
                 yield _cancelled(history, 0)
                 return
@@ -83,7 +82,7 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
         scoring = time.monotonic() - started
         deadline = started + RUN_SECONDS - scoring - TREES_SECONDS  # the 'after' scoring costs what the 'before' did
         history.append({"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_tree": float("nan"), "tau_bound": before.expected_tau, "heldout_tau_bound": before.expected_tau})
-        for record in rounds_in_turn(experiment.train(), shared.SERVICE.compute):  # a step at a time: another user's generation takes turns
+        for record in shared.SERVICE.compute.steps(experiment.train()):  # a step at a time: another user's generation takes turns
             history.append(record)
             left = max(0.0, deadline - time.monotonic())
             progress(record["step"] / settings.steps, desc=f"step {record['step']}/{settings.steps} · loss {record['loss']:.3f} · {left:.0f} s of training left")
@@ -100,7 +99,7 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
         cut = f" (stopped at {experiment.steps} of {settings.steps} steps to keep within {RUN_SECONDS // 60} minutes)" if experiment.steps < settings.steps else ""
         status = f"trained {experiment.steps} steps{cut}"
         yield training_figure(history), f"{status}; scoring the held-out trees again…", *[gr.skip()] * 5
-        for _ in rounds_in_turn(experiment.measure_after(), shared.SERVICE.compute):
+        for _ in shared.SERVICE.compute.steps(experiment.measure_after()):
             if cancel.cancelled:
                 yield _cancelled(history, experiment.steps)
                 return
@@ -161,7 +160,7 @@ def _compare(bundle, drafters: dict, prompts: list[dict], max_new_tokens: int):
     rows, lines = [], ["| drafter | T | tau | 1 + C | per-prompt tau q25-q75 |", "|---|---|---|---|---|"]
     for name, drafter in drafters.items():
         events = evaluation_rounds(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(32,), temperatures=(0.0, 1.0), max_new_tokens=max_new_tokens, progress=False)
-        for measured in rounds_in_turn(events, shared.SERVICE.compute):  # the lock per round: other users take turns
+        for measured in shared.SERVICE.compute.steps(events):  # a step per round: other users take turns
             pass  # round records, then the rows
         for row in measured:
             rows.append({"drafter": name, "temperature": row["temperature"], "tau": row["tau"], "tau_se": row["tau_se"], "tau_q25": row["prompt_tau_q25"], "tau_q75": row["prompt_tau_q75"]})
@@ -174,8 +173,7 @@ def side_by_side(bundle, drafters: dict, prompt: dict, budget: int = 32) -> list
     ids = fit_prompt(bundle.tokenizer, prompt, bundle.context_length - 8)
     figures = []
     for name, drafter in drafters.items():
-        with shared.SERVICE.compute:
-            lab = tree_from_prompt(bundle.target, drafter, ids, budget, 1.0)
+        lab = shared.SERVICE.compute.call(tree_from_prompt, bundle.target, drafter, ids, budget, 1.0)
         figures.append(tree_figure(lab.tree, lab.flow, None, token_text=shared.EXITTRAIN_SERVICE.token_text,
                                    title=f"{name}: 1 + C = {1 + lab.flow.coverage:.3f} on the same held-out prompt"))
     return figures

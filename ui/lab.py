@@ -48,16 +48,14 @@ def run_verifier_lab(source, prompt, drafter, budget, temperature, draws, seed, 
             token_text = SYNTHETIC_WORDS.__getitem__
         else:
             bundle = shared.SERVICE.bundle()
-            with shared.SERVICE.compute:
-                lab = tree_from_prompt(bundle.target, bundle.drafter(drafter), ids, budget, temperature)
+            lab = shared.SERVICE.compute.call(tree_from_prompt, bundle.target, bundle.drafter(drafter), ids, budget, temperature)
             token_text = shared.SERVICE.token_text
     except ValueError as error:  # the validator refuses bad settings first; an API call that skips it lands here
         raise _user_error(error) from None
     verifiers = SAMPLING_VERIFIERS
     progress(0.05, desc=f"running each verifier {draws} times")
-    with shared.SERVICE.compute:
-        result = run_lab(lab, verifiers, draws=draws, seed=seed,
-                         on_verifier=lambda name, i: progress(0.05 + 0.9 * i / len(verifiers), desc=f"{name}: {draws} draws ({i + 1} of {len(verifiers)})"))
+    result = shared.SERVICE.compute.call(run_lab, lab, verifiers, draws=draws, seed=seed,
+                                         on_verifier=lambda name, i: progress(0.05 + 0.9 * i / len(verifiers), desc=f"{name}: {draws} draws ({i + 1} of {len(verifiers)})"))
     figure = verifier_lab_figure(lab.tree, lab.flow, result.frequencies, result.mean_lengths, token_text=token_text)
     tree = tree_figure(lab.tree, lab.flow, None, token_text=token_text, title=f"the fixed tree ({lab.source}), budget {lab.tree.budget}")
     rows = [

@@ -67,8 +67,7 @@ def run_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed)
     try:
         config, context = check_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed)
         bundle = shared.SERVICE.bundle()
-        with shared.SERVICE.compute:
-            trace = trace_round(bundle.target, bundle.drafter(drafter), context, config.law, config.verifier, config.budget, config.seed)
+        trace = shared.SERVICE.compute.call(trace_round, bundle.target, bundle.drafter(drafter), context, config.law, config.verifier, config.budget, config.seed)
     except ValueError as error:  # the validator refuses bad settings first; an API call that skips it lands here
         raise _user_error(error) from None
     return _view({"traces": [trace], "round": 0, "step": 0, "seed": config.seed, "drafter": drafter, "prompt": prompt})
@@ -92,9 +91,8 @@ def step_walkthrough(delta, state) -> WalkView:
             last = traces[-1]
             bundle = shared.SERVICE.bundle()
             try:
-                with shared.SERVICE.compute:
-                    trace = trace_round(bundle.target, bundle.drafter(state["drafter"]), last.next_context, last.law, last.verifier,
-                                        last.tree.budget, state["seed"], round_index=last.round_index + 1)
+                trace = shared.SERVICE.compute.call(trace_round, bundle.target, bundle.drafter(state["drafter"]), last.next_context, last.law,
+                                                    last.verifier, last.tree.budget, state["seed"], round_index=last.round_index + 1)
             except ValueError as error:  # the context is full: say so
                 raise _user_error(error) from None
             traces = (traces + [trace])[-KEPT_ROUNDS:]
@@ -112,9 +110,8 @@ def replay_walkthrough(state, progress=gr.Progress()) -> ReplayView:
         return refuse("at T = 0 the decision is deterministic (one argmax walk): replaying it gives the same block every time; run a round at T > 0", ReplayView)
     lab = LabTree(trace.tree, trace.rows, trace.flow, "walkthrough")
     verifiers = SAMPLING_VERIFIERS
-    with shared.SERVICE.compute:
-        result = run_lab(lab, verifiers, draws=REPLAY_DRAWS, seed=state["seed"],
-                         on_verifier=lambda name, i: progress(i / len(verifiers), desc=f"{name}: {REPLAY_DRAWS} draws"))
+    result = shared.SERVICE.compute.call(run_lab, lab, verifiers, draws=REPLAY_DRAWS, seed=state["seed"],
+                                         on_verifier=lambda name, i: progress(i / len(verifiers), desc=f"{name}: {REPLAY_DRAWS} draws"))
     lines = [f"Round {trace.round_index + 1}'s tree, each verifier run {REPLAY_DRAWS} times: the exit frequencies follow the same exit law $w(v)$ "
              f"as step 5, and the mean block length is $1 + C$ = {trace.flow.tau_bound:.3f}.", "",
              "| verifier | mean block length (± s.e.) |", "|---|---|"]

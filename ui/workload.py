@@ -10,7 +10,6 @@ import gradio as gr
 
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import shipped_drafter
-from tev.engine.decode import rounds_in_turn
 from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, adaptation, workload_settings
 from tev.train.workload_data import check_workload, load_workload, split_workload
 from tev.service.service import LIMITS
@@ -71,7 +70,7 @@ def result_table(result: dict) -> str:
 
 def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progress()):
     """Adapt the base drafter to a workload, streaming its phases; each piece of work runs under
-    the server's compute lock, and Cancel stops between pieces."""
+    the server's compute thread, and Cancel stops between pieces."""
     owner = getattr(request, "session_hash", None) or "anonymous"
     try:
         minutes = float(minutes)
@@ -92,8 +91,9 @@ def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progr
         budget = minutes * 60
         run = adaptation(bundle, prompts, shipped_drafter(bundle.pair, "block"), minutes, workload_settings(*DEFAULT_TREE_TERM), controls=("none",), progress=False)
         outcome = None
+        pieces = shared.SERVICE.compute.steps(run)  # a piece of work at a time: other users take turns
         try:
-            for name, info in rounds_in_turn(run, shared.SERVICE.compute):  # a piece of work at a time: other users take turns
+            for name, info in pieces:
                 if cancel.cancelled:
                     break
                 if name == "done":
@@ -107,7 +107,7 @@ def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progr
         except ValueError as error:
             raise _user_error(error) from None
         finally:
-            run.close()
+            pieces.close()  # the compute thread closes the run before its next piece of work
         if cancel.cancelled or outcome is None:
             yield "cancelled: nothing was measured (no comparison of an unfinished drafter is shown)", "", None, None, None
             return

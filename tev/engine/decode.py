@@ -23,7 +23,7 @@ from tev.engine.round import STAGES, RoundRecord, prefill, room_left, speculatio
 from tev.engine.session import CausalLMSession
 from tev.util.timing import StageTimer
 
-__all__ = ["DecodeConfig", "Request", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "rounds_in_turn", "eos_token_id", "MAX_BUDGET", "MIN_TEMPERATURE"]
+__all__ = ["DecodeConfig", "Request", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "eos_token_id", "MAX_BUDGET", "MIN_TEMPERATURE"]
 
 MAX_BUDGET = 1024
 
@@ -358,17 +358,6 @@ def autoregressive_generate(
         stop_reason=output.stop_reason,
         method="autoregressive",
     )
-
-
-def rounds_in_turn(events, compute) -> Iterator:
-    """Yield the events of a :func:`speculative_generate` generator, each round computed while
-    holding ``compute`` (a lock): other users of the lock take turns between rounds."""
-    while True:
-        with compute:
-            event = next(events, None)
-        if event is None:
-            return
-        yield event
 
 
 def run_to_end(events) -> tuple[list[RoundRecord], GenerationSummary]:

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import torch
 
 from tev.core.sampling import SamplingLaw
-from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, DecodeConfig, GenerationSummary, autoregressive_generate, rounds_in_turn, Request, speculative_generate
+from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, DecodeConfig, GenerationSummary, autoregressive_generate, Request, speculative_generate
 from tev.engine.round import RoundRecord
 from tev.engine.models import ModelBundle, load_bundle
-from tev.util.fair_lock import FairLock
+from tev.util.compute_thread import ComputeThread
 from tev.engine.prompt_text import encode_chat, encode_prompt
 
 __all__ = ["Limits", "LIMITS", "DEFAULT_SAMPLING", "ModelService", "check_number", "finite_number", "check_settings", "records_to_json", "ExitTrainSlot", "UserInputError"]
@@ -97,10 +97,11 @@ def check_settings(verifier: str, budget, temperature, max_new_tokens, seed, top
 
 
 class ModelService:
-    """The shared models, loaded lazily once (thread-safe), plus a compute lock.
+    """The shared models, loaded lazily once (thread-safe), plus the one thread that runs them.
 
-    Torch on a 2-core CPU gains nothing from two requests running matrix work at once, so
-    generation steps take ``compute`` in turn; Gradio's queue bounds how many wait.
+    Torch on a 2-core CPU gains nothing from two requests running matrix work at once, so every
+    piece of model work is a step that ``compute`` (a :class:`ComputeThread`) runs in turn with
+    the others; Gradio's queue bounds how many wait.
     """
 
     def __init__(self, target: str | None = None, draft: str | None = None, device: str = "auto", pair: str | None = None, dtype: str = "auto"):
@@ -111,7 +112,7 @@ class ModelService:
         self.pair = pair  # a shipped pair when no target is given (None: $TEV_PAIR or the default)
         self._bundle: ModelBundle | None = None
         self._load_lock = threading.Lock()
-        self.compute = FairLock()  # first come, first served: a fine-tune's steps cannot starve users' rounds
+        self.compute = ComputeThread()  # first come, first served: a fine-tune's steps cannot starve users' rounds
 
     def bundle(self) -> ModelBundle:
         if self._bundle is None:
@@ -162,14 +163,13 @@ class ModelService:
             raise UserInputError(str(error)) from None
 
     def generate(self, request: Request, should_stop=None):
-        """Yields RoundRecords then a GenerationSummary; each round runs under the compute lock."""
-        yield from rounds_in_turn(speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop), self.compute)
+        """Yields RoundRecords then a GenerationSummary; each round is a step of the compute thread."""
+        yield from self.compute.steps(speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop))
 
     def autoregressive(self, prompt_ids: list[int], config: DecodeConfig, should_stop=None) -> GenerationSummary:
         """The autoregressive baseline; ``should_stop`` is polled after every token."""
-        bundle = self.bundle()
-        with self.compute:
-            return autoregressive_generate(bundle.target, prompt_ids, config, bundle.tokenizer, should_stop=should_stop)
+        bundle = self.bundle()  # the whole run is one step: nothing else runs while it is timed
+        return self.compute.call(autoregressive_generate, bundle.target, prompt_ids, config, bundle.tokenizer, should_stop=should_stop)
 
     def token_text(self, token: int) -> str:
         return self.bundle().tokenizer.decode([token], clean_up_tokenization_spaces=False)

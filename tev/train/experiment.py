@@ -3,8 +3,8 @@ app's live and workload modes, the diagnosis script).
 
 :class:`Experiment` measures the drafter, trains it, measures it again. Each phase is a
 generator that yields (never None) after every piece of work (a held-out batch, a training step), so the
-caller takes its compute lock per piece, stops at its deadline or on cancel
-(:func:`tev.engine.decode.rounds_in_turn`). The default measurement is the held-out ``1 + C`` of
+caller's compute thread takes a piece in turn with other work, and the caller stops at its deadline
+or on cancel (:class:`tev.util.compute_thread.ComputeThread`). The default measurement is the held-out ``1 + C`` of
 the drafter's trees on the same held-out anchors before and after, so the change is paired over
 anchors and its standard error is :func:`tev.util.stats.standard_error` of the differences.
 """

@@ -6,9 +6,9 @@ loss then reads every anchor of the data) or on-policy (``trees="on-policy"``: e
 ``sequences_per_step`` rows and ``anchors_per_sequence`` anchors of each, the current drafter's
 trees there are scored by the target, and both losses read those anchors: ExitTrain).
 
-:func:`train` is a generator of step records: the caller decides between steps (a server takes
-its compute lock around each ``next``, stops at a deadline or on cancel, as
-:func:`tev.engine.decode.rounds_in_turn` does for decoding). The anchors of step ``s`` come
+:func:`train` is a generator of step records: the caller decides between steps (a server's
+:class:`~tev.util.compute_thread.ComputeThread` takes a step in turn with other users' rounds; the
+caller stops at a deadline or on cancel). The anchors of step ``s`` come
 from a generator seeded with ``(seed, s)``, so a resumed run draws what an uninterrupted one would.
 """
 

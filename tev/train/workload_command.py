@@ -102,7 +102,7 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
                seed: int = 0, progress: bool = True, with_mass: bool = True):
     """The whole adaptation as a generator of ``(phase, info)`` events, one after every piece of
     work (a batch of answers, an answer's scored trees, a training step, a decoding round: ``work``
-    or ``step``), so a server takes its compute lock per piece and a cancel stops between pieces.
+    or ``step``), so a server's compute thread takes a piece at a time and a cancel stops between pieces.
     Phases ``answers``, ``answers done``, ``train``, ``evaluate``, ``evaluated``, ``mass``,
     ``control`` say what starts; the last event is ``("done", {"result": ..., "drafter": ...})``
     with the adapted drafter in float32.
