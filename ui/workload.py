@@ -11,7 +11,7 @@ import gradio as gr
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import shipped_drafter
 from tev.engine.decode import rounds_in_turn
-from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, adaptation, workload_settings
+from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, LAWS, MIN_STEPS, adaptation, verdict_lines, workload_settings
 from tev.train.workload_data import check_workload, load_workload, split_workload
 from tev.service.service import LIMITS
 from tev.util.paths import assets_dir
@@ -48,25 +48,20 @@ def verdict(gain: dict) -> str:
 
 
 def result_table(result: dict) -> str:
-    """The held-out comparison as markdown, each change with its verdict in words."""
+    """The held-out comparison as markdown, each change with its verdict in words, then the run's
+    verdict sentences (:func:`verdict_lines`: they follow the numbers)."""
     measured = result.get("eval_prompts", result["heldout_prompts"])
     lines = [f"Held-out: {result['heldout_prompts']} prompts never trained on ({measured} of them decoded); B = {result['budget']}, {result['max_new_tokens']} new tokens, "
-             f"TEV at T = 1, greedy at T = 0; +- is one standard error over rounds.", "",
-             "| T | drafter | tau | change against the base |", "|---|---|---|---|"]
-    for key, temperature in (("T0", 0), ("T1", 1)):
+             f"TEV when sampling, greedy at T = 0; +- is one standard error over rounds.", "",
+             "| law | drafter | tau | change against the base |", "|---|---|---|---|"]
+    for key in LAWS:
         for name, cell in result[key].items():
             change = "" if name == "base" else verdict(result["gain"][key][name])
             label = {"exittrain": f"adapted (ExitTrain, {result['settings']['tree_term']} term)", "token_only": "token-only control"}.get(name, name)
-            lines.append(f"| {temperature} | {label} | {cell['tau']:.3f} +- {cell['se']:.3f} | {change} |")
+            lines.append(f"| {result['laws'][key]} | {label} | {cell['tau']:.3f} +- {cell['se']:.3f} | {change} |")
     lines += ["", f"The target answered {result['train_prompts']} training prompts ({result['answer_tokens']} tokens); {result['vocab_added']} of their "
-              f"tokens joined the draft vocabulary; {result['steps']} fine-tune steps; {result['minutes']:.1f} min in all "
-              f"(the control ran after)."]
-    if "token_only" in result["T0"]:
-        ours, control = result["gain"]["T0"]["exittrain"], result["gain"]["T0"]["token_only"]
-        if abs(ours["gain"] - control["gain"]) <= max(ours["se"], control["se"]):
-            lines.append("\nThe gain comes from the target's own answers (the token loss): the tree term adds no measurable gain over the "
-                         "token-only control here (see docs/exittrain.md for the measured packs).")
-    return "\n".join(lines)
+              f"tokens joined the draft vocabulary; {result['steps']} fine-tune steps; {result['minutes']:.1f} min in all (of {result['minutes_budget']:g}).", ""]
+    return "\n".join(lines + verdict_lines(result))
 
 
 def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progress()):
@@ -126,13 +121,16 @@ def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progr
 
 PHASES = {  # what each phase of the run says while it runs
     "answers": lambda i: f"the target answers {i['prompts']} training prompts…",
+    "pace": lambda i: f"{i['answer']:.1f} s an answer; timing a held-out prompt, scoring and two training steps to plan the rest…",
+    "plan": lambda i: (f"plan: {i['plan']['answers']} training prompts answered, {i['plan']['steps']} steps, {i['plan']['heldout']} held-out prompts decoded"
+                       + ("" if i["plan"]["heldout"] else f" (fewer than {MIN_STEPS} steps fit: no comparison)")),
     "answers done": lambda i: f"{i['answers']} answers ({i['tokens']} tokens); scoring the base drafter's trees on them…",
-    "train": lambda i: f"fine-tuning on {i['anchors']} anchors and {i['trees']} scored trees ({i['vocab_added']} new draft tokens)…",
+    "train": lambda i: f"fine-tuning {i['steps']} steps on {i['anchors']} anchors and {i['trees']} scored trees ({i['vocab_added']} new draft tokens)…",
     "step": lambda i: f"step {i['step']} · token loss {i['loss_tok']:.3f}",
-    "evaluate": lambda i: f"decoding {i['prompts']} held-out prompts with the base and the adapted drafter (T = 0 and T = 1)…",
-    "evaluated": lambda i: f"held-out tau at T = 0: base {i['base']['T0']['tau']:.3f}, adapted {i['exittrain']['T0']['tau']:.3f}",
+    "evaluate": lambda i: f"decoding up to {i['prompts']} held-out prompts with {', '.join(i['drafters'])} (T = 0, T = 0.7 top-p 0.9, T = 1)…",
+    "evaluated": lambda i: f"held-out tau at T = 0.7, top-p 0.9: base {i['base']['T0.7']['tau']:.3f}, adapted {i['exittrain']['T0.7']['tau']:.3f}",
     "mass": lambda i: "where the target's mass leaves each drafter's trees on the held-out answers…",
-    "control": lambda i: "token-only control (same data and steps, after the budget)…",
+    "control": lambda i: f"control: tree term {i['tree_term']} (same data, steps and seed)…",
 }
 
 
