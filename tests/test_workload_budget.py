@@ -82,7 +82,7 @@ def test_a_quiet_run_answers_every_prompt_and_trains_the_steps_that_fit(tiny, mo
 
 
 def test_slow_answers_cut_the_answers_not_the_training(tiny, monkeypatch):
-    slow = dataclasses.replace(QUIET, answer=12.0)  # the first batch of 8 alone takes 96 s of the 300
+    slow = dataclasses.replace(QUIET, answer=20.0)  # the first 4 answers alone take 80 s of the 300
     result = _run(tiny, monkeypatch, slow)
     assert result["compared"] and result["steps"] >= MIN_STEPS
     assert result["train_prompts_answered"] < 15  # fewer prompts answered...

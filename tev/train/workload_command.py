@@ -9,7 +9,7 @@ steps and seed) and any extra tree terms asked for, then decode held-out prompts
 drafter at each law of :data:`LAWS` (T = 0, the page's T = 0.7 top-p 0.9, T = 1), budget 16, 64 new
 tokens.
 
-The run measures its own pace first (:class:`Pace`: a batch of answers, a held-out prompt, two
+The run measures its own pace first (:class:`Pace`: a first few answers, a held-out prompt, two
 answers scored, two steps) and plans the rest against the time left (:func:`plan_phases`): on a
 slow or busy machine it answers fewer prompts and decodes fewer held-out prompts before it trains
 fewer steps. Below :data:`MIN_STEPS` steps it says so and compares nothing.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -56,7 +57,8 @@ LAWS = {"T0": SamplingLaw(0.0), "T0.7": SamplingLaw(0.7, top_p=0.9), "T1": Sampl
 # Below this many fine-tune steps the run compares nothing: a token-only fine-tune of the shipped
 # drafter gained +17% and +31% held-out tau at T = 0 after 30 steps on two workloads.
 MIN_STEPS = 30
-ANSWER_BATCH = 8  # training prompts the target answers at once (the first batch measures its pace)
+ANSWER_BATCH = 8  # training prompts the target answers at once
+FIRST_ANSWERS = 4  # the first batch, whose pace plans the rest: small, as on a busy 2-core machine an answer took 19 s
 PROBE_ANSWERS, PROBE_STEPS = 2, 2  # answers scored and steps trained (then thrown away) to measure their pace
 PLAN_SHARE = 0.9  # the plan fills this share of the time left: a measured pace drifts on a shared machine
 # Before the fine-tune has the steps asked for, the answers (with their scoring) may take at most
@@ -229,10 +231,10 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     base_model = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
     decoded = {"base": []}  # per drafter, per held-out prompt: {law: (block lengths, 1 + C)}
 
-    # the pace: a batch of answers, the base on a held-out prompt, two answers scored and two steps on a copy
+    # the pace: the first answers, the base on a held-out prompt, two answers scored and two steps on a copy
     yield "answers", {"prompts": len(train_prompts)}
     answers, now = WorkloadAnswers(), clock()
-    offered = yield from _answer(bundle, train_prompts[:ANSWER_BATCH], answers, deadline, clock, progress)
+    offered = yield from _answer(bundle, train_prompts[:FIRST_ANSWERS], answers, deadline, clock, progress)
     pace = Pace(answer=(clock() - now) / max(1, offered))
     if not len(answers):
         raise ValueError("the target wrote no answer to the first training prompts; shorten them or raise --minutes")
@@ -262,32 +264,29 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     yield "answers done", {"answers": len(answers), "tokens": answers.answer_tokens, "seconds": answers.seconds}
     work = copy.deepcopy(base_model)
     added = extend_draft_vocab(work, answers)
-    built, now = [], clock()
-    yield from _last(workload_train_set(bundle.target, work, answers, seed, progress), built)
-    pace.score = (clock() - now) / len(answers)
-    data, trees = built[0]
-    initial = copy.deepcopy(work.state_dict())
-
-    # the steps that fit now, at the pace measured
-    compare = plan.heldout > 0
-    eval_seconds = lambda prompts: (prompts * (trained + 1) - 1) * pace.heldout  # noqa: E731
-    left = PLAN_SHARE * (deadline - clock())
-    steps = min(plan.steps, int((left - eval_seconds(plan.heldout)) / (pace.step * trained))) if compare else 0
-    if steps < MIN_STEPS:
-        compare, steps = False, max(0, min(settings.steps, int(left / pace.step)))
-    yield "train", {"anchors": data.num_anchors, "trees": len(trees), "vocab_added": len(added), "steps": steps}
-    run_settings = replace(settings, steps=max(1, steps))
-    history, now = [], clock()
-    if steps:
-        for record in train(work, data, run_settings, trees=trees):
+    history, compare = [], plan.heldout > 0
+    if plan.steps:  # the training data, when a step fits after it
+        built, now = [], clock()
+        yield from _last(workload_train_set(bundle.target, work, answers, seed, progress), built)
+        pace.score = (clock() - now) / len(answers)
+        data, trees = built[0]
+        initial = copy.deepcopy(work.state_dict())
+        # the steps that fit now, at the pace measured
+        eval_seconds = lambda prompts: (prompts * (trained + 1) - 1) * pace.heldout  # noqa: E731
+        left = PLAN_SHARE * (deadline - clock())
+        steps = min(plan.steps, int((left - eval_seconds(plan.heldout)) / (pace.step * trained))) if compare else 0
+        if steps < MIN_STEPS:
+            compare, steps = False, max(0, min(settings.steps, int(left / pace.step)))
+        yield "train", {"anchors": data.num_anchors, "trees": len(trees), "vocab_added": len(added), "steps": steps}
+        run_settings, now = replace(settings, steps=max(1, steps)), clock()
+        for record in train(work, data, run_settings, trees=trees) if steps else ():
             history.append(record)
             yield "step", record
             pace.step = (clock() - now) / len(history)
             after = (len(history) * (trained - 1) * pace.step + eval_seconds(plan.heldout)) if compare else 0.0
             if clock() + pace.step * (trained if compare else 1) + after > deadline:
                 break
-    if compare and len(history) < MIN_STEPS:
-        compare = False
+    compare = compare and len(history) >= MIN_STEPS
     models = {"exittrain": work}
     if compare:
         for term in controls:
@@ -449,9 +448,12 @@ def workload_command(args) -> None:
     term = args.tree_term or DEFAULT_TREE_TERM[0]
     lam = DEFAULT_TREE_TERM[1] if args.lambda_tree is None else args.lambda_tree
     settings = workload_settings(term, lam, args.workload_steps, args.seed or 0)
+    start = time.monotonic()
     for phase, info in adaptation(bundle, prompts, base, args.minutes, settings, tuple(args.controls), seed=settings.seed):
         if phase == "done":
             result, drafter = info["result"], info["drafter"]
+        elif phase not in ("work", "step"):  # where the minutes go, as they go
+            print(f"[{time.monotonic() - start:4.0f} s] {phase}" + (f": {json.dumps(info)}" if phase in ("pace", "plan", "train") else ""), file=sys.stderr, flush=True)
     result["workload"] = str(args.workload)
     result["command"] = invoked_command()
     drafter.save_pretrained(out / "drafter")
