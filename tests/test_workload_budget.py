@@ -53,9 +53,10 @@ def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False) -> dict:
             clock.now += pace.step
             yield record
 
-    def decoding(*args, **kwargs):
-        yield from decode(*args, **kwargs)
-        clock.now += pace.heldout
+    def decoding(*args, **kwargs):  # a held-out prompt's rounds take about pace.heldout (the run can stop between them)
+        for event in decode(*args, **kwargs):
+            clock.now += pace.heldout / ROUNDS
+            yield event
 
     monkeypatch.setattr(workload_command, "answer_prompts", answering)
     monkeypatch.setattr(workload_command, "workload_train_set", scoring)
@@ -70,6 +71,7 @@ def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False) -> dict:
     return result
 
 
+ROUNDS = 12  # about the rounds of a tiny held-out prompt at the three laws (6 new tokens each)
 QUIET = Pace(answer=2.0, score=0.5, step=0.5, heldout=4.0)
 
 
@@ -101,6 +103,14 @@ def test_a_run_that_cannot_reach_the_minimum_steps_says_so_and_compares_nothing(
     assert result["note"].startswith(f"Only {result['steps']} fine-tune steps fit in {MINUTES} minutes") and "20.0 s a step" in result["note"]
     lines = workload_command._summary_lines(result)
     assert lines[-1] == result["note"] and not any("gain" in line for line in lines)
+
+
+def test_a_held_out_prompt_longer_than_half_the_minutes_is_cut_and_nothing_is_compared(tiny, monkeypatch):
+    result = _run(tiny, monkeypatch, dataclasses.replace(QUIET, heldout=400.0))  # one prompt, one drafter: 400 s of the 300
+    assert not result["compared"] and result["eval_prompts"] == 0 and all(result[key] == {} for key in workload_command.LAWS)
+    assert result["steps"] >= MIN_STEPS  # the time went to training, not to a measurement that cannot finish
+    assert "decoding held-out prompts with both drafters does not fit in 5 minutes" in result["note"] and "more than 150 s a held-out prompt" in result["note"]
+    assert workload_command._summary_lines(result)[-1] == result["note"]
 
 
 @pytest.mark.parametrize(

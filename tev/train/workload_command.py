@@ -61,6 +61,7 @@ ANSWER_BATCH = 8  # training prompts the target answers at once
 FIRST_ANSWERS = 4  # the first batch, whose pace plans the rest: small, as on a busy 2-core machine an answer took 19 s
 PROBE_ANSWERS, PROBE_STEPS = 2, 2  # answers scored and steps trained (then thrown away) to measure their pace
 PLAN_SHARE = 0.9  # the plan fills this share of the time left: a measured pace drifts on a shared machine
+PROBE_HELDOUT_SHARE = 0.5  # the first held-out prompt (the base's, timed) is cut when the run reaches this share of its minutes
 # Before the fine-tune has the steps asked for, the answers (with their scoring) may take at most
 # this share of the time left, and the held-out decoding this share.
 ANSWER_SHARE, HELDOUT_SHARE = 0.35, 0.3
@@ -152,17 +153,21 @@ def relative_gain(after: dict, before: dict) -> dict:
     return {"gain": ratio - 1, "se": se}
 
 
-def _decode_prompt(bundle, drafter, ids: list[int], seed: int):
+def _decode_prompt(bundle, drafter, ids: list[int], seed: int, stop_by: float, clock):
     """One held-out prompt decoded by one drafter at every law of :data:`LAWS`: yields each round,
-    then ``{law: (block lengths, 1 + C of each round)}``."""
+    then ``{law: (block lengths, 1 + C of each round)}``, or None when ``stop_by`` came first (a
+    part of a prompt is not measured)."""
     out = {}
     for key, law in LAWS.items():
         config = DecodeConfig(budget=EVAL_BUDGET, temperature=law.temperature, top_k=law.top_k, top_p=law.top_p, max_new_tokens=EVAL_NEW_TOKENS, seed=seed)
-        for event in speculative_generate(Request(bundle.target, drafter, ids, config), bundle.tokenizer):
-            if isinstance(event, GenerationSummary):
-                out[key] = (event.block_lengths, event.tau_bounds)
-            else:
+        for event in speculative_generate(Request(bundle.target, drafter, ids, config), bundle.tokenizer, should_stop=lambda: clock() > stop_by):
+            if not isinstance(event, GenerationSummary):
                 yield event
+            elif event.stop_reason == "cancelled":
+                yield None
+                return
+            else:
+                out[key] = (event.block_lengths, event.tau_bounds)
     yield out
 
 
@@ -199,10 +204,15 @@ def _answer(bundle, prompts: list[str], answers: WorkloadAnswers, stop_by: float
     return done
 
 
-def _too_few_steps(steps: int, pace: Pace, minutes: float) -> str:
-    return (f"Only {steps} fine-tune step{'s' * (steps != 1)} fit in {minutes:g} minutes at this machine's measured pace "
-            f"({pace.answer:.1f} s an answer, {pace.step:.1f} s a step, {pace.heldout:.0f} s a held-out prompt per drafter): below the "
-            f"{MIN_STEPS} a comparison needs, so none is made; give it more minutes or a quieter machine.")
+def _no_comparison(steps: int, pace: Pace, minutes: float) -> str:
+    """Why the run compared nothing, in one sentence: too few steps, or no time to decode held-out prompts."""
+    heldout = f"{pace.heldout:.0f} s" if math.isfinite(pace.heldout) else f"more than {PROBE_HELDOUT_SHARE * minutes * 60:.0f} s"
+    measured = f"{pace.answer:.1f} s an answer, {pace.score:.1f} s to score one, {pace.step:.1f} s a step, {heldout} a held-out prompt per drafter"
+    if steps < MIN_STEPS:
+        return (f"Only {steps} fine-tune step{'s' * (steps != 1)} fit in {minutes:g} minutes at this machine's measured pace ({measured}): "
+                f"below the {MIN_STEPS} a comparison needs, so none is made; give it more minutes or a quieter machine.")
+    return (f"{steps} fine-tune steps were made, but at this machine's measured pace ({measured}) decoding held-out prompts with both "
+            f"drafters does not fit in {minutes:g} minutes, so no comparison is made; give it more minutes or a quieter machine.")
 
 
 def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, settings: TrainSettings | None = None, controls: tuple[str, ...] = ("none",),
@@ -240,8 +250,11 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
         raise ValueError("the target wrote no answer to the first training prompts; shorten them or raise --minutes")
     yield "pace", {"answer": pace.answer}
     now = clock()
-    yield from _last(_decode_prompt(bundle, BlockTreeDrafter(copy.deepcopy(base_model).served(), name="base"), held[0], seed), decoded["base"])
-    pace.heldout = clock() - now
+    probe = []
+    yield from _last(_decode_prompt(bundle, BlockTreeDrafter(copy.deepcopy(base_model).served(), name="base"), held[0], seed,
+                                    start + PROBE_HELDOUT_SHARE * (deadline - start), clock), probe)
+    decoded["base"] += [row for row in probe if row is not None]
+    pace.heldout = clock() - now if decoded["base"] else math.inf  # cut: no held-out prompt fits here
     probe, now = copy.deepcopy(base_model), clock()
     built = []
     yield from _last(workload_train_set(bundle.target, probe, WorkloadAnswers(answers.sequences[:PROBE_ANSWERS], answers.prompt_lengths[:PROBE_ANSWERS]),
@@ -252,14 +265,14 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
         yield "work", None
     pace.step = (clock() - now) / PROBE_STEPS
     del probe, built
-    plan = plan_phases(pace, PLAN_SHARE * (deadline - clock()), offered, len(train_prompts), settings.steps, len(held), len(controls))
+    plan = plan_phases(pace, PLAN_SHARE * (deadline - clock()), offered, len(train_prompts), settings.steps, len(held), len(controls), len(decoded["base"]))
     skipped, controls, trained = controls[plan.controls :], controls[: plan.controls], 1 + plan.controls
     yield "plan", {"pace": asdict(pace), "plan": asdict(plan)}
 
     # the rest of the answers, then the training data
     if plan.answers > offered:
         now = clock()
-        offered += yield from _answer(bundle, train_prompts[offered:plan.answers], answers, now + (plan.answers - offered) * (pace.answer + pace.score) / PLAN_SHARE,
+        offered += yield from _answer(bundle, train_prompts[offered:plan.answers], answers, now + (plan.answers - offered) * pace.answer / PLAN_SHARE,
                                       clock, progress)
     yield "answers done", {"answers": len(answers), "tokens": answers.answer_tokens, "seconds": answers.seconds}
     work = copy.deepcopy(base_model)
@@ -310,16 +323,21 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
                 break
             now = clock()
             for name in names:
-                yield from _last(_decode_prompt(bundle, served[name], ids, seed), decoded[name])
-            measured_seconds += clock() - now
-            prompts_measured += len(names)
-            pace.heldout = measured_seconds / prompts_measured
-        count = min(len(rows) for rows in decoded.values())
-        cells = {name: {key: _cell(rows[:count], key) for key in LAWS} for name, rows in decoded.items()}
+                yield from _last(_decode_prompt(bundle, served[name], ids, seed, deadline, clock), decoded[name])
+                if decoded[name][-1] is None:  # the minutes ended inside this prompt: it is not measured
+                    decoded[name].pop()
+                    break
+            else:
+                measured_seconds += clock() - now
+                prompts_measured += len(names)
+                pace.heldout = measured_seconds / prompts_measured
+                continue
+            break
+        compare = min(len(rows) for rows in decoded.values()) > 0
+    count = min(len(rows) for rows in decoded.values()) if compare else len(decoded["base"])
+    cells = {name: {key: _cell(rows[:count], key) for key in LAWS} for name, rows in decoded.items() if (compare or name == "base") and count}
+    if compare:
         yield "evaluated", {"base": cells["base"], "exittrain": cells["exittrain"]}
-    else:
-        count = len(decoded["base"])
-        cells = {"base": {key: _cell(decoded["base"], key) for key in LAWS}}
     mass, mass_note = None, None
     if with_mass and compare:
         cost = count * (pace.answer + 2 * pace.score)
@@ -334,7 +352,7 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     result = {key: {name: {"tau": row[key]["tau"], "se": row[key]["se"]} for name, row in cells.items()} for key in LAWS}
     result.update({
         "compared": compare,
-        "note": None if compare else _too_few_steps(len(history), pace, minutes),
+        "note": None if compare else _no_comparison(len(history), pace, minutes),
         "laws": {key: law.describe() for key, law in LAWS.items()},
         "gain": {key: {name: relative_gain(cells[name][key], cells["base"][key]) for name in cells if name != "base"} for key in LAWS} if compare else {},
         "minutes": seconds / 60.0,
@@ -415,7 +433,7 @@ def _summary_lines(result: dict) -> list[str]:
              f"{result['heldout_prompts']} held out ({result['eval_prompts']} decoded); {result['steps']} steps; "
              f"{result['minutes']:.1f} min (budget {result['minutes_budget']:g})",
              "pace: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in result["pace"].items())]
-    for key in LAWS:
+    for key in (key for key in LAWS if result[key]):  # nothing at all is measured when the first held-out prompt did not fit
         base = result[key]["base"]
         parts = [f"base {base['tau']:.3f} +- {base['se']:.3f}"]
         for name, cell in result[key].items():
