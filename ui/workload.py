@@ -130,7 +130,7 @@ def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progr
             return
         label = shared.ADAPTED.keep(owner, _workload_name(pack), outcome["drafter"])
         kept = (f"the adapted drafter is kept for this browser session as **{label}**: choose it in the Live tab or the walkthrough, or download it "
-                f"below (loads with `--draft`); the server keeps the {CAPACITY} most recently used adapted drafters, about 20 MB each, and writes none to disk")
+                f"below (loads with `--draft`); the server keeps the {CAPACITY} most recently used adapted drafters (15-30 MB each) and writes none to disk")
         mass = result.get("heldout_mass")
         mass_figure = exit_mass_change_figure({"base": mass["base"], "adapted": mass["exittrain"]}) if mass else None
         yield f"finished in {result['minutes']:.1f} min; drawing both drafters' trees on a held-out prompt…", table, mass_figure, gr.skip(), gr.skip()
@@ -146,7 +146,7 @@ PHASES = {  # what each phase of the run says while it runs
     "answers": lambda i: f"the target answers {i['prompts']} training prompts…",
     "pace": lambda i: f"{i['answer']:.1f} s an answer; timing a held-out prompt, scoring and two training steps to plan the rest…",
     "plan": lambda i: (f"plan: {i['plan']['answers']} training prompts answered, {i['plan']['steps']} steps, {i['plan']['heldout']} held-out prompts decoded"
-                       + ("" if i["plan"]["heldout"] else f" (fewer than {MIN_STEPS} steps fit: no comparison)")),
+                       + ("" if i["plan"]["heldout"] else f" (no comparison fits at this pace: {MIN_STEPS} steps and a held-out prompt for both drafters)")),
     "answers done": lambda i: f"{i['answers']} answers ({i['tokens']} tokens); scoring the base drafter's trees on them…",
     "train": lambda i: f"fine-tuning {i['steps']} steps on {i['anchors']} anchors and {i['trees']} scored trees ({i['vocab_added']} new draft tokens)…",
     "step": lambda i: f"step {i['step']} · token loss {i['loss_tok']:.3f}",

@@ -229,8 +229,9 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     past the time left for what follows. ``controls`` are tree terms trained on the same data, steps
     and seed (``none`` is the token-only control; the result names it ``token_only``). With
     ``with_mass``, where the target's mass leaves the base's and the adapted drafter's trees on the
-    held-out answers, when the time left allows. Below :data:`MIN_STEPS` steps the result says so
-    (``note``) and holds only the base's held-out tau. ``clock`` (seconds) is for tests.
+    held-out answers, when the time left allows. When it compares nothing (below :data:`MIN_STEPS`
+    steps, or no held-out prompt fits for both drafters) the result says why in one sentence
+    (``note``) and holds only what the base measured. ``clock`` (seconds) is for tests.
     """
     settings = replace(settings or workload_settings(*DEFAULT_TREE_TERM), seed=seed)
     start = clock()
