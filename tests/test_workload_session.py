@@ -132,3 +132,20 @@ def test_adapt_to_what_i_have_asked_takes_the_sessions_live_prompts(server, monk
     with pytest.raises(gr.Error, match="stop here"):
         list(ui.workload.run_workload(ui.workload.ASKED, "", 2, visitor("alice"), progress=NO_PROGRESS))
     assert seen["prompts"] == asked  # the session's prompts as sent, each one user message
+
+
+def test_the_drafter_choices_pass_an_adapted_name_to_the_events_check(server):
+    from tev.service.adapted import is_adapted
+    from tev.service.service import UserInputError
+    from ui.components import Radio
+    from ui.live import check_live
+    from ui.walkthrough import check_walkthrough
+
+    with gr.Blocks():
+        drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q", also=is_adapted)
+    assert drafter.checked("adapted: sql") == "adapted: sql"  # the session's own choice: the event decides
+    with pytest.raises(UserInputError, match="must be one of"):
+        drafter.checked("medusa")
+    # the events' checks take an adapted drafter as the block drafter it is (whose it is, the handler decides)
+    check_live(_prompt(1), "adapted: sql", "tev", 8, 0.7, 6, 0, False, True, 0.9, 0)
+    check_walkthrough(_prompt(1), "adapted: sql", "tev", 8, 0.7, 0.9, 0)
