@@ -70,8 +70,8 @@ try:
 
         is_template = True
 
-        def __init__(self, *args, also=None, **kwargs):
-            super().__init__(*args, **kwargs)
+        def __init__(self, choices=None, *, also=None, **kwargs):  # named: Gradio's constructor wrapper drops unnamed positional arguments
+            super().__init__(choices, **kwargs)
             self.also = also
 
         def preprocess(self, payload):
