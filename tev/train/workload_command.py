@@ -405,27 +405,27 @@ def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], 
 
 
 def verdict_lines(result: dict) -> list[str]:
-    """The run's verdict in sentences that follow its numbers: the too-few-steps sentence when it
-    compared nothing; else the adapted drafter's change at each law, and a word on the tree term
-    only where the adapted drafter gained outside two standard errors."""
+    """The run's verdict in sentences that follow its numbers: the sentence saying why when it
+    compared nothing; else the adapted drafter's change at each law and, only where that is a gain
+    outside two standard errors, whether the tree term adds to the token-only control there."""
     if not result["compared"]:
         return [result["note"]]
     lines = []
     for key in LAWS:
-        gain = result["gain"][key]["exittrain"]
-        lines.append(f"At {result['laws'][key]} the adapted drafter's held-out tau: {change_in_words(gain['gain'], gain['se'])}.")
-    ours = result["gain"]["T0"]["exittrain"]
-    if ours["gain"] <= 2 * ours["se"]:
-        lines.append("No gain outside two standard errors at T = 0, so nothing here says where one would come from.")
-    elif "token_only" in result["gain"]["T0"]:
-        control = result["gain"]["T0"]["token_only"]
-        difference, se = ours["gain"] - control["gain"], math.hypot(ours["se"], control["se"])
-        if abs(difference) <= 2 * se:
-            lines.append("The token-only control gained as much (within two standard errors): the gain comes from the target's own answers "
-                         "(the token loss), and the tree term adds no measurable gain here.")
-        else:
-            lines.append(f"The tree term {'adds' if difference > 0 else 'costs'} {100 * abs(difference):.1f}% +- {100 * se:.1f}% against the token-only control "
-                         "(outside two standard errors).")
+        ours = result["gain"][key]["exittrain"]
+        line = f"At {result['laws'][key]} the adapted drafter's held-out tau: {change_in_words(ours['gain'], ours['se'])}"
+        if ours["gain"] > 2 * ours["se"] and "token_only" in result["gain"][key]:
+            control = result["gain"][key]["token_only"]
+            difference, se = ours["gain"] - control["gain"], math.hypot(ours["se"], control["se"])
+            if abs(difference) <= 2 * se:
+                line += ("; the token-only control gained as much (within two standard errors): the gain comes from the target's own answers "
+                         "(the token loss), and the tree term adds no measurable gain here")
+            else:
+                line += (f"; the tree term {'adds' if difference > 0 else 'costs'} {100 * abs(difference):.1f}% +- {100 * se:.1f}% against the "
+                         "token-only control (outside two standard errors)")
+        lines.append(line + ".")
+    if not any(result["gain"][key]["exittrain"]["gain"] > 2 * result["gain"][key]["exittrain"]["se"] for key in LAWS):
+        lines.append("No gain outside two standard errors at any law, so nothing here says where one would come from.")
     return lines
 
 
