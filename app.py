@@ -47,14 +47,14 @@ def build_app() -> gr.Blocks:
     with gr.Blocks(title="TEV Explorer") as demo:
         header.tab(demo)
         with gr.Tab("Live"):
-            live.tab(examples)
+            drafters = [live.tab(examples)]
         with gr.Tab("Walkthrough"):
-            walkthrough.tab(_walkthrough_example(examples))
+            drafters.append(walkthrough.tab(_walkthrough_example(examples)))
         with gr.Tab("Verifier lab"):
             lab.tab(examples[1] if len(examples) > 1 else examples[0])
         with gr.Tab("ExitTrain"):
             exittrain.tab()
-            workload.tab()
+            workload.tab(drafters)
         with gr.Tab("Learn"):
             learn.tab()
     return demo

@@ -201,6 +201,7 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
 
     monkeypatch.setattr(workload_command, "train", recording_trainer)
     monkeypatch.setattr(workload_command, "EVAL_NEW_TOKENS", 8)
+    monkeypatch.setattr(workload_command, "MIN_STEPS", 4)  # the tiny run's 4 steps make a comparison
     before_target = {k: v.clone() for k, v in bundle.target.state_dict().items()}
     assets = _digest(REPO_ROOT / "assets")
     settings = dataclasses.replace(workload_settings("exit", steps=4), batch=8, tree_batch=4)
@@ -208,9 +209,10 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
     events = list(ComputeThread().steps(run))
     result, adapted = events[-1][1]["result"], events[-1][1]["drafter"]
     # the run is small steps the server's compute thread takes in turn with other users' work: a held-out
-    # decoding round (5 prompts x 2 temperatures x 4 drafters, each several rounds), a training step, an answer's scoring
-    assert len(events) >= 5 * 2 * 4 + 3 * 4 + 15
-    for key in ("T0", "T1"):
+    # decoding round (5 prompts x 3 laws x 4 drafters, each several rounds), a training step, an answer's scoring
+    assert len(events) >= 5 * 3 * 4 + 3 * 4 + 15
+    assert result["compared"] and result["eval_prompts"] == 5 and result["laws"]["T0.7"] == "T = 0.7, top-p 0.9"
+    for key in ("T0", "T0.7", "T1"):
         assert set(result[key]) == {"base", "exittrain", "token_only", "next-depth"}
         assert all(math.isfinite(cell["tau"]) and cell["se"] >= 0 for cell in result[key].values())
     assert result["heldout_prompts"] == 5 and result["train_prompts"] <= 15 and result["steps"] == 4
@@ -230,7 +232,7 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
         assert sum(mass["internal"]) + sum(mass["leaf"]) == pytest.approx(1.0, abs=1e-5)
         # leaving at depth d accepts d tokens plus the bonus: E[tau] = sum_d (d + 1) * mass(d)
         by_depth = [a + b for a, b in zip(mass["internal"], mass["leaf"])]
-        assert mass["expected_tau"] == pytest.approx(sum((d + 1) * m for d, m in enumerate(by_depth)), abs=1e-5)
+        assert mass["tau_bound"] == pytest.approx(sum((d + 1) * m for d, m in enumerate(by_depth)), abs=1e-5)
 
 
 @pytest.mark.parametrize("flag", ["--out", "--json"])
@@ -251,14 +253,21 @@ def test_the_tab_states_a_verdict_in_words():
     assert verdict({"gain": -0.10, "se": 0.02}).endswith("(a loss)")
     cell = lambda tau: {"tau": tau, "se": 0.05}  # noqa: E731
     gain = lambda g: {"gain": g, "se": 0.03}  # noqa: E731
+    laws = {"T0": "T = 0 (greedy)", "T0.7": "T = 0.7, top-p 0.9", "T1": "T = 1"}
     result = {"heldout_prompts": 10, "budget": 16, "max_new_tokens": 64, "train_prompts": 30, "answer_tokens": 900, "vocab_added": 12,
-              "steps": 160, "minutes": 4.2, "settings": {"tree_term": "exit"},
+              "steps": 160, "minutes": 4.2, "minutes_budget": 5, "settings": {"tree_term": "exit"}, "compared": True, "laws": laws,
               "T0": {"base": cell(1.6), "exittrain": cell(2.9), "token_only": cell(2.88)},
+              "T0.7": {"base": cell(1.5), "exittrain": cell(1.9), "token_only": cell(1.9)},
               "T1": {"base": cell(1.4), "exittrain": cell(1.6), "token_only": cell(1.62)},
-              "gain": {"T0": {"exittrain": gain(0.81), "token_only": gain(0.80)}, "T1": {"exittrain": gain(0.14), "token_only": gain(0.16)}}}
+              "gain": {"T0": {"exittrain": gain(0.81), "token_only": gain(0.80)}, "T0.7": {"exittrain": gain(0.27), "token_only": gain(0.27)},
+                       "T1": {"exittrain": gain(0.14), "token_only": gain(0.16)}}}
     table = result_table(result)
-    assert "**+81.0% +- 3.0%** (a gain)" in table and "token-only control" in table
-    assert "the tree term adds no measurable gain over the token-only control" in table
+    assert "**+81.0% +- 3.0%** (a gain)" in table and "token-only control" in table and "| T = 0.7, top-p 0.9 | adapted" in table
+    assert "the gain comes from the target's own answers" in table
+    # no gain outside two standard errors: no sentence about where a gain comes from
+    flat = {**result, "gain": {key: {"exittrain": gain(0.02), "token_only": gain(0.0)} for key in laws}}
+    table = result_table(flat)
+    assert "comes from" not in table and "tree term adds" not in table and "No gain outside two standard errors" in table
 
 
 def test_the_tab_refuses_too_few_prompts_and_cancel_shows_no_comparison(tmp_path, monkeypatch):

@@ -204,9 +204,9 @@ def _add_exittrain(commands) -> None:
     workload = parser.add_argument_group("workload adaptation (with --workload: of the options above only --tree-term, --lambda-tree, --seed, --base and --out apply)")
     workload.add_argument("--workload", help="JSON list of your own user messages (at least 16): adapt the drafter to them and measure the gain on a held-out quarter")
     workload.add_argument("--json", help="where to write the result (default: <out>/result.json)")
-    workload.add_argument("--minutes", type=float, default=5.0, help="time budget of the answers, the fine-tune and the held-out measurement of base and adapted drafter")
+    workload.add_argument("--minutes", type=float, default=5.0, help="time budget of the whole run (answers, fine-tunes, controls and held-out measurement): it measures its pace and plans within it")
     workload.add_argument("--workload-steps", type=int, default=workload_settings().steps, help="fine-tune steps (fewer if the time budget ends first)")
-    workload.add_argument("--controls", nargs="*", default=["none"], help="tree terms trained after the budget on the same data and steps, for comparison (none: the token-only control)")
+    workload.add_argument("--controls", nargs="*", default=["none"], help="tree terms trained on the same data, steps and seed, for comparison, within the minutes when they fit (none: the token-only control)")
     add_model_arguments(parser)
     parser.set_defaults(func=_exittrain)
 

@@ -65,16 +65,21 @@ try:
             return payload if self.refused(payload) else super().preprocess(payload)
 
     class Radio(gr.Radio, _Checked):
-        """``gr.Radio`` (same front end) whose unknown choices :func:`validator` refuses by name."""
+        """``gr.Radio`` (same front end) whose unknown choices :func:`validator` refuses by name.
+        ``also(value)`` passes values a session's own choices may add (the event's check decides on them)."""
 
         is_template = True
+
+        def __init__(self, choices=None, *, also=None, **kwargs):  # named: Gradio's constructor wrapper drops unnamed positional arguments
+            super().__init__(choices, **kwargs)
+            self.also = also
 
         def preprocess(self, payload):
             return payload if self.refused(payload) else super().preprocess(payload)
 
         def checked(self, value):
             choices = [value for _, value in self.choices]
-            if value not in choices:
+            if value not in choices and not (self.also and self.also(value)):
                 raise UserInputError(f"{self._short_label()} must be one of {', '.join(map(str, choices))}, got {value!r}")
             return value
 finally:

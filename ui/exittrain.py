@@ -81,7 +81,7 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
         before = experiment.before
         scoring = time.monotonic() - started
         deadline = started + RUN_SECONDS - scoring - TREES_SECONDS  # the 'after' scoring costs what the 'before' did
-        history.append({"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_tree": float("nan"), "tau_bound": before.expected_tau, "heldout_tau_bound": before.expected_tau})
+        history.append({"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_tree": float("nan"), "tau_bound": before.tau_bound, "heldout_tau_bound": before.tau_bound})
         for record in shared.SERVICE.compute.steps(experiment.train()):  # a step at a time: another user's generation takes turns
             history.append(record)
             left = max(0.0, deadline - time.monotonic())

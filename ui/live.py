@@ -14,10 +14,12 @@ import torch
 from tev.core.verify import VERIFIERS
 from tev.engine.decode import DecodeConfig, GenerationSummary, run_to_end
 from tev.engine.models import DRAFTER_KINDS, DRAFTERS
+from tev.service.adapted import is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, check_settings, records_to_json
 from ui import gpu, shared
 from ui.components import Number, Radio, Slider, validator
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
+from ui.workload import adapted_drafter, remember_asked
 from visual import mass_by_depth_figure, text_view_html, timeline_figure, tree_figure
 
 # A round's stages as the engine names them (their times sum to the round's), in the order they run.
@@ -142,7 +144,7 @@ def check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, s
         raise UserInputError("this target has no chat template; untick 'chat' to continue the text as it is")
     prompt_ids = shared.SERVICE.encode(prompt, chat=bool(chat))
     config = check_settings(verifier, budget, temperature, max_new_tokens, seed, top_p=top_p, top_k=top_k)
-    return prompt_ids, config, shared.SERVICE.request(prompt_ids, drafter, config)
+    return prompt_ids, config, shared.SERVICE.request(prompt_ids, "block" if is_adapted(drafter) else drafter, config)  # an adapted drafter is a block drafter
 
 
 def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat=False, top_p=1.0, top_k=0, request: gr.Request = None):
@@ -151,6 +153,9 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
     Stop (:func:`stop_live`) ends it between rounds, with every figure drawn for what ran."""
     try:
         prompt_ids, config, speculation = check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k)
+        if is_adapted(drafter):  # this browser session's own adapted drafter
+            speculation = dataclasses.replace(speculation, drafter=adapted_drafter(drafter, request))
+        remember_asked(prompt, chat, request)
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
         raise _user_error(error) from None
     stop = _stop_flag(request)
@@ -269,8 +274,8 @@ def export_run(state):
     return records_to_json(records, state.get("summary"), state.get("settings", {}), token_text=shared.SERVICE.token_text)
 
 
-def tab(examples: list[str]) -> None:
-    """The Live tab's components and events."""
+def tab(examples: list[str]) -> gr.Radio:
+    """The Live tab's components and events; returns its drafter choice (a workload run adds the session's adapted drafters)."""
     with gr.Row():
         with gr.Column(scale=3):
             prompt = gr.Textbox(  # no max_length: a longer prompt is refused with a message, never cut silently
@@ -287,7 +292,8 @@ def tab(examples: list[str]) -> None:
                 label="held-out chat prompts: dialogue, code, math" if shared.CHAT_DEFAULT else "held-out stdlib functions and HumanEval prompts",
             )
         with gr.Column(scale=2):
-            drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in DRAFTERS))
+            drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in DRAFTERS)
+                            + " · adapted: yours, from a workload run in the ExitTrain tab", also=is_adapted, elem_id="live-drafter")
             verifier = Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
             budget = Slider(0, LIMITS.max_budget, value=16, step=1, label="budget B (draft nodes per round; 0 drafts nothing: plain decoding)")
             temperature = Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T (0: greedy)")
@@ -331,3 +337,4 @@ def tab(examples: list[str]) -> None:
         inputs = [round_slider, run_state, gr.State(delta)]
         button.click(browse_round, inputs, views, validator=validator(inputs, check_browse), api_name=False)
     export.click(export_run, run_state, export_file, api_name="export")
+    return drafter

@@ -11,6 +11,7 @@ import os
 import gradio as gr
 
 from tev.engine.models import PAIRS, default_pair
+from tev.service.adapted import AdaptedDrafters, AskedPrompts
 from tev.service.service import ExitTrainSlot, ModelService
 
 # "auto": CUDA when torch sees it (on ZeroGPU the spaces package makes it visible at start-up
@@ -29,6 +30,8 @@ EXITTRAIN_SERVICE = SERVICE if SHARES_EXITTRAIN else ModelService(pair=default_p
 EXITTRAIN_SERVICE.compute = SERVICE.compute
 EXITTRAIN_CHAT = PAIRS[default_pair()].has_domains  # its data has domains (dialogue, code, math)
 EXITTRAIN_SLOT = ExitTrainSlot()
+ADAPTED = AdaptedDrafters()  # each session's adapted drafters (for the ExitTrain pair's target), least recently used dropped first
+ASKED = AskedPrompts()  # each session's chat prompts sent in Live: a workload of its own
 CHAT_DEFAULT = SERVICE.target_source is None and PAIRS[default_pair()].chat  # a chat target: prompts are user messages
 
 

@@ -14,10 +14,12 @@ from tev.bench.lab import LabTree, run_lab
 from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS
 from tev.engine.models import DRAFTER_KINDS
 from tev.engine.walkthrough import trace_round
+from tev.service.adapted import is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, check_settings
 from ui import gpu, shared
 from ui.components import Number, Radio, Slider, validator
 from ui.shared import COMPUTE, FORMULAS, RUN_STATE_SECONDS, _user_error, only, refuse
+from ui.workload import chosen_drafter
 from visual import verifier_lab_figure
 from visual.walkthrough import STEP_TITLES, walkthrough_html, walkthrough_step
 
@@ -58,22 +60,23 @@ def check_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, see
     """The round's settings and context; raises ``ValueError`` saying what to change."""
     bundle = shared.SERVICE.bundle()
     config = check_settings(verifier, budget, temperature, 1, seed, top_p=top_p)
-    bundle.drafter(drafter)  # an unknown drafter kind is refused here
+    bundle.drafter("block" if is_adapted(drafter) else drafter)  # an unknown drafter kind is refused here (an adapted one is a block drafter)
     return config, shared.SERVICE.encode(prompt, chat=bundle.is_chat)
 
 
-def run_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed) -> WalkView:
+def run_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed, request: gr.Request = None) -> WalkView:
     """Run one round on the prompt and show its first step."""
     try:
         config, context = check_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed)
         bundle = shared.SERVICE.bundle()
-        trace = shared.SERVICE.compute.call(trace_round, bundle.target, bundle.drafter(drafter), context, config.law, config.verifier, config.budget, config.seed)
+        trace = shared.SERVICE.compute.call(trace_round, bundle.target, chosen_drafter(bundle, drafter, request), context, config.law, config.verifier,
+                                            config.budget, config.seed)
     except ValueError as error:  # the validator refuses bad settings first; an API call that skips it lands here
         raise _user_error(error) from None
     return _view({"traces": [trace], "round": 0, "step": 0, "seed": config.seed, "drafter": drafter, "prompt": prompt})
 
 
-def step_walkthrough(delta, state) -> WalkView:
+def step_walkthrough(delta, state, request: gr.Request = None) -> WalkView:
     """Back / Next through the kept rounds' steps; Next after the last step of the last round
     runs the next round from the new context (and Back can return to every kept round)."""
     if not state or not state.get("traces"):
@@ -91,8 +94,8 @@ def step_walkthrough(delta, state) -> WalkView:
             last = traces[-1]
             bundle = shared.SERVICE.bundle()
             try:
-                trace = shared.SERVICE.compute.call(trace_round, bundle.target, bundle.drafter(state["drafter"]), last.next_context, last.law,
-                                                    last.verifier, last.tree.budget, state["seed"], round_index=last.round_index + 1)
+                trace = shared.SERVICE.compute.call(trace_round, bundle.target, chosen_drafter(bundle, state["drafter"], request), last.next_context,
+                                                    last.law, last.verifier, last.tree.budget, state["seed"], round_index=last.round_index + 1)
             except ValueError as error:  # the context is full: say so
                 raise _user_error(error) from None
             traces = (traces + [trace])[-KEPT_ROUNDS:]
@@ -130,8 +133,8 @@ def export_walkthrough(state):
     return path
 
 
-def tab(prompt_text: str) -> None:
-    """The Walkthrough tab's components and events."""
+def tab(prompt_text: str) -> gr.Radio:
+    """The Walkthrough tab's components and events; returns its drafter choice (a workload run adds the session's adapted drafters)."""
     gr.Markdown(
         "Watch **one round** happen, step by step: the drafter's guesses, the tree, the one target forward, where the target's "
         "mass flows and leaves, the verifier's decision, the bonus token, the commit. Every number is this round's. "
@@ -141,7 +144,7 @@ def tab(prompt_text: str) -> None:
         with gr.Column(scale=3):
             prompt = gr.Textbox(label=f"prompt · at most {LIMITS.max_prompt_chars:,} characters", value=prompt_text, lines=3, elem_id="walk-prompt")
         with gr.Column(scale=2):
-            drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q")
+            drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q", also=is_adapted, elem_id="walk-drafter")
             verifier = Radio(list(VERIFIERS), value="tev", label="verifier")
             with gr.Row():
                 budget = Slider(0, LIMITS.max_lab_budget, value=16, step=1, label="budget B")
@@ -170,3 +173,4 @@ def tab(prompt_text: str) -> None:
     forward.click(gpu.gpu_task("generate")(step_walkthrough), [gr.State(1), state], views, api_name="walkthrough_next", **COMPUTE)
     replay.click(gpu.gpu_task("verifier_lab")(replay_walkthrough), state, list(ReplayView(replay_plot, replay_table)), api_name="walkthrough_replay", **COMPUTE)
     export.click(export_walkthrough, state, file, api_name="walkthrough_export")
+    return drafter

@@ -9,9 +9,10 @@ import time
 import gradio as gr
 
 from tev.engine.drafters import BlockTreeDrafter
-from tev.engine.models import shipped_drafter
-from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, adaptation, workload_settings
+from tev.engine.models import DRAFTER_KINDS, shipped_drafter
+from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, LAWS, MIN_STEPS, adaptation, verdict_lines, workload_settings
 from tev.train.workload_data import check_workload, load_workload, split_workload
+from tev.service.adapted import ADAPTED_PREFIX, CAPACITY, MIN_ASKED, is_adapted
 from tev.service.service import LIMITS
 from tev.util.paths import assets_dir
 from tev.util.stats import change_in_words
@@ -21,9 +22,11 @@ from ui.exittrain import Cancel, cancel_exittrain, check_free, side_by_side
 from ui.shared import COMPUTE, _user_error
 from visual import exit_mass_change_figure
 
-__all__ = ["OWN", "MIN_MINUTES", "MAX_MINUTES", "pack_names", "verdict", "result_table", "run_workload", "tab"]
+__all__ = ["OWN", "ASKED", "MIN_MINUTES", "MAX_MINUTES", "pack_names", "verdict", "result_table", "run_workload", "adapted_drafter", "chosen_drafter",
+           "remember_asked", "use_asked", "offer_adapted", "tab"]
 
 OWN = "my own prompts (below)"
+ASKED = "what I have asked in Live"
 MIN_MINUTES, MAX_MINUTES = 2.0, 10.0
 
 
@@ -32,7 +35,21 @@ def pack_names() -> list[str]:
     return sorted(p.stem for p in (assets_dir() / "workloads").glob("*.json"))
 
 
-def _prompts(pack: str, own_text: str) -> list[str]:
+def _session(request) -> str:
+    return getattr(request, "session_hash", None) or "anonymous"
+
+
+def _workload_name(pack: str) -> str:
+    return {OWN: "my prompts", ASKED: "what I asked"}.get(pack, pack)
+
+
+def _prompts(pack: str, own_text: str, session: str | None = None) -> list[str]:
+    if pack == ASKED:
+        asked = shared.ASKED.get(session) if session else []
+        if len(asked) < MIN_ASKED:
+            raise ValueError(f"this browser session has sent {len(asked)} chat prompt{'s' * (len(asked) != 1)} in the Live tab; "
+                             f"adapting to them needs at least {MIN_ASKED}")
+        return check_workload(asked, "your Live prompts", minimum=MIN_ASKED)
     if pack == OWN:
         lines = [line.strip() for line in (own_text or "").splitlines() if line.strip()]
         return check_workload(lines, "your prompts (one per line)")
@@ -47,36 +64,31 @@ def verdict(gain: dict) -> str:
 
 
 def result_table(result: dict) -> str:
-    """The held-out comparison as markdown, each change with its verdict in words."""
+    """The held-out comparison as markdown, each change with its verdict in words, then the run's
+    verdict sentences (:func:`verdict_lines`: they follow the numbers)."""
     measured = result.get("eval_prompts", result["heldout_prompts"])
     lines = [f"Held-out: {result['heldout_prompts']} prompts never trained on ({measured} of them decoded); B = {result['budget']}, {result['max_new_tokens']} new tokens, "
-             f"TEV at T = 1, greedy at T = 0; +- is one standard error over rounds.", "",
-             "| T | drafter | tau | change against the base |", "|---|---|---|---|"]
-    for key, temperature in (("T0", 0), ("T1", 1)):
+             f"TEV when sampling, greedy at T = 0; +- is one standard error over rounds.", "",
+             "| law | drafter | tau | change against the base |", "|---|---|---|---|"]
+    for key in LAWS:
         for name, cell in result[key].items():
             change = "" if name == "base" else verdict(result["gain"][key][name])
             label = {"exittrain": f"adapted (ExitTrain, {result['settings']['tree_term']} term)", "token_only": "token-only control"}.get(name, name)
-            lines.append(f"| {temperature} | {label} | {cell['tau']:.3f} +- {cell['se']:.3f} | {change} |")
+            lines.append(f"| {result['laws'][key]} | {label} | {cell['tau']:.3f} +- {cell['se']:.3f} | {change} |")
     lines += ["", f"The target answered {result['train_prompts']} training prompts ({result['answer_tokens']} tokens); {result['vocab_added']} of their "
-              f"tokens joined the draft vocabulary; {result['steps']} fine-tune steps; {result['minutes']:.1f} min in all "
-              f"(the control ran after)."]
-    if "token_only" in result["T0"]:
-        ours, control = result["gain"]["T0"]["exittrain"], result["gain"]["T0"]["token_only"]
-        if abs(ours["gain"] - control["gain"]) <= max(ours["se"], control["se"]):
-            lines.append("\nThe gain comes from the target's own answers (the token loss): the tree term adds no measurable gain over the "
-                         "token-only control here (see docs/exittrain.md for the measured packs).")
-    return "\n".join(lines)
+              f"tokens joined the draft vocabulary; {result['steps']} fine-tune steps; {result['minutes']:.1f} min in all (of {result['minutes_budget']:g}).", ""]
+    return "\n".join(lines + verdict_lines(result))
 
 
 def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progress()):
     """Adapt the base drafter to a workload, streaming its phases; each piece of work runs under
     the server's compute thread, and Cancel stops between pieces."""
-    owner = getattr(request, "session_hash", None) or "anonymous"
+    owner = _session(request)
     try:
         minutes = float(minutes)
         if not MIN_MINUTES <= minutes <= MAX_MINUTES:
             raise ValueError(f"minutes must be from {MIN_MINUTES:g} to {MAX_MINUTES:g}, got {minutes:g}")
-        prompts = _prompts(pack, own_text)
+        prompts = _prompts(pack, own_text, owner)
         bundle = shared.EXITTRAIN_SERVICE.bundle()
         if "block" not in bundle.drafters or not bundle.is_chat:
             raise ValueError("workload adaptation needs a chat target and its block drafter (the default pair)")
@@ -113,26 +125,35 @@ def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progr
             return
         result = outcome["result"]
         table = result_table(result)
+        if not result["compared"]:
+            yield f"finished in {result['minutes']:.1f} min: nothing compared, no adapted drafter kept", table, None, None, None
+            return
+        label = shared.ADAPTED.keep(owner, _workload_name(pack), outcome["drafter"])
+        kept = (f"the adapted drafter is kept for this browser session as **{label}**: choose it in the Live tab or the walkthrough, or download it "
+                f"below (loads with `--draft`); the server keeps the {CAPACITY} most recently used adapted drafters (15-30 MB each) and writes none to disk")
         mass = result.get("heldout_mass")
         mass_figure = exit_mass_change_figure({"base": mass["base"], "adapted": mass["exittrain"]}) if mass else None
         yield f"finished in {result['minutes']:.1f} min; drawing both drafters' trees on a held-out prompt…", table, mass_figure, gr.skip(), gr.skip()
         _, heldout = split_workload(prompts)
         adapted = BlockTreeDrafter(outcome["drafter"].served(), name="adapted")
         trees = side_by_side(bundle, {"base": bundle.drafter("block"), "adapted": adapted}, {"text": heldout[0], "chat": True}, EVAL_BUDGET)
-        yield f"finished in {result['minutes']:.1f} min", table, gr.skip(), *trees
+        yield f"finished in {result['minutes']:.1f} min; {kept}", table, gr.skip(), *trees
     finally:
         shared.EXITTRAIN_SLOT.release()
 
 
 PHASES = {  # what each phase of the run says while it runs
     "answers": lambda i: f"the target answers {i['prompts']} training prompts…",
+    "pace": lambda i: f"{i['answer']:.1f} s an answer; timing a held-out prompt, scoring and two training steps to plan the rest…",
+    "plan": lambda i: (f"plan: {i['plan']['answers']} training prompts answered, {i['plan']['steps']} steps, {i['plan']['heldout']} held-out prompts decoded"
+                       + ("" if i["plan"]["heldout"] else f" (no comparison fits at this pace: {MIN_STEPS} steps and a held-out prompt for both drafters)")),
     "answers done": lambda i: f"{i['answers']} answers ({i['tokens']} tokens); scoring the base drafter's trees on them…",
-    "train": lambda i: f"fine-tuning on {i['anchors']} anchors and {i['trees']} scored trees ({i['vocab_added']} new draft tokens)…",
+    "train": lambda i: f"fine-tuning {i['steps']} steps on {i['anchors']} anchors and {i['trees']} scored trees ({i['vocab_added']} new draft tokens)…",
     "step": lambda i: f"step {i['step']} · token loss {i['loss_tok']:.3f}",
-    "evaluate": lambda i: f"decoding {i['prompts']} held-out prompts with the base and the adapted drafter (T = 0 and T = 1)…",
-    "evaluated": lambda i: f"held-out tau at T = 0: base {i['base']['T0']['tau']:.3f}, adapted {i['exittrain']['T0']['tau']:.3f}",
+    "evaluate": lambda i: f"decoding up to {i['prompts']} held-out prompts with {', '.join(i['drafters'])} (T = 0, T = 0.7 top-p 0.9, T = 1)…",
+    "evaluated": lambda i: f"held-out tau at T = 0.7, top-p 0.9: base {i['base']['T0.7']['tau']:.3f}, adapted {i['exittrain']['T0.7']['tau']:.3f}",
     "mass": lambda i: "where the target's mass leaves each drafter's trees on the held-out answers…",
-    "control": lambda i: "token-only control (same data and steps, after the budget)…",
+    "control": lambda i: f"control: tree term {i['tree_term']} (same data, steps and seed)…",
 }
 
 
@@ -145,35 +166,90 @@ RUN_OUTPUTS = ("status", "table", "mass", "tree_base", "tree_adapted")  # run_wo
 
 
 def check_prompts(pack, prompts, minutes):
-    """Refuses a workload without enough prompts (naming the prompts), or while another ExitTrain run holds the slot."""
-    _prompts(pack, prompts)
+    """Refuses a workload without enough prompts (naming the prompts), or while another ExitTrain run holds the slot
+    (the session's Live prompts are counted by the run itself: a validator does not know the session)."""
+    if pack != ASKED:
+        _prompts(pack, prompts)
     check_free()
 
 
-def tab() -> None:
-    """The ExitTrain tab's workload mode (default pair only): its components and events."""
+# ------------------------------------------------------------------------------ the session's adapted drafters and Live prompts
+def adapted_drafter(label: str, request):
+    """This browser session's adapted drafter ``label`` for the Live tab's target; ``ValueError`` saying why not."""
+    if not shared.SHARES_EXITTRAIN:
+        raise ValueError("adapted drafters are made for the default pair's target; this server's Live tab runs another target")
+    return shared.ADAPTED.drafter(_session(request), label)
+
+
+def chosen_drafter(bundle, name: str, request):
+    """The drafter a Live or walkthrough choice names: a kind of the bundle, or this session's adapted drafter."""
+    return adapted_drafter(name, request) if is_adapted(name) else bundle.drafter(name)
+
+
+def remember_asked(prompt: str, chat, request) -> None:
+    """Keep a chat prompt this session sent in Live (a workload of its own to adapt to)."""
+    if chat:
+        shared.ASKED.add(_session(request), prompt)
+
+
+def use_asked(request: gr.Request):
+    """The "adapt to what I have asked" button: the workload becomes this session's Live prompts
+    (at least :data:`MIN_ASKED`), with a seeded share of them held out, as for packs."""
+    try:
+        prompts = _prompts(ASKED, "", _session(request))
+    except ValueError as error:
+        raise _user_error(error) from None
+    train, heldout = split_workload(prompts)
+    return gr.update(value=ASKED), (f"workload: the {len(prompts)} chat prompts this browser session sent in Live ({len(train)} to train on, "
+                                    f"{len(heldout)} held out); press **Adapt to this workload**")
+
+
+def offer_adapted(pack, request) -> tuple:
+    """After a run: the drafter choices of the page with this session's adapted drafters, and the
+    zipped drafter this run made (when it kept one) to download, else ``gr.skip()``."""
+    session = _session(request)
+    labels = shared.ADAPTED.labels(session) if shared.SHARES_EXITTRAIN else []
+    label = ADAPTED_PREFIX + _workload_name(pack)
+    return gr.update(choices=list(DRAFTER_KINDS) + labels), str(shared.ADAPTED.export(session, label)) if label in labels else gr.skip()
+
+
+def tab(drafters: list = ()) -> None:
+    """The ExitTrain tab's workload mode (default pair only): its components and events.
+    ``drafters``: the page's drafter choices, which list this session's adapted drafters after a run."""
     shown = shared.EXITTRAIN_CHAT
     gr.Markdown(
         "### Adapt the drafter to your workload\n"
-        "A drafter gains most where it meets text it has not learned: pick a workload pack or paste your own prompts (one per "
-        "line, at least 16). The target answers three quarters of them, the drafter is fine-tuned on those answers (the token "
-        "loss plus ExitTrain's tree term on the trees it builds there), and the last quarter, never trained on, measures "
-        "`tau` before and after, with the token-only control beside it. Cancel stops it at once; nothing is saved to the server.",
+        "A drafter gains most where it meets text it has not learned: pick a workload pack, paste your own prompts (one per "
+        f"line, at least 16), or take the chat prompts you sent in the Live tab (at least {MIN_ASKED}). The run first times this machine, "
+        "then plans within the minutes: the target answers three quarters of the prompts, the drafter is fine-tuned on those answers "
+        "(the token loss plus ExitTrain's tree term on the trees it builds there), and the last quarter, never trained on, measures "
+        "`tau` before and after at T = 0, at the page's T = 0.7 top-p 0.9 and at T = 1, with the token-only control beside it. "
+        f"Below {MIN_STEPS} steps it says so and compares nothing. Cancel stops it at once. The adapted drafter is kept in the "
+        "server's memory for this browser session only (Live and walkthrough: \"adapted: …\"), with its weights to download.",
         visible=shown,
     )
     with gr.Row(visible=shown):
-        pack = Radio(pack_names() + [OWN], value=(pack_names() or [OWN])[0], label="workload")
-        minutes = Slider(MIN_MINUTES, MAX_MINUTES, value=5, step=0.5, label="minutes (answers, fine-tune and held-out measurement)")
+        pack = Radio(pack_names() + [OWN, ASKED], value=(pack_names() or [OWN])[0], label="workload")
+        minutes = Slider(MIN_MINUTES, MAX_MINUTES, value=5, step=0.5, label="minutes (the whole run: answers, fine-tunes, held-out measurement)")
     text = gr.Textbox(label=f"your prompts, one per line (at least 16; each at most {LIMITS.max_prompt_chars} characters)", lines=6,
                       max_lines=30, max_length=200_000, visible=shown)
     with gr.Row(visible=shown):
         start = gr.Button("Adapt to this workload", variant="primary", elem_id="workload-start")
+        asked = gr.Button("Adapt to what I have asked (Live)", elem_id="workload-asked")
         cancel = gr.Button("Cancel")
     ui = {"status": gr.Markdown(visible=shown, elem_id="workload-status"), "table": gr.Markdown(visible=shown, elem_id="workload-table"),
           "mass": gr.Plot(label="where the target's mass leaves the trees on the held-out answers: base / adapted", visible=shown)}
     with gr.Row(visible=shown, elem_id="workload-trees"):
         ui["tree_base"] = gr.Plot(label="base drafter's tree (held-out prompt)")
         ui["tree_adapted"] = gr.Plot(label="adapted drafter's tree (same prompt)")
+    download = gr.File(label="adapted drafter (drafter_config.json + drafter.safetensors; unzip, then --draft FOLDER)", interactive=False, visible=shown)
+
+    def offered(pack, request: gr.Request):
+        choices, weights = offer_adapted(pack, request)
+        return [choices] * len(drafters) + [weights]
+
     inputs = [pack, text, minutes]
-    start.click(gpu.gpu_task("exittrain")(run_workload), inputs, [ui[name] for name in RUN_OUTPUTS], validator=validator(inputs, check_prompts), api_name="exittrain_workload", **COMPUTE)
+    start.click(gpu.gpu_task("exittrain")(run_workload), inputs, [ui[name] for name in RUN_OUTPUTS], validator=validator(inputs, check_prompts),
+                api_name="exittrain_workload", **COMPUTE).then(offered, pack, [*drafters, download], api_name="exittrain_workload_offer")
+    asked.click(use_asked, None, [pack, ui["status"]], api_name="exittrain_workload_asked")
     cancel.click(cancel_exittrain, None, ui["status"], api_name="exittrain_workload_cancel")

@@ -63,7 +63,7 @@ def _measure(bundle, name: str, drafter, prompts: list[dict], budgets, temperatu
 
 
 def _trees_summary(trees, horizon: int) -> dict:
-    return {"tau_bound": trees.expected_tau, "trees": len(trees.trees), **trees.exit_mass_by_depth(horizon)}
+    return {"tau_bound": trees.tau_bound, "trees": len(trees.trees), **trees.exit_mass_by_depth(horizon)}
 
 
 def run_ablation(

@@ -48,8 +48,8 @@ def paired_change(before: TreeBatch, after: TreeBatch) -> dict:
     if len(before.coverage) != len(after.coverage) or not before.coverage:
         raise ValueError("compare trees of the same held-out anchors")
     differences = [a - b for a, b in zip(after.coverage, before.coverage)]
-    return {"before": before.expected_tau, "after": after.expected_tau, "change": after.expected_tau / before.expected_tau - 1,
-            "change_se": standard_error(differences) / before.expected_tau, "anchors": len(differences)}
+    return {"before": before.tau_bound, "after": after.tau_bound, "change": after.tau_bound / before.tau_bound - 1,
+            "change_se": standard_error(differences) / before.tau_bound, "anchors": len(differences)}
 
 
 class Experiment:

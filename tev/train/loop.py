@@ -206,7 +206,7 @@ def train(drafter, data: TrainData, settings: TrainSettings, target=None, trees:
                                                         settings.soft_top if settings.tree_term == "next-depth" else 0)
                 loss_tok, _, accuracy = anchor_token_loss(drafter, part, index, logits, soft)
                 loss_tree = tree_loss(logits, scored, list(range(index.shape[0])), settings.tree_term, drafter) if settings.tree_term != "none" else torch.zeros(())
-                tau_bound = scored.expected_tau
+                tau_bound = scored.tau_bound
             else:
                 anchors = data.anchors
                 index = anchors[torch.randint(0, anchors.shape[0], (settings.batch,), generator=generator)]

@@ -52,7 +52,7 @@ class TreeBatch:
         return cls(*(joined(f.name) for f in fields(cls)))
 
     @property
-    def expected_tau(self) -> float:
+    def tau_bound(self) -> float:
         """Mean ``1 + C(T)`` over the trees (the expected block length)."""
         return 1.0 + sum(self.coverage) / len(self.coverage)
 

@@ -21,14 +21,14 @@ MIN_HELDOUT = 4
 MAX_PROMPT_CHARS = 4000  # the app's prompt limit; a workload is many short requests
 
 
-def check_workload(prompts, source: str = "the workload") -> list[str]:
-    """``prompts`` if it is a list of at least :data:`MIN_PROMPTS` user messages, each valid
+def check_workload(prompts, source: str = "the workload", minimum: int = MIN_PROMPTS) -> list[str]:
+    """``prompts`` if it is a list of at least ``minimum`` user messages, each valid
     prompt text of at most :data:`MAX_PROMPT_CHARS` characters; else ``ValueError`` saying
     which entry to fix. Special-token strings are allowed: they are encoded as plain text."""
     if not isinstance(prompts, list):
         raise ValueError(f"{source} must be a JSON list of user messages (strings), got a {type(prompts).__name__}")
-    if len(prompts) < MIN_PROMPTS:
-        raise ValueError(f"{source} holds {len(prompts)} prompts; give at least {MIN_PROMPTS} (a quarter, at least {MIN_HELDOUT}, is kept for held-out measurement)")
+    if len(prompts) < minimum:
+        raise ValueError(f"{source} holds {len(prompts)} prompts; give at least {minimum} (a quarter, at least {MIN_HELDOUT}, is kept for held-out measurement)")
     for i, prompt in enumerate(prompts):
         if not isinstance(prompt, str):
             raise ValueError(f"{source}: entry {i} is a {type(prompt).__name__}, not a string; every entry must be one user message")

@@ -1,0 +1,128 @@
+"""Workload adaptation keeps to its minutes: a fake clock advanced by a stubbed pace for each
+piece of work (an answer, a scored answer, a step, a held-out prompt) drives a whole run on a
+tiny chat pair, so the plan and its cuts are checked without waiting."""
+
+import dataclasses
+
+import pytest
+
+from tev.engine.models import load_bundle
+from tev.train import workload_command
+from tev.train.workload_command import MIN_STEPS, Pace, plan_phases, workload_settings
+from tests.tiny import CHAT_WORDS, save_chat_target, tiny_vocab_drafter
+
+MINUTES = 5
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("workload-budget")
+    bundle = load_bundle(str(save_chat_target(folder / "target")), dtype="float32")
+    vocab = [bundle.tokenizer.convert_tokens_to_ids(w) for w in CHAT_WORDS[: len(CHAT_WORDS) // 2]] + [bundle.tokenizer.eos_token_id]
+    tiny_vocab_drafter(bundle.target, sorted(set(vocab))).save_pretrained(folder / "base")
+    prompts = [" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 5)) for k in range(20)]  # 15 to train on, 5 held out
+    return bundle, folder / "base", prompts
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False) -> dict:
+    """A whole adaptation in fake time: each piece of work moves the clock by its stubbed pace."""
+    bundle, base, prompts = tiny
+    clock = FakeClock()
+    answer, score, train, decode = (workload_command.answer_prompts, workload_command.workload_train_set, workload_command.train,
+                                    workload_command._decode_prompt)
+
+    def answering(target, tokenizer, asked, *args, batch=8, **kwargs):
+        for i, so_far in enumerate(answer(target, tokenizer, asked, *args, batch=batch, **kwargs)):
+            clock.now += pace.answer * len(asked[i * batch : (i + 1) * batch])
+            yield so_far
+
+    def scoring(target, drafter, answers, *args, **kwargs):
+        yield from score(target, drafter, answers, *args, **kwargs)
+        clock.now += pace.score * len(answers)
+
+    def training(*args, **kwargs):
+        for record in train(*args, **kwargs):
+            clock.now += pace.step
+            yield record
+
+    def decoding(*args, **kwargs):  # a held-out prompt's rounds take about pace.heldout (the run can stop between them)
+        for event in decode(*args, **kwargs):
+            clock.now += pace.heldout / ROUNDS
+            yield event
+
+    monkeypatch.setattr(workload_command, "answer_prompts", answering)
+    monkeypatch.setattr(workload_command, "workload_train_set", scoring)
+    monkeypatch.setattr(workload_command, "train", training)
+    monkeypatch.setattr(workload_command, "_decode_prompt", decoding)
+    monkeypatch.setattr(workload_command, "EVAL_NEW_TOKENS", 6)
+    settings = dataclasses.replace(workload_settings("exit"), batch=8, tree_batch=4)
+    events = list(workload_command.adaptation(bundle, prompts, base, MINUTES, settings, controls=("none",), progress=False, with_mass=with_mass, clock=clock))
+    result = events[-1][1]["result"]
+    assert clock.now == pytest.approx(result["minutes"] * 60)
+    assert result["minutes"] <= 1.1 * MINUTES  # the minutes hold, whatever the pace
+    return result
+
+
+ROUNDS = 12  # about the rounds of a tiny held-out prompt at the three laws (6 new tokens each)
+QUIET = Pace(answer=2.0, score=0.5, step=0.5, heldout=4.0)
+
+
+def test_a_quiet_run_answers_every_prompt_and_trains_the_steps_that_fit(tiny, monkeypatch):
+    result = _run(tiny, monkeypatch, QUIET, with_mass=True)
+    assert result["compared"] and result["note"] is None
+    assert result["train_prompts_answered"] == 15 and result["eval_prompts"] >= 2
+    assert result["steps"] >= MIN_STEPS and result["pace"]["step"] == pytest.approx(QUIET.step)
+    assert set(result["T0.7"]) == {"base", "exittrain", "token_only"} and set(result["gain"]["T0.7"]) == {"exittrain", "token_only"}
+
+
+def test_slow_answers_cut_the_answers_not_the_training(tiny, monkeypatch):
+    slow = dataclasses.replace(QUIET, answer=20.0)  # the first 4 answers alone take 80 s of the 300
+    result = _run(tiny, monkeypatch, slow)
+    assert result["compared"] and result["steps"] >= MIN_STEPS
+    assert result["train_prompts_answered"] < 15  # fewer prompts answered...
+    assert result["plan"]["steps"] >= MIN_STEPS  # ...so that the steps still fit
+
+
+def test_slow_held_out_decoding_cuts_the_held_out_prompts_not_the_training(tiny, monkeypatch):
+    result = _run(tiny, monkeypatch, dataclasses.replace(QUIET, heldout=20.0))
+    assert result["compared"] and result["steps"] >= MIN_STEPS and 1 <= result["eval_prompts"] < 5
+
+
+def test_a_run_that_cannot_reach_the_minimum_steps_says_so_and_compares_nothing(tiny, monkeypatch):
+    result = _run(tiny, monkeypatch, dataclasses.replace(QUIET, step=20.0))  # 30 steps of two drafters: 1200 s
+    assert not result["compared"] and result["steps"] < MIN_STEPS
+    assert result["gain"] == {} and all(set(result[key]) == {"base"} for key in workload_command.LAWS)
+    assert result["note"].startswith(f"Only {result['steps']} fine-tune steps fit in {MINUTES} minutes") and "20.0 s a step" in result["note"]
+    lines = workload_command._summary_lines(result)
+    assert lines[-1] == result["note"] and not any("gain" in line for line in lines)
+
+
+def test_a_held_out_prompt_longer_than_half_the_minutes_is_cut_and_nothing_is_compared(tiny, monkeypatch):
+    result = _run(tiny, monkeypatch, dataclasses.replace(QUIET, heldout=400.0))  # one prompt, one drafter: 400 s of the 300
+    assert not result["compared"] and result["eval_prompts"] == 0 and all(result[key] == {} for key in workload_command.LAWS)
+    assert result["steps"] >= MIN_STEPS  # the time went to training, not to a measurement that cannot finish
+    assert "decoding held-out prompts with both drafters does not fit in 5 minutes" in result["note"] and "a held-out prompt took more than half the time left" in result["note"]
+    assert workload_command._summary_lines(result)[-1] == result["note"]
+
+
+@pytest.mark.parametrize(
+    "pace, expected",
+    [
+        (Pace(1.0, 0.5, 0.5, 5.0), (15, 160, 8, 1)),  # the steps asked for, every answer, the control
+        (Pace(1.0, 0.5, 1.0, 5.0), (15, 100, 6, 1)),  # fewer steps than asked, more than the minimum
+        (Pace(30.0, 0.5, 1.0, 5.0), (11, 59, 6, 1)),  # slow answers: a third of the time answers, the steps still kept
+        (Pace(1.0, 0.5, 8.0, 5.0), (15, 30, 5, 0)),  # slow steps: the minimum without the control
+        (Pace(1.0, 0.5, 10.0, 5.0), (8, 29, 0, 0)),  # too slow for 30 steps: no comparison, what fits is trained
+    ],
+)
+def test_the_plan_keeps_the_minimum_training_first(pace, expected):
+    plan = plan_phases(pace, 300.0, answered=8, offered=15, steps=160, heldout=10, controls=1)
+    assert (plan.answers, plan.steps, plan.heldout, plan.controls) == expected
