@@ -20,6 +20,7 @@ from tev.engine.decode import DecodeConfig, Request, run_to_end, speculative_gen
 from tev.engine.round import RoundRecord, prefill, speculation_round
 from tev.engine.session import CausalLMSession
 from tev.util.timing import StageTimer
+from visual import timeline_figure
 from visual.budget_view import budget_figure
 
 VOCAB = 48
@@ -266,9 +267,9 @@ def test_sampling_at_auto_is_lossless(small_target, verifier):
         records, summary = run_to_end(speculative_generate(Request(small_target, drafter, prompt, config), auto=auto))
         sizes += summary.tree_sizes
         samples.append(tuple(summary.token_ids))
-    assert {0, 4} <= set(sizes), "the rule must choose both plain decoding and a tree here"
+    assert min(sizes.count(0), sizes.count(4)) > len(sizes) / 10, "the rule must often choose both plain decoding and a tree here"
     statistic, p_value, dof = chi_square_against(law, samples)
-    print(f"{verifier} at auto: sizes {sorted(set(sizes))} chi2={statistic:.1f} dof={dof} p={p_value:.3f}")
+    print(f"{verifier} at auto: sizes {dict(sorted((k, sizes.count(k)) for k in set(sizes)))} chi2={statistic:.1f} dof={dof} p={p_value:.3f}")
     assert p_value > ALPHA
 
 
@@ -333,11 +334,14 @@ def test_budget_figure_reads_the_rounds_choice():
     records, _ = run_to_end(speculative_generate(Request(target, tiny_block_drafter(target), [3, 9, 27], config), auto=AutoBudget(CostCurve(CURVE, frozen=True), cap=16)))
     record = records[-1]
     fig = budget_figure(record)
-    line, chosen = fig.data
+    line, going, chosen = fig.data
     assert list(line.y) == pytest.approx(record.choice.rate.tolist())
+    assert list(going.y) == pytest.approx([record.choice.going_rate] * 2)
     assert list(chosen.x) == [record.choice.size] == [record.tree.budget]
-    assert chosen.y[0] == pytest.approx(max(record.choice.rate.tolist()))
+    sized = [t for t in timeline_figure(records).data if t.name == "tree size k (auto)"]
+    assert len(sized) == 1 and list(sized[0].y) == [r.tree.budget for r in records]  # the rounds chart shows each round's choice
     fixed = RoundRecord(**{**record.__dict__, "choice": None})
+    assert "tree size k (auto)" not in [t.name for t in timeline_figure([fixed]).data]
     with pytest.raises(ValueError, match="fixed budget"):
         budget_figure(fixed)
 

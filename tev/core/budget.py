@@ -163,9 +163,9 @@ class Calibration:
 
 @dataclass
 class RoundRate:
-    """The rate past rounds achieved: exponentially weighted tokens over seconds (each round
-    multiplies both sums by ``1 - weight`` before adding its own block length and time).
-    ``rate`` is None before any round."""
+    """The rate past rounds achieved: exponentially weighted tokens over cost (each round
+    multiplies both sums by ``1 - weight`` before adding its own block length and cost, in the
+    cost curve's units: seconds). ``rate`` is None before any round."""
 
     weight: float = 0.1
     tokens: float = 0.0
@@ -176,7 +176,7 @@ class RoundRate:
         return self.tokens / self.seconds if self.seconds > 0 else None
 
     def observe(self, tokens: int, seconds: float) -> None:
-        """Add one round: its block length and its time."""
+        """Add one round: its block length and its cost."""
         if tokens < 1 or not seconds > 0:
             raise ValueError(f"a round emits >= 1 token in > 0 seconds, got {tokens} in {seconds}")
         keep = 1.0 - self.weight

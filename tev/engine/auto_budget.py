@@ -53,9 +53,12 @@ class AutoBudget:
         choice = choose_prefix(path_prob, self.curve.costs(order.numel() + 1), self.calibration.factor, self.cap, self.rate.rate)
         return tree.keep(order[: choice.size].tolist()), choice
 
-    def observe(self, kept: DraftTree, coverage: float, sized_seconds: float, round_seconds: float, block_length: int) -> None:
-        """After the round: its realised ``C(T)`` on the kept tree, the time of its stages that
-        grow with the tree (forward, head, verdict), its whole time and its block length."""
+    def observe(self, kept: DraftTree, choice: BudgetChoice, coverage: float, sized_seconds: float, round_seconds: float, block_length: int) -> None:
+        """After the round: the kept tree and its choice, its realised ``C(T)``, the time of its
+        stages that grow with the tree (forward, head, verdict), its whole time and its block
+        length. The rate is kept in the cost curve's own terms (the block over ``choice``'s cost
+        of the kept size, which follows the rounds' times unless the curve is frozen), so a
+        frozen curve's choices depend on no timing at all."""
         self.calibration.observe(coverage, kept.draft_coverage)
-        self.rate.observe(block_length, round_seconds)
+        self.rate.observe(block_length, float(choice.cost[choice.size]))
         self.curve.observe(kept.num_nodes, sized_seconds, round_seconds - sized_seconds)
