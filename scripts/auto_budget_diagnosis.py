@@ -9,6 +9,11 @@ prefix ``k`` of the same tree, the realised ``C(k)`` (a node's reach does not de
 nodes) and the drafter's ``sum q``: the calibration by size, and the size a perfect rule would keep.
 
     python scripts/auto_budget_diagnosis.py --threads 1 --num-prompts 3 --json /tmp/auto_diag.json
+    python scripts/auto_budget_diagnosis.py --replay /tmp/auto_diag.json
+
+``--replay`` needs no model: it replays the largest fixed budget's rounds of a saved run through the
+rule (each prefix's realised coverage is known exactly) on that run's measured cost curve, and
+prints the expected tokens per second of each rule against every fixed size, free of timing noise.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ import time
 import torch
 
 from tev.data.prompts import load_prompt_set, spread_evenly
-from tev.core.budget import Calibration, RoundRate
+from tev.core.budget import Calibration, RoundRate, choose_prefix
 from tev.engine.auto_budget import AutoBudget
-from tev.engine.cost_curve import machine_cost_curve
+from tev.engine.cost_curve import CostCurve, machine_cost_curve
 from tev.engine.decode import DecodeConfig, Request, autoregressive_generate, run_to_end, speculative_generate
 from tev.engine.evaluation import fit_prompt
 from tev.engine.models import load_bundle
@@ -55,8 +60,38 @@ def prefix_rows(records) -> list[dict]:
     return rows
 
 
+def replay(path: str, fixed_seconds: float = 0.007, drift: float = 1.25) -> None:
+    """Expected tokens per second of the rule (each round's own best ratio, or the past rounds'
+    rate) and of fixed sizes, replayed on the saved largest-budget rounds of ``path``."""
+    run = json.load(open(path))
+    curve = CostCurve({int(n): t for n, t in run["measured"].items()}, frozen=True)
+    costs = curve.costs(curve_size(run)) * drift + fixed_seconds  # the rounds' head and verdict (drift), draft and commit (fixed)
+    for temperature in sorted({c["temperature"] for c in run["cells"]}):
+        largest = max((m for m in run["cells"][0]["runs"] if m.startswith("B=")), key=lambda m: int(m[2:]))
+        rounds = [r for c in run["cells"] if c["temperature"] == temperature for r in c["runs"][largest]["rounds_detail"]]
+        results = {}
+        for rule in ("own ratio", "past rate"):
+            calibration, rate, tokens, seconds = Calibration(), RoundRate(), 0.0, 0.0
+            for r in rounds:
+                q = torch.diff(torch.tensor(r["q_cum"]), prepend=torch.zeros(1)).clamp(0, 1)
+                k = choose_prefix(q, costs[: len(q) + 1], calibration.factor, None, rate.rate if rule == "past rate" else None).size
+                length, cost = 1.0 + (r["c_cum"][k - 1] if k else 0.0), float(costs[k])
+                calibration.observe(length - 1.0, r["q_cum"][k - 1] if k else 0.0)
+                rate.observe(length, cost)
+                tokens, seconds = tokens + length, seconds + cost
+            results[rule] = tokens / seconds
+        for k in (0, 3, 4, 7, 8, 16, 32):
+            results[f"k = {k}"] = sum(1.0 + (r["c_cum"][min(k, len(r["c_cum"])) - 1] if k else 0.0) for r in rounds) / sum(float(costs[min(k, len(r["c_cum"]))]) for r in rounds)
+        print(f"T={temperature} replay of {len(rounds)} {largest} rounds, expected tokens/s: " + ", ".join(f"{name} {value:.2f}" for name, value in results.items()))
+
+
+def curve_size(run: dict) -> int:
+    return max(len(r["q_cum"]) for c in run["cells"] for m, x in c["runs"].items() if m.startswith("B=") for r in x["rounds_detail"]) + 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--replay", default=None, help="a saved --json run: replay its rounds through the rule (no model)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--num-prompts", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -66,6 +101,9 @@ def main() -> None:
     parser.add_argument("--cap", type=int, default=32)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.replay:
+        replay(args.replay)
+        return
     torch.set_num_threads(args.threads)
     bundle = load_bundle()
     prompts = spread_evenly(load_prompt_set("chat"), args.num_prompts)

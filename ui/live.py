@@ -96,7 +96,7 @@ def _auto_line(records) -> str:
     steps = " · ".join(f"{n} tokens {float(cost[n - 1] / cost[0]):.2f}" for n in (2, 5, 9, 17, 33) if n <= len(cost))
     plain = sum(1 for k in sizes if k == 0)
     return (f"**budget auto** (cap {choice.cap}): kept {sum(sizes) / len(sizes):.1f} nodes a round on average (from {min(sizes)} to {max(sizes)}; "
-            f"{plain} of {len(sizes)} rounds plain decoding). A round here costs, in rounds of one token: {steps}; "
+            f"{plain} of {len(sizes)} rounds plain decoding). A round whose forward holds n tokens costs here, in plain-decoding rounds: {steps}; "
             f"the drafter's path probabilities are scaled by c = {choice.calibration:.2f} (realised coverage over the drafter's estimate so far).")
 
 

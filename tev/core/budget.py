@@ -175,8 +175,8 @@ class RoundRate:
     def rate(self) -> float | None:
         return self.tokens / self.seconds if self.seconds > 0 else None
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        """Add one round: its block length and its cost."""
+    def observe(self, tokens: float, seconds: float) -> None:
+        """Add one round: its block length (or, replaying rounds, its expected length) and its cost."""
         if tokens < 1 or not seconds > 0:
             raise ValueError(f"a round emits >= 1 token in > 0 seconds, got {tokens} in {seconds}")
         keep = 1.0 - self.weight
