@@ -17,7 +17,7 @@ import torch
 from tev.data.prompts import load_prompt_set
 from tev.util.cpus import available_cpus
 from tev.util.memory import limit_malloc_arenas
-from ui import exittrain, header, lab, learn, live, shared, walkthrough, workload
+from ui import exittrain, gpu, header, lab, learn, live, shared, walkthrough, workload
 
 # Gradio keeps every session's state and last component values in memory (about 1.5 MB per
 # session here); bound how many sessions it keeps (least recently used go first). Measured in docs/reliability.md.
@@ -91,6 +91,8 @@ def main() -> None:
     # Load the models before serving (a few seconds): the first Generate then streams at once
     # instead of waiting on a load, and ZeroGPU moves the weights to its GPU at start-up.
     _warm_up()
+    if not gpu.ZERO_GPU:  # there the target reaches its GPU only inside a request: the first auto request measures
+        live.warm_cost_curve()
     demo.queue(max_size=32, default_concurrency_limit=2).launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),

@@ -132,10 +132,11 @@ class Settings:
     chat: bool = False
     top_p: float = 1.0
     top_k: int = 0
+    auto_budget: bool = False  # a fixed budget: budget auto's sizes follow the machine's timing, so identical seeds could differ
 
     def args(self) -> tuple:
         return (self.prompt, self.drafter, self.verifier, self.budget, self.temperature, self.max_new_tokens, self.seed, self.compare_ar,
-                self.chat, self.top_p, self.top_k)
+                self.chat, self.top_p, self.top_k, self.auto_budget)
 
 
 @dataclass

@@ -26,12 +26,16 @@ def named(fields, values) -> dict:
 
 
 def traces(plot) -> list:
-    """The trace names of a plot output (empty for no figure)."""
+    """The trace names of a plot output (empty for no figure); a plot sent with its visibility
+    comes as an update holding the value."""
+    if isinstance(plot, dict) and plot.get("__type__") == "update":
+        plot = plot.get("value")
     return [trace.get("name") for trace in json.loads(plot["plot"])["data"]] if plot else []
 
 
 def generate(client, prompt=SHORT_PROMPT, drafter="block", verifier="tev", budget=8, temperature=1.0, max_new=16, seed=0, compare_ar=False):
-    return named(LiveView._fields, client.predict(prompt, drafter, verifier, budget, temperature, max_new, seed, compare_ar, api_name="/generate"))
+    """A Live run at the fixed ``budget`` (budget auto off: it is the page's default)."""
+    return named(LiveView._fields, client.predict(prompt, drafter, verifier, budget, temperature, max_new, seed, compare_ar, False, 1.0, 0, False, api_name="/generate"))
 
 
 def test_api_lists_the_documented_endpoints(client):
@@ -40,7 +44,8 @@ def test_api_lists_the_documented_endpoints(client):
 
 
 def test_generate_streams_rounds_and_is_reproducible(client):
-    job = client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 64, 7, True, api_name="/generate")
+    fixed = (False, 1.0, 0, False)  # chat, top-p, top-k, budget auto: a fixed budget, whose seeded text repeats
+    job = client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 64, 7, True, *fixed, api_name="/generate")
     final = named(LiveView._fields, job.result())
     assert len(job.outputs()) >= 2  # at least the first round and the final update
     stats = final["stats"]
@@ -50,9 +55,9 @@ def test_generate_streams_rounds_and_is_reproducible(client):
     assert re.search(r"→ \*\*\d+\.\d\dx\*\*", stats)  # the speedup of the quiet rerun over plain decoding
     assert "tev-" in final["text"] and "bonus" in final["text"]
     assert "nodes" in traces(final["tree"]) and traces(final["mass"]) and traces(final["timeline"])
-    again = named(LiveView._fields, client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 64, 7, True, api_name="/generate").result())
+    again = named(LiveView._fields, client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 64, 7, True, *fixed, api_name="/generate").result())
     assert again["text"] == final["text"]  # same seed, same text and the same round colouring
-    other = named(LiveView._fields, client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 64, 8, True, api_name="/generate").result())
+    other = named(LiveView._fields, client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 64, 8, True, *fixed, api_name="/generate").result())
     assert other["text"] != final["text"]  # another seed samples another text: the seed is what fixes it
 
 
@@ -150,3 +155,48 @@ def test_browse_before_generating_is_a_clear_error(app_server):
 def test_chat_mode_on_a_target_without_a_template_says_what_to_change(client):
     with pytest.raises(Exception, match="no chat template"):
         client.predict(SHORT_PROMPT, "block", "tev", 8, 1.0, 8, 0, False, True, api_name="/generate")
+
+
+def generate_auto(client, cap=8, seed=0, max_new=16, temperature=1.0):
+    """A Live run at budget auto (the slider's value is the cap)."""
+    return named(LiveView._fields, client.predict(SHORT_PROMPT, "block", "tev", cap, temperature, max_new, seed, False, False, 1.0, 0, True, api_name="/generate"))
+
+
+def exported(client) -> dict:
+    with open(client.predict(api_name="/export")) as handle:
+        return json.load(handle)
+
+
+def test_budget_auto_shows_each_rounds_choice(client):
+    final = generate_auto(client)
+    assert "budget auto" in final["stats"] and "cap 8" in final["stats"]
+    assert "chosen" in traces(final["budget"]) and "tree size k (auto)" in traces(final["timeline"])
+    browsed = named(RoundView._fields, client.predict(1, api_name="/browse_round"))
+    assert "budget auto chose" in browsed["info"] and "chosen" in traces(browsed["budget"])
+    payload = exported(client)
+    assert payload["settings"]["budget"] == "auto" and payload["settings"]["budget_cap"] == 8
+    for r in payload["rounds"]:
+        assert r["auto_budget"]["size"] == r["budget"] <= 8
+    assert payload["summary"]["tree_sizes"] == [r["budget"] for r in payload["rounds"]]
+    assert traces(generate(client)["budget"]) == []  # a fixed budget made no choice: no budget figure
+
+
+def test_budget_auto_learns_within_a_browser_session_only(app_server):
+    def first_round(client) -> dict:
+        return exported(client)["rounds"][0]["auto_budget"]
+
+    def fresh(choice) -> bool:  # no past round: calibration at its prior, the rate the tree's own best
+        return choice["calibration"] == 1.0 and choice["going_rate"] == max(choice["rate_by_size"])
+
+    first, other = Client(app_server.url, verbose=False), Client(app_server.url, verbose=False)
+    generate_auto(first, seed=1)
+    assert fresh(first_round(first))  # a new session starts from nothing
+    generate_auto(first, seed=2)
+    assert not fresh(first_round(first))  # its next answer starts from what the first taught
+    generate_auto(other, seed=2)
+    assert fresh(first_round(other))  # another user's session learned nothing from it
+
+
+def test_budget_auto_with_a_cap_of_zero_decodes_plainly(client):
+    final = generate_auto(client, cap=0, max_new=6)
+    assert "**tau** (mean block length) 1.00" in final["stats"] and "budget auto" not in final["stats"] and traces(final["budget"]) == []

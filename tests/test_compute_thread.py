@@ -75,7 +75,7 @@ def test_an_exception_reaches_its_own_reader_and_the_thread_serves_on():
 def test_a_long_request_does_not_starve_a_short_one():
     """A fine-tune that always has another step and a user's generation of 5 rounds: the user's
     rounds finish while the fine-tune has taken about one step per round, not all of its steps."""
-    compute, log, stop = ComputeThread(), [], threading.Event()
+    compute, log, stop = ComputeThread(lookahead=1000), [], threading.Event()  # no reader holds either back
 
     def fine_tune():
         index = 0
@@ -97,7 +97,7 @@ def test_a_long_request_does_not_starve_a_short_one():
     reader.join(5)
     assert not reader.is_alive()
     between = log[log.index("round"): len(log) - log[::-1].index("round")]
-    assert between.count("round") == 5 and between.count("step") <= 5
+    assert between.count("round") == 5 and between.count("step") <= 4 and "step step" not in " ".join(between)
 
 
 def test_work_that_submits_work_runs_it_in_place():

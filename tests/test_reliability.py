@@ -498,13 +498,13 @@ def test_bad_input_through_the_api(api, what, call, expected):
 
 # JSON a client library would refuse to send, posted raw: (what, body, expected error)
 RAW_CASES = [
-    ("lone surrogate in the prompt (JSON \\ud800)", '["def f():\\ud800", "block", "tev", 8, 1.0, 16, 0, false, false, 1.0, 0]', "invalid Unicode"),
-    ("budget NaN", f'[{json.dumps(PROMPT)}, "block", "tev", NaN, 1.0, 16, 0, false, false, 1.0, 0]', NOT_A_NUMBER + ".*got nan"),
-    ("temperature Infinity", f'[{json.dumps(PROMPT)}, "block", "tev", 8, Infinity, 16, 0, false, false, 1.0, 0]', NOT_A_NUMBER + ".*got inf"),
-    ("max new tokens -Infinity", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, -Infinity, 0, false, false, 1.0, 0]', NOT_A_NUMBER),
-    ("seed NaN", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, 16, NaN, false, false, 1.0, 0]', NOT_A_NUMBER + ".*got nan"),
-    ("top-p NaN", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, 16, 0, false, false, NaN, 0]', NOT_A_NUMBER + ".*got nan"),
-    ("seed as a string", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, 16, "7", false, false, 1.0, 0]', NOT_A_NUMBER),
+    ("lone surrogate in the prompt (JSON \\ud800)", '["def f():\\ud800", "block", "tev", 8, 1.0, 16, 0, false, false, 1.0, 0, false]', "invalid Unicode"),
+    ("budget NaN", f'[{json.dumps(PROMPT)}, "block", "tev", NaN, 1.0, 16, 0, false, false, 1.0, 0, false]', NOT_A_NUMBER + ".*got nan"),
+    ("temperature Infinity", f'[{json.dumps(PROMPT)}, "block", "tev", 8, Infinity, 16, 0, false, false, 1.0, 0, false]', NOT_A_NUMBER + ".*got inf"),
+    ("max new tokens -Infinity", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, -Infinity, 0, false, false, 1.0, 0, false]', NOT_A_NUMBER),
+    ("seed NaN", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, 16, NaN, false, false, 1.0, 0, false]', NOT_A_NUMBER + ".*got nan"),
+    ("top-p NaN", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, 16, 0, false, false, NaN, 0, false]', NOT_A_NUMBER + ".*got nan"),
+    ("seed as a string", f'[{json.dumps(PROMPT)}, "block", "tev", 8, 1.0, 16, "7", false, false, 1.0, 0, false]', NOT_A_NUMBER),
 ]
 
 

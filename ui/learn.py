@@ -63,6 +63,16 @@ temperature the head reads the whole 49,152-row output matrix once (greedy only 
 row's normaliser too), so a round can cost more steps than it yields tokens: the Live tab says so with this run's
 numbers when it happens. *Live tab: the speed line; Walkthrough: step 8.*
 
+**Budget auto: how big a tree this machine pays for.** Instead of a fixed $B$, each round can keep the best-first
+prefix of the drafter's tree, its best $k$ nodes by path probability $q(v)$, that pays here. The $k$ kept nodes are
+expected to add $c \sum_{i \le k} q(v_i)$ tokens, where $c$ scales the drafter's own estimate to the realised coverage
+$C(T)$ of the past rounds (a drafter's $q$ is not calibrated: the shipped block drafter's realised $C$ runs about 1.2x its
+$\sum q$), and cost the time of a forward over $k + 1$ tokens, measured on this machine when the server starts and
+followed as the rounds run. A node is kept while its expected tokens pay for its extra time at the rate the rounds
+before it achieved. Only the drafter and past rounds decide, never the round's own target rows, so every verifier
+stays exact. On a GPU a bigger tree costs almost nothing and auto keeps the cap; on a small CPU it keeps a few nodes or
+none. *Live tab: tick "budget auto"; the round browser and the budget figure show each round's choice.*
+
 **ExitTrain.** Fine-tune the drafter on the trees inference actually builds:
 $\mathcal{L} = \mathcal{L}_{tok} + \lambda\,\mathcal{L}_{exit}$ with
 $\mathcal{L}_{exit} = -\sum_i \sum_{v \ne r} w_i(v) \log q_{\theta, d(v)}(x_v \mid c_i) / \sum_i (|V_i| - 1)$:

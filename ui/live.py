@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -11,6 +13,7 @@ from typing import Any, NamedTuple
 import gradio as gr
 import torch
 
+from tev.core.budget import Calibration, RoundRate
 from tev.core.verify import VERIFIERS
 from tev.engine.decode import DecodeConfig, GenerationSummary, run_to_end
 from tev.engine.models import DRAFTER_KINDS, DRAFTERS
@@ -21,12 +24,16 @@ from ui.components import Number, Radio, Slider, validator
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
 from ui.workload import adapted_drafter, remember_asked
 from visual import mass_by_depth_figure, text_view_html, timeline_figure, tree_figure
+from visual.budget_view import budget_figure
 
 # A round's stages as the engine names them (their times sum to the round's), in the order they run.
 STAGE_LABELS = {"draft": "draft", "build": "tree build", "forward": "target forward", "head": "head (rows, truncation)", "verify": "verify", "commit": "commit"}
 UNDRAFTED = ("draft", "build")  # at budget 0 nothing is drafted or built: these stages are not named
 # Below this many tokens a tokens-per-second ratio is mostly noise (a few steps' jitter, the first step's warm-up): not given.
 MIN_TIMED_TOKENS = 32
+# Budget auto at the page's opening: measured at least as fast as B = 16 at the opening law (T = 0.7, top-p 0.9) on each
+# of 9 chat prompts, interleaved prompt by prompt (docs/benchmarks.md, budget "auto").
+AUTO_DEFAULT = True
 # Long enough for most default-prompt answers to end on their own: on the default pair (T = 0.7, top-p 0.9, the 8
 # example prompts, seeds 0 and 1) 11 of 16 answers ended within 224 tokens (median 190), 2 of 16 within 96.
 DEFAULT_NEW_TOKENS = 224
@@ -42,6 +49,7 @@ class LiveView(NamedTuple):
     timeline: Any
     stats: Any
     rounds: Any  # the round browser's slider
+    budget: Any  # budget auto's choice for the shown round (hidden at a fixed budget)
     state: Any
 
 
@@ -52,6 +60,7 @@ class RoundView(NamedTuple):
     tree: Any
     mass: Any
     info: Any
+    budget: Any  # budget auto's choice for that round
 
 
 def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeConfig | None = None, timing: dict | None = None) -> str:
@@ -65,6 +74,8 @@ def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeCo
         f"**mean 1 + C** {sum(bounds) / len(bounds):.2f}",
         "tau = tokens emitted per target forward (accepted draft tokens + the bonus token); see the Learn tab for other tools' figures.",
     ]
+    if records[-1].choice is not None:
+        lines.append(_auto_line(records))
     if summary is not None:
         stopped = STOPPED.get(summary.stop_reason, summary.stop_reason)
         if summary.stop_reason == "max_new_tokens":
@@ -77,6 +88,18 @@ def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeCo
         lines.append(f"No speed comparison: {tokens} tokens are too few to time (it needs at least {MIN_TIMED_TOKENS}; over a few "
                      "steps the first step's warm-up and the machine's jitter would decide the ratio).")
     return "\n\n".join(lines)
+
+
+def _auto_line(records) -> str:
+    """How budget auto sized this run's trees, and the cost curve it weighed them against."""
+    sizes = [r.tree.budget for r in records]
+    choice = records[-1].choice
+    cost = choice.cost  # seconds of a round whose forward holds n = 1 .. M + 1 tokens
+    steps = " · ".join(f"{n} tokens {float(cost[n - 1] / cost[0]):.2f}" for n in (2, 5, 9, 17, 33) if n <= len(cost))
+    plain = sum(1 for k in sizes if k == 0)
+    return (f"**budget auto** (cap {choice.cap}): kept {sum(sizes) / len(sizes):.1f} nodes a round on average (from {min(sizes)} to {max(sizes)}; "
+            f"{plain} of {len(sizes)} rounds plain decoding). A round whose forward holds n tokens costs here, in plain-decoding rounds: {steps}; "
+            f"the drafter's path probabilities are scaled by c = {choice.calibration:.2f} (realised coverage over the drafter's estimate so far).")
 
 
 def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: DecodeConfig) -> str:
@@ -104,10 +127,12 @@ def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: Decod
 
 
 def _round_figures(records, index: int):
+    """The round's tree, its mass by depth, and budget auto's choice (a hidden plot at a fixed budget)."""
     record = records[index]
     text = shared.SERVICE.token_text
     title = f"round {record.index + 1} of {len(records)} · drafter {record.drafter} · verifier {record.verifier}"
-    return tree_figure(record.tree, record.flow, record.verdict, token_text=text, title=title), mass_by_depth_figure(record.flow)
+    chosen = gr.update(value=budget_figure(record), visible=True) if record.choice is not None else gr.update(value=None, visible=False)
+    return tree_figure(record.tree, record.flow, record.verdict, token_text=text, title=title), mass_by_depth_figure(record.flow), chosen
 
 
 # Each browser session's Stop flag: Generate clears it (arm_stop), Stop sets it, the running
@@ -137,32 +162,51 @@ def stop_live(request: gr.Request):
     _stop_flag(request).set()
 
 
-def check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar=False, chat=False, top_p=1.0, top_k=0):
-    """The prompt's token ids and the generation's settings; raises ``ValueError`` saying what to change."""
+def check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar=False, chat=False, top_p=1.0, top_k=0, auto=False, memory=None):
+    """The prompt's token ids and the generation's settings; raises ``ValueError`` saying what to
+    change. With ``auto`` the budget is "auto" and ``budget`` its cap."""
     bundle = shared.SERVICE.bundle()
     if chat and not bundle.is_chat:
         raise UserInputError("this target has no chat template; untick 'chat' to continue the text as it is")
     prompt_ids = shared.SERVICE.encode(prompt, chat=bool(chat))
-    config = check_settings(verifier, budget, temperature, max_new_tokens, seed, top_p=top_p, top_k=top_k)
+    config = check_settings(verifier, budget, temperature, max_new_tokens, seed, top_p=top_p, top_k=top_k, auto=bool(auto))
     return prompt_ids, config, shared.SERVICE.request(prompt_ids, "block" if is_adapted(drafter) else drafter, config)  # an adapted drafter is a block drafter
 
 
-def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat=False, top_p=1.0, top_k=0, request: gr.Request = None):
+def _auto_budget(config: DecodeConfig, drafter: str, memory: dict | None):
+    """Budget auto for this browser session's request: its own calibration and rate per drafter
+    (``memory``, the session's state, updated in place by the rounds), so each answer starts from
+    what the session's earlier answers taught and no user's rounds steer another's trees.
+    Returns (the rule for the live run, a copy for the quiet re-timing, which starts where the
+    live run started); (None, None) at a fixed budget."""
+    if config.budget != "auto":
+        return None, None
+    memory = memory if memory is not None else {}
+    calibration, rate = memory.setdefault(drafter, (Calibration(), RoundRate()))
+    quiet = copy.deepcopy((calibration, rate))
+    return shared.SERVICE.auto_budget(config, calibration, rate), shared.SERVICE.auto_budget(config, *quiet)
+
+
+def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat=False, top_p=1.0, top_k=0, auto=False, memory=None,
+             request: gr.Request = None):
     """Stream a generation (:class:`LiveView`): text, current tree, mass by depth, stats; then the
     timeline. With ``chat`` the prompt is a user message (chat template, generation prompt added).
+    With ``auto`` each round keeps the drafter's best nodes this machine pays for, at most
+    ``budget`` (``memory``: the browser session's state, see :func:`_auto_budget`).
     Stop (:func:`stop_live`) ends it between rounds, with every figure drawn for what ran."""
     try:
-        prompt_ids, config, speculation = check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k)
+        prompt_ids, config, speculation = check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k, auto)
         if is_adapted(drafter):  # this browser session's own adapted drafter
             speculation = dataclasses.replace(speculation, drafter=adapted_drafter(drafter, request))
         remember_asked(prompt, chat, request)
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
         raise _user_error(error) from None
+    sizing, quiet_sizing = _auto_budget(config, drafter, memory)
     stop = _stop_flag(request)
     records, summary = [], None
     text = shared.SERVICE.token_text
     last_draw = 0.0
-    events = shared.SERVICE.generate(speculation, should_stop=stop.is_set)
+    events = shared.SERVICE.generate(speculation, should_stop=stop.is_set, auto=sizing)
     try:  # Gradio closes this generator when the client leaves: stop generating then
         for event in events:
             if isinstance(event, GenerationSummary):
@@ -172,8 +216,8 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
             now = time.perf_counter()
             if len(records) == 1 or now - last_draw > 0.25:  # redraw at most 4 times a second
                 last_draw = now
-                tree, mass = _round_figures(records, len(records) - 1)
-                yield only(LiveView, text=text_view_html(records, token_text=text, prompt_text=prompt), tree=tree, mass=mass,
+                tree, mass, chosen = _round_figures(records, len(records) - 1)
+                yield only(LiveView, text=text_view_html(records, token_text=text, prompt_text=prompt), tree=tree, mass=mass, budget=chosen,
                            stats=_stats_markdown(records, None), state={"records": records, "summary": None})
     finally:
         events.close()
@@ -185,7 +229,7 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
         def quiet_runs(should_stop):
             def halted():
                 return should_stop() or stop.is_set()
-            quiet = run_to_end(shared.SERVICE.generate(speculation, should_stop=halted))[1]
+            quiet = run_to_end(shared.SERVICE.generate(speculation, should_stop=halted, auto=quiet_sizing))[1]
             return quiet, shared.SERVICE.autoregressive(prompt_ids, config, should_stop=halted)
 
         quiet, ar = yield from _in_worker(quiet_runs, tick=only(LiveView))
@@ -194,9 +238,9 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
     state = {"records": records, "summary": summary, "settings": {"prompt": prompt, "drafter": drafter, **dataclasses.asdict(config)}}
     if not records:
         message = "Stopped before the first round." if summary is not None and summary.stop_reason == "cancelled" else "The generation produced no rounds."
-        yield LiveView("", None, None, None, message, gr.update(minimum=1, maximum=2, value=1, interactive=False), state)
+        yield LiveView("", None, None, None, message, gr.update(minimum=1, maximum=2, value=1, interactive=False), gr.update(value=None, visible=False), state)
         return
-    tree, mass = _round_figures(records, len(records) - 1)
+    tree, mass, chosen = _round_figures(records, len(records) - 1)
     yield LiveView(
         text=text_view_html(records, token_text=text, prompt_text=prompt),
         tree=tree,
@@ -204,6 +248,7 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
         timeline=timeline_figure(records),
         stats=_stats_markdown(records, summary, config, timing),
         rounds=gr.update(minimum=1, maximum=max(2, len(records)), value=len(records), step=1, interactive=len(records) > 1),  # a slider needs min < max
+        budget=chosen,
         state=state,
     )
 
@@ -257,14 +302,26 @@ def browse_round(round_number, state, delta=0) -> RoundView:
         raise _user_error(error) from None
     records = _records(state)
     index = min(max(int(round_number or 1) + int(delta) - 1, 0), len(records) - 1)
-    tree, mass = _round_figures(records, index)
+    tree, mass, chosen = _round_figures(records, index)
     record = records[index]
     info = (
         f"round {index + 1}: budget {record.tree.budget}, coverage C = {record.flow.coverage:.3f}, 1 + C = {record.flow.tau_bound:.3f}, "
         f"block length L = {record.block_length} (accepted {len(record.accepted_tokens)} + bonus), exit node {record.verdict.exit_node} "
         f"at depth {int(record.tree.depths[record.verdict.exit_node])}"
     )
-    return RoundView(gr.update(value=index + 1) if delta else gr.skip(), tree, mass, info)
+    if record.choice is not None:
+        info += "\n\n" + _choice_sentence(record)
+    return RoundView(gr.update(value=index + 1) if delta else gr.skip(), tree, mass, info, chosen)
+
+
+def _choice_sentence(record) -> str:
+    """Budget auto's choice for one round, in words (every number from ``record.choice``)."""
+    choice = record.choice
+    k, drafted = choice.size, len(choice.path_prob)
+    kept = "plain decoding (no node)" if k == 0 else f"the drafter's best {k} of {drafted} nodes"
+    return (f"budget auto chose **{k}**: {kept}, cap {choice.cap}. Expected block 1 + c·Σq = {float(choice.expected[k]):.2f} tokens "
+            f"(the drafter's Σq = {choice.estimate:.2f}, calibration c = {choice.calibration:.2f}) for a round of {1e3 * float(choice.cost[k]):.0f} ms; "
+            f"a node was kept while its expected tokens paid for its time at {choice.going_rate:.1f} tokens/s, the rate of the rounds before it.")
 
 
 def export_run(state):
@@ -295,7 +352,11 @@ def tab(examples: list[str]) -> gr.Radio:
             drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in DRAFTERS)
                             + " · adapted: yours, from a workload run in the ExitTrain tab", also=is_adapted, elem_id="live-drafter")
             verifier = Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
-            budget = Slider(0, LIMITS.max_budget, value=16, step=1, label="budget B (draft nodes per round; 0 drafts nothing: plain decoding)")
+            with gr.Row():
+                budget = Slider(0, LIMITS.max_budget, value=16, step=1, scale=3,
+                                label="budget B (draft nodes per round; 0 drafts nothing: plain decoding); with budget auto, the most a round may keep")
+                auto_budget = gr.Checkbox(value=AUTO_DEFAULT, scale=1, label="budget auto: each round keeps the drafter's best nodes this machine pays for",
+                                          info="the sizes follow this machine's timing, so a seed repeats the text only at a fixed budget or T = 0")
             temperature = Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T (0: greedy)")
             with gr.Row():
                 top_p = Slider(LIMITS.min_top_p, 1.0, value=DEFAULT_SAMPLING.top_p, step=0.01, label="top-p (1: off)")
@@ -312,6 +373,8 @@ def tab(examples: list[str]) -> gr.Radio:
         mass_plot = gr.Plot(label="where the tree loses target mass", elem_id="mass-plot")
         timeline_plot = gr.Plot(label="rounds", elem_id="timeline-plot")
     with gr.Row():
+        budget_plot = gr.Plot(label="budget auto: how this round's tree size was chosen", elem_id="budget-plot", visible=False)
+    with gr.Row():
         round_slider = Slider(1, 2, value=1, step=1, label="browse rounds", interactive=False, elem_id="round-slider")
         previous_round = gr.Button("◀ previous", scale=0)
         next_round = gr.Button("next ▶", scale=0)
@@ -320,16 +383,17 @@ def tab(examples: list[str]) -> gr.Radio:
         export = gr.Button("Export rounds as JSON", scale=0)
         export_file = gr.File(label="rounds JSON", interactive=False)
     run_state = gr.State({"records": [], "summary": None}, time_to_live=RUN_STATE_SECONDS)
+    budget_memory = gr.State({})  # this browser session's budget auto calibration and rate, per drafter
 
-    inputs = [prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k]
+    inputs = [prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k, auto_budget, budget_memory]
     # Stop is a flag the generation polls between rounds (not Gradio's cancel, which would
     # mark every output as failed and leave the figures of a half-drawn run)
     generate.click(arm_stop, None, None, queue=False, api_name=False).then(
-        gpu.gpu_task("generate")(run_live), inputs, list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, round_slider, run_state)),
+        gpu.gpu_task("generate")(run_live), inputs, list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, round_slider, budget_plot, run_state)),
         validator=validator(inputs, check_live), api_name="generate", **COMPUTE,
     )
     stop.click(stop_live, None, None, queue=False, api_name=False)
-    views = list(RoundView(round_slider, tree_plot, mass_plot, round_info))
+    views = list(RoundView(round_slider, tree_plot, mass_plot, round_info, budget_plot))
     # release: the slider dragged; input: a round number typed into its box
     for event, api_name in ((round_slider.release, "browse_round"), (round_slider.input, False)):
         event(browse_round, [round_slider, run_state], views, validator=validator([round_slider, run_state], check_browse), api_name=api_name, trigger_mode="always_last")
@@ -338,3 +402,17 @@ def tab(examples: list[str]) -> gr.Radio:
         button.click(browse_round, inputs, views, validator=validator(inputs, check_browse), api_name=False)
     export.click(export_run, run_state, export_file, api_name="export")
     return drafter
+
+
+def warm_cost_curve() -> None:
+    """Measure the machine's cost curve for budget auto in a background thread (a few seconds,
+    in the compute thread), so the first auto request does not wait on it; a failure is
+    reported in one line and the first auto request measures it again."""
+
+    def measure():
+        try:
+            shared.SERVICE.cost_curve()
+        except Exception as error:  # noqa: BLE001 - reported, not raised: the page serves on
+            print(f"TEV Explorer: the cost curve for budget auto could not be measured: {error}", file=sys.stderr, flush=True)
+
+    threading.Thread(target=measure, name="tev-cost-curve", daemon=True).start()

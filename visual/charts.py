@@ -132,15 +132,16 @@ def timeline_figure(records) -> go.Figure:
         records: a list of :class:`~tev.engine.round.RoundRecord`.
 
     Panels: realised block length ``L`` and ``1 + C(T)`` per round with the running ``tau``
-    (mean ``L`` so far); a histogram of exit depths ``d(V)``; stacked stage times per round
-    in ms. Every per-round trace has one point per record (x = ``record.index``).
+    (mean ``L`` so far) and, when budget auto sized the trees, each round's chosen size ``k``
+    (trace ``"tree size k (auto)"``, right axis); a histogram of exit depths ``d(V)``; stacked
+    stage times per round in ms. Every per-round trace has one point per record (x = ``record.index``).
     """
     records = list(records)
     if not records:
         return _empty_figure("Timeline: no rounds yet")
     fig = make_subplots(
         rows=2, cols=2, column_widths=[0.7, 0.3], vertical_spacing=0.2, horizontal_spacing=0.08,
-        specs=[[{}, {}], [{"colspan": 2}, None]],
+        specs=[[{"secondary_y": True}, {}], [{"colspan": 2}, None]],
         subplot_titles=("block length L per round vs 1 + C(T)", "exit depth d(V)", "stage time per round (ms)"),
     )
     rounds = [r.index for r in records]
@@ -150,6 +151,11 @@ def timeline_figure(records) -> go.Figure:
     fig.add_trace(go.Scatter(x=rounds, y=lengths, name="L (realised)", mode="lines+markers", line=dict(color="#3b7dd8")), row=1, col=1)
     fig.add_trace(go.Scatter(x=rounds, y=bounds, name="1 + C(T)", mode="lines+markers", line=dict(color="#2ca02c", dash="dot")), row=1, col=1)
     fig.add_trace(go.Scatter(x=rounds, y=running, name="running tau", mode="lines", line=dict(color=PATH_COLOUR, width=3)), row=1, col=1)
+    auto = any(r.choice is not None for r in records)
+    if auto:
+        sizes = [r.tree.budget for r in records]
+        fig.add_trace(go.Scatter(x=rounds, y=sizes, name="tree size k (auto)", mode="markers", marker=dict(color="#999999", symbol="diamond-open", size=7),
+                                 hovertemplate="round %{x}: budget auto kept %{y} nodes<extra></extra>"), row=1, col=1, secondary_y=True)
     exit_depths = [int(r.tree.depths[r.verdict.exit_node]) for r in records]
     depth_axis = list(range(max(exit_depths) + 1))
     counts = [exit_depths.count(d) for d in depth_axis]
@@ -168,7 +174,8 @@ def timeline_figure(records) -> go.Figure:
     fig.update_xaxes(title_text="round", row=1, col=1)
     fig.update_xaxes(title_text="depth", dtick=1, row=1, col=2)
     fig.update_xaxes(title_text="round", row=2, col=1)
-    fig.update_yaxes(title_text="tokens", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="tokens", rangemode="tozero", row=1, col=1, secondary_y=False)
+    fig.update_yaxes(title_text="nodes kept", rangemode="tozero", showgrid=False, visible=auto, row=1, col=1, secondary_y=True)
     fig.update_yaxes(title_text="rounds", row=1, col=2)
     fig.update_yaxes(title_text="ms", row=2, col=1)
     return fig

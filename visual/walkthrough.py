@@ -135,6 +135,9 @@ def _builder(trace, token_text, word):
     }[trace.shape]
     text = how + (f"It took {word(tree.tokens_list[1])} first (path score {scores[1]:.3f}) and {word(tree.tokens_list[last])} last "
                   f"({scores[last]:.4f}); the tree is {tree.max_depth} deep." if last else "With B = 0 there is no node: this round is one plain step.")
+    text += (" A child never outscores its parent, so the best k nodes by path score always form a tree: the Live tab's budget auto drafts "
+             "up to its cap and keeps the best k whose expected tokens (their path scores, scaled to what past rounds realised) pay for a forward over k + 1 tokens "
+             "on this machine.")
     return text, fig
 
 

@@ -16,7 +16,8 @@ from dataclasses import replace
 from tqdm import tqdm
 
 from tev.data.prompts import load_prompt_set, spread_evenly
-from tev.engine.auto_budget import AUTO_CAP
+from tev.core.budget import Calibration, RoundRate
+from tev.engine.auto_budget import AUTO_CAP, AutoBudget
 from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate
 from tev.engine.round import STAGES
 from tev.engine.evaluation import fit_prompt
@@ -28,7 +29,7 @@ from tev.util.precision import figure_precision, precision_summary
 from tev.util.timing import machine_info, machine_summary
 from tev.util.weight_read import weight_read_reference
 
-__all__ = ["E2E_METHODS", "bench_e2e", "format_e2e_table", "format_tree_size_table", "weight_read_line", "format_domain_table", "peak_memory_of_generate", "e2e_command"]
+__all__ = ["E2E_METHODS", "bench_e2e", "format_e2e_table", "format_tree_size_table", "format_auto_table", "weight_read_line", "format_domain_table", "peak_memory_of_generate", "e2e_command"]
 
 E2E_METHODS = (
     ("chain", "tev"),
@@ -51,11 +52,11 @@ def bench_e2e(
     truncation: dict | None = None,
     budget_cap: int = AUTO_CAP,
 ) -> dict:
-    """End-to-end decoding speed, all methods interleaved per (prompt, repeat).
+    """End-to-end decoding speed, all methods and budgets interleaved per (prompt, repeat).
 
-    For each temperature and budget every method runs on every prompt, in a shuffled order
-    alongside the project's autoregressive loop and the ``peers`` (Hugging Face ``generate``,
-    plain and with prompt lookup) on the same prompt. ``speedup`` is the median over those
+    For each temperature every method runs at every budget on every prompt, in one shuffled
+    order per prompt alongside the project's autoregressive loop and the ``peers`` (Hugging Face
+    ``generate``, plain and with prompt lookup), which run once per prompt and serve every budget. ``speedup`` is the median over those
     runs of (method tokens/s) / (autoregressive tokens/s); ``speedup_vs_hf`` and
     ``speedup_vs_lookup`` divide by the two peers instead. ``weight_read`` is the physical
     reference: the time to read the target's weights once at the measured read bandwidth;
@@ -63,7 +64,9 @@ def bench_e2e(
     get these medians per domain. At T = 0 every verifier is greedy, so methods that differ
     only in verifier are run once. ``truncation`` (``top_k``, ``top_p``, ``min_p``) applies at
     every T > 0, to the project's methods and the peers alike. A budget ``"auto"`` (with
-    ``budget_cap``) lets each round choose its size; every speculative row gives its
+    ``budget_cap``) lets each round choose its size, carrying its calibration and rate from
+    prompt to prompt as one user's answers do on the page; ``auto_vs_fixed`` then compares it
+    with each fixed budget (:func:`_auto_against_fixed`). Every speculative row gives its
     ``mean_tree_size`` and ``q_calibration`` (realised coverage over the drafter's estimate).
     """
     device = next(bundle.target.parameters()).device
@@ -72,7 +75,7 @@ def bench_e2e(
     domains = [p.get("domain", "all") for p in prompts]
     baselines = [("autoregressive", None, None)] + [(peer, None, None) for peer in peers]
     order_rng = random.Random(seed)
-    results = []
+    results, comparisons = [], []
     jobs = []
     for temperature in temperatures:
         names = []
@@ -82,30 +85,33 @@ def bench_e2e(
             name = f"{drafter}+{'greedy' if temperature == 0 else verifier}"
             if name not in [n for n, _, _ in names]:
                 names.append((name, drafter, verifier))
-        for budget in budgets:
-            jobs.append((temperature, budget, names))
-    total = sum(len(names) + len(baselines) for _, _, names in jobs) * len(encoded) * repeats
+        jobs.append((temperature, names))
+    total = sum(len(names) * len(budgets) + len(baselines) for _, names in jobs) * len(encoded) * repeats
     bar = tqdm(total=total, desc="bench e2e", disable=not progress)
-    for temperature, budget, names in jobs:
-        runs = {name: [] for name, _, _ in baselines + names}
+    for temperature, names in jobs:
+        # one user asking in turn: budget auto carries its calibration and rate from prompt to prompt
+        memory = {name: (Calibration(), RoundRate()) for name, _, _ in names}
+        runs = {(name, budget): [] for name, _, _ in names for budget in budgets}
+        base_runs = {name: [] for name, _, _ in baselines}
         for repeat in range(repeats):
             for i, ids in enumerate(encoded):
-                config = DecodeConfig(budget=budget, budget_cap=budget_cap, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 1000 * repeat + i, **((truncation or {}) if temperature > 0 else {}))
-                order = baselines + list(names)
+                config = DecodeConfig(budget_cap=budget_cap, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 1000 * repeat + i, **((truncation or {}) if temperature > 0 else {}))
+                order = [(name, None, None, None) for name, _, _ in baselines] + [(name, drafter, verifier, budget) for name, drafter, verifier in names for budget in budgets]
                 order_rng.shuffle(order)
                 paired = {}
-                for name, drafter, verifier in order:
+                for name, drafter, verifier, budget in order:
                     if name == "autoregressive":
                         summary = autoregressive_generate(bundle.target, ids, config, bundle.tokenizer)
                     elif name in PEERS:
                         summary = hf_generate(bundle.target, ids, config, bundle.tokenizer, method=name)
                     else:
-                        run_config = replace(config, verifier=verifier)
-                        _, summary = run_to_end(speculative_generate(Request(bundle.target, bundle.drafter(drafter), ids, run_config), bundle.tokenizer))
-                    paired[name] = summary
+                        run_config = replace(config, verifier=verifier, budget=budget)
+                        auto = AutoBudget.for_target(bundle.target, budget_cap, *memory[name]) if budget == "auto" else None
+                        _, summary = run_to_end(speculative_generate(Request(bundle.target, bundle.drafter(drafter), ids, run_config), bundle.tokenizer, auto=auto))
+                    paired[(name, budget)] = summary
                     bar.update(1)
-                for name, summary in paired.items():
-                    runs[name].append({
+                for (name, budget), summary in paired.items():
+                    (base_runs[name] if budget is None else runs[(name, budget)]).append({
                         "tokens_per_second": summary.tokens_per_second,
                         "tau": summary.tau,
                         "tau_bound": summary.tau_bound,
@@ -116,17 +122,29 @@ def bench_e2e(
                         "tau_bounds": summary.tau_bounds,
                         "stage_seconds": summary.stage_seconds,
                         "seconds": summary.seconds,
-                        "speedup": summary.tokens_per_second / paired["autoregressive"].tokens_per_second,
-                        "speedup_vs_hf": summary.tokens_per_second / paired["hf-generate"].tokens_per_second if "hf-generate" in paired else float("nan"),
-                        "speedup_vs_lookup": summary.tokens_per_second / paired["hf-prompt-lookup"].tokens_per_second if "hf-prompt-lookup" in paired else float("nan"),
+                        "speedup": summary.tokens_per_second / paired[("autoregressive", None)].tokens_per_second,
+                        "speedup_vs_hf": summary.tokens_per_second / paired[("hf-generate", None)].tokens_per_second if ("hf-generate", None) in paired else float("nan"),
+                        "speedup_vs_lookup": summary.tokens_per_second / paired[("hf-prompt-lookup", None)].tokens_per_second if ("hf-prompt-lookup", None) in paired else float("nan"),
                         "domain": domains[i],
                     })
-        for name, items in runs.items():
+        results += _rows(temperature, budgets, runs, base_runs, reference, domains)
+        comparisons += _auto_against_fixed(temperature, budgets, runs)
+    bar.close()
+    return {"machine": machine_info(device), "precision": figure_precision(device, bundle.target, bundle.drafters), "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(encoded), "truncation": dict(truncation or {}),
+            "weight_read": reference, "rows": results, "auto_vs_fixed": comparisons}
+
+
+def _rows(temperature, budgets, runs: dict, base_runs: dict, reference: dict, domains: list[str]) -> list[dict]:
+    """One row per (budget, method); the baselines ran once per prompt, beside every budget,
+    so each budget's rows repeat the same baseline runs."""
+    rows = []
+    for budget in budgets:
+        for name, items in [(name, base_runs[name]) for name in base_runs] + [(name, items) for (name, b), items in runs.items() if b == budget]:
             rounds = sum(x["rounds"] for x in items)
             stage_per_round = {stage: sum(x["stage_seconds"].get(stage, 0.0) for x in items) / max(1, rounds) for stage in STAGES}
             speed = spread(x["tokens_per_second"] for x in items)
             speedup = spread(x["speedup"] for x in items)
-            results.append({
+            rows.append({
                 "temperature": temperature,
                 "budget": budget,
                 "method": name,
@@ -150,9 +168,33 @@ def bench_e2e(
                 **_tree_sizes(items),
                 "runs": len(items),
             })
-    bar.close()
-    return {"machine": machine_info(device), "precision": figure_precision(device, bundle.target, bundle.drafters), "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(encoded), "truncation": dict(truncation or {}),
-            "weight_read": reference, "rows": results}
+    return rows
+
+
+def _auto_against_fixed(temperature, budgets, runs: dict) -> list[dict]:
+    """Budget auto against each fixed budget of the same method on the same prompts (their runs
+    were interleaved prompt by prompt): the median over prompts of auto's tokens/s over the fixed
+    budget's (``median_ratio``, with its IQR), and the ratio of the two medians."""
+    rows = []
+    if "auto" not in budgets:
+        return rows
+    for (name, budget), fixed in runs.items():
+        if budget == "auto":
+            continue
+        auto = runs[(name, "auto")]
+        ratios = spread(a["tokens_per_second"] / f["tokens_per_second"] for a, f in zip(auto, fixed))
+        medians = spread(a["tokens_per_second"] for a in auto)["median"] / spread(f["tokens_per_second"] for f in fixed)["median"]
+        rows.append({"temperature": temperature, "method": name, "budget": budget, "median_ratio": ratios["median"], "median_ratio_q25": ratios["q25"],
+                     "median_ratio_q75": ratios["q75"], "ratio_of_medians": medians, "runs": len(auto)})
+    return rows
+
+
+def format_auto_table(result: dict) -> str:
+    """Budget auto against each fixed budget, per temperature and method."""
+    lines = ["| T | method | auto vs B | median of per-prompt ratios (IQR) | ratio of median tok/s |", "|---|---|---|---|---|"]
+    for r in result.get("auto_vs_fixed", []):
+        lines.append(f"| {r['temperature']:g} | {r['method']} | B = {r['budget']} | {r['median_ratio']:.2f}x ({r['median_ratio_q25']:.2f}-{r['median_ratio_q75']:.2f}) | {r['ratio_of_medians']:.2f}x |")
+    return "\n".join(lines)
 
 
 def stage_names(result: dict) -> list[str]:
@@ -253,6 +295,9 @@ def e2e_command(args) -> None:
     print(format_e2e_table(result))
     print()
     print(format_tree_size_table(result))
+    if result["auto_vs_fixed"]:
+        print()
+        print(format_auto_table(result))
     if any("domain" in p for p in prompts):
         print()
         print(format_domain_table(result))

@@ -4,12 +4,21 @@ A round's time is the target's tree forward over ``n = k + 1`` new tokens (the r
 nodes) and the projection of its rows through the output head, which grow with ``n``, plus
 the draft, the tree build and the commit, which do not. On a GPU a 33-token forward costs
 about one token's; on a small CPU about three, so a tree that pays on one machine loses on
-another. :func:`measure_forward_costs` times forward and head at a few sizes when a process
-first needs them (a few seconds); :class:`CostCurve` then follows the rounds' own stage times.
+another. :func:`measure_forward_costs` times the forward at every small size and a few larger
+ones when a process first needs them (a few seconds); :class:`CostCurve` then follows the rounds'
+own stage times.
+
+The curve is not smooth, and it is not forced to be: on a one-thread AVX-512 EPYC a forward of 2
+or 3 new tokens costs 1.5-1.7 one-token forwards while 4 tokens cost 1.45 (the matrix kernels'
+blocking by row count), so keeping 3 nodes is cheaper than keeping 2. Each size is measured in a
+shuffled order over several passes and its fastest pass is kept: another job on the machine only
+ever adds time, and the rounds' running ``drift`` then scales the whole curve to how busy the
+machine is now.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import weakref
 from collections import deque
@@ -22,14 +31,14 @@ from tev.util.timing import time_once
 
 __all__ = ["CostCurve", "measure_forward_costs", "machine_cost_curve", "MEASURED_SIZES"]
 
-MEASURED_SIZES = (1, 2, 3, 5, 9, 17, 33)  # n = k + 1 for k = 0, 1, 2, 4, 8, 16, 32
+MEASURED_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 17, 25, 33)  # n = k + 1: every small tree, then a few larger
 MEASURE_CONTEXT = 128  # cached tokens before the timed forwards (a short chat prompt)
 WINDOW = 15  # rounds in the running medians
 
 
 def _interpolate(points: dict[int, float], n: int) -> float:
-    """Piecewise-linear in ``n`` through ``points`` (size -> seconds), linear past the ends
-    and never below half the nearest point."""
+    """Piecewise-linear in ``n`` through ``points`` (size -> seconds; a measured size is its own
+    value), linear past the ends and never below half the nearest point."""
     sizes = sorted(points)
     if len(sizes) == 1:
         return points[sizes[0]]
@@ -46,23 +55,12 @@ def _interpolate(points: dict[int, float], n: int) -> float:
     return max(value, 0.5 * points[min(sizes, key=lambda s: abs(s - n))])
 
 
-def _non_decreasing(values: list[float]) -> list[float]:
-    """The least-squares non-decreasing fit of ``values`` (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [mean, count]
-    for value in values:
-        blocks.append([value, 1.0])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            mean, count = blocks.pop()
-            blocks[-1] = [(blocks[-1][0] * blocks[-1][1] + mean * count) / (blocks[-1][1] + count), blocks[-1][1] + count]
-    return [mean for mean, count in blocks for _ in range(int(count))]
-
-
 class CostCurve:
     """Seconds a round costs with ``n`` new tokens in the target's forward, ``n >= 1``:
     ``cost(n) = drift * sized(n) + fixed``.
 
-    - ``sized(n)``: the start measurement of forward and head at ``n`` (interpolated, made
-      non-decreasing: a forward of more tokens never costs less, single times are noisy).
+    - ``sized(n)``: the start measurement of the forward at ``n`` (interpolated between the
+      measured sizes; not smoothed, see the module's note).
     - ``drift``: the running median, over the last rounds whatever their size, of each
       round's size-dependent stages over ``sized(n)`` at its size (the machine got busier or
       quieter; 1 before any round). One factor for every size, so a size the rounds stopped
@@ -86,7 +84,7 @@ class CostCurve:
 
     def sized(self, largest: int) -> list[float]:
         """``sized(n)`` for ``n = 1 .. largest``."""
-        return _non_decreasing([_interpolate(self.measured, n) for n in range(1, largest + 1)])
+        return [_interpolate(self.measured, n) for n in range(1, largest + 1)]
 
     def observe(self, n: int, sized_seconds: float, fixed_seconds: float) -> None:
         """One round's stage times: those that grow with its ``n`` new tokens (forward, head and
@@ -119,11 +117,14 @@ class CostCurve:
         }
 
 
-def measure_forward_costs(target, sizes=MEASURED_SIZES, repeats: int = 3, context: int = MEASURE_CONTEXT) -> dict[int, float]:
-    """Median seconds of one target forward of ``n`` new tokens (a chain: the tree attention of
-    any shape costs the same here) and the projection of its ``n`` rows through the head, for
-    each ``n`` in ``sizes``, after ``context`` cached tokens. One warm-up pass first; sizes that
-    do not fit the target's context are left out."""
+def measure_forward_costs(target, sizes=MEASURED_SIZES, passes: int = 3, context: int = MEASURE_CONTEXT, seed: int = 0) -> dict[int, float]:
+    """The fastest of ``passes`` timings of one target forward of ``n`` new tokens (a chain: the
+    tree attention of any shape costs the same here), for each ``n`` in ``sizes``, after
+    ``context`` cached tokens. Each pass takes the sizes in a fresh shuffled order, so a busy
+    spell of the machine lands on different sizes in different passes; one warm-up pass first.
+    The head's projection is not timed here: what a round does with its rows depends on the
+    sampling law, and the rounds' own times scale it in (``drift``). Sizes that do not fit the
+    target's context are left out."""
     session = CausalLMSession(target)
     vocab = int(target.get_output_embeddings().weight.shape[0])
     room = session.max_positions - max(sizes) - 1
@@ -132,13 +133,14 @@ def measure_forward_costs(target, sizes=MEASURED_SIZES, repeats: int = 3, contex
     sizes = [n for n in sizes if cached + n <= session.max_positions] or [1]
     chains = {n: DraftTree.chain(0, [(i + 1) % vocab for i in range(n - 1)]) for n in sizes}
     times: dict[int, list[float]] = {n: [] for n in sizes}
-    for repeat in range(repeats + 1):
-        for n in sizes:
-            seconds = time_once(lambda: session.forward_tree(chains[n]).logits, session.device)
+    order = random.Random(seed)
+    for repeat in range(passes + 1):
+        for n in order.sample(sizes, len(sizes)):
+            seconds = time_once(lambda: session.forward_tree(chains[n]), session.device)
             session.rollback(cached)
             if repeat:  # the first pass warms the kernels and the allocator
                 times[n].append(seconds)
-    return {n: statistics.median(t) for n, t in times.items()}
+    return {n: min(t) for n, t in times.items()}
 
 
 _CURVES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -203,5 +203,5 @@ def speculation_round(
             state.add_features(output.features[torch.as_tensor(verdict.path).to(output.features.device, non_blocking=True)])
     if auto is not None:  # after the verdict: this round's rows inform only later rounds
         seconds = timer.seconds
-        auto.observe(tree, flow.coverage, seconds["forward"] + seconds["head"] + seconds["verify"], sum(seconds.values()))
+        auto.observe(tree, choice, flow.coverage, seconds["forward"] + seconds["head"] + seconds["verify"], sum(seconds.values()), verdict.block_length)
     return RoundRecord(tree, flow, verdict, dict(timer.seconds), drafter.name, verifier, position, choice=choice)

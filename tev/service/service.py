@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tev.core.budget import Calibration, RoundRate
 from tev.core.sampling import SamplingLaw
+from tev.engine.auto_budget import AutoBudget
+from tev.engine.cost_curve import CostCurve, machine_cost_curve
 from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, DecodeConfig, GenerationSummary, autoregressive_generate, Request, speculative_generate
 from tev.engine.round import RoundRecord
 from tev.engine.models import ModelBundle, load_bundle
@@ -79,11 +82,12 @@ def check_number(name: str, value, low, high, integer: bool = False) -> int | fl
     return number
 
 
-def check_settings(verifier: str, budget, temperature, max_new_tokens, seed, top_p=1.0, top_k=0) -> DecodeConfig:
+def check_settings(verifier: str, budget, temperature, max_new_tokens, seed, top_p=1.0, top_k=0, auto: bool = False) -> DecodeConfig:
     """The page's settings within its ranges (:data:`LIMITS`), as a :class:`DecodeConfig` (whose
     making checks the verifier, the temperature floor and greedy at T > 0); raises
     :class:`UserInputError` saying what to change. ``top_p`` 1 and ``top_k`` 0 leave the
-    target's rows untruncated."""
+    target's rows untruncated. With ``auto`` the budget is "auto" and ``budget`` its cap; a
+    budget of 0 drafts nothing either way (plain decoding)."""
     budget = check_number("budget", budget, 0, min(LIMITS.max_budget, MAX_BUDGET), integer=True)
     temperature = check_number("temperature", temperature, 0.0, LIMITS.max_temperature)
     max_new_tokens = check_number("max new tokens", max_new_tokens, 1, LIMITS.max_new_tokens, integer=True)
@@ -91,7 +95,8 @@ def check_settings(verifier: str, budget, temperature, max_new_tokens, seed, top
     top_p = check_number("top-p", top_p, LIMITS.min_top_p, 1.0)
     top_k = check_number("top-k", top_k, 0, LIMITS.max_top_k, integer=True)
     try:
-        return DecodeConfig(budget=budget, temperature=temperature, top_k=top_k, top_p=top_p, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed)
+        sizing = {"budget": "auto", "budget_cap": budget} if auto and budget > 0 else {"budget": budget}
+        return DecodeConfig(**sizing, temperature=temperature, top_k=top_k, top_p=top_p, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed)
     except ValueError as error:
         raise UserInputError(str(error)) from None
 
@@ -162,9 +167,21 @@ class ModelService:
         except ValueError as error:
             raise UserInputError(str(error)) from None
 
-    def generate(self, request: Request, should_stop=None):
-        """Yields RoundRecords then a GenerationSummary; each round is a step of the compute thread."""
-        yield from self.compute.steps(speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop))
+    def generate(self, request: Request, should_stop=None, auto: AutoBudget | None = None):
+        """Yields RoundRecords then a GenerationSummary; each round is a step of the compute thread.
+        ``auto``: budget auto's rule and what it learned (one user's; see :meth:`auto_budget`)."""
+        yield from self.compute.steps(speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop, auto=auto))
+
+    def auto_budget(self, config: DecodeConfig, calibration: Calibration, rate: RoundRate) -> AutoBudget:
+        """Budget auto for one request: the machine's cost curve (measured in the compute thread
+        the first time, see :meth:`cost_curve`), ``config.budget_cap`` and the caller's own
+        ``calibration`` and ``rate``, which the request's rounds then update."""
+        return AutoBudget(self.cost_curve(), config.budget_cap, calibration, rate)
+
+    def cost_curve(self) -> CostCurve:
+        """The process's cost curve for the target (a few seconds' measurement on first use, taken
+        while no generation runs)."""
+        return self.compute.call(machine_cost_curve, self.bundle().target)
 
     def autoregressive(self, prompt_ids: list[int], config: DecodeConfig, should_stop=None) -> GenerationSummary:
         """The autoregressive baseline; ``should_stop`` is polled after every token."""
