@@ -120,3 +120,44 @@ def test_a_reader_that_leaves_closes_its_request_in_the_compute_thread():
     reader.close()
     assert compute.call(lambda: "served") == "served"  # the close came before this turn
     assert closed_in == [compute.name]
+
+
+def test_a_live_run_says_when_it_shares_the_machine(tmp_path, monkeypatch):
+    """While another request is being stepped (a fine-tune, another user), the Live stats say the
+    run takes turns with it; alone, they say nothing of it."""
+    import types
+
+    from tev.engine.models import load_bundle
+    from tev.service.service import ModelService
+    from tests.tiny import CHAT_WORDS, save_chat_target, tiny_vocab_drafter
+    from ui import shared
+    from ui.live import run_live
+
+    folder = save_chat_target(tmp_path / "target")
+    bundle = load_bundle(str(folder), dtype="float32")
+    vocab = sorted({bundle.tokenizer.convert_tokens_to_ids(w) for w in CHAT_WORDS} | {bundle.tokenizer.eos_token_id})
+    tiny_vocab_drafter(bundle.target, vocab).save_pretrained(tmp_path / "base")
+    service = ModelService(target=str(folder), draft=str(tmp_path / "base"), dtype="float32")
+    monkeypatch.setattr(shared, "SERVICE", service)
+    prompt = " ".join(CHAT_WORDS[:4])
+
+    def streamed_stats():
+        outputs = run_live(prompt, "block", "tev", 8, 0.0, 6, 0, False, True, 1.0, 0, request=types.SimpleNamespace(session_hash="visitor"))
+        return [output.stats for output in outputs][:-1]  # the last is the finished run's summary
+
+    assert not any("share" in stats for stats in streamed_stats())
+    stop = threading.Event()
+
+    def fine_tune():
+        while not stop.is_set():
+            yield None
+
+    training = service.compute.steps(fine_tune())
+    reader = threading.Thread(target=lambda: [None for _ in training])
+    reader.start()
+    try:
+        shared_stats = streamed_stats()
+        assert any("1 other run shares the machine now" in stats for stats in shared_stats), shared_stats
+    finally:
+        stop.set()
+        reader.join(5)

@@ -102,6 +102,15 @@ def _auto_line(records) -> str:
             f"the drafter's path probabilities are scaled by c = {choice.calibration:.2f} (realised coverage over the drafter's estimate so far).")
 
 
+def _sharing_note(active: int) -> str:
+    """While a run streams: how many other requests the compute thread steps in turn with it."""
+    if active <= 1:
+        return ""
+    others = active - 1
+    return (f"\n\n{others} other run{'s' if others > 1 else ''} share{'' if others > 1 else 's'} the machine now: each takes its turn between "
+            "your rounds, so this run is slower than it would be alone (the speed figure is timed again with the page idle).")
+
+
 def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: DecodeConfig) -> str:
     """The speed of a quiet rerun against plain decoding, and why, from the rerun's stage times."""
     speedup = spec.tokens_per_second / max(ar.tokens_per_second, 1e-9)
@@ -218,7 +227,7 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
                 last_draw = now
                 tree, mass, chosen = _round_figures(records, len(records) - 1)
                 yield only(LiveView, text=text_view_html(records, token_text=text, prompt_text=prompt), tree=tree, mass=mass, budget=chosen,
-                           stats=_stats_markdown(records, None), state={"records": records, "summary": None})
+                           stats=_stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active()), state={"records": records, "summary": None})
     finally:
         events.close()
     timing = None

@@ -50,7 +50,8 @@ class ComputeThread:
         self.lookahead = lookahead
         self.name = name
         self._condition = threading.Condition()
-        self._turns: collections.deque[_Request] = collections.deque()  # active requests, next turn first
+        self._turns: collections.deque[_Request] = collections.deque()  # requests waiting for a turn, next first
+        self._open = 0  # requests whose reader has not finished (one may be stepping, outside the line)
         self._thread: threading.Thread | None = None
 
     def steps(self, work: Iterator[T]) -> Iterator[T]:
@@ -62,6 +63,7 @@ class ComputeThread:
         request = _Request(work)
         with self._condition:
             self._turns.append(request)
+            self._open += 1
             self._start()
             self._condition.notify_all()
         return self._read(request)
@@ -76,9 +78,9 @@ class ComputeThread:
         return threading.current_thread() is self._thread
 
     def active(self) -> int:
-        """How many requests are being stepped in turn now."""
+        """How many requests share the thread now: submitted, and their readers not yet done."""
         with self._condition:
-            return len(self._turns)
+            return self._open
 
     def _read(self, request: _Request) -> Iterator:
         try:
@@ -96,6 +98,7 @@ class ComputeThread:
                 yield result
         finally:
             with self._condition:
+                self._open -= 1
                 if not request.done:
                     request.cancelled = True
                     self._condition.notify_all()
