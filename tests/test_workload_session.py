@@ -142,8 +142,10 @@ def test_the_drafter_choices_pass_an_adapted_name_to_the_events_check(server):
     from ui.walkthrough import check_walkthrough
 
     with gr.Blocks():
-        drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q", also=is_adapted)
-    assert drafter.checked("chain") == "chain" and drafter.choices == [(kind, kind) for kind in DRAFTER_KINDS]
+        drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q")
+        drafter.also = is_adapted
+    page = drafter.get_config()  # what the page is sent: the label, the value and every choice
+    assert (page["label"], page["value"], page["choices"]) == ("drafter q", "block", [(kind, kind) for kind in DRAFTER_KINDS])
     assert drafter.checked("adapted: sql") == "adapted: sql"  # the session's own choice: the event decides
     with pytest.raises(UserInputError, match="must be one of"):
         drafter.checked("medusa")

@@ -66,13 +66,12 @@ try:
 
     class Radio(gr.Radio, _Checked):
         """``gr.Radio`` (same front end) whose unknown choices :func:`validator` refuses by name.
-        ``also(value)`` passes values a session's own choices may add (the event's check decides on them)."""
+        ``also(value)``, set after construction, passes values a session's own choices may add (the
+        event's check decides on them). No ``__init__`` of its own: Gradio sends the page only the
+        parameters the component class's own ``__init__`` names, so an override would drop the label and value."""
 
         is_template = True
-
-        def __init__(self, choices=None, *, also=None, **kwargs):  # named: Gradio's constructor wrapper drops unnamed positional arguments
-            super().__init__(choices, **kwargs)
-            self.also = also
+        also = None
 
         def preprocess(self, payload):
             return payload if self.refused(payload) else super().preprocess(payload)

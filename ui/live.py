@@ -359,7 +359,8 @@ def tab(examples: list[str]) -> gr.Radio:
             )
         with gr.Column(scale=2):
             drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in DRAFTERS)
-                            + " · adapted: yours, from a workload run in the ExitTrain tab", also=is_adapted, elem_id="live-drafter")
+                            + " · adapted: yours, from a workload run in the ExitTrain tab", elem_id="live-drafter")
+            drafter.also = is_adapted
             verifier = Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
             with gr.Row():
                 budget = Slider(0, LIMITS.max_budget, value=16, step=1, scale=3,

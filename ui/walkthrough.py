@@ -144,7 +144,8 @@ def tab(prompt_text: str) -> gr.Radio:
         with gr.Column(scale=3):
             prompt = gr.Textbox(label=f"prompt · at most {LIMITS.max_prompt_chars:,} characters", value=prompt_text, lines=3, elem_id="walk-prompt")
         with gr.Column(scale=2):
-            drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q", also=is_adapted, elem_id="walk-drafter")
+            drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q", elem_id="walk-drafter")
+            drafter.also = is_adapted
             verifier = Radio(list(VERIFIERS), value="tev", label="verifier")
             with gr.Row():
                 budget = Slider(0, LIMITS.max_lab_budget, value=16, step=1, label="budget B")
