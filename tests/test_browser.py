@@ -32,9 +32,7 @@ def browser():
 
 
 def test_page_generates_and_draws_the_tree(app_server, browser, tmp_path):
-    page = browser.new_page(viewport={"width": 1400, "height": 2200})
-    page.goto(app_server.url, wait_until="domcontentloaded")
-    page.wait_for_selector("#generate-button", timeout=60_000)
+    page = _open(app_server, browser)
     page.get_by_label("prompt (Python code to continue)").fill("def add(a, b):\n    ")
     page.click("#generate-button")
     # the tree plot is a plotly graph with node markers; the stats line counts rounds
@@ -56,10 +54,16 @@ def test_page_generates_and_draws_the_tree(app_server, browser, tmp_path):
     page.close()
 
 
-def _open(app_server, browser):
+AUTO_LABEL = "budget auto: each round keeps the drafter's best nodes this machine pays for"
+
+
+def _open(app_server, browser, auto: bool = False):
+    """The page, with budget auto as asked: off by default, so every round drafts the slider's
+    16 nodes (at auto the tiny pair often keeps none on a CPU, and a round of the root alone draws no edges)."""
     page = browser.new_page(viewport={"width": 1400, "height": 2200})
     page.goto(app_server.url, wait_until="domcontentloaded")
     page.wait_for_selector("#generate-button", timeout=60_000)
+    page.get_by_label(AUTO_LABEL).set_checked(auto)
     return page
 
 
@@ -125,13 +129,14 @@ def _refused_once(page, message: str) -> None:
 
 
 def test_a_refused_input_says_why_once_and_leaves_the_figures(app_server, browser):
-    page = _open(app_server, browser)
+    page = _open(app_server, browser, auto=True)  # the page's opening settings
     box = page.get_by_label("prompt (Python code to continue)")
     box.fill("def add(a, b):\n    ")
     page.click("#generate-button")
     page.wait_for_function("document.querySelector('#live-stats').innerText.includes('stopped')", timeout=120_000)
     page.wait_for_selector("#timeline-plot .js-plotly-plot", timeout=30_000)
-    figures = ["#tree-plot", "#mass-plot", "#timeline-plot", "#live-stats", "#text-view"]
+    page.wait_for_selector("#budget-plot .js-plotly-plot", timeout=30_000)  # at auto: how the browsed round's size was chosen
+    figures = ["#tree-plot", "#mass-plot", "#timeline-plot", "#budget-plot", "#live-stats", "#text-view"]
     before = _figures(page, *figures)
     box.fill("x" * 4100)  # over the stated limit: refused, not cut
     page.click("#generate-button")
