@@ -30,6 +30,7 @@ from tev.engine.decode import DecodeConfig, run_to_end, Request, speculative_gen
 from tev.engine.models import ModelLoadError, load_bundle
 from tev.engine.prompt_text import encode_prompt
 from tev.util.memory import limit_malloc_arenas
+from ui.live import RoundView
 
 _spec = importlib.util.spec_from_file_location("loadtest", REPO / "scripts" / "loadtest.py")
 loadtest = sys.modules.setdefault("loadtest", importlib.util.module_from_spec(_spec))  # dataclasses look it up there
@@ -196,7 +197,7 @@ def test_old_sessions_are_dropped_beyond_the_session_capacity(slow_server):
         assert run_one(client, short, 0).outcome == "ok"
     with pytest.raises(Exception, match="generate first"):
         clients[0].predict(1, api_name="/browse_round")
-    assert "round 1" in clients[-1].predict(1, api_name="/browse_round")[-1]  # the round's line, last of ui.live.RoundView
+    assert "round 1" in clients[-1].predict(1, api_name="/browse_round")[RoundView._fields.index("info")]  # the round's line
 
 
 # =============================================================================== faults: ExitTrain

@@ -73,7 +73,7 @@ def test_special_token_strings_in_a_chat_message_stay_text_in_the_served_prompt(
 
 def test_invalid_utf8_and_lone_surrogates_in_a_chat_message_are_refused_and_the_server_carries_on(smollm2_server):
     base = smollm2_server.url.rstrip("/")
-    rest = ', "block", "tev", 8, 0.7, 8, 0, false, true, 0.9, 0]'
+    rest = ', "block", "tev", 8, 0.7, 8, 0, false, true, 0.9, 0, false]'  # the last: budget auto off
     invalid = b'{"data": ["\xff\xfe hi' + b'"' + rest.encode() + b"}"
     refused = httpx.post(f"{base}/gradio_api/call/generate", content=invalid, headers={"content-type": "application/json"})
     assert refused.status_code == 400, refused.text  # the request is refused before any handler runs
