@@ -51,7 +51,7 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
     trained drafter on the same held-out rounds (a paired change in words) and side by side.
     Cancel stops every phase (scoring, training, scoring again) and measures nothing. Each piece
     of work (a held-out batch, a step) is a step of the server's compute thread, so other users take turns."""
-    owner = getattr(request, "session_hash", None) or "anonymous"
+    owner = shared.session_of(request)
     try:
         steps = check_number("steps", steps, LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, integer=True)
         lambda_tree = check_number("lambda_tree", lambda_tree, 0, LIMITS.max_lambda_exit)
@@ -131,7 +131,7 @@ _NO_HEADROOM = ("\n\nWhy so little: the base drafter was distilled on these very
 
 
 def cancel_exittrain(request: gr.Request):
-    owner = getattr(request, "session_hash", None) or "anonymous"
+    owner = shared.session_of(request)
     return "cancelling after this step…" if shared.EXITTRAIN_SLOT.cancel(owner) else "no ExitTrain run of yours is in progress"
 
 

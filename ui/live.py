@@ -152,7 +152,7 @@ _STOP_LOCK = threading.Lock()
 
 
 def _stop_flag(request) -> threading.Event:
-    key = getattr(request, "session_hash", None) or "anonymous"
+    key = shared.session_of(request)
     with _STOP_LOCK:
         flag = _STOP_FLAGS.pop(key, None) or threading.Event()
         _STOP_FLAGS[key] = flag  # most recent last

@@ -43,6 +43,12 @@ FORMULAS = [{"left": "$", "right": "$", "display": False}]
 RUN_STATE_SECONDS = 3600
 
 
+def session_of(request) -> str:
+    """The browser session a request comes from (its Stop flag, ExitTrain slot, adapted drafters and
+    Live prompts are keyed by it); "anonymous" for a call without one."""
+    return getattr(request, "session_hash", None) or "anonymous"
+
+
 def _user_error(error: Exception) -> gr.Error:
     return gr.Error(str(error), print_exception=False)  # the user's mistake, not a server fault
 

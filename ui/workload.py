@@ -35,10 +35,6 @@ def pack_names() -> list[str]:
     return sorted(p.stem for p in (assets_dir() / "workloads").glob("*.json"))
 
 
-def _session(request) -> str:
-    return getattr(request, "session_hash", None) or "anonymous"
-
-
 def _workload_name(pack: str) -> str:
     return {OWN: "my prompts", ASKED: "what I asked"}.get(pack, pack)
 
@@ -83,7 +79,7 @@ def result_table(result: dict) -> str:
 def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progress()):
     """Adapt the base drafter to a workload, streaming its phases; each piece of work runs under
     the server's compute thread, and Cancel stops between pieces."""
-    owner = _session(request)
+    owner = shared.session_of(request)
     try:
         minutes = float(minutes)
         if not MIN_MINUTES <= minutes <= MAX_MINUTES:
@@ -178,7 +174,7 @@ def adapted_drafter(label: str, request):
     """This browser session's adapted drafter ``label`` for the Live tab's target; ``ValueError`` saying why not."""
     if not shared.SHARES_EXITTRAIN:
         raise ValueError("adapted drafters are made for the default pair's target; this server's Live tab runs another target")
-    return shared.ADAPTED.drafter(_session(request), label)
+    return shared.ADAPTED.drafter(shared.session_of(request), label)
 
 
 def chosen_drafter(bundle, name: str, request):
@@ -189,14 +185,14 @@ def chosen_drafter(bundle, name: str, request):
 def remember_asked(prompt: str, chat, request) -> None:
     """Keep a chat prompt this session sent in Live (a workload of its own to adapt to)."""
     if chat:
-        shared.ASKED.add(_session(request), prompt)
+        shared.ASKED.add(shared.session_of(request), prompt)
 
 
 def use_asked(request: gr.Request):
     """The "adapt to what I have asked" button: the workload becomes this session's Live prompts
     (at least :data:`MIN_ASKED`), with a seeded share of them held out, as for packs."""
     try:
-        prompts = _prompts(ASKED, "", _session(request))
+        prompts = _prompts(ASKED, "", shared.session_of(request))
     except ValueError as error:
         raise _user_error(error) from None
     train, heldout = split_workload(prompts)
@@ -207,7 +203,7 @@ def use_asked(request: gr.Request):
 def offer_adapted(pack, request) -> tuple:
     """After a run: the drafter choices of the page with this session's adapted drafters, and the
     zipped drafter this run made (when it kept one) to download, else ``gr.skip()``."""
-    session = _session(request)
+    session = shared.session_of(request)
     labels = shared.ADAPTED.labels(session) if shared.SHARES_EXITTRAIN else []
     label = ADAPTED_PREFIX + _workload_name(pack)
     return gr.update(choices=list(DRAFTER_KINDS) + labels), str(shared.ADAPTED.export(session, label)) if label in labels else gr.skip()
