@@ -17,7 +17,7 @@ from tev.core.budget import Calibration, RoundRate
 from tev.core.verify import VERIFIERS
 from tev.engine.decode import DecodeConfig, GenerationSummary, run_to_end
 from tev.engine.models import DRAFTER_KINDS, DRAFTERS
-from tev.service.adapted import is_adapted
+from tev.service.adapted import drafter_kind, is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, check_settings, records_to_json
 from ui import gpu, shared
 from ui.components import Number, Radio, Slider, validator
@@ -179,7 +179,7 @@ def check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, s
         raise UserInputError("this target has no chat template; untick 'chat' to continue the text as it is")
     prompt_ids = shared.SERVICE.encode(prompt, chat=bool(chat))
     config = check_settings(verifier, budget, temperature, max_new_tokens, seed, top_p=top_p, top_k=top_k, auto=bool(auto))
-    return prompt_ids, config, shared.SERVICE.request(prompt_ids, "block" if is_adapted(drafter) else drafter, config)  # an adapted drafter is a block drafter
+    return prompt_ids, config, shared.SERVICE.request(prompt_ids, drafter_kind(drafter), config)
 
 
 def _auto_budget(config: DecodeConfig, drafter: str, memory: dict | None):

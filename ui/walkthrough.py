@@ -14,7 +14,7 @@ from tev.bench.lab import LabTree, run_lab
 from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS
 from tev.engine.models import DRAFTER_KINDS
 from tev.engine.walkthrough import trace_round
-from tev.service.adapted import is_adapted
+from tev.service.adapted import drafter_kind, is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, check_settings
 from ui import gpu, shared
 from ui.components import Number, Radio, Slider, validator
@@ -60,7 +60,7 @@ def check_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, see
     """The round's settings and context; raises ``ValueError`` saying what to change."""
     bundle = shared.SERVICE.bundle()
     config = check_settings(verifier, budget, temperature, 1, seed, top_p=top_p)
-    bundle.drafter("block" if is_adapted(drafter) else drafter)  # an unknown drafter kind is refused here (an adapted one is a block drafter)
+    bundle.drafter(drafter_kind(drafter))  # an unknown drafter kind is refused here
     return config, shared.SERVICE.encode(prompt, chat=bundle.is_chat)
 
 

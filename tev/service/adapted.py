@@ -22,7 +22,7 @@ from pathlib import Path
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
 
-__all__ = ["ADAPTED_PREFIX", "CAPACITY", "MIN_ASKED", "is_adapted", "AdaptedDrafters", "AskedPrompts"]
+__all__ = ["ADAPTED_PREFIX", "CAPACITY", "MIN_ASKED", "is_adapted", "drafter_kind", "AdaptedDrafters", "AskedPrompts"]
 
 ADAPTED_PREFIX = "adapted: "
 CAPACITY = 8  # adapted drafters the server keeps, all sessions together (at most about 230 MB in float32)
@@ -34,6 +34,12 @@ ASKED_SESSIONS = 256  # sessions whose Live prompts are kept (the least recently
 def is_adapted(name) -> bool:
     """Whether a drafter choice names an adapted drafter (``"adapted: <workload>"``)."""
     return isinstance(name, str) and name.startswith(ADAPTED_PREFIX)
+
+
+def drafter_kind(name) -> str:
+    """The drafter kind a choice names, for the checks that need one: an adapted drafter is a block
+    drafter (which session's it is, the handler decides)."""
+    return "block" if is_adapted(name) else name
 
 
 class AdaptedDrafters:
