@@ -360,3 +360,11 @@ def test_bench_e2e_interleaves_auto_with_each_fixed_budget(tmp_path):
     compared = {r["budget"]: r for r in result["auto_vs_fixed"]}
     assert set(compared) == {2, 4} and all(r["method"] == "block+greedy" and r["median_ratio"] > 0 for r in compared.values())
     assert "B = 4" in format_auto_table(result)
+
+
+def test_bench_e2e_methods_flag_names_drafter_and_verifier():
+    from tev.bench.e2e import parse_methods
+
+    assert parse_methods(["block+tev", "chain+tev"]) == (("block", "tev"), ("chain", "tev"))
+    with pytest.raises(SystemExit, match="unknown method block\\+sequential: choose from chain\\+tev, block\\+predraw, block\\+tev"):
+        parse_methods(["block+sequential"])

@@ -29,7 +29,7 @@ from tev.util.precision import figure_precision, precision_summary
 from tev.util.timing import machine_info, machine_summary
 from tev.util.weight_read import weight_read_reference
 
-__all__ = ["E2E_METHODS", "bench_e2e", "format_e2e_table", "format_tree_size_table", "format_auto_table", "weight_read_line", "format_domain_table", "peak_memory_of_generate", "e2e_command"]
+__all__ = ["E2E_METHODS", "bench_e2e", "parse_methods", "format_e2e_table", "format_tree_size_table", "format_auto_table", "weight_read_line", "format_domain_table", "peak_memory_of_generate", "e2e_command"]
 
 E2E_METHODS = (
     ("chain", "tev"),
@@ -279,13 +279,23 @@ def peak_memory_of_generate(extra_args: list[str] | None = None) -> float:
     return max(before, after) / 1024.0  # ru_maxrss is in KiB on Linux
 
 
+def parse_methods(names: list[str]) -> tuple[tuple[str, str], ...]:
+    """``["block+tev", ...]`` -> ``(("block", "tev"), ...)``; an unknown name fails with the known ones."""
+    known = {f"{drafter}+{verifier}": (drafter, verifier) for drafter, verifier in E2E_METHODS}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise SystemExit(f"unknown method {', '.join(unknown)}: choose from {', '.join(known)}")
+    return tuple(known[name] for name in names)
+
+
 def e2e_command(args) -> None:
     truncation = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
     law = DecodeConfig(temperature=1.0, **truncation).law  # a bad flag fails before the models load
+    methods = parse_methods(args.methods) if args.methods else E2E_METHODS
     bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
     prompts = load_prompt_set(args.prompts or ("chat" if bundle.is_chat else "heldout"))
     prompts = spread_evenly(prompts, args.num_prompts)  # each domain its share
-    result = bench_e2e(bundle, prompts, budgets=args.budgets, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed, truncation=truncation, budget_cap=args.budget_cap)
+    result = bench_e2e(bundle, prompts, budgets=args.budgets, methods=methods, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed, truncation=truncation, budget_cap=args.budget_cap)
     print(f"end-to-end decoding, {len(prompts)} prompts x {args.repeats} repeats, {args.max_new_tokens} new tokens, methods interleaved; median (IQR)")
     print(f"machine: {machine_summary(result['machine'])}")
     print(f"precision: {precision_summary(result['precision'])}")
