@@ -77,3 +77,23 @@ def test_the_same_seed_writes_the_same_rows_and_bad_input_is_refused():
     assert generate_batch(target, PROMPTS, 0, 1.0, None, seed=3) == [[] for _ in PROMPTS]
     with pytest.raises(ValueError, match="at least one token"):
         generate_batch(target, [[1], []], 4, 0.0, None, seed=0)
+
+
+def test_a_truncated_law_draws_from_the_cut_law_and_top_k_one_is_greedy():
+    from tev.core.sampling import SamplingLaw
+
+    target = tiny_target(24, scale=2.0)
+    prompt = [3, 4, 5]
+    law = SamplingLaw(0.8, top_p=0.7)
+    with torch.no_grad():
+        expected = law.probs(target(torch.tensor([prompt])).logits[0, -1:])[0].double()
+    kept = {token: float(p) for token, p in enumerate(expected) if p > 0}
+    assert 1 < len(kept) < 24  # the cut removes some tokens and keeps more than one
+    draws = []
+    for seed in range(4):
+        draws += [row[0] for row in generate_batch(target, [prompt] * 800, 1, law, None, seed=seed)]
+    assert set(draws) <= set(kept)  # nothing outside the nucleus is ever written
+    statistic, p_value, dof = chi_square_against(kept, draws)
+    assert p_value > ALPHA, f"chi-square {statistic:.1f} on {dof} dof"
+    wide = tiny_target(64, scale=4.0)
+    assert generate_batch(wide, PROMPTS, 8, SamplingLaw(1.3, top_k=1), None, seed=5) == generate_batch(wide, PROMPTS, 8, 0.0, None, seed=0)

@@ -235,6 +235,34 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
         assert mass["tau_bound"] == pytest.approx(sum((d + 1) * m for d, m in enumerate(by_depth)), abs=1e-5)
 
 
+def test_sampled_training_answers_follow_the_chosen_law_and_are_recorded(tmp_path, monkeypatch):
+    from tev.train import workload_command
+
+    folder = save_chat_target(tmp_path / "target")
+    bundle = load_bundle(str(folder), dtype="float32")
+    base = tmp_path / "base"
+    vocab = [bundle.tokenizer.convert_tokens_to_ids(w) for w in CHAT_WORDS[: len(CHAT_WORDS) // 2]] + [bundle.tokenizer.eos_token_id]
+    tiny_vocab_drafter(bundle.target, sorted(set(vocab))).save_pretrained(base)
+    prompts = [" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 5)) for k in range(20)]
+    laws = []
+    real = workload_command.answer_prompts
+
+    def recording_answers(*args, law=0.0, seed=0, **kwargs):
+        laws.append((law, seed))
+        return real(*args, law=law, seed=seed, **kwargs)
+
+    monkeypatch.setattr(workload_command, "answer_prompts", recording_answers)
+    monkeypatch.setattr(workload_command, "EVAL_NEW_TOKENS", 4)
+    settings = dataclasses.replace(workload_settings("exit", steps=2), batch=8, tree_batch=4)
+    run = workload_command.adaptation(bundle, prompts, base, minutes=5, settings=settings, controls=(), progress=False, with_mass=False, answer_law="T0.7")
+    result = list(run)[-1][1]["result"]
+    assert result["answer_law"] == "T0.7"
+    assert [law for law, _ in laws] == [workload_command.LAWS["T0.7"]] * len(laws) and len(laws) == 2  # the first answers, then the rest
+    assert len({seed for _, seed in laws}) == 2  # each batch of answers its own seed
+    with pytest.raises(ValueError, match="answer law 'T2': choose from T0, T0.7, T1"):
+        next(workload_command.adaptation(bundle, prompts, base, answer_law="T2"))
+
+
 @pytest.mark.parametrize("flag", ["--out", "--json"])
 def test_the_command_refuses_to_write_into_assets(flag, capsys):
     from tev.cli import main

@@ -31,7 +31,7 @@ from tev.train.exittrain_command import EXITTRAIN_FLAGS, EXITTRAIN_SETTINGS, exi
 from tev.train.exittrain_data import exittrain_data_command
 from tev.train.loop import TrainSettings
 from tev.train.losses import TREE_TERMS
-from tev.train.workload_command import workload_command, workload_settings
+from tev.train.workload_command import DEFAULT_ANSWER_LAW, LAWS, workload_command, workload_settings
 
 __all__ = ["build_parser", "main"]
 
@@ -207,6 +207,8 @@ def _add_exittrain(commands) -> None:
     workload.add_argument("--json", help="where to write the result (default: <out>/result.json)")
     workload.add_argument("--minutes", type=float, default=5.0, help="time budget of the whole run (answers, fine-tunes, controls and held-out measurement): it measures its pace and plans within it")
     workload.add_argument("--workload-steps", type=int, default=workload_settings().steps, help="fine-tune steps (fewer if the time budget ends first)")
+    workload.add_argument("--answer-law", choices=list(LAWS), default=DEFAULT_ANSWER_LAW,
+                          help="the law the target's training answers are drawn from: T0 greedy, T0.7 (top-p 0.9) or T1 sampled")
     workload.add_argument("--controls", nargs="*", default=["none"], help="tree terms trained on the same data, steps and seed, for comparison, within the minutes when they fit (none: the token-only control)")
     add_model_arguments(parser)
     parser.set_defaults(func=_exittrain)

@@ -6,8 +6,8 @@ processors and sampler run over the whole 49,152-token vocabulary, and finished 
 being computed until the longest one ends). This loop does only what data writing needs:
 one prefill of the left-padded batch, then one forward of the rows still writing per step
 (finished rows leave the batch and the cache), logits only for the last position, and a
-draw from the target's law at temperature T by :func:`tev.core.sampling.sample_rows` (exact;
-greedy at T = 0).
+draw from the target's law (temperature T, or a whole :class:`~tev.core.sampling.SamplingLaw` with
+its top-k / top-p / min-p cut) by :func:`tev.core.sampling.sample_rows` (exact; greedy at T = 0).
 
 The text is what the target writes; padding and the batch's size may move a near-tie, as in
 any batched decoding.
@@ -18,21 +18,22 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from tev.core.sampling import probs_from_logits, sample_rows
+from tev.core.sampling import SamplingLaw, as_law, probs_from_logits, sample_rows
 
 __all__ = ["generate_batch"]
 
 
 @torch.no_grad()
 def generate_batch(
-    target, prompts: list[list[int]], max_new_tokens: int, temperature: float, stop_id: int | None, seed: int, pad_id: int = 0,
+    target, prompts: list[list[int]], max_new_tokens: int, temperature: "float | SamplingLaw", stop_id: int | None, seed: int, pad_id: int = 0,
 ) -> list[list[int]]:
     """The continuation of each prompt, until ``stop_id`` (kept) or ``max_new_tokens``.
 
     Args:
         target: a Hugging Face causal LM with a ``.model`` body and an output head (Llama, Qwen).
         prompts: token ids, one list per row (any lengths, at least one token each).
-        temperature: 0 for greedy decoding, else sampling from ``softmax(logits / T)``.
+        temperature: 0 for greedy decoding, else sampling from ``softmax(logits / T)``; or a
+            :class:`SamplingLaw`, sampled with its truncation.
         stop_id: the token that ends a row (``None``: rows run to ``max_new_tokens``).
         seed: seeds the sampler (the same inputs and seed give the same continuations).
     Returns:
@@ -52,6 +53,7 @@ def generate_batch(
         ids[row, width - len(prompt) :] = torch.tensor(prompt)
         mask[row, width - len(prompt) :] = 1
     positions = (mask.cumsum(1) - 1).clamp(min=0)
+    law = as_law(temperature)
     generator = torch.Generator().manual_seed(seed)
     cache = DynamicCache()
     mask, positions = mask.to(device), positions.to(device)
@@ -61,8 +63,10 @@ def generate_batch(
     head = target.get_output_embeddings()
     for step in range(max_new_tokens):
         logits = head(hidden).float().cpu()  # [rows writing, vocab]
-        if temperature > 0:
-            chosen = sample_rows(probs_from_logits(logits, temperature), generator)
+        if law.truncates:
+            chosen = sample_rows(law.probs(logits), generator)
+        elif not law.greedy:
+            chosen = sample_rows(probs_from_logits(logits, law.temperature), generator)
         else:
             chosen = logits.argmax(-1)
         keep = []

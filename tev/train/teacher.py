@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from tev.core.sampling import SamplingLaw
 from tev.data.token_stream import encode_corpus
 from tev.engine.batch_generate import generate_batch
 from tev.engine.prompt_text import ChatTemplate, encode_chat
@@ -174,9 +175,11 @@ class WorkloadAnswers:
 
 
 @torch.no_grad()
-def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 96, batch: int = 8, progress: bool = True):
-    """The target's greedy answers to ``prompts`` (each a user message through the chat
-    template), ``batch`` prompts at a time (left-padded, :func:`generate_batch`): yields the
+def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 96, batch: int = 8, progress: bool = True,
+                   law: "SamplingLaw | float" = 0.0, seed: int = 0):
+    """The target's answers to ``prompts`` (each a user message through the chat template),
+    greedy, or sampled from ``law`` (seeded per batch), ``batch`` prompts at a time (left-padded,
+    :func:`generate_batch`): yields the
     :class:`WorkloadAnswers` so far after every batch (a caller stops between batches at its
     deadline, or takes turns with other work). Answers under two tokens are left out.
 
@@ -191,7 +194,7 @@ def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 
     bar = tqdm(total=len(prompts), desc="target answers", unit="prompt", disable=not progress)
     for first in range(0, len(encoded), batch):
         group = encoded[first : first + batch]
-        written = generate_batch(target, group, max_new_tokens, 0.0, eos, seed=0, pad_id=pad)
+        written = generate_batch(target, group, max_new_tokens, law, eos, seed=seed * 100_003 + first, pad_id=pad)
         for prompt_ids, answer in zip(group, written):
             if len(answer) >= 2:  # the end of turn stays: the drafter should predict it too
                 answers.sequences.append(list(prompt_ids) + answer)

@@ -42,7 +42,7 @@ from tev.train.workload_data import extend_draft_vocab, load_workload, split_wor
 from tev.util.paths import REPO_ROOT
 from tev.util.stats import change_in_words, standard_error
 
-__all__ = ["DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "LAWS", "MIN_STEPS", "SOFT_TOP", "Pace", "Plan", "plan_phases",
+__all__ = ["DEFAULT_ANSWER_LAW", "DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "LAWS", "MIN_STEPS", "SOFT_TOP", "Pace", "Plan", "plan_phases",
            "workload_settings", "workload_train_set", "adaptation", "heldout_mass", "relative_gain", "verdict_lines", "workload_command"]
 
 DEFAULT_TREE_TERM = ("exit", 0.1)  # (tree term, lambda_tree) of the shipped recipe; see docs/exittrain.md
@@ -54,6 +54,7 @@ SOFT_TOP = 16  # the target's top tokens kept as soft labels (train-drafter's de
 TREES_PER_ANSWER = 8
 # The held-out laws: greedy, the law the page opens at, and plain sampling.
 LAWS = {"T0": SamplingLaw(0.0), "T0.7": SamplingLaw(0.7, top_p=0.9), "T1": SamplingLaw(1.0)}
+DEFAULT_ANSWER_LAW = "T0"  # the target's training answers: greedy (see docs/exittrain.md for sampled answers against greedy)
 # Below this many fine-tune steps the run compares nothing: a token-only fine-tune of the shipped
 # drafter gained +17% and +31% held-out tau at T = 0 after 30 steps on two workloads.
 MIN_STEPS = 30
@@ -188,11 +189,12 @@ def _last(pieces, into: list):
     into.append(previous)
 
 
-def _answer(bundle, prompts: list[str], answers: WorkloadAnswers, stop_by: float, clock, progress: bool):
-    """The target answers ``prompts`` a batch at a time into ``answers``, stopping before a batch
-    that would end after ``stop_by`` at the pace measured so far; returns the prompts answered."""
+def _answer(bundle, prompts: list[str], answers: WorkloadAnswers, stop_by: float, clock, progress: bool, law: SamplingLaw, seed: int):
+    """The target answers ``prompts`` a batch at a time into ``answers`` (greedy, or sampled from
+    ``law``), stopping before a batch that would end after ``stop_by`` at the pace measured so far;
+    returns the prompts answered."""
     start, done, written = clock(), 0, None
-    for written in answer_prompts(bundle.target, bundle.tokenizer, prompts, batch=ANSWER_BATCH, progress=progress):
+    for written in answer_prompts(bundle.target, bundle.tokenizer, prompts, batch=ANSWER_BATCH, progress=progress, law=law, seed=seed):
         done = min(len(prompts), done + ANSWER_BATCH)
         yield "work", None
         if done < len(prompts) and clock() + (clock() - start) / done * min(ANSWER_BATCH, len(prompts) - done) > stop_by:
@@ -216,7 +218,7 @@ def _no_comparison(steps: int, pace: Pace, minutes: float) -> str:
 
 
 def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, settings: TrainSettings | None = None, controls: tuple[str, ...] = ("none",),
-               seed: int = 0, progress: bool = True, with_mass: bool = True, clock=time.monotonic):
+               seed: int = 0, progress: bool = True, with_mass: bool = True, clock=time.monotonic, answer_law: str = DEFAULT_ANSWER_LAW):
     """The whole adaptation as a generator of ``(phase, info)`` events, one after every piece of
     work (a batch of answers, an answer's scored trees, a training step, a decoding round: ``work``
     or ``step``), so a server's compute thread takes a piece at a time and a cancel stops between pieces.
@@ -231,8 +233,12 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     ``with_mass``, where the target's mass leaves the base's and the adapted drafter's trees on the
     held-out answers, when the time left allows. When it compares nothing (below :data:`MIN_STEPS`
     steps, or no held-out prompt fits for both drafters) the result says why in one sentence
-    (``note``) and holds only what the base measured. ``clock`` (seconds) is for tests.
+    (``note``) and holds only what the base measured. ``answer_law`` (a key of :data:`LAWS`) is the
+    law the target's training answers are drawn from: ``T0`` greedy, else sampled (seeded), so the
+    drafter learns the law it will meet. ``clock`` (seconds) is for tests.
     """
+    if answer_law not in LAWS:
+        raise ValueError(f"answer law {answer_law!r}: choose from {', '.join(LAWS)}")
     settings = replace(settings or workload_settings(*DEFAULT_TREE_TERM), seed=seed)
     start = clock()
     deadline = start + minutes * 60.0
@@ -245,7 +251,8 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     # the pace: the first answers, the base on a held-out prompt, two answers scored and two steps on a copy
     yield "answers", {"prompts": len(train_prompts)}
     answers, now = WorkloadAnswers(), clock()
-    offered = yield from _answer(bundle, train_prompts[:FIRST_ANSWERS], answers, deadline, clock, progress)
+    law = LAWS[answer_law] if answer_law != "T0" else 0.0
+    offered = yield from _answer(bundle, train_prompts[:FIRST_ANSWERS], answers, deadline, clock, progress, law, seed)
     pace = Pace(answer=(clock() - now) / max(1, offered))
     if not len(answers):
         raise ValueError("the target wrote no answer to the first training prompts; shorten them or raise --minutes")
@@ -274,7 +281,7 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     if plan.answers > offered:
         now = clock()
         offered += yield from _answer(bundle, train_prompts[offered:plan.answers], answers, now + (plan.answers - offered) * pace.answer / PLAN_SHARE,
-                                      clock, progress)
+                                      clock, progress, law, seed + offered)
     yield "answers done", {"answers": len(answers), "tokens": answers.answer_tokens, "seconds": answers.seconds}
     work = copy.deepcopy(base_model)
     added = extend_draft_vocab(work, answers)
@@ -355,6 +362,7 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
         "compared": compare,
         "note": None if compare else _no_comparison(len(history), pace, minutes),
         "laws": {key: law.describe() for key, law in LAWS.items()},
+        "answer_law": answer_law,
         "gain": {key: {name: relative_gain(cells[name][key], cells["base"][key]) for name in cells if name != "base"} for key in LAWS} if compare else {},
         "minutes": seconds / 60.0,
         "minutes_budget": minutes,
@@ -468,7 +476,7 @@ def workload_command(args) -> None:
     lam = DEFAULT_TREE_TERM[1] if args.lambda_tree is None else args.lambda_tree
     settings = workload_settings(term, lam, args.workload_steps, args.seed or 0)
     start = time.monotonic()
-    for phase, info in adaptation(bundle, prompts, base, args.minutes, settings, tuple(args.controls), seed=settings.seed):
+    for phase, info in adaptation(bundle, prompts, base, args.minutes, settings, tuple(args.controls), seed=settings.seed, answer_law=args.answer_law):
         if phase == "done":
             result, drafter = info["result"], info["drafter"]
         elif phase not in ("work", "step"):  # where the minutes go, as they go
