@@ -39,3 +39,36 @@ def app_server(quick_assets_dir, tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def chat_server(tmp_path, monkeypatch):
+    """The app's shared objects on a tiny chat pair (one service for Live and ExitTrain, the workload mode shown), empty
+    stores, and a workload run small enough for a test: 4 steps, 2 held-out prompts of 6 tokens."""
+    import types
+
+    import ui.workload
+    from tev.engine.models import load_bundle
+    from tev.service.adapted import AdaptedDrafters, AskedPrompts
+    from tev.service.service import ModelService
+    from tev.train import workload_command
+    from tests.tiny import CHAT_WORDS, save_chat_target, tiny_vocab_drafter
+    from ui import shared
+
+    folder = save_chat_target(tmp_path / "target")
+    bundle = load_bundle(str(folder), dtype="float32")
+    vocab = sorted({bundle.tokenizer.convert_tokens_to_ids(w) for w in CHAT_WORDS} | {bundle.tokenizer.eos_token_id})
+    tiny_vocab_drafter(bundle.target, vocab).save_pretrained(tmp_path / "base")
+    service = ModelService(target=str(folder), draft=str(tmp_path / "base"), dtype="float32")
+    for name, value in (("SERVICE", service), ("EXITTRAIN_SERVICE", service), ("SHARES_EXITTRAIN", True), ("ADAPTED", AdaptedDrafters(capacity=2)),
+                        ("ASKED", AskedPrompts()), ("EXITTRAIN_CHAT", True), ("CHAT_DEFAULT", True)):
+        monkeypatch.setattr(shared, name, value)
+    monkeypatch.setattr(ui.workload, "shipped_drafter", lambda pair, kind: tmp_path / "base")
+    monkeypatch.setattr(workload_command, "MIN_STEPS", 3)  # a tiny run's few steps make a comparison
+    monkeypatch.setattr(workload_command, "EVAL_NEW_TOKENS", 6)
+    monkeypatch.setattr(workload_command, "EVAL_PROMPTS", 2)
+    small = lambda *a, **k: workload_command.TrainSettings(  # noqa: E731
+        steps=4, batch=8, lr=5e-4, warmup=1, soft_top=workload_command.SOFT_TOP, tree_term="exit", trees="fixed", tree_batch=4, budget=16)
+    monkeypatch.setattr(workload_command, "workload_settings", small)
+    monkeypatch.setattr(ui.workload, "workload_settings", small)  # the tab's own name for it
+    return types.SimpleNamespace(shared=shared, service=service, tmp=tmp_path)

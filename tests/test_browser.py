@@ -256,3 +256,47 @@ def test_the_walkthrough_steps_through_rounds_back_and_forth_and_exports_them(ap
     assert text.count("$") == 0
     assert requests == [exported.as_uri()]
     offline.close()
+
+
+def test_pasted_prompts_become_a_drafter_the_live_tab_runs(chat_server, browser, tmp_path):
+    """A visitor's whole path on a tiny chat pair, in the page: paste a workload in the ExitTrain tab,
+    adapt, choose "adapted: my prompts" in Live, generate on a held-out prompt of that workload, and
+    download the drafter; the app runs in this process so the run's size can be made small."""
+    import time
+    import types
+    import zipfile
+
+    from app import build_app
+    from tev.train.workload_data import split_workload
+    from tests.appserver import free_port
+    from tests.tiny import CHAT_WORDS
+
+    prompts = [" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 4)) for k in range(16)]
+    _, heldout = split_workload(prompts)
+    demo, port = build_app(), free_port()
+    demo.queue(max_size=32, default_concurrency_limit=2).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        start = time.monotonic()
+        page = _open(types.SimpleNamespace(url=f"http://127.0.0.1:{port}/"), browser)
+        page.get_by_role("tab", name="ExitTrain").click()
+        page.get_by_label("my own prompts (below)").check()
+        page.get_by_label("your prompts, one per line", exact=False).fill("\n".join(prompts))
+        page.click("#workload-start")
+        page.wait_for_function("document.querySelector('#workload-status').innerText.includes('kept for this browser session as')", timeout=240_000)
+        table = page.inner_text("#workload-table")
+        assert "adapted (ExitTrain" in table and "token-only control" in table  # the held-out comparison, with its control
+        link = page.wait_for_selector("a[href*='drafter-my-prompts']", timeout=30_000)  # its weights to download
+        archive = tmp_path / "drafter.zip"
+        archive.write_bytes(page.request.get(link.get_attribute("href")).body())
+        assert sorted(zipfile.ZipFile(archive).namelist()) == ["drafter-my-prompts/drafter.safetensors", "drafter-my-prompts/drafter_config.json"]
+        page.get_by_role("tab", name="Live").click()
+        page.locator("#live-drafter").get_by_label("adapted: my prompts").check()
+        page.get_by_label("your message to the model", exact=False).fill(heldout[0])
+        page.click("#generate-button")
+        page.wait_for_function("document.querySelector('#live-stats').innerText.includes('stopped')", timeout=120_000)
+        page.wait_for_function("document.querySelector('#tree-plot').innerText.includes('drafter adapted: my prompts')", timeout=30_000)
+        assert _error_badges(page) == 0
+        assert time.monotonic() - start < 360  # from the pasted prompts to Live with the adapted drafter
+        page.close()
+    finally:
+        demo.close()
