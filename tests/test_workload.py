@@ -181,15 +181,20 @@ def _digest(folder: Path) -> dict:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch):
-    from tev.train import workload_command
-
+def _chat_pair_and_workload(tmp_path):
+    """A tiny chat target, a base drafter that knows half its words, and 20 prompts."""
     folder = save_chat_target(tmp_path / "target")
     bundle = load_bundle(str(folder), dtype="float32")
     base = tmp_path / "base"
     vocab = [bundle.tokenizer.convert_tokens_to_ids(w) for w in CHAT_WORDS[: len(CHAT_WORDS) // 2]] + [bundle.tokenizer.eos_token_id]
     tiny_vocab_drafter(bundle.target, sorted(set(vocab))).save_pretrained(base)
-    prompts = [" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 5)) for k in range(20)]
+    return bundle, base, [" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 5)) for k in range(20)]
+
+
+def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch):
+    from tev.train import workload_command
+
+    bundle, base, prompts = _chat_pair_and_workload(tmp_path)
     _, heldout = workload_command.split_workload(prompts, seed=0)
     seen = []  # every sequence and every scored tree's context the trainer receives
     real = workload_command.train
@@ -238,12 +243,7 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
 def test_sampled_training_answers_follow_the_chosen_law_and_are_recorded(tmp_path, monkeypatch):
     from tev.train import workload_command
 
-    folder = save_chat_target(tmp_path / "target")
-    bundle = load_bundle(str(folder), dtype="float32")
-    base = tmp_path / "base"
-    vocab = [bundle.tokenizer.convert_tokens_to_ids(w) for w in CHAT_WORDS[: len(CHAT_WORDS) // 2]] + [bundle.tokenizer.eos_token_id]
-    tiny_vocab_drafter(bundle.target, sorted(set(vocab))).save_pretrained(base)
-    prompts = [" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 5)) for k in range(20)]
+    bundle, base, prompts = _chat_pair_and_workload(tmp_path)
     laws = []
     real = workload_command.answer_prompts
 
