@@ -200,3 +200,21 @@ def test_budget_auto_learns_within_a_browser_session_only(app_server):
 def test_budget_auto_with_a_cap_of_zero_decodes_plainly(client):
     final = generate_auto(client, cap=0, max_new=6)
     assert "**tau** (mean block length) 1.00" in final["stats"] and "budget auto" not in final["stats"] and traces(final["budget"]) == []
+
+
+def test_a_slower_run_at_budget_auto_says_why_in_the_machines_terms():
+    from tev.engine.decode import DecodeConfig, GenerationSummary
+    from ui.live import _speed_verdict
+
+    def summary(tokens, seconds, rounds, stages=None, lengths=None):
+        return GenerationSummary([1], list(range(tokens)), "", rounds, lengths or [1] * rounds, [1.0] * rounds, seconds, 0.0, 0.01, "max_new_tokens",
+                                 stage_seconds=stages or {})
+
+    spec = summary(64, 4.0, 40, {"draft": 0.4, "build": 0.04, "forward": 3.0, "head": 0.4, "verify": 0.16}, [2] * 24 + [1] * 16)
+    plain = summary(64, 3.2, 64)
+    auto = _speed_verdict(spec, plain, DecodeConfig(budget="auto", budget_cap=16, temperature=0.7, top_p=0.9))
+    assert "**0.80x**" in auto and "Speculation did not pay on this prompt, on this machine" in auto
+    assert "fixed work (the drafter's pass and the decision, 25 ms here)" in auto and "tau 1.60" in auto
+    fixed = _speed_verdict(spec, plain, DecodeConfig(budget=16, temperature=0.7, top_p=0.9))
+    assert "a smaller budget" in fixed and "did not pay on this prompt" not in fixed
+    assert "did not pay" not in _speed_verdict(plain, spec, DecodeConfig(budget="auto", budget_cap=16))  # faster: no excuse

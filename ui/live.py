@@ -128,7 +128,13 @@ def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: Decod
             f"{spec.tokens_per_second:.1f} tokens/s, plain decoding {ar.tokens_per_second:.1f} tokens/s → **{speedup:.2f}x**")
     why = (f"A round cost {round_ms:.0f} ms, the time of **{round_ms / max(step_ms, 1e-9):.1f} one-token steps** ({step_ms:.0f} ms each): "
            f"{stages}; it produced **tau = {spec.tau:.2f} tokens**.")
-    if speedup < 1:
+    if speedup < 1 and config.budget == "auto":
+        fixed = sum(1e3 * spec.stage_seconds.get(key, 0.0) for key in ("draft", "build", "head", "verify")) / max(1, spec.rounds)
+        why += (f" Speculation did not pay on this prompt, on this machine: budget auto kept only the nodes its measured cost curve "
+                f"said would pay, yet each round's fixed work (the drafter's pass and the decision, {fixed:.0f} ms here) was more than "
+                f"the drafter's reach on this text gave back (tau {spec.tau:.2f}). A prompt the drafter predicts well (code, lists, "
+                "a workload it was adapted to) or T = 0 pays; on a GPU a tree forward costs about one step.")
+    elif speedup < 1:
         why += (" Speculation pays only when a round yields more tokens than it costs steps: here it does not. On a CPU a "
                 "forward over the B + 1 tree tokens costs more than a one-token step (on a GPU about the same); a smaller "
                 "budget, T = 0, or a prompt the drafter predicts well (code, lists) shifts the balance.")
