@@ -59,6 +59,7 @@ if str(REPO) not in sys.path:
 
 from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS  # noqa: E402  (needs the repository on the path)
 from tev.util.stats import quantile  # noqa: E402
+from ui.workload import DEFAULT_RECIPE  # noqa: E402  (the workload tab's default fine-tune recipe)
 
 PROMPTS = [
     "def add(a, b):\n    ",
@@ -268,7 +269,7 @@ class PeakMemory:
 
 def start_workload(url: str, pack: str, minutes: float):
     """Submit one workload ExitTrain run (the ExitTrain tab's workload mode) from its own client."""
-    return new_client(url).submit(pack, "", minutes, api_name="/exittrain_workload"), time.perf_counter()
+    return new_client(url).submit(pack, "", minutes, DEFAULT_RECIPE, api_name="/exittrain_workload"), time.perf_counter()
 
 
 def workload_outcome(job, started: float, timeout: float) -> dict:

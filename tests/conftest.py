@@ -67,8 +67,8 @@ def chat_server(tmp_path, monkeypatch):
     monkeypatch.setattr(workload_command, "MIN_STEPS", 3)  # a tiny run's few steps make a comparison
     monkeypatch.setattr(workload_command, "EVAL_NEW_TOKENS", 6)
     monkeypatch.setattr(workload_command, "EVAL_PROMPTS", 2)
-    small = lambda *a, **k: workload_command.TrainSettings(  # noqa: E731
-        steps=4, batch=8, lr=5e-4, warmup=1, soft_top=workload_command.SOFT_TOP, tree_term="exit", trees="fixed", tree_batch=4, budget=16)
+    small = lambda tree_term="exit", lambda_tree=0.1, *a, **k: workload_command.TrainSettings(  # noqa: E731
+        steps=4, batch=8, lr=5e-4, warmup=1, soft_top=workload_command.SOFT_TOP, tree_term=tree_term, lambda_tree=lambda_tree, trees="fixed", tree_batch=4, budget=16)
     monkeypatch.setattr(workload_command, "workload_settings", small)
     monkeypatch.setattr(ui.workload, "workload_settings", small)  # the tab's own name for it
     return types.SimpleNamespace(shared=shared, service=service, tmp=tmp_path)

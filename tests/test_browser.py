@@ -284,7 +284,7 @@ def test_pasted_prompts_become_a_drafter_the_live_tab_runs(chat_server, browser,
         page.click("#workload-start")
         page.wait_for_function("document.querySelector('#workload-status').innerText.includes('kept for this browser session as')", timeout=240_000)
         table = page.inner_text("#workload-table")
-        assert "adapted (ExitTrain" in table and "token-only control" in table  # the held-out comparison, with its control
+        assert "adapted (token loss only)" in table and "control: token loss + exit term" in table  # the tab's default recipe, its control beside it
         link = page.wait_for_selector("a[href*='drafter-my-prompts']", timeout=30_000)  # its weights to download
         archive = tmp_path / "drafter.zip"
         archive.write_bytes(page.request.get(link.get_attribute("href")).body())

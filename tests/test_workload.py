@@ -283,7 +283,7 @@ def test_the_tab_states_a_verdict_in_words():
     gain = lambda g: {"gain": g, "se": 0.03}  # noqa: E731
     laws = {"T0": "T = 0 (greedy)", "T0.7": "T = 0.7, top-p 0.9", "T1": "T = 1"}
     result = {"heldout_prompts": 10, "budget": 16, "max_new_tokens": 64, "train_prompts": 30, "answer_tokens": 900, "vocab_added": 12,
-              "steps": 160, "minutes": 4.2, "minutes_budget": 5, "settings": {"tree_term": "exit"}, "compared": True, "laws": laws,
+              "steps": 160, "minutes": 4.2, "minutes_budget": 5, "settings": {"tree_term": "exit", "lambda_tree": 0.1}, "compared": True, "laws": laws,
               "T0": {"base": cell(1.6), "exittrain": cell(2.9), "token_only": cell(2.88)},
               "T0.7": {"base": cell(1.5), "exittrain": cell(1.9), "token_only": cell(1.9)},
               "T1": {"base": cell(1.4), "exittrain": cell(1.6), "token_only": cell(1.62)},
@@ -296,6 +296,16 @@ def test_the_tab_states_a_verdict_in_words():
     flat = {**result, "gain": {key: {"exittrain": gain(0.02), "token_only": gain(0.0)} for key in laws}}
     table = result_table(flat)
     assert "comes from" not in table and "tree term adds" not in table and "No gain outside two standard errors" in table
+    # the token loss alone as the recipe, the exit term its control: the same comparison, each drafter named for what it is
+    settings = {"tree_term": "none", "lambda_tree": 0.1}
+    swapped = {**result, "settings": settings,
+               **{key: {"base": result[key]["base"], "exittrain": result[key]["token_only"], "exit": result[key]["exittrain"]} for key in laws},
+               "gain": {key: {"exittrain": result["gain"][key]["token_only"], "exit": result["gain"][key]["exittrain"]} for key in laws}}
+    swapped["gain"]["T0.7"] = {"exittrain": gain(0.27), "exit": gain(0.05)}
+    table = result_table(swapped)
+    assert "| adapted (token loss only) |" in table and "| control: token loss + exit term (lambda 0.1) |" in table
+    assert "the exit-term control gained as much (within two standard errors)" in table  # T = 0
+    assert "the tree term costs 22.0% +- 4.2% against the token loss alone" in table  # T = 0.7
 
 
 def test_the_tab_refuses_too_few_prompts_and_cancel_shows_no_comparison(tmp_path, monkeypatch):
@@ -317,11 +327,11 @@ def test_the_tab_refuses_too_few_prompts_and_cancel_shows_no_comparison(tmp_path
     monkeypatch.setattr(ui.workload, "shipped_drafter", lambda pair, kind: base)
     request = types.SimpleNamespace(session_hash="visitor")
     with pytest.raises(gr.Error, match="at least 16"):
-        next(ui.workload.run_workload(ui.workload.OWN, "one\ntwo", 5, request, progress=lambda *a, **k: None))
+        next(ui.workload.run_workload(ui.workload.OWN, "one\ntwo", 5, ui.workload.DEFAULT_RECIPE, request, progress=lambda *a, **k: None))
     with pytest.raises(gr.Error, match="minutes must be"):
-        next(ui.workload.run_workload(ui.workload.OWN, "x", 60, request, progress=lambda *a, **k: None))
+        next(ui.workload.run_workload(ui.workload.OWN, "x", 60, ui.workload.DEFAULT_RECIPE, request, progress=lambda *a, **k: None))
     prompts = "\n".join(" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 4)) for k in range(16))
-    run = ui.workload.run_workload(ui.workload.OWN, prompts, 2, request, progress=lambda *a, **k: None)
+    run = ui.workload.run_workload(ui.workload.OWN, prompts, 2, ui.workload.DEFAULT_RECIPE, request, progress=lambda *a, **k: None)
     first = next(run)
     assert "answers" in first[0]
     assert shared.EXITTRAIN_SLOT.cancel("visitor")

@@ -36,7 +36,7 @@ def test_an_adapted_drafter_serves_only_its_session_in_live_and_the_walkthrough(
     from ui.walkthrough import run_walkthrough, step_walkthrough
 
     prompts = "\n".join(_prompt(k) for k in range(16))
-    outputs = list(ui.workload.run_workload(ui.workload.OWN, prompts, 2, visitor("alice"), progress=NO_PROGRESS))
+    outputs = list(ui.workload.run_workload(ui.workload.OWN, prompts, 2, ui.workload.DEFAULT_RECIPE, visitor("alice"), progress=NO_PROGRESS))
     assert "kept for this browser session as **adapted: my prompts**" in outputs[-1][0]
     choices, download = ui.workload.offer_adapted(ui.workload.OWN, visitor("alice"))
     assert choices["choices"] == [*DRAFTER_KINDS, "adapted: my prompts"]
@@ -105,7 +105,7 @@ def test_adapt_to_what_i_have_asked_takes_the_sessions_live_prompts(chat_server,
 
     monkeypatch.setattr(ui.workload, "adaptation", adaptation)
     with pytest.raises(gr.Error, match="stop here"):
-        list(ui.workload.run_workload(ui.workload.ASKED, "", 2, visitor("alice"), progress=NO_PROGRESS))
+        list(ui.workload.run_workload(ui.workload.ASKED, "", 2, ui.workload.DEFAULT_RECIPE, visitor("alice"), progress=NO_PROGRESS))
     assert seen["prompts"] == asked  # the session's prompts as sent, each one user message
 
 

@@ -10,7 +10,7 @@ import gradio as gr
 
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import DRAFTER_KINDS, shipped_drafter
-from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, LAWS, MIN_STEPS, adaptation, verdict_lines, workload_settings
+from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, LAWS, MIN_STEPS, adaptation, model_label, other_recipe, verdict_lines, workload_settings
 from tev.train.workload_data import check_workload, load_workload, split_workload
 from tev.service.adapted import ADAPTED_PREFIX, CAPACITY, MIN_ASKED, is_adapted
 from tev.service.service import LIMITS
@@ -22,12 +22,17 @@ from ui.exittrain import Cancel, cancel_exittrain, check_free, side_by_side
 from ui.shared import COMPUTE, _user_error
 from visual import exit_mass_change_figure
 
-__all__ = ["OWN", "ASKED", "MIN_MINUTES", "MAX_MINUTES", "pack_names", "verdict", "result_table", "run_workload", "adapted_drafter", "chosen_drafter",
+__all__ = ["OWN", "ASKED", "MIN_MINUTES", "MAX_MINUTES", "RECIPES", "DEFAULT_RECIPE", "pack_names", "verdict", "result_table", "run_workload", "adapted_drafter", "chosen_drafter",
            "remember_asked", "use_asked", "offer_adapted", "tab"]
 
 OWN = "my own prompts (below)"
 ASKED = "what I have asked in Live"
 MIN_MINUTES, MAX_MINUTES = 2.0, 10.0
+# What the kept drafter is fine-tuned on (its tree term); the other is trained beside it as the control.
+RECIPES = {"the target's answers (token loss only)": "none", f"the answers + ExitTrain's exit term (lambda {DEFAULT_TREE_TERM[1]:g})": DEFAULT_TREE_TERM[0]}
+# The tab's default: the token loss alone. Over the four packs and an unseen workload the exit term did
+# not beat it outside two standard errors at any law (docs/exittrain.md, "The tree term, settled").
+DEFAULT_RECIPE = "the target's answers (token loss only)"
 
 
 def pack_names() -> list[str]:
@@ -69,21 +74,30 @@ def result_table(result: dict) -> str:
     for key in LAWS:
         for name, cell in result[key].items():
             change = "" if name == "base" else verdict(result["gain"][key][name])
-            label = {"exittrain": f"adapted (ExitTrain, {result['settings']['tree_term']} term)", "token_only": "token-only control"}.get(name, name)
+            label = model_label(name, result["settings"])
             lines.append(f"| {result['laws'][key]} | {label} | {cell['tau']:.3f} +- {cell['se']:.3f} | {change} |")
     lines += ["", f"The target answered {result['train_prompts']} training prompts ({result['answer_tokens']} tokens); {result['vocab_added']} of their "
               f"tokens joined the draft vocabulary; {result['steps']} fine-tune steps; {result['minutes']:.1f} min in all (of {result['minutes_budget']:g}).", ""]
     return "\n".join(lines + verdict_lines(result))
 
 
-def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progress()):
+def _recipe(recipe: str) -> str:
+    """The tree term a recipe choice names; ``ValueError`` naming the choices."""
+    if recipe not in RECIPES:
+        raise ValueError(f"fine-tune on: choose one of {', '.join(repr(r) for r in RECIPES)}")
+    return RECIPES[recipe]
+
+
+def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=gr.Progress()):
     """Adapt the base drafter to a workload, streaming its phases; each piece of work runs under
-    the server's compute thread, and Cancel stops between pieces."""
+    the server's compute thread, and Cancel stops between pieces. ``recipe`` (a key of
+    :data:`RECIPES`) is what the kept drafter learns from; the other recipe trains beside it as the control."""
     owner = shared.session_of(request)
     try:
         minutes = float(minutes)
         if not MIN_MINUTES <= minutes <= MAX_MINUTES:
             raise ValueError(f"minutes must be from {MIN_MINUTES:g} to {MAX_MINUTES:g}, got {minutes:g}")
+        term = _recipe(recipe)
         prompts = _prompts(pack, own_text, owner)
         bundle = shared.EXITTRAIN_SERVICE.bundle()
         if "block" not in bundle.drafters or not bundle.is_chat:
@@ -97,7 +111,8 @@ def run_workload(pack, own_text, minutes, request: gr.Request, progress=gr.Progr
     try:
         start = time.monotonic()
         budget = minutes * 60
-        run = adaptation(bundle, prompts, shipped_drafter(bundle.pair, "block"), minutes, workload_settings(*DEFAULT_TREE_TERM), controls=("none",), progress=False)
+        run = adaptation(bundle, prompts, shipped_drafter(bundle.pair, "block"), minutes, workload_settings(term, DEFAULT_TREE_TERM[1]),
+                         controls=(other_recipe(term),), progress=False)
         outcome = None
         pieces = shared.SERVICE.compute.steps(run)  # a piece of work at a time: other users take turns
         try:
@@ -149,7 +164,7 @@ PHASES = {  # what each phase of the run says while it runs
     "evaluate": lambda i: f"decoding up to {i['prompts']} held-out prompts with {', '.join(i['drafters'])} (T = 0, T = 0.7 top-p 0.9, T = 1)…",
     "evaluated": lambda i: f"held-out tau at T = 0.7, top-p 0.9: base {i['base']['T0.7']['tau']:.3f}, adapted {i['exittrain']['T0.7']['tau']:.3f}",
     "mass": lambda i: "where the target's mass leaves each drafter's trees on the held-out answers…",
-    "control": lambda i: f"control: tree term {i['tree_term']} (same data, steps and seed)…",
+    "control": lambda i: f"control: {'token loss only' if i['tree_term'] == 'none' else 'token loss + ' + i['tree_term'] + ' term'} (same data, steps and seed)…",
 }
 
 
@@ -161,9 +176,10 @@ def _status(name: str, info: dict, elapsed: float) -> str:
 RUN_OUTPUTS = ("status", "table", "mass", "tree_base", "tree_adapted")  # run_workload yields its outputs in this order
 
 
-def check_prompts(pack, prompts, minutes):
-    """Refuses a workload without enough prompts (naming the prompts), or while another ExitTrain run holds the slot
-    (the session's Live prompts are counted by the run itself: a validator does not know the session)."""
+def check_prompts(pack, prompts, minutes, recipe):
+    """Refuses a workload without enough prompts (naming the prompts), an unknown recipe, or while another ExitTrain
+    run holds the slot (the session's Live prompts are counted by the run itself: a validator does not know the session)."""
+    _recipe(recipe)
     if pack != ASKED:
         _prompts(pack, prompts)
     check_free()
@@ -218,8 +234,9 @@ def tab(drafters: list = ()) -> None:
         "A drafter gains most where it meets text it has not learned: pick a workload pack, paste your own prompts (one per "
         f"line, at least 16), or take the chat prompts you sent in the Live tab (at least {MIN_ASKED}). The run first times this machine, "
         "then plans within the minutes: the target answers three quarters of the prompts, the drafter is fine-tuned on those answers "
-        "(the token loss plus ExitTrain's tree term on the trees it builds there), and the last quarter, never trained on, measures "
-        "`tau` before and after at T = 0, at the page's T = 0.7 top-p 0.9 and at T = 1, with the token-only control beside it. "
+        "(the token loss alone, or with ExitTrain's exit term on the trees it builds there: the other is trained beside it as the "
+        "control), and the last quarter, never trained on, measures `tau` before and after at T = 0, at the page's T = 0.7 top-p 0.9 "
+        "and at T = 1. The token loss alone is the default: the exit term did not beat it on the measured workloads. "
         f"Below {MIN_STEPS} steps it says so and compares nothing. Cancel stops it at once. The adapted drafter is kept in the "
         "server's memory for this browser session only (Live and walkthrough: \"adapted: …\"), with its weights to download.",
         visible=shown,
@@ -227,6 +244,7 @@ def tab(drafters: list = ()) -> None:
     with gr.Row(visible=shown):
         pack = Radio(pack_names() + [OWN, ASKED], value=(pack_names() or [OWN])[0], label="workload")
         minutes = Slider(MIN_MINUTES, MAX_MINUTES, value=5, step=0.5, label="minutes (the whole run: answers, fine-tunes, held-out measurement)")
+    recipe = Radio(list(RECIPES), value=DEFAULT_RECIPE, label="fine-tune the kept drafter on (the other is the control)", visible=shown)
     text = gr.Textbox(label=f"your prompts, one per line (at least 16; each at most {LIMITS.max_prompt_chars} characters)", lines=6,
                       max_lines=30, max_length=200_000, visible=shown)
     with gr.Row(visible=shown):
@@ -244,7 +262,7 @@ def tab(drafters: list = ()) -> None:
         choices, weights = offer_adapted(pack, request)
         return [choices] * len(drafters) + [weights]
 
-    inputs = [pack, text, minutes]
+    inputs = [pack, text, minutes, recipe]
     start.click(gpu.gpu_task("exittrain")(run_workload), inputs, [ui[name] for name in RUN_OUTPUTS], validator=validator(inputs, check_prompts),
                 api_name="exittrain_workload", **COMPUTE).then(offered, pack, [*drafters, download], api_name="exittrain_workload_offer")
     asked.click(use_asked, None, [pack, ui["status"]], api_name="exittrain_workload_asked")

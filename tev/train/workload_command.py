@@ -43,9 +43,15 @@ from tev.util.paths import REPO_ROOT
 from tev.util.stats import change_in_words, standard_error
 
 __all__ = ["DEFAULT_ANSWER_LAW", "DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "LAWS", "MIN_STEPS", "SOFT_TOP", "Pace", "Plan", "plan_phases",
-           "workload_settings", "workload_train_set", "adaptation", "heldout_mass", "relative_gain", "verdict_lines", "workload_command"]
+           "workload_settings", "workload_train_set", "adaptation", "heldout_mass", "relative_gain", "model_label", "other_recipe", "verdict_lines", "workload_command"]
 
-DEFAULT_TREE_TERM = ("exit", 0.1)  # (tree term, lambda_tree) of the shipped recipe; see docs/exittrain.md
+DEFAULT_TREE_TERM = ("exit", 0.1)  # (tree term, lambda_tree) of the command's recipe; see docs/exittrain.md
+
+
+def other_recipe(tree_term: str) -> str:
+    """The control a run trains beside its recipe: the token loss alone beside a tree term, the
+    default tree term beside the token loss alone."""
+    return DEFAULT_TREE_TERM[0] if tree_term == "none" else "none"
 EVAL_BUDGET = 16
 EVAL_NEW_TOKENS = 64
 EVAL_PROMPTS = 10  # held-out prompts decoded at most (the first of the held-out split)
@@ -412,25 +418,47 @@ def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], 
     yield summaries
 
 
+def model_label(name: str, settings: dict) -> str:
+    """What a drafter of a workload result is, in words: ``exittrain`` is the run's recipe (its
+    tree term in ``settings``, possibly none), the others are controls named by their tree term."""
+    lam = f"lambda {settings['lambda_tree']:g}"
+    if name == "exittrain":
+        return "adapted (token loss only)" if settings["tree_term"] == "none" else f"adapted (token loss + {settings['tree_term']} term, {lam})"
+    return "token-only control" if name == "token_only" else f"control: token loss + {name} term ({lam})"
+
+
+def _tree_against_token(result: dict, key: str):
+    """(the tree-term drafter's name, its gain, the token-only drafter's gain) at law ``key``, or
+    None when the run did not train both (the recipe may be either of the two)."""
+    gains = result["gain"][key]
+    if result["settings"]["tree_term"] == "none":
+        tree = next((name for name in gains if name not in ("exittrain", "token_only")), None)
+        return (tree, gains[tree], gains["exittrain"]) if tree else None
+    return ("exittrain", gains["exittrain"], gains["token_only"]) if "token_only" in gains else None
+
+
 def verdict_lines(result: dict) -> list[str]:
     """The run's verdict in sentences that follow its numbers: the sentence saying why when it
     compared nothing; else the adapted drafter's change at each law and, only where that is a gain
-    outside two standard errors, whether the tree term adds to the token-only control there."""
+    outside two standard errors, whether the tree term adds to the token loss there (the recipe and
+    its control are the two: token loss only, and token loss + a tree term)."""
     if not result["compared"]:
         return [result["note"]]
     lines = []
     for key in LAWS:
         ours = result["gain"][key]["exittrain"]
         line = f"At {result['laws'][key]} the adapted drafter's held-out tau: {change_in_words(ours['gain'], ours['se'])}"
-        if ours["gain"] > 2 * ours["se"] and "token_only" in result["gain"][key]:
-            control = result["gain"][key]["token_only"]
-            difference, se = ours["gain"] - control["gain"], math.hypot(ours["se"], control["se"])
+        pair = _tree_against_token(result, key)
+        if ours["gain"] > 2 * ours["se"] and pair is not None:
+            tree_name, tree, token = pair
+            difference, se = tree["gain"] - token["gain"], math.hypot(tree["se"], token["se"])
+            other = "the token-only control" if tree_name == "exittrain" else f"the {tree_name}-term control"
             if abs(difference) <= 2 * se:
-                line += ("; the token-only control gained as much (within two standard errors): the gain comes from the target's own answers "
+                line += (f"; {other} gained as much (within two standard errors): the gain comes from the target's own answers "
                          "(the token loss), and the tree term adds no measurable gain here")
             else:
-                line += (f"; the tree term {'adds' if difference > 0 else 'costs'} {100 * abs(difference):.1f}% +- {100 * se:.1f}% against the "
-                         "token-only control (outside two standard errors)")
+                line += (f"; the tree term {'adds' if difference > 0 else 'costs'} {100 * abs(difference):.1f}% +- {100 * se:.1f}% against "
+                         "the token loss alone (outside two standard errors)")
         lines.append(line + ".")
     if not any(result["gain"][key]["exittrain"]["gain"] > 2 * result["gain"][key]["exittrain"]["se"] for key in LAWS):
         lines.append("No gain outside two standard errors at any law, so nothing here says where one would come from.")
