@@ -32,8 +32,9 @@ class FakeClock:
         return self.now
 
 
-def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False) -> dict:
-    """A whole adaptation in fake time: each piece of work moves the clock by its stubbed pace."""
+def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: float | None = None) -> dict:
+    """A whole adaptation in fake time: each piece of work moves the clock by its stubbed pace
+    (the probe's held-out prompt by ``probe_heldout`` when given: a busy minute while it ran)."""
     bundle, base, prompts = tiny
     clock = FakeClock()
     answer, score, train, decode = (workload_command.answer_prompts, workload_command.workload_train_set, workload_command.train,
@@ -53,9 +54,13 @@ def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False) -> dict:
             clock.now += pace.step
             yield record
 
+    decoded = []
+
     def decoding(*args, **kwargs):  # a held-out prompt's rounds take about pace.heldout (the run can stop between them)
+        seconds = probe_heldout if probe_heldout is not None and not decoded else pace.heldout
+        decoded.append(seconds)
         for event in decode(*args, **kwargs):
-            clock.now += pace.heldout / ROUNDS
+            clock.now += seconds / ROUNDS
             yield event
 
     monkeypatch.setattr(workload_command, "answer_prompts", answering)
@@ -94,6 +99,13 @@ def test_slow_answers_cut_the_answers_not_the_training(tiny, monkeypatch):
 def test_slow_held_out_decoding_cuts_the_held_out_prompts_not_the_training(tiny, monkeypatch):
     result = _run(tiny, monkeypatch, dataclasses.replace(QUIET, heldout=20.0))
     assert result["compared"] and result["steps"] >= MIN_STEPS and 1 <= result["eval_prompts"] < 5
+
+
+def test_held_out_prompts_past_the_plan_fill_the_minutes_a_slow_probe_left(tiny, monkeypatch):
+    # the probe's held-out prompt took 40 s (a busy minute), so the plan holds few; the rest decode at 4 s a prompt
+    result = _run(tiny, monkeypatch, dataclasses.replace(QUIET, step=0.8), with_mass=True, probe_heldout=40.0)
+    assert result["compared"] and result["eval_prompts"] > result["plan"]["heldout"]
+    assert result["eval_prompts"] == 5 and result["heldout_mass"] is not None  # every held-out prompt, and the mass figure still fits
 
 
 def test_a_run_that_cannot_reach_the_minimum_steps_says_so_and_compares_nothing(tiny, monkeypatch):

@@ -7,7 +7,7 @@ tokens the draft vocabulary lacks, fine-tune a copy of the base drafter (the tok
 answers plus the tree term of :data:`DEFAULT_TREE_TERM`), train the token-only control (same data,
 steps and seed) and any extra tree terms asked for, then decode held-out prompts with every
 drafter at each law of :data:`LAWS` (T = 0, the page's T = 0.7 top-p 0.9, T = 1), budget 16, 64 new
-tokens.
+tokens: the planned number of prompts, then more while the minutes allow.
 
 The run measures its own pace first (:class:`Pace`: a first few answers, a held-out prompt, two
 answers scored, two steps) and plans the rest against the time left (:func:`plan_phases`): on a
@@ -331,9 +331,12 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
         yield "evaluate", {"prompts": plan.heldout, "drafters": list(served)}
         decoded.update({name: [] for name in models})
         measured_seconds, prompts_measured = 0.0, 0
-        for i, ids in enumerate(held[: plan.heldout]):
+        # the planned prompts, then more while the minutes allow (the plan used the probe's pace, often slower
+        # than the run's): past the plan a prompt starts only when it and the mass figure's work still fit
+        mass_cost = lambda prompts: prompts * (pace.answer + 2 * pace.score) if with_mass else 0.0  # noqa: E731
+        for i, ids in enumerate(held):
             names = [name for name in served if len(decoded[name]) <= i]
-            if i and clock() + pace.heldout * len(names) > deadline:
+            if i and clock() + pace.heldout * len(names) + (mass_cost(i + 1) if i >= plan.heldout else 0.0) > deadline:
                 break
             now = clock()
             for name in names:
