@@ -58,7 +58,8 @@ def main() -> None:
         entries = {}
         for path in paths:
             result = json.loads(path.read_text())
-            keep = {k: result[k] for k in ("T0", "T1", "gain", "minutes", "train_prompts", "heldout_prompts", "answer_tokens", "vocab_added", "steps", "settings")}
+            keep = {k: result[k] for k in ("T0", "T0.7", "T1", "gain", "minutes", "train_prompts", "heldout_prompts", "answer_tokens", "vocab_added", "steps", "settings")
+                    if k in result}
             entries[Path(result["workload"]).stem] = {"task": task_of(result["workload"]), "command": command_of(path, result), "result": keep}
         write_text_atomic(assets_dir() / "models" / DEFAULT_PAIR.home / "workload-results.json", json.dumps(entries, indent=1) + "\n")
         refresh_card(assets_dir())

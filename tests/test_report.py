@@ -68,7 +68,7 @@ def _workload_result(base: float, adapted: float, control: float) -> dict:
     cell = lambda tau: {"tau": tau, "se": 0.02}  # noqa: E731
     gain = lambda tau: {"gain": tau / base - 1, "se": 0.02}  # noqa: E731
     by_t = {"base": cell(base), "exittrain": cell(adapted), "token_only": cell(control)}
-    return {"T0": by_t, "T1": by_t, "gain": {t: {"exittrain": gain(adapted), "token_only": gain(control)} for t in ("T0", "T1")},
+    return {"T0": by_t, "T0.7": by_t, "T1": by_t, "gain": {t: {"exittrain": gain(adapted), "token_only": gain(control)} for t in ("T0", "T0.7", "T1")},
             "minutes": 4.5, "settings": {"tree_term": "exit"}}
 
 
@@ -104,6 +104,8 @@ def check_report(out, expect_exittrain: bool, expect_workload: bool = False) -> 
     if expect_workload:  # claim 5b: +66.7% and +87.5% at T = 0, both beyond one standard error
         assert claims[5]["holds"] == "yes" and claims[5]["value"] == pytest.approx((2.5 / 1.5 + 3.0 / 1.6) / 2 - 1)
         assert "| sql | 1.500 +- 0.020 |" in markdown
+        assert "T = 0.7 top-p 0.9 (the page's law): +77.1% (control +75.4%), at least +15% on 2 of 2 packs" in claims[5]["this_run"]
+        assert "**T = 0.7, top-p 0.9 (TEV; the page's law)**" in markdown
     else:
         assert claims[5]["holds"] == "n/a" and "not run (pass --workload-results)" in claims[5]["this_run"]
     assert set(report["measurements"]) >= {"exit_law", "coverage", "latency", "sweep", "e2e"}

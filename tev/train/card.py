@@ -76,13 +76,15 @@ def workload_rows(workloads: dict) -> list[list[str]]:
     rows = []
     for pack, entry in sorted(workloads.items()):
         result = entry["result"]
-        for key, temperature in (("T0", 0), ("T1", 1)):
+        for key, temperature in (("T0", "0"), ("T0.7", "0.7, top-p 0.9"), ("T1", "1")):
+            if key not in result:  # runs before 2026-12-05 measured T = 0 and T = 1 only
+                continue
             base, gain = result[key]["base"], result["gain"][key]
             cells = [f"{result[key][name]['tau']:.3f} ({100 * gain[name]['gain']:+.1f}% +- {100 * gain[name]['se']:.1f}%)" if name in gain else "-"
                      for name in WORKLOAD_NAMES]
             others = ", ".join(f"{name} {100 * g['gain']:+.1f}%" for name, g in gain.items() if name not in WORKLOAD_NAMES) or "-"
             first = key == "T0"
-            rows.append([pack if first else "", entry["task"] if first else "", str(temperature), f"{base['tau']:.3f} +- {base['se']:.3f}", *cells,
+            rows.append([pack if first else "", entry["task"] if first else "", temperature, f"{base['tau']:.3f} +- {base['se']:.3f}", *cells,
                          others, f"{result['minutes']:.1f}" if first else ""])
     return rows
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from tev.bench.report.common import claim, finite, pct
 
-__all__ = ["PAPER_WORKLOAD_GAIN", "workload_data", "check_workload", "workload_section"]
+__all__ = ["PAPER_WORKLOAD_GAIN", "LAW_TITLES", "workload_data", "check_workload", "workload_section"]
 
 PAPER_WORKLOAD_GAIN = 0.13  # the same average tau gain (Table 1): the official runs fine-tune on newly regenerated data
+LAW_TITLES = {"T0": "T = 0 (greedy)", "T0.7": "T = 0.7, top-p 0.9 (TEV; the page's law)", "T1": "T = 1 (TEV)"}
 
 
 def workload_data(results: dict[str, dict] | None) -> dict | None:
@@ -24,11 +25,12 @@ def workload_data(results: dict[str, dict] | None) -> dict | None:
         return None
     packs = {}
     means: dict[str, dict[str, float]] = {}
+    laws = [key for key in LAW_TITLES if all(key in result for result in results.values())]  # the page's law: runs since 2026-12-05
     for pack, result in sorted(results.items()):
-        packs[pack] = {key: {"cells": result[key], "gain": result["gain"][key]} for key in ("T0", "T1")}
+        packs[pack] = {key: {"cells": result[key], "gain": result["gain"][key]} for key in laws}
         packs[pack]["minutes"] = result.get("minutes")
         packs[pack]["tree_term"] = result.get("settings", {}).get("tree_term")
-    for key in ("T0", "T1"):
+    for key in laws:
         names = set.intersection(*(set(p[key]["gain"]) for p in packs.values()))
         means[key] = {name: sum(p[key]["gain"][name]["gain"] for p in packs.values()) / len(packs) for name in sorted(names)}
     return {"packs": packs, "mean_gain": means}
@@ -47,7 +49,13 @@ def check_workload(data: dict | None) -> dict:
     control_t0 = data["mean_gain"]["T0"].get("token_only", float("nan"))
     mean_t1 = data["mean_gain"]["T1"].get("exittrain", float("nan"))
     control_t1 = data["mean_gain"]["T1"].get("token_only", float("nan"))
-    this_run = (f"T = 0: {pct(mean_t0)} mean held-out tau over {len(packs)} packs (token-only control {pct(control_t0)}); "
+    page = ""
+    if "T0.7" in data["mean_gain"]:
+        at_page = {pack: p["T0.7"]["gain"]["exittrain"] for pack, p in packs.items()}
+        page = (f"T = 0.7 top-p 0.9 (the page's law): {pct(data['mean_gain']['T0.7'].get('exittrain', float('nan')))} "
+                f"(control {pct(data['mean_gain']['T0.7'].get('token_only', float('nan')))}), at least +15% on "
+                f"{sum(g['gain'] >= 0.15 for g in at_page.values())} of {len(packs)} packs; ")
+    this_run = (f"T = 0: {pct(mean_t0)} mean held-out tau over {len(packs)} packs (token-only control {pct(control_t0)}); {page}"
                 f"T = 1: {pct(mean_t1)} (control {pct(control_t1)}); per pack at T = 0: "
                 + ", ".join(f"{pack} {pct(g['gain'])} +- {100 * g['se']:.1f}%" for pack, g in gains.items()))
     rule = ("yes if the adapted drafter's held-out tau gain at T = 0 exceeds one standard error on every pack and its mean is at least "
@@ -64,7 +72,7 @@ def workload_section(report: dict) -> list[str]:
     lines = ["Held-out prompts (a quarter of each pack, never trained on), B = 16, 64 new tokens; +- is one standard error over rounds; "
              "the change is against the base. `exittrain` is the run's recipe (token loss + its tree term); the others train on "
              "the same answers and steps with another tree term (`token_only`: none).", ""]
-    for key, title in (("T0", "T = 0 (greedy)"), ("T1", "T = 1 (TEV)")):
+    for key, title in ((key, title) for key, title in LAW_TITLES.items() if key in data["mean_gain"]):
         present = set.union(*(set(p[key]["cells"]) for p in data["packs"].values())) - {"base"}
         names = [n for n in ("exittrain", "token_only") if n in present] + sorted(present - {"exittrain", "token_only"})
         lines += [f"**{title}**", "", "| pack | base | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
