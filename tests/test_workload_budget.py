@@ -32,17 +32,22 @@ class FakeClock:
         return self.now
 
 
-def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: float | None = None) -> dict:
+def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: float | None = None, later_answer: float | None = None) -> dict:
     """A whole adaptation in fake time: each piece of work moves the clock by its stubbed pace
-    (the probe's held-out prompt by ``probe_heldout`` when given: a busy minute while it ran)."""
+    (the probe's held-out prompt by ``probe_heldout`` when given: a busy minute while it ran; the
+    answers after the probe's first ones by ``later_answer``: longer answers in bigger batches)."""
     bundle, base, prompts = tiny
     clock = FakeClock()
     answer, score, train, decode = (workload_command.answer_prompts, workload_command.workload_train_set, workload_command.train,
                                     workload_command._decode_prompt)
 
+    calls = []
+
     def answering(target, tokenizer, asked, *args, batch=8, **kwargs):
+        seconds = later_answer if later_answer is not None and calls else pace.answer
+        calls.append(len(asked))
         for i, so_far in enumerate(answer(target, tokenizer, asked, *args, batch=batch, **kwargs)):
-            clock.now += pace.answer * len(asked[i * batch : (i + 1) * batch])
+            clock.now += seconds * len(asked[i * batch : (i + 1) * batch])
             yield so_far
 
     def scoring(target, drafter, answers, *args, **kwargs):
@@ -99,6 +104,12 @@ def test_slow_answers_cut_the_answers_not_the_training(tiny, monkeypatch):
 def test_slow_held_out_decoding_cuts_the_held_out_prompts_not_the_training(tiny, monkeypatch):
     result = _run(tiny, monkeypatch, dataclasses.replace(QUIET, heldout=20.0))
     assert result["compared"] and result["steps"] >= MIN_STEPS and 1 <= result["eval_prompts"] < 5
+
+
+def test_answers_slower_than_the_probe_are_still_written_while_the_plan_has_room(tiny, monkeypatch):
+    # the probe's 4 answers took 2 s each, the next batch of 8 takes 5 s an answer: 40 s of a 300 s run, still every answer
+    result = _run(tiny, monkeypatch, QUIET, later_answer=5.0)
+    assert result["compared"] and result["train_prompts_answered"] == 15 and result["steps"] >= MIN_STEPS
 
 
 def test_held_out_prompts_past_the_plan_fill_the_minutes_a_slow_probe_left(tiny, monkeypatch):

@@ -285,9 +285,11 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
 
     # the rest of the answers, then the training data
     if plan.answers > offered:
+        # answers in batches of 8 can run slower per answer than the probe's 4: they may take the plan's share of the
+        # time for answers (ANSWER_SHARE) before the run gives up on the rest (the answers are what the drafter learns)
         now = clock()
-        offered += yield from _answer(bundle, train_prompts[offered:plan.answers], answers, now + (plan.answers - offered) * pace.answer / PLAN_SHARE,
-                                      clock, progress, law, seed + offered)
+        stop_by = now + max((plan.answers - offered) * pace.answer / PLAN_SHARE, ANSWER_SHARE * (deadline - now))
+        offered += yield from _answer(bundle, train_prompts[offered:plan.answers], answers, stop_by, clock, progress, law, seed + offered)
     yield "answers done", {"answers": len(answers), "tokens": answers.answer_tokens, "seconds": answers.seconds}
     work = copy.deepcopy(base_model)
     added = extend_draft_vocab(work, answers)
