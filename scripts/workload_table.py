@@ -11,13 +11,16 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 from pathlib import Path
 
-from tev.bench.report.workload_gain import workload_data, workload_section
-from tev.engine.models import DEFAULT_PAIR
-from tev.train.card import refresh_card
-from tev.util.files import write_text_atomic
-from tev.util.paths import assets_dir
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tev.bench.report.workload_gain import workload_data, workload_section  # noqa: E402
+from tev.engine.models import DEFAULT_PAIR  # noqa: E402
+from tev.train.card import refresh_card  # noqa: E402
+from tev.util.files import write_text_atomic  # noqa: E402
+from tev.util.paths import assets_dir  # noqa: E402
 
 def print_tables(results: dict[str, dict]) -> None:
     """Claim 5b's tables of the report (tau per drafter and its change, per pack and temperature), then each run's size and time."""
