@@ -68,7 +68,8 @@ def _exittrain(entry: dict, data: str) -> dict:
     depths = 1 + max((d for t in trees.values() for d in range(len(t["internal"])) if t["internal"][d] + t["leaf"][d] >= 5e-4), default=-1)
     return {"command": entry["command"], "s": _settings_of(entry), "data": data, "steps_done": entry["steps_done"], "seconds": entry["seconds"],
             "before": entry["heldout_tau_bound_before"], "after": entry["heldout_tau_bound_after"], "ablation": entry.get("ablation"),
-            "tau": entry.get("tau", {}), "domain_gains": domain_gains, "trees": trees, "depths": depths}
+            "tau": entry.get("tau", {}), "domain_gains": domain_gains, "trees": trees, "depths": depths,
+            "base_note": entry.get("base_note")}  # which base it was fine-tuned from, when not the shipped one
 
 
 def workload_rows(workloads: dict) -> list[list[str]]:
