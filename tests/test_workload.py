@@ -304,6 +304,7 @@ def test_the_tab_states_a_verdict_in_words():
     swapped["gain"]["T0.7"] = {"exittrain": gain(0.27), "exit": gain(0.05)}
     table = result_table(swapped)
     assert "| adapted (token loss only) |" in table and "| control: token loss + exit term (lambda 0.1) |" in table
+    assert "| T = 0 (greedy) | base (the shipped drafter) | 1.600 +- 0.050 |  |" in table and "base term" not in table
     assert "the exit-term control gained as much (within two standard errors)" in table  # T = 0
     assert "the tree term costs 22.0% +- 4.2% against the token loss alone" in table  # T = 0.7
 

@@ -427,6 +427,8 @@ def model_label(name: str, settings: dict) -> str:
     """What a drafter of a workload result is, in words: ``exittrain`` is the run's recipe (its
     tree term in ``settings``, possibly none), the others are controls named by their tree term."""
     lam = f"lambda {settings['lambda_tree']:g}"
+    if name == "base":
+        return "base (the shipped drafter)"
     if name == "exittrain":
         return "adapted (token loss only)" if settings["tree_term"] == "none" else f"adapted (token loss + {settings['tree_term']} term, {lam})"
     return "token-only control" if name == "token_only" else f"control: token loss + {name} term ({lam})"
