@@ -39,10 +39,15 @@ def live_tau(page, drafter: str, prompt: str) -> float:
     page.get_by_label("your message to the model", exact=False).fill(prompt)
     before = page.inner_text("#live-stats")
     page.click("#generate-button")
-    page.wait_for_function("""before => {
+    # this run's own text view shows its prompt (a run of another prompt, or stale stats, never counts)
+    page.wait_for_function("""([before, start]) => {
         const text = document.querySelector('#live-stats').innerText;
-        return text !== before && text.includes('stopped') && (text.includes('timed again with the page idle') || text.includes('No speed comparison'));
-    }""", arg=before, timeout=600_000)
+        return text !== before && document.querySelector('#text-view').innerText.includes(start) && text.includes('stopped')
+            && (text.includes('timed again with the page idle') || text.includes('No speed comparison'));
+    }""", arg=[before, prompt[:40]], timeout=600_000)
+    title = page.inner_text("#tree-plot")
+    if "drafter " in title and f"drafter {drafter}" not in title:
+        raise RuntimeError(f"the page ran another drafter than {drafter!r}: {title[:120]!r}")
     return float(re.search(r"tau \(mean block length\) (\d+\.\d+)", page.inner_text("#live-stats")).group(1))
 
 
