@@ -295,6 +295,9 @@ def test_pasted_prompts_become_a_drafter_the_live_tab_runs(chat_server, browser,
         page.click("#generate-button")
         page.wait_for_function("document.querySelector('#live-stats').innerText.includes('stopped')", timeout=120_000)
         page.wait_for_function("document.querySelector('#tree-plot').innerText.includes('drafter adapted: my prompts')", timeout=30_000)
+        page.locator("#live-drafter").get_by_label("block", exact=True).check()  # and back to the shipped drafter
+        page.click("#generate-button")
+        page.wait_for_function("document.querySelector('#tree-plot').innerText.includes('drafter block')", timeout=60_000)
         assert _error_badges(page) == 0
         assert time.monotonic() - start < 360  # from the pasted prompts to Live with the adapted drafter
         page.close()
