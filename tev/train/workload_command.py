@@ -46,12 +46,6 @@ __all__ = ["DEFAULT_ANSWER_LAW", "DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_T
            "workload_settings", "workload_train_set", "adaptation", "heldout_mass", "relative_gain", "model_label", "other_recipe", "verdict_lines", "workload_command"]
 
 DEFAULT_TREE_TERM = ("exit", 0.1)  # (tree term, lambda_tree) of the command's recipe; see docs/exittrain.md
-
-
-def other_recipe(tree_term: str) -> str:
-    """The control a run trains beside its recipe: the token loss alone beside a tree term, the
-    default tree term beside the token loss alone."""
-    return DEFAULT_TREE_TERM[0] if tree_term == "none" else "none"
 EVAL_BUDGET = 16
 EVAL_NEW_TOKENS = 64
 EVAL_PROMPTS = 10  # held-out prompts decoded at most (the first of the held-out split)
@@ -138,6 +132,12 @@ def workload_settings(tree_term: str = "exit", lambda_tree: float = 0.1, steps: 
     warm-up steps, cosine to a tenth), no weight decay or short histories (a few minutes from a trained base)."""
     return TrainSettings(steps=steps, batch=64, lr=5e-4, warmup=10, seed=seed, weight_decay=0.0, short_history_share=0.0, soft_top=SOFT_TOP,
                          tree_term=tree_term, lambda_tree=lambda_tree, trees="fixed", tree_batch=16, budget=EVAL_BUDGET)
+
+
+def other_recipe(tree_term: str) -> str:
+    """The control a run trains beside its recipe: the token loss alone beside a tree term, the
+    default tree term beside the token loss alone."""
+    return DEFAULT_TREE_TERM[0] if tree_term == "none" else "none"
 
 
 def workload_train_set(target, drafter: BlockDrafter, answers, seed: int = 0, progress: bool = True):
@@ -257,7 +257,7 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     # the pace: the first answers, the base on a held-out prompt, two answers scored and two steps on a copy
     yield "answers", {"prompts": len(train_prompts)}
     answers, now = WorkloadAnswers(), clock()
-    law = LAWS[answer_law] if answer_law != "T0" else 0.0
+    law = LAWS[answer_law]  # T0 is greedy: the batched writer takes the argmax
     offered = yield from _answer(bundle, train_prompts[:FIRST_ANSWERS], answers, deadline, clock, progress, law, seed)
     pace = Pace(answer=(clock() - now) / max(1, offered))
     if not len(answers):
