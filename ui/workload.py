@@ -28,11 +28,11 @@ __all__ = ["OWN", "ASKED", "MIN_MINUTES", "MAX_MINUTES", "RECIPES", "DEFAULT_REC
 OWN = "my own prompts (below)"
 ASKED = "what I have asked in Live"
 MIN_MINUTES, MAX_MINUTES = 2.0, 10.0
-# What the kept drafter is fine-tuned on (its tree term); the other is trained beside it as the control.
-RECIPES = {"the target's answers (token loss only)": "none", f"the answers + ExitTrain's exit term (lambda {DEFAULT_TREE_TERM[1]:g})": DEFAULT_TREE_TERM[0]}
 # The tab's default: the token loss alone. Over the four packs and an unseen workload the exit term did
 # not beat it outside two standard errors at any law (docs/exittrain.md, "The tree term, settled").
 DEFAULT_RECIPE = "the target's answers (token loss only)"
+# What the kept drafter is fine-tuned on (its tree term); the other is trained beside it as the control.
+RECIPES = {DEFAULT_RECIPE: "none", f"the answers + ExitTrain's exit term (lambda {DEFAULT_TREE_TERM[1]:g})": DEFAULT_TREE_TERM[0]}
 
 
 def pack_names() -> list[str]:
