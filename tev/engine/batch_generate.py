@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from tev.core.sampling import SamplingLaw, as_law, probs_from_logits, sample_rows
+from tev.core.sampling import SamplingLaw, as_law, sample_rows
 
 __all__ = ["generate_batch"]
 
@@ -63,10 +63,8 @@ def generate_batch(
     head = target.get_output_embeddings()
     for step in range(max_new_tokens):
         logits = head(hidden).float().cpu()  # [rows writing, vocab]
-        if law.truncates:
+        if not law.greedy:
             chosen = sample_rows(law.probs(logits), generator)
-        elif not law.greedy:
-            chosen = sample_rows(probs_from_logits(logits, law.temperature), generator)
         else:
             chosen = logits.argmax(-1)
         keep = []
