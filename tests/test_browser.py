@@ -63,7 +63,13 @@ def _open(app_server, browser, auto: bool = False):
     page = browser.new_page(viewport={"width": 1400, "height": 2200})
     page.goto(app_server.url, wait_until="domcontentloaded")
     page.wait_for_selector("#generate-button", timeout=60_000)
-    page.get_by_label(AUTO_LABEL).set_checked(auto)
+    # on a loaded machine the page may still be hydrating: a click before that can be lost; the header's
+    # model line, filled by the page's load event, says the page is live
+    page.wait_for_function("!document.querySelector('#device-info').innerText.includes('loading models')", timeout=120_000)
+    box = page.get_by_label(AUTO_LABEL)
+    box.set_checked(auto)
+    page.wait_for_timeout(300)
+    assert box.is_checked() == auto
     return page
 
 
