@@ -12,6 +12,7 @@ import tev.core.head_screen as head_screen
 from tev.core.sampling import SamplingLaw
 from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate
 from tev.engine.drafters import BlockTreeDrafter, DraftState
+from tev.engine.path_drafter import PathTreeDrafter
 from tev.engine.models import ModelLoadError, load_bundle, load_drafter, load_tokenizer
 from tev.engine.prompt_text import encode_prompt
 from tev.engine.round import STAGES, prefill, speculation_round
@@ -60,7 +61,7 @@ def greedy_reference(target, prompt, max_new_tokens, eos=True):
     return autoregressive_generate(target, prompt, config)
 
 
-@pytest.mark.parametrize("kind", ["block", "chain", "ar"])
+@pytest.mark.parametrize("kind", ["block", "chain", "ar", "path", "path-chain"])
 @pytest.mark.parametrize("budget", [1, 4, 16, 64])
 def test_greedy_speculation_equals_greedy_decoding(kind, budget):
     target = tiny_target(VOCAB, scale=3.0)
@@ -68,6 +69,8 @@ def test_greedy_speculation_equals_greedy_decoding(kind, budget):
         "block": lambda: tiny_block_drafter(target),
         "chain": lambda: BlockTreeDrafter(tiny_block_drafter(target).model, shape="chain"),
         "ar": lambda: tiny_ar_drafter(VOCAB),
+        "path": lambda: tiny_block_drafter(target, conditioning="path"),
+        "path-chain": lambda: PathTreeDrafter(tiny_block_drafter(target, conditioning="path").model, shape="chain"),
     }
     drafter = drafters[kind]()
     for seed in range(3):
@@ -150,15 +153,16 @@ def small_target():
     return tiny_target(SMALL_VOCAB, scale=0.5, eos_token_id=SMALL_VOCAB + 7)  # eos outside the vocab: never stops early
 
 
-@pytest.mark.parametrize("method", ["tev", "predraw", "sequential", "ar-baseline", "tev-block"])
+@pytest.mark.parametrize("method", ["tev", "predraw", "sequential", "ar-baseline", "tev-block", "tev-path"])
 def test_sampling_is_lossless(small_target, method):
     prompt = [1, 2, 0]
     law = exact_first_tokens_law(small_target, prompt)
     draws, samples, lengths, bounds = 2500, [], [], []
-    drafter = tiny_block_drafter(small_target) if method == "tev-block" else FullTreeDrafter()
-    verifier = "tev" if method in ("ar-baseline", "tev-block") else method
+    drafters = {"tev-block": lambda: tiny_block_drafter(small_target), "tev-path": lambda: tiny_block_drafter(small_target, conditioning="path")}
+    drafter = drafters.get(method, FullTreeDrafter)()
+    verifier = "tev" if method in ("ar-baseline", "tev-block", "tev-path") else method
     for seed in range(draws):
-        budget = 6 if method == "tev-block" else 20  # a partial tree for the block drafter
+        budget = 6 if method in drafters else 20  # a partial tree for the trained-shape drafters
         config = DecodeConfig(budget=budget, temperature=1.0, verifier=verifier, max_new_tokens=3, seed=seed, stop_at_eos=False)
         if method == "ar-baseline":
             summary = autoregressive_generate(small_target, prompt, config)

@@ -11,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
 from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig
 
 from tev.engine.drafters import ARTreeDrafter, BlockTreeDrafter, DraftContext, DraftState
+from tev.engine.path_drafter import PathTreeDrafter, drafter_model_class, tree_drafter_of
 from tev.core.tree import DraftTree
 
 CORPUS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n", "class A:\n    pass\n"] * 20
@@ -40,7 +41,8 @@ def tiny_target(vocab_size: int, arch: str = "llama", context: int = 96, seed: i
     return model.eval()
 
 
-def tiny_block_drafter(target, horizon: int = 4, seed: int = 1) -> BlockTreeDrafter:
+def tiny_block_drafter(target, horizon: int = 4, seed: int = 1, conditioning: str = "marginal") -> BlockTreeDrafter | PathTreeDrafter:
+    """A random block drafter of ``target`` (``conditioning="path"``: a path drafter, growing its tree depth by depth)."""
     torch.manual_seed(seed)
     config = BlockDrafterConfig(
         vocab_size=target.config.vocab_size,
@@ -53,8 +55,9 @@ def tiny_block_drafter(target, horizon: int = 4, seed: int = 1) -> BlockTreeDraf
         num_heads=2,
         intermediate_size=64,
         target_num_layers=target.config.num_hidden_layers,
+        conditioning=conditioning,
     )
-    return BlockTreeDrafter(BlockDrafter.for_target(config, target).eval())
+    return tree_drafter_of(drafter_model_class(config).for_target(config, target).eval())
 
 
 def tiny_vocab_drafter(target, draft_vocab: list[int], horizon: int = 4) -> BlockDrafter:

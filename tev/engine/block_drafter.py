@@ -18,7 +18,7 @@ from torch import nn
 
 from tev.util.precision import low_precision
 
-__all__ = ["BlockDrafterConfig", "BlockDrafter", "check_drafter_fits_target", "default_feature_layers", "DRAFTER_FILE", "DRAFTER_CONFIG"]
+__all__ = ["BlockDrafterConfig", "BlockDrafter", "read_drafter_config", "check_drafter_fits_target", "default_feature_layers", "DRAFTER_FILE", "DRAFTER_CONFIG"]
 
 DRAFTER_FILE = "drafter.safetensors"
 DRAFTER_CONFIG = "drafter_config.json"
@@ -40,6 +40,7 @@ class BlockDrafterConfig:
     draft_vocab_size: int | None = None  # Vd: the tokens the drafter can propose (None: all V)
     feature_norm: str = "concat"  # "per_layer": normalise each layer's features on its own scale
     feature_dropout: float = 0.0  # dropout on the projected context features while training
+    conditioning: str = "marginal"  # "path": depth d reads the drafted tokens above it (tev.engine.path_drafter)
     notes: dict = field(default_factory=dict)  # provenance (training recipe), not used by the model
 
     @property
@@ -98,6 +99,11 @@ class _Block(nn.Module):
         """x: `[B, S, D]` draft slots; context: `[B, W, D]`; key_bias: `[B, 1, 1, W + S]`."""
         h = self.attn_norm(x)
         keys, values = self.kv(torch.cat([self.context_norm(context), h], dim=1)).chunk(2, dim=-1)
+        return self.attend(x, h, keys, values, key_bias)
+
+    def attend(self, x: torch.Tensor, h: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+        """The block's attention over ``keys``/``values`` (`[B, M, D]`, the slots' own last) and its
+        MLP: x `[B, S, D]`, h its normed copy; key_bias broadcasts to `[B, heads, S, M]`."""
         attended = F.scaled_dot_product_attention(self._heads(self.q(h)), self._heads(keys), self._heads(values), attn_mask=key_bias)
         x = x + self.out(attended.transpose(1, 2).reshape(x.shape))
         gate, up = self.up(self.mlp_norm(x)).chunk(2, dim=-1)
@@ -120,8 +126,12 @@ class BlockDrafter(nn.Module):
     drafter proposes, so this trades a little acceptance for a much cheaper drafter.
     """
 
+    CONDITIONING = "marginal"  # the config's ``conditioning`` this class runs
+
     def __init__(self, config: BlockDrafterConfig, target_embedding: torch.Tensor, target_head: torch.Tensor):
         super().__init__()
+        if config.conditioning != self.CONDITIONING:
+            raise ValueError(f"a drafter with conditioning {config.conditioning!r} is not a {type(self).__name__} ({self.CONDITIONING!r})")
         self.config = config
         size = config.hidden_size
         if config.feature_norm == "per_layer":
@@ -284,13 +294,7 @@ class BlockDrafter(nn.Module):
         instructions emulates it, about 100x slower). Pass float32 to train it.
         """
         folder = Path(folder)
-        config_path, weights_path = folder / DRAFTER_CONFIG, folder / DRAFTER_FILE
-        if not config_path.is_file() or not weights_path.is_file():
-            raise FileNotFoundError(f"no block drafter in {folder}: expected {DRAFTER_CONFIG} and {DRAFTER_FILE}")
-        try:
-            config = BlockDrafterConfig(**json.loads(config_path.read_text()))
-        except (TypeError, json.JSONDecodeError) as error:
-            raise ValueError(f"{config_path} is not a valid drafter config: {error}") from error
+        config, weights_path = read_drafter_config(folder), folder / DRAFTER_FILE
         check_drafter_fits_target(config, target)
         drafter = cls.for_target(config, target)
         try:
@@ -311,6 +315,18 @@ class BlockDrafter(nn.Module):
         embedding = target.get_input_embeddings().weight.detach()
         head = target.get_output_embeddings().weight.detach()
         return cls(config, embedding, head).to(embedding.device)
+
+
+def read_drafter_config(folder: str | Path) -> BlockDrafterConfig:
+    """The config of the drafter saved in ``folder`` (its weights must be there too)."""
+    folder = Path(folder)
+    config_path = folder / DRAFTER_CONFIG
+    if not config_path.is_file() or not (folder / DRAFTER_FILE).is_file():
+        raise FileNotFoundError(f"no block drafter in {folder}: expected {DRAFTER_CONFIG} and {DRAFTER_FILE}")
+    try:
+        return BlockDrafterConfig(**json.loads(config_path.read_text()))
+    except (TypeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{config_path} is not a valid drafter config: {error}") from error
 
 
 def check_drafter_fits_target(config: BlockDrafterConfig, target) -> None:

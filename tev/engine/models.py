@@ -17,8 +17,9 @@ from typing import Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tev.engine.block_drafter import DRAFTER_FILE, BlockDrafter
+from tev.engine.block_drafter import DRAFTER_FILE, read_drafter_config
 from tev.engine.drafters import ARTreeDrafter, BlockTreeDrafter, Drafter
+from tev.engine.path_drafter import PathTreeDrafter, drafter_model_class, tree_drafter_of
 from tev.engine.default_target import DefaultTargetError, ensure_default_target
 from tev.engine.prompt_text import has_chat_template
 from tev.util.paths import models_dir
@@ -167,13 +168,13 @@ def load_block_drafter(source: str | Path, target, shape: str = "tree", name: st
     if not (folder / DRAFTER_FILE).is_file():
         raise ModelLoadError(f"no block drafter in {folder} (expected {DRAFTER_FILE}); build one with `python -m tev build-assets`")
     try:
-        model = BlockDrafter.from_pretrained(folder, target)
+        model = drafter_model_class(read_drafter_config(folder)).from_pretrained(folder, target)
     except ModelLoadError:
         raise
     except (ValueError, OSError, RuntimeError, KeyError) as error:  # named after the file at fault where it can
         message = _first_line(error) if not isinstance(error, (ValueError, FileNotFoundError)) else str(error).splitlines()[0]
         raise ModelLoadError(message if str(folder) in message else f"could not load the block drafter from folder {folder}: {message}") from error
-    return BlockTreeDrafter(model.requires_grad_(False), shape=shape, name=name)  # trainers load their own copy
+    return tree_drafter_of(model.requires_grad_(False), shape=shape, name=name)  # trainers load their own copy
 
 
 def load_drafter(source: str | Path, target, target_tokenizer, shape: str = "tree", device="auto", dtype="auto", allow_download: bool = False, name: str | None = None):
@@ -247,7 +248,7 @@ PAIRS: dict[str, Pair] = {
         Pair(
             "smollm2",
             "SmolLM2-135M-Instruct with this project's block drafters (the default)",
-            drafters={"block": "drafter-block", "exittrain": "drafter-exittrain"},
+            drafters={"block": "drafter-block", "exittrain": "drafter-exittrain", "path": "drafter-path"},
             chat=True,
             has_domains=True,
             exittrain_data="exittrain-data.safetensors",
@@ -344,6 +345,7 @@ def _chain(loading: Loading) -> Drafter | None:
 DRAFTERS: dict[str, DrafterKind] = {
     "block": DrafterKind("block (base)", _shipped_block("block")),
     "exittrain": DrafterKind("block (ExitTrain, shipped with the app)", _shipped_block("exittrain")),
+    "path": DrafterKind("path (each depth reads the path above it)", _shipped_block("path")),
     "chain": DrafterKind("chain (top-1)", _chain, derived=True),
     "ar": DrafterKind("AR drafter", _shipped_ar),
 }
@@ -428,7 +430,7 @@ def load_bundle(
             loading.drafters[kind] = drafter
     if draft is not None:
         extra = load_drafter(draft, model, tokenizer, device=device, dtype=dtype, allow_download=allow_download)
-        extra.name = "ar" if isinstance(extra, ARTreeDrafter) else "block"
+        extra.name = "ar" if isinstance(extra, ARTreeDrafter) else "path" if isinstance(extra, PathTreeDrafter) else "block"
         loading.drafters[extra.name] = extra
     for kind, entry in DRAFTERS.items():
         if entry.derived and (drafter := entry.load(loading)) is not None:

@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 from tev.data.prompts import load_prompt_set
 from tev.engine.default_target import DEFAULT_TARGET_NAME, ensure_default_target
 from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig
-from tev.engine.drafters import BlockTreeDrafter
+from tev.engine.path_drafter import drafter_model_class, tree_drafter_of
 from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_causal_lm, load_tokenizer
 from tev.engine.prompt_text import ChatTemplate
@@ -200,7 +200,7 @@ def _cached_features(folder: Path, target, ids, lengths, layers, vocab, soft_top
 def chat_prompt_tau(target, tokenizer, drafter: BlockDrafter, prompts: list[dict], recipe: DrafterRecipe, progress: bool = True) -> list[dict]:
     """``tau`` of ``drafter`` (run in bfloat16, as shipped) on ``prompts`` at the recipe's budgets,
     T = 0 (greedy) and T = 1 (TEV), its new tokens and seed: rows of :func:`evaluate_drafter`."""
-    tree_drafter = BlockTreeDrafter(drafter.served(), name="block")
+    tree_drafter = tree_drafter_of(drafter.served())
     return evaluate_drafter(target, tokenizer, tree_drafter, prompts, budgets=recipe.eval_budgets(), temperatures=(0.0, 1.0),
                             max_new_tokens=recipe.eval_new_tokens, seed=recipe.seed, progress=progress, desc="tau on held-out chat prompts")
 
@@ -257,7 +257,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     timings["features_s"] = time.time() - t
 
     torch.manual_seed(recipe.seed + 3)
-    drafter = BlockDrafter.for_target(drafter_config, target).float()
+    drafter = drafter_model_class(drafter_config).for_target(drafter_config, target).float()
     drafter.set_draft_vocab(vocab)
     t = time.time()
     history = list(with_progress(train(drafter, datasets["train"], recipe.train, checkpoint=work / "checkpoint", heldout=datasets["heldout"]), progress=progress))
@@ -295,7 +295,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
 def train_drafter_command(args) -> None:
     recipe = QUICK_RECIPE if args.quick else DrafterRecipe()
     given = lambda names: {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}  # noqa: E731
-    recipe = replace(recipe, **given(("shards", "seed")), drafter=replace(recipe.drafter, **given(("hidden_size", "num_layers", "num_heads", "intermediate_size"))),
+    recipe = replace(recipe, **given(("shards", "seed")), drafter=replace(recipe.drafter, **given(("hidden_size", "num_layers", "num_heads", "intermediate_size", "conditioning"))),
                      train=replace(recipe.train, **given(("steps", "soft_top"))))  # TrainSettings refuses a bad step count or soft_top
     shape = recipe.drafter
     if min(recipe.shards, shape.hidden_size, shape.num_layers, shape.num_heads, shape.intermediate_size) < 1:

@@ -118,10 +118,11 @@ def draft_logits(drafter, data: TrainData, index: torch.Tensor, short_history=No
     fast (:func:`low_precision`) when ``autocast``."""
     config = drafter.config
     device = drafter.mask_embed.device
-    features, valid, root, _ = data.batch(index, config.context_window, config.horizon, short_history)
+    features, valid, root, labels = data.batch(index, config.context_window, config.horizon, short_history)
+    path = (labels[:, : config.horizon - 1].to(device),) if config.conditioning == "path" else ()  # teacher-forced: the written tokens above each depth
     dtype = low_precision(device) if autocast else torch.float32
     with torch.autocast(device.type, dtype=dtype, enabled=autocast and dtype != torch.float32):
-        return drafter.draft_logits(features.to(device), valid.to(device), root.to(device)).float()
+        return drafter.draft_logits(features.to(device), valid.to(device), root.to(device), *path).float()
 
 
 def draft_trees(drafter, logits: torch.Tensor, roots: list[int], root_tokens: list[int], budget: int, max_positions: int) -> list[DraftTree]:

@@ -1,0 +1,93 @@
+"""The path-conditioned drafter: its depth-by-depth tree equals its teacher-forced pass, its trees
+are the best nodes it scored, it trains through the one loop and loads from its folder."""
+
+import pytest
+import torch
+
+from tev.engine.block_drafter import BlockDrafter
+from tev.engine.drafters import DraftContext
+from tev.engine.models import ModelLoadError, load_block_drafter
+from tev.engine.path_drafter import PathDrafter, PathTreeDrafter
+from tev.train.data import TrainData
+from tev.train.loop import TrainSettings, heldout_loss, train
+from tests.tiny import tiny_block_drafter, tiny_target
+
+VOCAB = 48
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(VOCAB, scale=3.0)
+
+
+def test_each_depth_grown_from_the_cache_equals_the_teacher_forced_pass(target):
+    model: PathDrafter = tiny_block_drafter(target, conditioning="path").model
+    features = torch.randn(6, model.config.feature_size)
+    window, valid = model.window(features)
+    with torch.no_grad():
+        forced = model.draft_logits(window, valid, torch.tensor([5]), torch.tensor([[3, 7, 9]])).log_softmax(-1)[0]  # [4, V]
+    cache = model.start_round(features)
+    root = model.extend(cache, [5], [0], [[]])
+    first = model.extend(cache, [3, 11], [1, 1], [[0], [0]])  # two siblings forwarded together
+    second = model.extend(cache, [7], [2], [[0, 1]])  # under the first sibling only
+    torch.testing.assert_close(root[0], forced[0])
+    torch.testing.assert_close(first[0], forced[1])
+    torch.testing.assert_close(second[0], forced[2])
+    assert not torch.allclose(first[1], forced[1])  # the sibling read its own token
+
+
+@pytest.mark.parametrize("budget", [1, 3, 8, 20])
+def test_the_tree_keeps_the_best_scored_nodes_and_is_a_tree(target, budget):
+    drafter = tiny_block_drafter(target, conditioning="path")
+    state = drafter.new_state()
+    state.add_features(torch.randn(5, drafter.model.config.feature_size))
+    tree = drafter.propose(DraftContext([1, 2, 5], max_depth=10), budget, state)
+    assert 1 <= tree.num_nodes - 1 <= budget and tree.tokens[0] == 5
+    parents = tree.parents.tolist()
+    assert all(parents[v] < v for v in range(1, tree.num_nodes))  # parents first
+    for v in range(1, tree.num_nodes):  # a child never outscores its parent, and siblings differ
+        assert tree.path_logprob[v] <= tree.path_logprob[parents[v]] + 1e-6
+    siblings = [(parents[v], int(tree.tokens[v])) for v in range(1, tree.num_nodes)]
+    assert len(set(siblings)) == len(siblings)
+    assert int(tree.depths.max()) <= drafter.model.config.horizon
+    chain = PathTreeDrafter(drafter.model, shape="chain").propose(DraftContext([1, 2, 5], max_depth=2), budget, state)
+    assert chain.parents.tolist() == list(range(-1, chain.num_nodes - 1)) and chain.num_nodes - 1 == min(budget, 2)
+
+
+def test_no_room_left_gives_the_root_alone(target):
+    drafter = tiny_block_drafter(target, conditioning="path")
+    tree = drafter.propose(DraftContext([1, 2], max_depth=0), 8, drafter.new_state())
+    assert tree.num_nodes == 1
+
+
+def test_it_learns_a_path_that_the_marginals_cannot_express(target):
+    # two continuations share their first token's law but differ after it: a -> b -> c or a' -> b' -> c'
+    # where depth 2 is decided by depth 1; marginals of depth 2 stay split, the path drafter resolves them
+    torch.manual_seed(0)
+    rows = []
+    for i in range(64):
+        first = 10 + (i % 2)
+        rows.append([1, 2, 3, first, 20 + first, 40 - first])
+    data = TrainData.from_lists(rows, [3] * len(rows))
+    layers = [1, 2]
+    hidden = target.config.hidden_size
+    data.features = torch.zeros(*data.token_ids.shape, len(layers) * hidden)  # no hint from the target: only the path tells
+    results = {}
+    for conditioning in ("marginal", "path"):
+        model = tiny_block_drafter(target, conditioning=conditioning).model.float().train()
+        list(train(model, data, TrainSettings(steps=60, batch=32, lr=1e-2, warmup=5, short_history_share=0.0)))
+        results[conditioning] = heldout_loss(model, data)["top1_by_depth"]
+    # depth 2 is labelled at two anchors: the one whose root is the last prompt token (depth 1 a coin
+    # flip, depth 2 decided by it) and the next (decided by its root): marginals reach 3 in 4 at most
+    assert results["path"][1] > 0.95 and results["marginal"][1] < 0.8
+
+
+def test_a_path_drafter_folder_loads_as_one_and_refuses_the_block_class(target, tmp_path):
+    model = tiny_block_drafter(target, conditioning="path").model
+    model.save_pretrained(tmp_path / "path")
+    loaded = load_block_drafter(tmp_path / "path", target)
+    assert isinstance(loaded, PathTreeDrafter) and loaded.name == "path"
+    with pytest.raises(ValueError, match="not a BlockDrafter"):
+        BlockDrafter.from_pretrained(tmp_path / "path", target)
+    with pytest.raises(ModelLoadError):
+        load_block_drafter(tmp_path / "nothing", target)

@@ -1,0 +1,236 @@
+"""The path-conditioned drafter ``q`` and its tree front end: each depth drafted from the path above it.
+
+The block drafter emits K per-depth marginals in one pass, so a path's score is a product of
+marginals and depth 2 onwards never sees which token was drafted above it. This drafter keeps
+the block drafter's body (the target's features at the last ``W`` committed positions, injected
+as keys and values into every block; the target's own embedding and head rows) but its slots
+are tokens: slot 0 holds the root, slot ``k`` the token drafted at depth ``k``, each attending
+causally to the slots above it, and slot ``k`` is read out as ``q(x_{k+1} | c, x_1 .. x_k)``.
+
+It is trained as the block drafter is, teacher-forced on the target's own text (the tokens it
+wrote fill the slots; one pass gives every depth), and no depth ever reads a feature the target
+did not compute, so what it reads at depth ``d`` while drafting is what it read in training
+whenever the path above is the target's (the only case in which depth ``d`` can be accepted).
+
+:class:`PathTreeDrafter` grows the tree best first by conditional path score, one cheap step per
+depth over a key/value cache of the round's slots (EAGLE-2's dynamic tree). ``p`` is the target.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from tev.core.tree import DraftTree
+from tev.engine.block_drafter import BlockDrafter
+from tev.engine.drafters import BlockTreeDrafter, DraftContext, DraftState, _check_shape
+from tev.util.timing import StageTimer
+
+__all__ = ["PathDrafter", "PathTreeDrafter", "path_width", "drafter_model_class", "tree_drafter_of"]
+
+
+class PathDrafter(BlockDrafter):
+    """Causal token slots over the target's features: `q_d` conditioned on the path above depth ``d``.
+
+    Shares :class:`~tev.engine.block_drafter.BlockDrafter`'s parameters, draft vocabulary and
+    files (``config.conditioning == "path"``); ``mask_embed[d]`` marks the slot at depth ``d``.
+    """
+
+    CONDITIONING = "path"
+
+    def _slot_inputs(self, tokens: torch.Tensor, depths: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`[B, S, D]` slot inputs of target token ids `[B, S]` at tree depths `[B, S]` (root 0)."""
+        width = self.config.context_window
+        embedding = self._shared[0]
+        return self.root_proj(embedding[tokens].to(dtype)) + self.mask_embed[depths] + self.position_embed[width + depths]
+
+    def _context(self, features: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`[B, W, D]` projected target features."""
+        width = self.config.context_window
+        return self.feature_dropout(self.feature_proj(self.feature_norm(features.to(dtype)))) + self.position_embed[:width]
+
+    def draft_logits(self, features: torch.Tensor, valid: torch.Tensor, root_ids: torch.Tensor, path_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-depth draft logits over the draft vocabulary, teacher-forced on a path.
+
+        Args:
+            features: `Tensor[B, W, F]` target features at the last ``W`` committed positions
+                before the root (left-padded); valid: `BoolTensor[B, W]`, False on padding.
+            root_ids: `LongTensor[B]`, the root tokens.
+            path_ids: `LongTensor[B, K']` (``K' <= K - 1``) the tokens at depths ``1 .. K'`` that
+                the deeper depths condition on (negative ids, past a sequence's end, read as 0:
+                only depths whose labels are ignored see them).
+
+        Returns:
+            `Tensor[B, K' + 1, Vd]` logits of ``q(x_{d} | c, x_1 .. x_{d-1})``, ``d = 1 .. K' + 1``.
+        """
+        batch = root_ids.shape[0]
+        dtype = self.feature_proj.weight.dtype
+        path_ids = root_ids.new_zeros(batch, 0) if path_ids is None else path_ids[:, : self.config.horizon - 1].clamp(min=0)
+        tokens = torch.cat([root_ids[:, None], path_ids], dim=1)  # [B, S]
+        slots_count = tokens.shape[1]
+        depths = torch.arange(slots_count, device=tokens.device).expand(batch, -1)
+        slots = self._slot_inputs(tokens, depths, dtype)
+        context = self._context(features, dtype)
+        causal = torch.ones(slots_count, slots_count, dtype=torch.bool, device=valid.device).tril()
+        visible = torch.cat([valid[:, None, :].expand(-1, slots_count, -1), causal.expand(batch, -1, -1)], dim=2)  # [B, S, W + S]
+        key_bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)[:, None]
+        for block in self.blocks:
+            slots = block(slots, context, key_bias)
+        return self._read_out(slots)
+
+    def _read_out(self, slots: torch.Tensor) -> torch.Tensor:
+        head = self._draft_head(self.feature_proj.weight.dtype)
+        return F.linear(self.out_proj(self.out_norm(slots)).to(head.dtype), head).float()
+
+    def forward(self, features: torch.Tensor, valid: torch.Tensor, root_ids: torch.Tensor, path_ids: torch.Tensor | None = None,
+                full_vocab: bool = True) -> torch.Tensor:
+        logits = self.draft_logits(features, valid, root_ids, path_ids)
+        return self.full_vocab(logits) if full_vocab else logits
+
+    def marginals(self, features, root_token):
+        raise TypeError("a path-conditioned drafter has no per-depth marginals: grow its tree with PathTreeDrafter")
+
+    # ------------------------------------------------------------------ one round's growing tree
+    @torch.no_grad()
+    def start_round(self, features: torch.Tensor | None) -> "_RoundCache":
+        """The round's key/value cache, holding the target features' keys and values per block."""
+        window, valid = self.window(features)
+        dtype = self.feature_proj.weight.dtype
+        context = self._context(window, dtype)
+        memory = [block.kv(block.context_norm(context)).chunk(2, dim=-1) for block in self.blocks]  # per block ([1, W, D], [1, W, D])
+        return _RoundCache(memory, valid[0])
+
+    @torch.no_grad()
+    def extend(self, cache: "_RoundCache", tokens: list[int], depths: list[int], ancestors: list[list[int]]) -> torch.Tensor:
+        """Forward new slots (token ids at tree depths; ``ancestors[i]``: the cache slots each sees
+        besides itself) and keep their keys and values; returns `Tensor[n, Vd]` log q of the next depth."""
+        dtype = self.feature_proj.weight.dtype
+        device = self.mask_embed.device
+        n, held = len(tokens), cache.slots
+        x = self._slot_inputs(torch.tensor([tokens], device=device), torch.tensor([depths], device=device), dtype)  # [1, n, D]
+        visible = torch.zeros(n, cache.valid.numel() + held + n, dtype=torch.bool, device=device)
+        visible[:, : cache.valid.numel()] = cache.valid
+        for row, seen in enumerate(ancestors):
+            visible[row, [cache.valid.numel() + s for s in seen]] = True
+            visible[row, cache.valid.numel() + held + row] = True
+        key_bias = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)[None, None]
+        for index, block in enumerate(self.blocks):
+            h = block.attn_norm(x)
+            keys, values = block.kv(h).chunk(2, dim=-1)
+            past_keys, past_values = cache.memory[index]
+            keys, values = torch.cat([past_keys, keys], dim=1), torch.cat([past_values, values], dim=1)
+            cache.memory[index] = (keys, values)
+            x = block.attend(x, h, keys, values, key_bias)
+        cache.slots += n
+        return torch.log_softmax(self._read_out(x)[0], dim=-1)
+
+
+class _RoundCache:
+    """Keys and values per block of the context and of the slots forwarded so far this round."""
+
+    def __init__(self, memory: list[tuple[torch.Tensor, torch.Tensor]], valid: torch.Tensor):
+        self.memory = memory
+        self.valid = valid  # [W], False on padding
+        self.slots = 0
+
+
+def path_width(budget: int) -> int:
+    """Frontier nodes expanded per depth, and children kept per expanded node, for ``budget`` nodes."""
+    return min(8, max(2, math.ceil(math.sqrt(budget))))
+
+
+class PathTreeDrafter:
+    """A :class:`PathDrafter` growing an EAGLE-2-style dynamic tree (``shape="tree"``), or its top-1 chain.
+
+    Per round one step per depth: the ``width`` best frontier nodes by path score ``sum log q``
+    are forwarded together (each attends to the target's features and its own ancestors) and
+    each proposes its ``width`` most likely children; the ``budget`` best nodes overall are kept
+    (a child never outscores its parent, so they form a tree). Depths stop early once no
+    frontier node could still enter the best ``budget``.
+    """
+
+    def __init__(self, model: PathDrafter, shape: str = "tree", name: str | None = None, horizon: int | None = None):
+        _check_shape(shape)
+        self.model = model
+        self.shape = shape
+        self.name = name or ("path" if shape == "tree" else "path-chain")
+        self.feature_layers = tuple(model.config.feature_layers)
+        self.horizon = min(horizon or model.config.horizon, model.config.horizon)
+
+    def new_state(self) -> DraftState:
+        return DraftState()
+
+    def marginals(self, context: DraftContext, state: DraftState) -> None:
+        return None  # each depth's q is conditional on its path
+
+    def propose(self, context: DraftContext, budget: int, state: DraftState, timer: StageTimer | None = None) -> DraftTree:
+        timer = timer or StageTimer()
+        root = context.token_ids[-1]
+        horizon = min(self.horizon, context.max_depth, budget if self.shape == "chain" else self.horizon)
+        if budget <= 0 or horizon <= 0:
+            return DraftTree.from_parents([root], [-1])
+        width = 1 if self.shape == "chain" else path_width(budget)
+        vocab = self.model.draft_vocab
+        with timer.stage("draft"):
+            cache = self.model.start_round(state.features)
+            tokens, parents, scores, logprobs, depths, slot = [root], [-1], [0.0], [0.0], [0], {}
+            chosen = [0]
+            for depth in range(horizon):
+                ancestors = [self._ancestor_slots(v, parents, slot) for v in chosen]
+                slot.update({v: cache.slots + row for row, v in enumerate(chosen)})
+                logq = self.model.extend(cache, [tokens[v] for v in chosen], [depths[v] for v in chosen], ancestors).float().cpu()  # [n, Vd]
+                top = torch.topk(logq, min(width, logq.shape[-1]), dim=-1)
+                frontier = []
+                for row, v in enumerate(chosen):
+                    for value, position in zip(top.values[row].tolist(), top.indices[row].tolist()):
+                        if value == float("-inf"):
+                            continue
+                        frontier.append(len(tokens))
+                        tokens.append(int(vocab[position]) if vocab is not None else position)
+                        parents.append(v)
+                        scores.append(scores[v] + value)
+                        logprobs.append(value)
+                        depths.append(depth + 1)
+                if depth + 1 == horizon:
+                    break
+                chosen = sorted(frontier, key=lambda u: (-scores[u], u))[:width]
+                floor = self._kth_best(scores, budget)
+                chosen = [u for u in chosen if scores[u] > float("-inf") and scores[u] >= floor]
+                if not chosen:
+                    break
+        with timer.stage("build"):
+            ranked = sorted(range(1, len(tokens)), key=lambda v: (-scores[v], v))[:budget]
+            keep = sorted(ranked)  # creation order: parents first
+            new_index = {0: 0, **{v: i + 1 for i, v in enumerate(keep)}}
+            return DraftTree.from_parents([root] + [tokens[v] for v in keep], [-1] + [new_index[parents[v]] for v in keep],
+                                         [0.0] + [logprobs[v] for v in keep])
+
+    @staticmethod
+    def _ancestor_slots(v: int, parents: list[int], slot: dict[int, int]) -> list[int]:
+        seen, u = [], parents[v]
+        while u != -1:
+            seen.append(slot[u])
+            u = parents[u]
+        return seen
+
+    @staticmethod
+    def _kth_best(scores: list[float], budget: int) -> float:
+        """The ``budget``-th best non-root score so far (a node scoring below it, and so every
+        descendant of it, cannot enter the kept tree); -inf while fewer nodes exist."""
+        if len(scores) - 1 < budget:
+            return float("-inf")
+        return sorted(scores[1:], reverse=True)[budget - 1]
+
+
+def drafter_model_class(config) -> type[BlockDrafter]:
+    """The model class that runs a drafter config (by its ``conditioning``)."""
+    return PathDrafter if config.conditioning == "path" else BlockDrafter
+
+
+def tree_drafter_of(model: BlockDrafter, shape: str = "tree", name: str | None = None):
+    """The tree front end of a block or path drafter model."""
+    if isinstance(model, PathDrafter):
+        return PathTreeDrafter(model, shape=shape, name=name)
+    return BlockTreeDrafter(model, shape=shape, name=name or ("block" if shape == "tree" else "chain"))
