@@ -16,6 +16,7 @@ import torch
 from transformers import HfArgumentParser
 
 from tev.bench.e2e import e2e_command
+from tev.bench.reach import reach_command
 from tev.bench.report import FULL, QUICK, report_command
 from tev.bench.verifiers_bench import verifiers_command
 from tev.core.verify import VERIFIERS
@@ -186,6 +187,19 @@ def _add_bench(commands) -> None:
     _add_bench_e2e(kinds)
     _add_bench_exittrain(kinds)
     _add_bench_report(kinds)
+    _add_bench_reach(kinds)
+
+
+def _add_bench_reach(kinds) -> None:
+    parser = kinds.add_parser("reach", help="where drafters lose reach, depth by depth: teacher-forced accuracy and chain reach, accepted depths while decoding")
+    parser.add_argument("--pair", choices=PAIRS, default=None, help="shipped pair (default: $TEV_PAIR or the first)")
+    parser.add_argument("--drafters", nargs="+", default=["block", "path"], help="drafter kinds to compare (default: block path)")
+    parser.add_argument("--num-prompts", type=int, default=8, help="held-out chat prompts, spread over the domains")
+    parser.add_argument("--budgets", nargs="+", default=["auto", "16"], help="budgets to decode at (auto or node counts)")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="write the report as JSON here")
+    parser.set_defaults(func=reach_command)
 
 
 def _exittrain(args) -> None:
@@ -242,6 +256,8 @@ def _add_train_drafter(commands) -> None:
     parser.add_argument("--shards", type=int, default=None, help="shards of self-instruct conversations (default: the recipe's); more shards add data, the cached ones are kept")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--soft-top", type=int, default=None, help="labels: the target's top-k distribution over the draft vocabulary (0: the tokens it wrote; default: the recipe's)")
+    parser.add_argument("--conditioning", choices=("marginal", "path"), default=None,
+                        help="marginal: the block drafter's K per-depth marginals in one pass; path: each depth reads the drafted tokens above it (default: the recipe's)")
     parser.add_argument("--hidden", dest="hidden_size", type=int, default=None, help="drafter width (default: the recipe's)")
     parser.add_argument("--layers", dest="num_layers", type=int, default=None, help="drafter blocks (default: the recipe's)")
     parser.add_argument("--heads", dest="num_heads", type=int, default=None, help="attention heads per block; must divide --hidden (default: the recipe's)")

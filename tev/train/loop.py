@@ -27,7 +27,7 @@ from tqdm import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from tev.engine.block_drafter import BlockDrafterConfig, default_feature_layers
-from tev.train.data import TrainData
+from tev.train.data import IGNORE, TrainData
 from tev.train.losses import TREE_TERMS, TreeTerm, token_losses, tree_loss
 from tev.train.trees import ScoredTrees, draft_logits, on_policy
 from tev.util.files import atomic_folder, recover_folder
@@ -262,24 +262,31 @@ def with_progress(records: Iterator[dict], desc: str = "block drafter", progress
 
 @torch.no_grad()
 def heldout_loss(drafter, data: TrainData, batch: int = 256, soft: bool = False) -> dict:
-    """Mean training loss (``soft`` as in training), mean hard ``L_tok`` and top-1 accuracy by
-    depth over every anchor of held-out data (with features)."""
+    """Mean training loss (``soft`` as in training), mean hard ``L_tok``, top-1 accuracy by depth
+    and the top-1 chain's reach by depth over every anchor of held-out data (with features)."""
     was_training = drafter.training
     drafter.eval()
     losses, hard_losses, accuracies, sizes = [], [], [], []
+    chain_hits, labelled = 0, 0
     anchors = data.anchors
     for start in range(0, anchors.shape[0], batch):
         index = anchors[start : start + batch]
-        loss, hard, accuracy = anchor_token_loss(drafter, data, index, draft_logits(drafter, data, index), soft)
+        logits = draft_logits(drafter, data, index)
+        loss, hard, accuracy = anchor_token_loss(drafter, data, index, logits, soft)
         losses.append(loss.item())
         hard_losses.append(hard.item())
         accuracies.append(accuracy)
         sizes.append(index.shape[0])
+        targets = drafter.draft_positions(data.batch(index, drafter.config.context_window, drafter.config.horizon)[3].to(logits.device), missing=IGNORE)
+        chain_hits = chain_hits + ((logits.argmax(-1) == targets).long().cumprod(-1) * (targets != IGNORE)).sum(0)
+        labelled = labelled + (targets != IGNORE).sum(0)
     drafter.train(was_training)
     weights = torch.tensor(sizes, dtype=torch.float32) / sum(sizes)
     return {
         "loss": float(sum(w * l for w, l in zip(weights.tolist(), losses))),
         "token_loss": float(sum(w * l for w, l in zip(weights.tolist(), hard_losses))),
         "top1_by_depth": [round(a, 4) for a in (torch.stack(accuracies) * weights[:, None]).sum(0).tolist()],
+        # the top-1 chain's reach: depths 1 .. d all equal the written tokens (the path drafter reads them)
+        "chain_reach_by_depth": [round(a, 4) for a in (chain_hits / labelled.clamp(min=1)).tolist()],
         "anchors": int(anchors.shape[0]),
     }

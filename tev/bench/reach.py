@@ -1,0 +1,140 @@
+"""``python -m tev bench reach``: where a drafter's reach is lost, depth by depth.
+
+Two views of the same drafters on held-out chat prompts (never among any drafter's training
+requests):
+
+- **teacher-forced**, on the target's own answers to the prompts (greedy, and sampled at T = 1):
+  per depth ``d``, the top-1 accuracy of ``q_d`` against the written token, and the top-1
+  chain's reach (depths ``1 .. d`` all right). A block drafter's ``q_d`` is a marginal; a path
+  drafter's ``q_d`` reads the written tokens above ``d``, which is what it reads while drafting
+  whenever depth ``d`` can be accepted at all, so its chain reach is the greedy chain's.
+- **decoding** (TEV; greedy at T = 0): per law and budget, the share of rounds that accept at
+  least ``d`` draft tokens, the nodes a round keeps, ``tau`` as tokens emitted per target
+  forward and as mean block length, and the draft stage's time a round.
+
+``p`` is the target, ``q`` the drafter.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from tqdm import tqdm
+
+from tev.engine.batch_generate import generate_batch
+from tev.engine.decode import DecodeConfig, GenerationSummary, Request, RoundRecord, speculative_generate
+from tev.data.prompts import evaluation_prompts
+from tev.engine.evaluation import fit_prompt
+from tev.engine.models import load_bundle
+from tev.engine.prompt_text import ChatTemplate
+from tev.train.data import TrainData
+from tev.train.loop import heldout_loss
+from tev.train.teacher import target_features
+
+__all__ = ["LAWS", "answers_data", "teacher_forced", "decoding_reach", "reach_report", "format_reach"]
+
+# (label, temperature, top-p): the laws a page visitor picks from
+LAWS = (("T = 0", 0.0, 1.0), ("T = 0.7, top-p 0.9", 0.7, 0.9), ("T = 1", 1.0, 1.0))
+
+
+def answers_data(target, tokenizer, prompts: list[dict], max_new_tokens: int, temperature: float, seed: int, layers: list[int]) -> TrainData:
+    """The target's answers to ``prompts`` (greedy at ``temperature`` 0), with its features at ``layers``."""
+    end = ChatTemplate.of(tokenizer).end_of_turn
+    encoded = [fit_prompt(tokenizer, {**p, "chat": True}, 1024) for p in prompts]
+    answers = generate_batch(target, encoded, max_new_tokens, temperature, end, seed)
+    data = TrainData.from_lists([p + a for p, a in zip(encoded, answers)], [len(p) for p in encoded], pad_id=end)
+    data.features = target_features(target, data.token_ids, data.lengths, layers, progress=False)
+    return data
+
+
+def teacher_forced(drafter_model, data: TrainData) -> dict:
+    """Top-1 accuracy and top-1 chain reach by depth of a block or path drafter model on ``data``."""
+    measured = heldout_loss(drafter_model, data)
+    return {"top1_by_depth": measured["top1_by_depth"], "chain_reach_by_depth": measured["chain_reach_by_depth"], "anchors": measured["anchors"]}
+
+
+def decoding_reach(target, tokenizer, drafter, prompts: list[dict], budget, temperature: float, top_p: float, max_new_tokens: int, seed: int) -> dict:
+    """One drafter at one law and budget over ``prompts``: accepted-depth shares, kept nodes, tau, draft time."""
+    horizon = 16
+    accepted_at_least = [0] * (horizon + 1)
+    rounds, emitted, blocks, kept, draft_ms, per_prompt = 0, 0, 0, [], [], []
+    for i, prompt in enumerate(prompts):
+        ids = fit_prompt(tokenizer, {**prompt, "chat": True}, 1024)
+        config = DecodeConfig(budget=budget, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed + i)
+        for event in speculative_generate(Request(target, drafter, ids, config), tokenizer):
+            if isinstance(event, RoundRecord):
+                depth = len(event.verdict.path) - 1
+                for d in range(1, min(depth, horizon) + 1):
+                    accepted_at_least[d] += 1
+                kept.append(event.tree.num_nodes - 1)
+                draft_ms.append(1000 * (event.timings.get("draft", 0.0) + event.timings.get("build", 0.0)))
+                blocks += event.block_length
+            elif isinstance(event, GenerationSummary):
+                rounds += event.rounds
+                emitted += len(event.token_ids)
+                per_prompt.append(len(event.token_ids) / max(1, event.rounds))
+    deepest = max([d for d in range(1, horizon + 1) if accepted_at_least[d]] or [0])
+    return {
+        "budget": budget, "temperature": temperature, "top_p": top_p, "rounds": rounds,
+        "tau_emitted": emitted / max(1, rounds), "tau_block": blocks / max(1, rounds),
+        "tau_per_prompt": [round(t, 3) for t in per_prompt],
+        "accepted_at_least": [round(accepted_at_least[d] / max(1, rounds), 4) for d in range(1, deepest + 1)],
+        "kept_nodes_mean": statistics.fmean(kept) if kept else 0.0,
+        "draft_ms_median": statistics.median(draft_ms) if draft_ms else 0.0,
+    }
+
+
+def reach_report(bundle, drafter_kinds: list[str], prompts: list[dict], budgets: list, max_new_tokens: int, seed: int,
+                 teacher_tokens: int = 96, laws=LAWS) -> dict:
+    """Both views for each drafter of ``bundle`` named in ``drafter_kinds``."""
+    target, tokenizer = bundle.target, bundle.tokenizer
+    drafters = {kind: bundle.drafter(kind) for kind in drafter_kinds}
+    layers = sorted({tuple(d.feature_layers) for d in drafters.values()})
+    if len(layers) != 1:
+        raise ValueError("the drafters compared read different target layers; compare them in separate runs")
+    report = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "seed": seed, "teacher_forced": {}, "decoding": {}}
+    for label, temperature in (("greedy answers", 0.0), ("answers sampled at T = 1", 1.0)):
+        data = answers_data(target, tokenizer, prompts, teacher_tokens, temperature, seed, list(layers[0]))
+        report["teacher_forced"][label] = {kind: teacher_forced(d.model, data) for kind, d in drafters.items()}
+    settings = [(law, budget) for law in laws for budget in budgets]
+    with tqdm(total=len(settings) * len(drafters), desc="decoding", unit="setting") as bar:
+        for (label, temperature, top_p), budget in settings:
+            for kind, drafter in drafters.items():  # interleaved: every drafter at one setting before the next
+                row = decoding_reach(target, tokenizer, drafter, prompts, budget, temperature, top_p, max_new_tokens, seed)
+                report["decoding"].setdefault(kind, []).append({"law": label, **row})
+                bar.update(1)
+    return report
+
+
+def format_reach(report: dict) -> str:
+    """The report as markdown tables."""
+    lines = []
+    for label, by_kind in report["teacher_forced"].items():
+        lines += [f"Teacher-forced on the target's {label} ({next(iter(by_kind.values()))['anchors']} anchors): top-1 accuracy / top-1 chain reach by depth", "",
+                  "| drafter | " + " | ".join(f"d={d}" for d in range(1, 9)) + " | greedy chain 1 + reach |", "|---|" + "---|" * 9]
+        for kind, row in by_kind.items():
+            cells = [f"{a:.2f} / {c:.2f}" for a, c in zip(row["top1_by_depth"], row["chain_reach_by_depth"])]
+            lines.append(f"| {kind} | " + " | ".join(cells) + f" | {1 + sum(row['chain_reach_by_depth']):.2f} |")
+        lines.append("")
+    lines += ["Decoding (TEV; greedy at T = 0): share of rounds accepting at least d draft tokens", "",
+              "| drafter | law | B | tau (emitted / forward) | mean block | nodes kept | draft ms | accepted >= 1, 2, 3, 4, 5, 6 |", "|---|---|---|---|---|---|---|---|"]
+    for kind, rows in report["decoding"].items():
+        for r in rows:
+            shares = ", ".join(f"{s:.2f}" for s in r["accepted_at_least"][:6])
+            lines.append(f"| {kind} | {r['law']} | {r['budget']} | {r['tau_emitted']:.2f} | {r['tau_block']:.2f} | {r['kept_nodes_mean']:.1f} | "
+                         f"{r['draft_ms_median']:.1f} | {shares} |")
+    return "\n".join(lines)
+
+
+def reach_command(args) -> None:
+    bundle = load_bundle(pair=args.pair)
+    prompts = evaluation_prompts(chat=True, count=args.num_prompts)
+    budgets = [b if b == "auto" else int(b) for b in args.budgets]
+    report = reach_report(bundle, args.drafters, prompts, budgets, args.max_new_tokens, args.seed)
+    text = format_reach(report)
+    print(text)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1))
