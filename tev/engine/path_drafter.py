@@ -148,11 +148,14 @@ class PathTreeDrafter:
     are forwarded together (each attends to the target's features and its own ancestors) and
     each proposes its ``width`` most likely children; the ``budget`` best nodes overall are kept
     (a child never outscores its parent, so they form a tree). Depths stop early once no
-    frontier node could still enter the best ``budget``.
+    frontier node could still enter the best ``budget``, or none has a path probability of at
+    least ``min_path_prob`` (such a node adds less than that to the expected block, and each
+    depth costs the drafter a step).
     """
 
-    def __init__(self, model: PathDrafter, shape: str = "tree", name: str | None = None, horizon: int | None = None):
+    def __init__(self, model: PathDrafter, shape: str = "tree", name: str | None = None, horizon: int | None = None, min_path_prob: float = 1e-3):
         _check_shape(shape)
+        self.min_path_prob = min_path_prob
         self.model = model
         self.shape = shape
         self.name = name or ("path" if shape == "tree" else "path-chain")
@@ -196,7 +199,7 @@ class PathTreeDrafter:
                 if depth + 1 == horizon:
                     break
                 chosen = sorted(frontier, key=lambda u: (-scores[u], u))[:width]
-                floor = self._kth_best(scores, budget)
+                floor = max(self._kth_best(scores, budget), math.log(self.min_path_prob) if self.min_path_prob > 0 else float("-inf"))
                 chosen = [u for u in chosen if scores[u] > float("-inf") and scores[u] >= floor]
                 if not chosen:
                     break
