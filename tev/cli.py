@@ -193,7 +193,8 @@ def _add_bench(commands) -> None:
 def _add_bench_reach(kinds) -> None:
     parser = kinds.add_parser("reach", help="where drafters lose reach, depth by depth: teacher-forced accuracy and chain reach, accepted depths while decoding")
     parser.add_argument("--pair", choices=PAIRS, default=None, help="shipped pair (default: $TEV_PAIR or the first)")
-    parser.add_argument("--drafters", nargs="+", default=["block", "path"], help="drafter kinds to compare (default: block path)")
+    parser.add_argument("--drafters", nargs="*", default=["block"], help="the pair's drafter kinds to compare (default: block)")
+    parser.add_argument("--folder", action="append", metavar="NAME=FOLDER", help="also compare the block or path drafter saved in FOLDER, named NAME (repeatable)")
     parser.add_argument("--num-prompts", type=int, default=8, help="held-out chat prompts, spread over the domains")
     parser.add_argument("--budgets", nargs="+", default=["auto", "16"], help="budgets to decode at (auto or node counts)")
     parser.add_argument("--max-new-tokens", type=int, default=96)

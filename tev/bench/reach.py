@@ -27,7 +27,7 @@ from tev.engine.batch_generate import generate_batch
 from tev.engine.decode import DecodeConfig, GenerationSummary, Request, RoundRecord, speculative_generate
 from tev.data.prompts import evaluation_prompts
 from tev.engine.evaluation import fit_prompt
-from tev.engine.models import load_bundle
+from tev.engine.models import load_block_drafter, load_bundle
 from tev.engine.prompt_text import ChatTemplate
 from tev.train.data import TrainData
 from tev.train.loop import heldout_loss
@@ -86,11 +86,10 @@ def decoding_reach(target, tokenizer, drafter, prompts: list[dict], budget, temp
     }
 
 
-def reach_report(bundle, drafter_kinds: list[str], prompts: list[dict], budgets: list, max_new_tokens: int, seed: int,
+def reach_report(bundle, drafters: dict, prompts: list[dict], budgets: list, max_new_tokens: int, seed: int,
                  teacher_tokens: int = 96, laws=LAWS) -> dict:
-    """Both views for each drafter of ``bundle`` named in ``drafter_kinds``."""
+    """Both views for each of ``drafters`` (name -> tree drafter of ``bundle``'s target)."""
     target, tokenizer = bundle.target, bundle.tokenizer
-    drafters = {kind: bundle.drafter(kind) for kind in drafter_kinds}
     layers = sorted({tuple(d.feature_layers) for d in drafters.values()})
     if len(layers) != 1:
         raise ValueError("the drafters compared read different target layers; compare them in separate runs")
@@ -130,9 +129,15 @@ def format_reach(report: dict) -> str:
 
 def reach_command(args) -> None:
     bundle = load_bundle(pair=args.pair)
+    drafters = {kind: bundle.drafter(kind) for kind in args.drafters}
+    for named in args.folder or []:
+        name, _, folder = named.partition("=")
+        if not folder:
+            raise SystemExit(f"--folder takes NAME=FOLDER, got {named!r}")
+        drafters[name] = load_block_drafter(folder, bundle.target, name=name)
     prompts = evaluation_prompts(chat=True, count=args.num_prompts)
     budgets = [b if b == "auto" else int(b) for b in args.budgets]
-    report = reach_report(bundle, args.drafters, prompts, budgets, args.max_new_tokens, args.seed)
+    report = reach_report(bundle, drafters, prompts, budgets, args.max_new_tokens, args.seed)
     text = format_reach(report)
     print(text)
     if args.json:
