@@ -48,6 +48,7 @@ class LiveView(NamedTuple):
     mass: Any
     timeline: Any
     stats: Any
+    summary: Any  # the run in numbers (JSON beside the stats' sentences: tools read this, never the prose)
     rounds: Any  # the round browser's slider
     budget: Any  # budget auto's choice for the shown round (hidden at a fixed budget)
     state: Any
@@ -88,6 +89,22 @@ def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeCo
         lines.append(f"No speed comparison: {tokens} tokens are too few to time (it needs at least {MIN_TIMED_TOKENS}; over a few "
                      "steps the first step's warm-up and the machine's jitter would decide the ratio).")
     return "\n\n".join(lines)
+
+
+def _run_summary(records, summary: GenerationSummary | None, timing: dict | None = None) -> dict:
+    """The run in numbers, beside :func:`_stats_markdown`'s sentences: rounds, tokens, tau, mean
+    1 + C, the drafter, how it stopped and its speed; ``timing`` the quiet rerun against plain decoding."""
+    lengths = [r.block_length for r in records]
+    found = {"rounds": len(records), "tokens": sum(len(r.emitted) for r in records), "tau": sum(lengths) / len(lengths),
+             "mean_tau_bound": sum(r.flow.tau_bound for r in records) / len(records), "drafter": records[-1].drafter,
+             "stop_reason": None, "time_to_first_token_s": None, "tokens_per_second": None, "timing": None}
+    if summary is not None:
+        found.update(stop_reason=summary.stop_reason, time_to_first_token_s=summary.time_to_first_token, tokens_per_second=summary.tokens_per_second)
+    if timing:
+        spec, ar = timing["speculative"], timing["autoregressive"]
+        found["timing"] = {"speculative_tokens_per_second": spec.tokens_per_second, "autoregressive_tokens_per_second": ar.tokens_per_second,
+                           "speedup": spec.tokens_per_second / max(ar.tokens_per_second, 1e-9), "tau": spec.tau}
+    return found
 
 
 def _auto_line(records) -> str:
@@ -253,7 +270,7 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
     state = {"records": records, "summary": summary, "settings": {"prompt": prompt, "drafter": drafter, **dataclasses.asdict(config)}}
     if not records:
         message = "Stopped before the first round." if summary is not None and summary.stop_reason == "cancelled" else "The generation produced no rounds."
-        yield LiveView("", None, None, None, message, gr.update(minimum=1, maximum=2, value=1, interactive=False), gr.update(value=None, visible=False), state)
+        yield LiveView("", None, None, None, message, None, gr.update(minimum=1, maximum=2, value=1, interactive=False), gr.update(value=None, visible=False), state)
         return
     tree, mass, chosen = _round_figures(records, len(records) - 1)
     yield LiveView(
@@ -262,6 +279,7 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
         mass=mass,
         timeline=timeline_figure(records),
         stats=_stats_markdown(records, summary, config, timing),
+        summary=_run_summary(records, summary, timing),
         rounds=gr.update(minimum=1, maximum=max(2, len(records)), value=len(records), step=1, interactive=len(records) > 1),  # a slider needs min < max
         budget=chosen,
         state=state,
@@ -382,6 +400,7 @@ def tab(examples: list[str]) -> gr.Radio:
                 seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed", elem_id="live-seed")
                 compare_ar = gr.Checkbox(value=True, label="also time an autoregressive run (speedup)")
     stats = gr.Markdown("Press **Generate**.", elem_id="live-stats")
+    run_summary = gr.JSON(visible="hidden", elem_id="live-summary")  # the run in numbers, for tools (the page shows the stats)
     text_view = gr.HTML(elem_id="text-view", elem_classes="tev-text")
     with gr.Row():
         tree_plot = gr.Plot(label="draft tree of the round", elem_id="tree-plot")
@@ -405,7 +424,7 @@ def tab(examples: list[str]) -> gr.Radio:
     # Stop is a flag the generation polls between rounds (not Gradio's cancel, which would
     # mark every output as failed and leave the figures of a half-drawn run)
     generate.click(arm_stop, None, None, queue=False, api_name=False).then(
-        gpu.gpu_task("generate")(run_live), inputs, list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, round_slider, budget_plot, run_state)),
+        gpu.gpu_task("generate")(run_live), inputs, list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, run_summary, round_slider, budget_plot, run_state)),
         validator=validator(inputs, check_live), api_name="generate", **COMPUTE,
     )
     stop.click(stop_live, None, None, queue=False, api_name=False)
