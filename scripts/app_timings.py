@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 
 from gradio_client import Client  # noqa: E402
 
-from tests.appserver import AppServer  # noqa: E402
+from tev.bench.appserver import AppServer  # noqa: E402
 from tev.engine.models import DEFAULT_PAIR, PAIRS  # noqa: E402
 from tev.util.paths import assets_dir  # noqa: E402
 

@@ -274,7 +274,7 @@ def test_pasted_prompts_become_a_drafter_the_live_tab_runs(chat_server, browser,
 
     from app import build_app
     from tev.train.workload_data import split_workload
-    from tests.appserver import free_port
+    from tev.bench.appserver import free_port
     from tests.tiny import CHAT_WORDS
 
     prompts = [" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 4)) for k in range(16)]
