@@ -55,8 +55,8 @@ class Limits:
 
 LIMITS = Limits()
 
-# The app's opening sampling law, chosen by measurement (scripts/sampling_defaults.py,
-# docs/sampling-defaults.json): coherent answers on the held-out prompts and graded reach.
+# The app's opening sampling law, chosen by measurement (docs/sampling-defaults.json, from
+# scripts/sampling_defaults.py, removed after commit b697f37): coherent answers on the held-out prompts and graded reach.
 DEFAULT_SAMPLING = SamplingLaw(0.7, top_p=0.9)
 
 
