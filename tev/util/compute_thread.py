@@ -1,7 +1,7 @@
 """The server's one compute thread: every piece of model work runs in it, in turn.
 
 A request is an iterator of steps (a speculation round, a training step, a scoring batch): a
-generator yields its progress and ``return``\ s its result (PEP 380). Handlers hand it to
+generator yields its progress and returns its result (PEP 380). Handlers hand it to
 :meth:`ComputeThread.steps` and read what each step yields, and ``result = yield from
 compute.steps(work)`` (or :func:`result_of`) takes the result it returned; the thread
 steps the active requests one step each, first come first served, so a fine-tune taking step
