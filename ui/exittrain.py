@@ -21,7 +21,7 @@ from tev.train.data import DOMAINS
 from tev.train.losses import TREE_TERMS
 from tev.util.stats import change_in_words
 from ui import gpu, shared
-from ui.components import Radio, Slider, validator
+from ui.components import checked_event
 from ui.shared import COMPUTE, _user_error
 from visual import before_after_figure, exit_mass_change_figure, training_figure, tree_figure
 
@@ -226,10 +226,10 @@ def tab() -> None:
            "its held-out ones." if shared.EXITTRAIN_CHAT else "This tab runs on the **tiny code pair**, whose training data ships with the app.")
     )
     with gr.Row():
-        domain = Radio(list(DOMAINS), value="dialogue", label="domain (train and judge on it; the base drafter does worst on dialogue)", visible=shared.EXITTRAIN_CHAT)
-        tree_term = Radio(list(TREE_TERMS), value="exit", label="tree term (exit: the method; prefix, none: controls)")
-        steps = Slider(LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, value=CHAT_TAB_STEPS if shared.EXITTRAIN_CHAT else live.steps, step=1, label="steps (training stops early if the 3 minutes run out)")
-        lambda_tree = Slider(0, LIMITS.max_lambda_exit, value=live.lambda_tree, step=1, label="lambda_tree (weight of L_tree)")
+        domain = gr.Radio(list(DOMAINS), value="dialogue", label="domain (train and judge on it; the base drafter does worst on dialogue)", visible=shared.EXITTRAIN_CHAT)
+        tree_term = gr.Radio(list(TREE_TERMS), value="exit", label="tree term (exit: the method; prefix, none: controls)")
+        steps = gr.Slider(LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, value=CHAT_TAB_STEPS if shared.EXITTRAIN_CHAT else live.steps, step=1, label="steps (training stops early if the 3 minutes run out)")
+        lambda_tree = gr.Slider(0, LIMITS.max_lambda_exit, value=live.lambda_tree, step=1, label="lambda_tree (weight of L_tree)")
     with gr.Row():
         start = gr.Button("Start fine-tune", variant="primary", elem_id="exittrain-start")
         cancel = gr.Button("Cancel", elem_id="exittrain-cancel")
@@ -241,6 +241,6 @@ def tab() -> None:
         ui["tree_base"] = gr.Plot(label="base drafter's tree")
         ui["tree_trained"] = gr.Plot(label="ExitTrain drafter's tree")
     inputs = [domain, tree_term, steps, lambda_tree]
-    start.click(gpu.gpu_task("exittrain")(run_exittrain), inputs, [ui[name] for name in RUN_OUTPUTS], validator=validator(inputs, check_free), api_name="exittrain", **COMPUTE)
+    checked_event(start.click, gpu.gpu_task("exittrain")(run_exittrain), inputs, [ui[name] for name in RUN_OUTPUTS], check_free, api_name="exittrain", **COMPUTE)
     cancel.click(cancel_exittrain, None, ui["status"], api_name="exittrain_cancel")
     shipped.click(gpu.gpu_task("compare_shipped")(compare_shipped), None, [ui[name] for name in SHIPPED_OUTPUTS], api_name="compare_shipped", **COMPUTE)

@@ -20,7 +20,7 @@ from tev.engine.models import DRAFTER_KINDS, DRAFTERS
 from tev.service.adapted import drafter_kind, is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, check_settings, records_to_json
 from ui import gpu, shared
-from ui.components import Number, Radio, Slider, validator
+from ui.components import checked_event
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
 from ui.workload import adapted_drafter, remember_asked
 from visual import mass_by_depth_figure, text_view_html, timeline_figure, tree_figure
@@ -382,22 +382,21 @@ def tab(examples: list[str]) -> gr.Radio:
                 label="held-out chat prompts: dialogue, code, math" if shared.CHAT_DEFAULT else "held-out stdlib functions and HumanEval prompts",
             )
         with gr.Column(scale=2):
-            drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in DRAFTERS)
+            drafter = gr.Radio(list(DRAFTER_KINDS), value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in DRAFTERS)
                             + " · adapted: yours, from a workload run in the ExitTrain tab", elem_id="live-drafter")
-            drafter.also = is_adapted
-            verifier = Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
+            verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
             with gr.Row():
-                budget = Slider(0, LIMITS.max_budget, value=16, step=1, scale=3,
+                budget = gr.Slider(0, LIMITS.max_budget, value=16, step=1, scale=3,
                                 label="budget B (draft nodes per round; 0 drafts nothing: plain decoding); with budget auto, the most a round may keep")
                 auto_budget = gr.Checkbox(value=AUTO_DEFAULT, scale=1, label="budget auto: each round keeps the drafter's best nodes this machine pays for",
                                           info="the sizes follow this machine's timing, so a seed repeats the text only at a fixed budget or T = 0")
-            temperature = Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T (0: greedy)")
+            temperature = gr.Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T (0: greedy)")
             with gr.Row():
-                top_p = Slider(LIMITS.min_top_p, 1.0, value=DEFAULT_SAMPLING.top_p, step=0.01, label="top-p (1: off)")
-                top_k = Slider(0, LIMITS.max_top_k, value=DEFAULT_SAMPLING.top_k, step=1, label="top-k (0: off)")
-            max_new_tokens = Slider(1, LIMITS.max_new_tokens, value=DEFAULT_NEW_TOKENS, step=1, label="max new tokens")
+                top_p = gr.Slider(LIMITS.min_top_p, 1.0, value=DEFAULT_SAMPLING.top_p, step=0.01, label="top-p (1: off)")
+                top_k = gr.Slider(0, LIMITS.max_top_k, value=DEFAULT_SAMPLING.top_k, step=1, label="top-k (0: off)")
+            max_new_tokens = gr.Slider(1, LIMITS.max_new_tokens, value=DEFAULT_NEW_TOKENS, step=1, label="max new tokens")
             with gr.Row():
-                seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed", elem_id="live-seed")
+                seed = gr.Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed", elem_id="live-seed")
                 compare_ar = gr.Checkbox(value=True, label="also time an autoregressive run (speedup)")
     stats = gr.Markdown("Press **Generate**.", elem_id="live-stats")
     run_summary = gr.JSON(visible="hidden", elem_id="live-summary")  # the run in numbers, for tools (the page shows the stats)
@@ -410,7 +409,7 @@ def tab(examples: list[str]) -> gr.Radio:
     with gr.Row():
         budget_plot = gr.Plot(label="budget auto: how this round's tree size was chosen", elem_id="budget-plot", visible=False)
     with gr.Row():
-        round_slider = Slider(1, 2, value=1, step=1, label="browse rounds", interactive=False, elem_id="round-slider")
+        round_slider = gr.Slider(1, 2, value=1, step=1, label="browse rounds", interactive=False, elem_id="round-slider")
         previous_round = gr.Button("◀ previous", scale=0)
         next_round = gr.Button("next ▶", scale=0)
     round_info = gr.Markdown(elem_id="round-info")
@@ -423,18 +422,17 @@ def tab(examples: list[str]) -> gr.Radio:
     inputs = [prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k, auto_budget, budget_memory]
     # Stop is a flag the generation polls between rounds (not Gradio's cancel, which would
     # mark every output as failed and leave the figures of a half-drawn run)
-    generate.click(arm_stop, None, None, queue=False, api_name=False).then(
-        gpu.gpu_task("generate")(run_live), inputs, list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, run_summary, round_slider, budget_plot, run_state)),
-        validator=validator(inputs, check_live), api_name="generate", **COMPUTE,
-    )
+    pressed = generate.click(arm_stop, None, None, queue=False, api_name=False)
+    checked_event(pressed.then, gpu.gpu_task("generate")(run_live), inputs, list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, run_summary, round_slider, budget_plot, run_state)),
+                  check_live, also={drafter: is_adapted}, api_name="generate", **COMPUTE)
     stop.click(stop_live, None, None, queue=False, api_name=False)
     views = list(RoundView(round_slider, tree_plot, mass_plot, round_info, budget_plot))
     # release: the slider dragged; input: a round number typed into its box
     for event, api_name in ((round_slider.release, "browse_round"), (round_slider.input, False)):
-        event(browse_round, [round_slider, run_state], views, validator=validator([round_slider, run_state], check_browse), api_name=api_name, trigger_mode="always_last")
+        checked_event(event, browse_round, [round_slider, run_state], views, check_browse, api_name=api_name, trigger_mode="always_last")
     for button, delta in ((previous_round, -1), (next_round, 1)):
         inputs = [round_slider, run_state, gr.State(delta)]
-        button.click(browse_round, inputs, views, validator=validator(inputs, check_browse), api_name=False)
+        checked_event(button.click, browse_round, inputs, views, check_browse, api_name=False)
     export.click(export_run, run_state, export_file, api_name="export")
     return drafter
 

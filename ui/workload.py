@@ -17,7 +17,7 @@ from tev.service.service import LIMITS
 from tev.util.paths import assets_dir
 from tev.util.stats import change_in_words
 from ui import gpu, shared
-from ui.components import Radio, Slider, validator
+from ui.components import checked_event
 from ui.exittrain import Cancel, cancel_exittrain, check_free, side_by_side
 from ui.shared import COMPUTE, _user_error
 from visual import exit_mass_change_figure
@@ -242,9 +242,9 @@ def tab(drafters: list = ()) -> None:
         visible=shown,
     )
     with gr.Row(visible=shown):
-        pack = Radio(pack_names() + [OWN, ASKED], value=(pack_names() or [OWN])[0], label="workload")
-        minutes = Slider(MIN_MINUTES, MAX_MINUTES, value=5, step=0.5, label="minutes (the whole run: answers, fine-tunes, held-out measurement)")
-    recipe = Radio(list(RECIPES), value=DEFAULT_RECIPE, label="fine-tune the kept drafter on (the other is the control)", visible=shown)
+        pack = gr.Radio(pack_names() + [OWN, ASKED], value=(pack_names() or [OWN])[0], label="workload")
+        minutes = gr.Slider(MIN_MINUTES, MAX_MINUTES, value=5, step=0.5, label="minutes (the whole run: answers, fine-tunes, held-out measurement)")
+    recipe = gr.Radio(list(RECIPES), value=DEFAULT_RECIPE, label="fine-tune the kept drafter on (the other is the control)", visible=shown)
     text = gr.Textbox(label=f"your prompts, one per line (at least 16; each at most {LIMITS.max_prompt_chars} characters)", lines=6,
                       max_lines=30, max_length=200_000, visible=shown)
     with gr.Row(visible=shown):
@@ -263,7 +263,8 @@ def tab(drafters: list = ()) -> None:
         return [choices] * len(drafters) + [weights]
 
     inputs = [pack, text, minutes, recipe]
-    start.click(gpu.gpu_task("exittrain")(run_workload), inputs, [ui[name] for name in RUN_OUTPUTS], validator=validator(inputs, check_prompts),
-                api_name="exittrain_workload", **COMPUTE).then(offered, pack, [*drafters, download], api_name="exittrain_workload_offer")
+    started = checked_event(start.click, gpu.gpu_task("exittrain")(run_workload), inputs, [ui[name] for name in RUN_OUTPUTS], check_prompts,
+                            api_name="exittrain_workload", **COMPUTE)
+    started.then(offered, pack, [*drafters, download], api_name="exittrain_workload_offer")
     asked.click(use_asked, None, [pack, ui["status"]], api_name="exittrain_workload_asked")
     cancel.click(cancel_exittrain, None, ui["status"], api_name="exittrain_workload_cancel")
