@@ -14,12 +14,15 @@ number of the right kind), never through the component.
 from __future__ import annotations
 
 import inspect
+import threading
+from collections import OrderedDict
 
 import gradio as gr
 
 from tev.service.service import UserInputError, check_number
+from ui import shared
 
-__all__ = ["checked_event", "validator", "refusal"]
+__all__ = ["checked_event", "validator", "refusal", "once_per_click"]
 
 
 def _short_label(component) -> str:
@@ -80,3 +83,43 @@ def checked_event(listener, handler, inputs: list, outputs, check=None, also: di
     """``listener(handler, inputs, outputs, **options)`` with :func:`validator` refusing bad inputs
     by name first, and Gradio's preprocessing off (values come as sent; ``check`` reads them)."""
     return listener(handler, inputs, outputs, validator=validator(inputs, check, also), preprocess=False, **options)
+
+
+def once_per_click(check):
+    """``check`` remembered for its last few distinct inputs, so the handler that calls it after
+    the event's validator did reuses that result: one click checks (and tokenizes) once. The
+    memory is keyed by the shared service too (a result holds what its models made); values the
+    check cannot hash (a session's state) are left out of the key, so ``check`` must not read them;
+    a refusal (an exception) is never remembered."""
+    remembered: OrderedDict = OrderedDict()
+    lock = threading.Lock()
+
+    def key_of(args, kwargs) -> tuple:
+        def hashable(value):
+            try:
+                hash(value)
+            except TypeError:
+                return None
+            return (type(value).__name__, value)
+
+        return (id(shared.SERVICE), *map(hashable, args), *sorted((k, hashable(v)) for k, v in kwargs.items()))
+
+    def remembering(*args, **kwargs):
+        key = key_of(args, kwargs)
+        with lock:
+            found = remembered.get(key)
+        if found is not None and found[0] is shared.SERVICE:
+            return found[1]
+        result = check(*args, **kwargs)
+        with lock:
+            remembered[key] = (shared.SERVICE, result)
+            while len(remembered) > ONCE_KEPT:
+                remembered.popitem(last=False)
+        return result
+
+    remembering.__signature__ = inspect.signature(check)  # the validator names inputs by the check's parameters
+    remembering.__name__, remembering.__doc__ = check.__name__, check.__doc__
+    return remembering
+
+
+ONCE_KEPT = 64  # checks remembered (a few clicks' worth; each result is a prompt's token ids and its settings)

@@ -11,7 +11,7 @@ from tev.core.verify import SAMPLING_VERIFIERS
 from tev.engine.models import DRAFTER_KINDS
 from tev.service.service import LIMITS, UserInputError, check_number
 from ui import gpu, shared
-from ui.components import checked_event
+from ui.components import checked_event, once_per_click
 from ui.shared import COMPUTE, _user_error
 from visual import tree_figure, verifier_lab_figure
 
@@ -25,6 +25,7 @@ class LabView(NamedTuple):
     table: Any
 
 
+@once_per_click
 def check_lab(source, prompt, drafter, budget, temperature, draws, seed):
     """The lab's settings (``draws``, ``seed``, and for a prompt's tree ``budget``, ``temperature``
     and the prompt's ids); raises ``ValueError`` saying what to change."""

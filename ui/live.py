@@ -15,14 +15,15 @@ import torch
 
 from tev.core.budget import Calibration, RoundRate
 from tev.core.verify import VERIFIERS
-from tev.engine.decode import DecodeConfig, GenerationSummary, run_to_end
+from tev.engine.decode import DecodeConfig, GenerationSummary
 from tev.engine.models import DRAFTER_KINDS, DRAFTERS
 from tev.service.adapted import drafter_kind, is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, check_settings, records_to_json
 from ui import gpu, shared
-from ui.components import checked_event
+from tev.util.compute_thread import result_of
+from ui.components import checked_event, once_per_click
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
-from ui.workload import adapted_drafter, remember_asked
+from ui.workload import chosen_drafter, remember_asked
 from visual import mass_by_depth_figure, text_view_html, timeline_figure, tree_figure
 from visual.budget_view import budget_figure
 
@@ -194,15 +195,25 @@ def stop_live(request: gr.Request):
     _stop_flag(request).set()
 
 
-def check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar=False, chat=False, top_p=1.0, top_k=0, auto=False, memory=None):
-    """The prompt's token ids and the generation's settings; raises ``ValueError`` saying what to
-    change. With ``auto`` the budget is "auto" and ``budget`` its cap."""
+class LiveInput(NamedTuple):
+    """A Live click's inputs as checked: the prompt's token ids and the generation's settings."""
+
+    prompt_ids: tuple[int, ...]
+    config: DecodeConfig
+
+
+@once_per_click
+def check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar=False, chat=False, top_p=1.0, top_k=0, auto=False, memory=None) -> LiveInput:
+    """The prompt's token ids and the generation's settings (:class:`LiveInput`); raises
+    ``ValueError`` saying what to change. With ``auto`` the budget is "auto" and ``budget`` its cap.
+    The event's validator calls it and the handler takes that result (:func:`once_per_click`)."""
     bundle = shared.SERVICE.bundle()
     if chat and not bundle.is_chat:
         raise UserInputError("this target has no chat template; untick 'chat' to continue the text as it is")
-    prompt_ids = shared.SERVICE.encode(prompt, chat=bool(chat))
+    prompt_ids = tuple(shared.SERVICE.encode(prompt, chat=bool(chat)))
     config = check_settings(verifier, budget, temperature, max_new_tokens, seed, top_p=top_p, top_k=top_k, auto=bool(auto))
-    return prompt_ids, config, shared.SERVICE.request(prompt_ids, drafter_kind(drafter), config)
+    shared.SERVICE.drafter(drafter_kind(drafter))  # a drafter kind the target lacks is refused here; the handler picks the drafter
+    return LiveInput(prompt_ids, config)
 
 
 def _auto_budget(config: DecodeConfig, drafter: str, memory: dict | None):
@@ -227,54 +238,63 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
     ``budget`` (``memory``: the browser session's state, see :func:`_auto_budget`).
     Stop (:func:`stop_live`) ends it between rounds, with every figure drawn for what ran."""
     try:
-        prompt_ids, config, speculation = check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k, auto)
-        if is_adapted(drafter):  # this browser session's own adapted drafter
-            speculation = dataclasses.replace(speculation, drafter=adapted_drafter(drafter, request))
+        prompt_ids, config = check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k, auto, memory)
+        speculation = shared.SERVICE.request(prompt_ids, chosen_drafter(shared.SERVICE.bundle(), drafter, request), config)
         remember_asked(prompt, chat, request)
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
         raise _user_error(error) from None
     sizing, quiet_sizing = _auto_budget(config, drafter, memory)
     stop = _stop_flag(request)
-    records, summary = [], None
-    text = shared.SERVICE.token_text
-    last_draw = 0.0
+    records = []
     events = shared.SERVICE.generate(speculation, should_stop=stop.is_set, auto=sizing)
     try:  # Gradio closes this generator when the client leaves: stop generating then
-        for event in events:
-            if isinstance(event, GenerationSummary):
-                summary = event
-                break
-            records.append(event)
-            now = time.perf_counter()
-            if len(records) == 1 or now - last_draw > 0.25:  # redraw at most 4 times a second
-                last_draw = now
-                tree, mass, chosen = _round_figures(records, len(records) - 1)
-                yield only(LiveView, text=text_view_html(records, token_text=text, prompt_text=prompt), tree=tree, mass=mass, budget=chosen,
-                           stats=_stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active()), state={"records": records, "summary": None})
+        summary = yield from _drawn(events, records, prompt)
     finally:
         events.close()
     timing = None
     tokens = sum(len(r.emitted) for r in records)
-    if compare_ar and summary is not None and summary.stop_reason != "cancelled" and tokens >= MIN_TIMED_TOKENS:
+    if compare_ar and summary.stop_reason != "cancelled" and tokens >= MIN_TIMED_TOKENS:
         yield only(LiveView, stats=_stats_markdown(records, summary, config) + "\n\ntiming speculation and plain decoding again, with the page idle…")
 
         def quiet_runs(should_stop):
             def halted():
                 return should_stop() or stop.is_set()
-            quiet = run_to_end(shared.SERVICE.generate(speculation, should_stop=halted, auto=quiet_sizing))[1]
+            quiet = result_of(shared.SERVICE.generate(speculation, should_stop=halted, auto=quiet_sizing))
             return quiet, shared.SERVICE.autoregressive(prompt_ids, config, should_stop=halted)
 
         quiet, ar = yield from _in_worker(quiet_runs, tick=only(LiveView))
         if "cancelled" not in (quiet.stop_reason, ar.stop_reason):
             timing = {"speculative": quiet, "autoregressive": ar}
     state = {"records": records, "summary": summary, "settings": {"prompt": prompt, "drafter": drafter, **dataclasses.asdict(config)}}
+    yield _finished(records, summary, config, timing, prompt, state)
+
+
+def _drawn(events, records: list, prompt: str):
+    """Each round of ``events`` kept in ``records`` and drawn (at most 4 times a second); returns
+    the generation's summary (PEP 380)."""
+    last_draw = 0.0
+    while True:
+        try:
+            record = next(events)
+        except StopIteration as end:
+            return end.value
+        records.append(record)
+        now = time.perf_counter()
+        if len(records) == 1 or now - last_draw > 0.25:  # redraw at most 4 times a second
+            last_draw = now
+            tree, mass, chosen = _round_figures(records, len(records) - 1)
+            yield only(LiveView, text=text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), tree=tree, mass=mass, budget=chosen,
+                       stats=_stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active()), state={"records": records, "summary": None})
+
+
+def _finished(records, summary: GenerationSummary, config: DecodeConfig, timing: dict | None, prompt: str, state: dict) -> LiveView:
+    """The finished run's view: every figure, the stats and the summary, the round browser at its last round."""
     if not records:
-        message = "Stopped before the first round." if summary is not None and summary.stop_reason == "cancelled" else "The generation produced no rounds."
-        yield LiveView("", None, None, None, message, None, gr.update(minimum=1, maximum=2, value=1, interactive=False), gr.update(value=None, visible=False), state)
-        return
+        message = "Stopped before the first round." if summary.stop_reason == "cancelled" else "The generation produced no rounds."
+        return LiveView("", None, None, None, message, None, gr.update(minimum=1, maximum=2, value=1, interactive=False), gr.update(value=None, visible=False), state)
     tree, mass, chosen = _round_figures(records, len(records) - 1)
-    yield LiveView(
-        text=text_view_html(records, token_text=text, prompt_text=prompt),
+    return LiveView(
+        text=text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt),
         tree=tree,
         mass=mass,
         timeline=timeline_figure(records),

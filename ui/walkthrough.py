@@ -17,7 +17,7 @@ from tev.engine.walkthrough import trace_round
 from tev.service.adapted import drafter_kind, is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, check_settings
 from ui import gpu, shared
-from ui.components import checked_event
+from ui.components import checked_event, once_per_click
 from ui.shared import COMPUTE, FORMULAS, RUN_STATE_SECONDS, _user_error, only, refuse
 from ui.workload import chosen_drafter
 from visual import verifier_lab_figure
@@ -56,8 +56,10 @@ def _view(state: dict, replay_cleared: bool = True) -> WalkView:
     return only(WalkView, where=where, text=f"### {step.title}\n\n{step.text}", plot=step.figure, state=state, **cleared)
 
 
+@once_per_click
 def check_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed):
-    """The round's settings and context; raises ``ValueError`` saying what to change."""
+    """The round's settings and context; raises ``ValueError`` saying what to change (the event's
+    validator calls it and the handler takes that result: :func:`once_per_click`)."""
     bundle = shared.SERVICE.bundle()
     config = check_settings(verifier, budget, temperature, 1, seed, top_p=top_p)
     bundle.drafter(drafter_kind(drafter))  # an unknown drafter kind is refused here
