@@ -6,7 +6,7 @@ import re
 import pytest
 from gradio_client import Client
 
-from ui.exittrain import RUN_OUTPUTS
+from ui.exittrain import ExitTrainView
 from ui.lab import LabView
 from ui.live import MIN_TIMED_TOKENS, LiveView, RoundView
 
@@ -111,7 +111,7 @@ def test_budget_zero_drafts_nothing_and_decodes_plainly(client):
 
 def test_tiny_exittrain_run(client):
     job = client.submit("math", "exit", 5, 16, api_name="/exittrain")
-    result = named(RUN_OUTPUTS, job.result())
+    result = named(ExitTrainView._fields, job.result())
     assert result["status"].startswith("trained 5 steps")
     assert "Held-out 1 + C" in result["table"] and re.search(r"no measurable change|\(a gain\)|\(a loss\)", result["table"])  # the paired change, in words
     assert traces(result["compare"]) and "nodes" in traces(result["tree_base"]) and "nodes" in traces(result["tree_trained"])

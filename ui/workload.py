@@ -5,6 +5,7 @@ control, in words and numbers, and both drafters' trees on the same held-out pro
 from __future__ import annotations
 
 import time
+from typing import Any, NamedTuple
 
 import gradio as gr
 
@@ -19,7 +20,7 @@ from tev.util.stats import change_in_words
 from ui import gpu, shared
 from ui.components import checked_event
 from ui.exittrain import Cancel, cancel_exittrain, check_free, side_by_side
-from ui.shared import COMPUTE, _user_error
+from ui.shared import COMPUTE, _user_error, only
 from visual import exit_mass_change_figure
 
 __all__ = ["OWN", "ASKED", "MIN_MINUTES", "MAX_MINUTES", "RECIPES", "DEFAULT_RECIPE", "pack_names", "verdict", "result_table", "run_workload", "adapted_drafter", "chosen_drafter",
@@ -88,8 +89,18 @@ def _recipe(recipe: str) -> str:
     return RECIPES[recipe]
 
 
+class WorkloadView(NamedTuple):
+    """The workload run's outputs."""
+
+    status: Any
+    table: Any
+    mass: Any
+    tree_base: Any
+    tree_adapted: Any
+
+
 def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=gr.Progress()):
-    """Adapt the base drafter to a workload, streaming its phases; each piece of work runs under
+    """Adapt the base drafter to a workload, streaming its phases (:class:`WorkloadView`); each piece of work runs under
     the server's compute thread, and Cancel stops between pieces. ``recipe`` (a key of
     :data:`RECIPES`) is what the kept drafter learns from; the other recipe trains beside it as the control."""
     owner = shared.session_of(request)
@@ -126,29 +137,29 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
                 progress(min(0.99, elapsed / budget), desc=f"{name} · {elapsed:.0f} s of about {budget:.0f} s")
                 if name == "work" or (name == "step" and info["step"] % 10):
                     continue
-                yield _status(name, info, elapsed), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                yield only(WorkloadView, status=_status(name, info, elapsed))
         except ValueError as error:
             raise _user_error(error) from None
         finally:
             pieces.close()  # the compute thread closes the run before its next piece of work
         if cancel.cancelled or outcome is None:
-            yield "cancelled: nothing was measured (no comparison of an unfinished drafter is shown)", "", None, None, None
+            yield WorkloadView("cancelled: nothing was measured (no comparison of an unfinished drafter is shown)", "", None, None, None)
             return
         result = outcome["result"]
         table = result_table(result)
         if not result["compared"]:
-            yield f"finished in {result['minutes']:.1f} min: nothing compared, no adapted drafter kept", table, None, None, None
+            yield WorkloadView(f"finished in {result['minutes']:.1f} min: nothing compared, no adapted drafter kept", table, None, None, None)
             return
         label = shared.ADAPTED.keep(owner, _workload_name(pack), outcome["drafter"])
         kept = (f"the adapted drafter is kept for this browser session as **{label}**: choose it in the Live tab or the walkthrough, or download it "
                 f"below (loads with `--draft`); the server keeps the {CAPACITY} most recently used adapted drafters (15-30 MB each) and writes none to disk")
         mass = result.get("heldout_mass")
         mass_figure = exit_mass_change_figure({"base": mass["base"], "adapted": mass["exittrain"]}) if mass else None
-        yield f"finished in {result['minutes']:.1f} min; drawing both drafters' trees on a held-out prompt…", table, mass_figure, gr.skip(), gr.skip()
+        yield only(WorkloadView, status=f"finished in {result['minutes']:.1f} min; drawing both drafters' trees on a held-out prompt…", table=table, mass=mass_figure)
         _, heldout = split_workload(prompts)
         adapted = BlockTreeDrafter(outcome["drafter"].served(), name="adapted")
         trees = side_by_side(bundle, {"base": bundle.drafter("block"), "adapted": adapted}, {"text": heldout[0], "chat": True}, EVAL_BUDGET)
-        yield f"finished in {result['minutes']:.1f} min; {kept}", table, gr.skip(), *trees
+        yield only(WorkloadView, status=f"finished in {result['minutes']:.1f} min; {kept}", table=table, tree_base=trees[0], tree_adapted=trees[1])
     finally:
         shared.EXITTRAIN_SLOT.release()
 
@@ -173,9 +184,6 @@ def _status(name: str, info: dict, elapsed: float) -> str:
 
 
 # ------------------------------------------------------------------------------ the tab
-RUN_OUTPUTS = ("status", "table", "mass", "tree_base", "tree_adapted")  # run_workload yields its outputs in this order
-
-
 def check_prompts(pack, prompts, minutes, recipe):
     """Refuses a workload without enough prompts (naming the prompts), an unknown recipe, or while another ExitTrain
     run holds the slot (the session's Live prompts are counted by the run itself: a validator does not know the session)."""
@@ -263,7 +271,7 @@ def tab(drafters: list = ()) -> None:
         return [choices] * len(drafters) + [weights]
 
     inputs = [pack, text, minutes, recipe]
-    started = checked_event(start.click, gpu.gpu_task("exittrain")(run_workload), inputs, [ui[name] for name in RUN_OUTPUTS], check_prompts,
+    started = checked_event(start.click, gpu.gpu_task("exittrain")(run_workload), inputs, [ui[name] for name in WorkloadView._fields], check_prompts,
                             api_name="exittrain_workload", **COMPUTE)
     started.then(offered, pack, [*drafters, download], api_name="exittrain_workload_offer")
     asked.click(use_asked, None, [pack, ui["status"]], api_name="exittrain_workload_asked")
