@@ -143,7 +143,7 @@ def step_greedy(options: Options) -> dict:
 
     float32: token for token, and (on a GPU) the same tokens as the CPU's float32 run;
     bfloat16: every emitted token is the argmax of one causal forward up to rounding ties
-    (``tests.helpers.rounding_tie``), which also bounds where the two runs may part.
+    (``tev.bench.exactness.rounding_tie``), which also bounds where the two runs may part.
     """
     drafters = ("block",) if options.quick else ("block", "chain")
     budgets = (8,) if options.quick else (8, 32)
