@@ -22,7 +22,7 @@ import gradio as gr
 from tev.service.service import UserInputError, check_number
 from ui import shared
 
-__all__ = ["checked_event", "validator", "refusal", "once_per_click"]
+__all__ = ["checked_event", "validator", "refusal", "once_per_click", "as_text"]
 
 
 def _short_label(component) -> str:
@@ -77,6 +77,12 @@ def validator(inputs: list, check=None, also: dict | None = None):
         return verdicts
 
     return validate
+
+
+def as_text(value) -> str | None:
+    """A text input's value as Gradio's Textbox would have passed it (its preprocessing is off on a
+    checked event): None stays None, anything else becomes its ``str``."""
+    return None if value is None else str(value)
 
 
 def checked_event(listener, handler, inputs: list, outputs, check=None, also: dict | None = None, **options):

@@ -11,7 +11,7 @@ from tev.core.verify import SAMPLING_VERIFIERS
 from tev.engine.models import DRAFTER_KINDS
 from tev.service.service import LIMITS, UserInputError, check_number
 from ui import gpu, shared
-from ui.components import checked_event, once_per_click
+from ui.components import as_text, checked_event, once_per_click
 from ui.shared import COMPUTE, _user_error
 from visual import tree_figure, verifier_lab_figure
 
@@ -38,7 +38,7 @@ def check_lab(source, prompt, drafter, budget, temperature, draws, seed):
     temperature = check_number("temperature", temperature, LIMITS.min_lab_temperature, LIMITS.max_temperature)
     if drafter not in bundle.drafters:
         raise UserInputError(f"unknown drafter {drafter!r}")
-    return draws, seed, budget, temperature, shared.SERVICE.encode(prompt, chat=bundle.is_chat)
+    return draws, seed, budget, temperature, shared.SERVICE.encode(as_text(prompt), chat=bundle.is_chat)
 
 
 def run_verifier_lab(source, prompt, drafter, budget, temperature, draws, seed, progress=gr.Progress()) -> LabView:

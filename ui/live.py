@@ -21,7 +21,7 @@ from tev.service.adapted import drafter_kind, is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, check_settings, records_to_json
 from ui import gpu, shared
 from tev.util.compute_thread import result_of
-from ui.components import checked_event, once_per_click
+from ui.components import as_text, checked_event, once_per_click
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
 from ui.workload import chosen_drafter, remember_asked
 from visual import mass_by_depth_figure, text_view_html, timeline_figure, tree_figure
@@ -210,7 +210,7 @@ def check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, s
     bundle = shared.SERVICE.bundle()
     if chat and not bundle.is_chat:
         raise UserInputError("this target has no chat template; untick 'chat' to continue the text as it is")
-    prompt_ids = tuple(shared.SERVICE.encode(prompt, chat=bool(chat)))
+    prompt_ids = tuple(shared.SERVICE.encode(as_text(prompt), chat=bool(chat)))
     config = check_settings(verifier, budget, temperature, max_new_tokens, seed, top_p=top_p, top_k=top_k, auto=bool(auto))
     shared.SERVICE.drafter(drafter_kind(drafter))  # a drafter kind the target lacks is refused here; the handler picks the drafter
     return LiveInput(prompt_ids, config)
@@ -239,6 +239,7 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
     Stop (:func:`stop_live`) ends it between rounds, with every figure drawn for what ran."""
     try:
         prompt_ids, config = check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k, auto, memory)
+        prompt = as_text(prompt)
         speculation = shared.SERVICE.request(prompt_ids, chosen_drafter(shared.SERVICE.bundle(), drafter, request), config)
         remember_asked(prompt, chat, request)
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here

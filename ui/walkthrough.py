@@ -17,7 +17,7 @@ from tev.engine.walkthrough import trace_round
 from tev.service.adapted import drafter_kind, is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, check_settings
 from ui import gpu, shared
-from ui.components import checked_event, once_per_click
+from ui.components import as_text, checked_event, once_per_click
 from ui.shared import COMPUTE, FORMULAS, RUN_STATE_SECONDS, _user_error, only, refuse
 from ui.workload import chosen_drafter
 from visual import verifier_lab_figure
@@ -63,7 +63,7 @@ def check_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, see
     bundle = shared.SERVICE.bundle()
     config = check_settings(verifier, budget, temperature, 1, seed, top_p=top_p)
     bundle.drafter(drafter_kind(drafter))  # an unknown drafter kind is refused here
-    return config, shared.SERVICE.encode(prompt, chat=bundle.is_chat)
+    return config, shared.SERVICE.encode(as_text(prompt), chat=bundle.is_chat)
 
 
 def run_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed, request: gr.Request = None) -> WalkView:
@@ -75,7 +75,7 @@ def run_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed,
                                             config.budget, config.seed)
     except ValueError as error:  # the validator refuses bad settings first; an API call that skips it lands here
         raise _user_error(error) from None
-    return _view({"traces": [trace], "round": 0, "step": 0, "seed": config.seed, "drafter": drafter, "prompt": prompt})
+    return _view({"traces": [trace], "round": 0, "step": 0, "seed": config.seed, "drafter": drafter, "prompt": as_text(prompt)})
 
 
 def step_walkthrough(delta, state, request: gr.Request = None) -> WalkView:

@@ -18,7 +18,7 @@ from tev.service.service import LIMITS
 from tev.util.paths import assets_dir
 from tev.util.stats import change_in_words
 from ui import gpu, shared
-from ui.components import checked_event
+from ui.components import as_text, checked_event
 from ui.exittrain import Cancel, cancel_exittrain, check_free, side_by_side
 from ui.shared import COMPUTE, _user_error, only
 from visual import exit_mass_change_figure
@@ -53,7 +53,7 @@ def _prompts(pack: str, own_text: str, session: str | None = None) -> list[str]:
                              f"adapting to them needs at least {MIN_ASKED}")
         return check_workload(asked, "your Live prompts", minimum=MIN_ASKED)
     if pack == OWN:
-        lines = [line.strip() for line in (own_text or "").splitlines() if line.strip()]
+        lines = [line.strip() for line in (as_text(own_text) or "").splitlines() if line.strip()]
         return check_workload(lines, "your prompts (one per line)")
     if pack not in pack_names():
         raise ValueError(f"choose a workload pack ({', '.join(pack_names())}) or '{OWN}'")
