@@ -49,7 +49,7 @@ class LiveView(NamedTuple):
     mass: Any
     timeline: Any
     stats: Any
-    summary: Any  # the run in numbers (JSON beside the stats' sentences: tools read this, never the prose)
+    summary: Any  # the finished run in numbers (JSON beside the stats' sentences: tools read this, never the prose); cleared while a run streams
     rounds: Any  # the round browser's slider
     budget: Any  # budget auto's choice for the shown round (hidden at a fixed budget)
     state: Any
@@ -284,7 +284,7 @@ def _drawn(events, records: list, prompt: str):
         if len(records) == 1 or now - last_draw > 0.25:  # redraw at most 4 times a second
             last_draw = now
             tree, mass, chosen = _round_figures(records, len(records) - 1)
-            yield only(LiveView, text=text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), tree=tree, mass=mass, budget=chosen,
+            yield only(LiveView, text=text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), tree=tree, mass=mass, budget=chosen, summary=None,
                        stats=_stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active()), state={"records": records, "summary": None})
 
 

@@ -46,6 +46,16 @@ def set_number(page, label: str, value) -> None:
     box.press("Enter")
 
 
-def live_summary(page) -> dict:
-    """The Live tab's summary of its last run (its hidden JSON output, ``#live-summary``)."""
-    return json.loads(page.inner_text("#live-summary"))  # the JSON component shows the value as spaced JSON text
+# the hidden JSON output holds an object only once a run has finished (a streaming run clears it); the JSON
+# component shows the value as spaced JSON text
+_SUMMARY_SHOWN = """() => {
+    try { const value = JSON.parse(document.querySelector('#live-summary').innerText); return value !== null && typeof value === 'object'; }
+    catch (error) { return false; }
+}"""
+
+
+def live_summary(page, timeout_ms: int = 120_000) -> dict:
+    """The Live tab's summary of its last finished run (its hidden JSON output, ``#live-summary``),
+    once the page shows it."""
+    page.wait_for_function(_SUMMARY_SHOWN, timeout=timeout_ms)
+    return json.loads(page.inner_text("#live-summary"))
