@@ -23,7 +23,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def quick_assets_dir(tmp_path_factory):
     """Miniature assets built by `python -m tev build-assets --quick` (once per test run)."""
-    from tests.appserver import quick_assets
+    from tev.bench.appserver import quick_assets
 
     return quick_assets(tmp_path_factory.mktemp("quick") / "assets")
 
@@ -31,7 +31,7 @@ def quick_assets_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def app_server(quick_assets_dir, tmp_path_factory):
     """The real app (`python app.py`) serving the quick assets on a free port."""
-    from tests.appserver import AppServer
+    from tev.bench.appserver import AppServer
 
     server = AppServer(quick_assets_dir, tmp_path_factory.mktemp("app") / "app.log")
     try:

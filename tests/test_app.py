@@ -6,7 +6,7 @@ import re
 import pytest
 from gradio_client import Client
 
-from ui.exittrain import RUN_OUTPUTS
+from ui.exittrain import ExitTrainView
 from ui.lab import LabView
 from ui.live import MIN_TIMED_TOKENS, LiveView, RoundView
 
@@ -54,6 +54,10 @@ def test_generate_streams_rounds_and_is_reproducible(client):
     assert re.search(r"on \d+ torch thread", stats)  # the thread setting it was timed under
     assert re.search(r"→ \*\*\d+\.\d\dx\*\*", stats)  # the speedup of the quiet rerun over plain decoding
     assert "tev-" in final["text"] and "bonus" in final["text"]
+    summary = final["summary"]  # the same run in numbers, for tools (they read this, never the sentences)
+    assert f"**tau** (mean block length) {summary['tau']:.2f}" in stats and f"**rounds** {summary['rounds']}" in stats
+    assert f"→ **{summary['timing']['speedup']:.2f}x**" in stats and f"{summary['tokens_per_second']:.1f} tokens/s while the page drew" in stats
+    assert summary["drafter"] == "block" and summary["stop_reason"] in ("eos", "max_new_tokens")
     assert "nodes" in traces(final["tree"]) and traces(final["mass"]) and traces(final["timeline"])
     again = named(LiveView._fields, client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 64, 7, True, *fixed, api_name="/generate").result())
     assert again["text"] == final["text"]  # same seed, same text and the same round colouring
@@ -111,7 +115,7 @@ def test_budget_zero_drafts_nothing_and_decodes_plainly(client):
 
 def test_tiny_exittrain_run(client):
     job = client.submit("math", "exit", 5, 16, api_name="/exittrain")
-    result = named(RUN_OUTPUTS, job.result())
+    result = named(ExitTrainView._fields, job.result())
     assert result["status"].startswith("trained 5 steps")
     assert "Held-out 1 + C" in result["table"] and re.search(r"no measurable change|\(a gain\)|\(a loss\)", result["table"])  # the paired change, in words
     assert traces(result["compare"]) and "nodes" in traces(result["tree_base"]) and "nodes" in traces(result["tree_trained"])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tev.engine.batch_generate import generate_batch
-from tests.helpers import ALPHA, chi_square_against
+from tev.bench.exactness import ALPHA, chi_square_against
 from tests.tiny import tiny_target
 
 

@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from tev.bench.browser import live_summary
 from tev.service.service import LIMITS
 
 pytestmark = pytest.mark.browser
@@ -41,6 +42,8 @@ def test_page_generates_and_draws_the_tree(app_server, browser, tmp_path):
     page.wait_for_function("document.querySelector('#live-stats').innerText.includes('stopped')", timeout=120_000)
     stats = page.inner_text("#live-stats")
     assert "tau" in stats and "tokens/s" in stats
+    summary = live_summary(page)  # the hidden run summary that the page tools read (python -m tev bench page-speed, workload-path)
+    assert summary["rounds"] >= 1 and f"tau (mean block length) {summary['tau']:.2f}" in stats
     traces = page.locator("#tree-plot .scatterlayer .trace").count()
     assert traces >= 3  # edges, nodes, exit node (and bonus token)
     legend = page.inner_text("#tree-plot")
@@ -274,7 +277,7 @@ def test_pasted_prompts_become_a_drafter_the_live_tab_runs(chat_server, browser,
 
     from app import build_app
     from tev.train.workload_data import split_workload
-    from tests.appserver import free_port
+    from tev.bench.appserver import free_port
     from tests.tiny import CHAT_WORDS
 
     prompts = [" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 4)) for k in range(16)]

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from tests.helpers import ALPHA, chi_square_against
+from tev.bench.exactness import ALPHA, chi_square_against
 from tests.test_engine import SMALL_VOCAB, exact_first_tokens_law, greedy_reference
 from tests.tiny import save_pair, tiny_ar_drafter, tiny_block_drafter, tiny_target
 from tev.core.budget import Calibration, RoundRate, choose_prefix

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from tev.engine.decode import DecodeConfig, GenerationSummary, Request, speculative_generate
-from tev.util.compute_thread import ComputeThread
+from tev.util.compute_thread import ComputeThread, result_of
 from tests.tiny import tiny_block_drafter, tiny_target
 
 
@@ -161,3 +161,33 @@ def test_a_live_run_says_when_it_shares_the_machine(tmp_path, monkeypatch):
     finally:
         stop.set()
         reader.join(5)
+
+
+def _progress_then(result, steps: int):
+    for index in range(steps):
+        yield index
+    return result
+
+
+def test_the_work_returns_its_result_through_the_thread():
+    """One convention: a request yields progress and returns its result (PEP 380); ``steps``
+    passes the result through to ``yield from``, in the compute thread and in place."""
+    compute = ComputeThread()
+
+    def reader(work):
+        result = yield from compute.steps(work)
+        return result
+
+    seen = []
+    outer = reader(_progress_then("done", 3))
+    while True:
+        try:
+            seen.append(next(outer))
+        except StopIteration as end:
+            assert end.value == "done"
+            break
+    assert seen == [0, 1, 2]
+    assert result_of(compute.steps(_progress_then({"rows": 1}, 2))) == {"rows": 1}
+    assert compute.call(lambda: 5) == 5
+    nested = compute.call(lambda: result_of(compute.steps(_progress_then(7, 2))))  # work that submits work: in place
+    assert nested == 7

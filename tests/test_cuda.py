@@ -2,7 +2,7 @@
 
 The CPU suite checks the same properties in float32; these rerun them where the arithmetic
 differs: CUDA kernels, bfloat16 (the default dtype on a GPU), a CUDA random generator, and the
-host syncs a round makes. ``scripts/gpu_check.py`` runs this file on a lent GPU machine.
+host syncs a round makes. The GPU check (``bash scripts/gpu-check.sh``, ``tev/bench/gpu_check.py``) runs this file on a lent GPU machine.
 """
 
 import dataclasses
@@ -24,17 +24,8 @@ from tev.train.experiment import Experiment
 from tev.train.exittrain_command import EXITTRAIN_SETTINGS
 from tev.train.teacher import regenerate_sequences
 from tev.util.timing import StageTimer
-from tests.helpers import (
-    ALPHA,
-    chi_square_against,
-    count_host_syncs,
-    draws_for_power,
-    exact_block_law,
-    first_difference,
-    greedy_margins,
-    random_tree,
-    rounding_tie,
-)
+from tev.bench.exactness import ALPHA, chi_square_against, count_host_syncs, draws_for_power, exact_block_law, first_difference, greedy_margins, rounding_tie
+from tests.helpers import random_tree
 from tests.tiny import tiny_block_drafter, tiny_target
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

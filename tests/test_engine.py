@@ -20,7 +20,8 @@ from tev.engine.session import CausalLMSession
 from tev.service.service import UserInputError, check_settings
 from tev.util.timing import StageTimer
 from tev.core.tree import DraftTree
-from tests.helpers import ALPHA, chi_square_against, truncated_law
+from tev.bench.exactness import ALPHA, chi_square_against
+from tests.helpers import truncated_law
 from tests.tiny import OracleDrafter, save_pair, tiny_ar_drafter, tiny_block_drafter, tiny_target
 
 VOCAB = 48

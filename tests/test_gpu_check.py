@@ -1,13 +1,12 @@
-"""``scripts/gpu_check.py`` on a CPU: its steps in ``--quick`` size, its runner, and its plan.
+"""The GPU check (``tev/bench/gpu_check.py``) on a CPU: its steps in ``--quick`` size, its runner, and its plan.
 
-A GPU machine is lent rarely and briefly, so the script's own code must already work when it
+A GPU machine is lent rarely and briefly, so the check's own code must already work when it
 gets there: every in-process step runs here on the CPU, the runner is driven with stand-in
 commands (pass, fail, timeout, skips, an exhausted budget), and the steps are shown to fail on
 a biased verifier and on a wrong greedy token.
 """
 
 import ast
-import importlib.util
 import json
 import re
 import subprocess
@@ -17,12 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tev.bench import gpu_check
 from tev.core.verify import Verdict
 
 REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-gpu_check = sys.modules.setdefault("gpu_check", importlib.util.module_from_spec(_spec))  # dataclasses look it up there
-_spec.loader.exec_module(gpu_check)
 
 NEEDS_WHAT_THE_GPU_MACHINE_LACKS = ("gradio", "gradio_client", "plotly", "hypothesis", "playwright", "visual", "app", "ui", "gguf")
 FIXTURES_IT_CANNOT_BUILD = ("quick_assets_dir", "app_server")  # build-assets --quick reads the HumanEval package

@@ -8,7 +8,6 @@ killed, or that serve a broken or slow model, are this module's own.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import platform
@@ -25,16 +24,14 @@ import pytest
 import torch
 from gradio_client import Client
 
-from tests.appserver import REPO, AppServer
+from tev.bench import loadtest
+from tev.bench.appserver import REPO, AppServer
 from tev.engine.decode import DecodeConfig, run_to_end, Request, speculative_generate
 from tev.engine.models import ModelLoadError, load_bundle
 from tev.engine.prompt_text import encode_prompt
 from tev.util.memory import limit_malloc_arenas
 from ui.live import RoundView
 
-_spec = importlib.util.spec_from_file_location("loadtest", REPO / "scripts" / "loadtest.py")
-loadtest = sys.modules.setdefault("loadtest", importlib.util.module_from_spec(_spec))  # dataclasses look it up there
-_spec.loader.exec_module(loadtest)
 Settings, run_one, new_client = loadtest.Settings, loadtest.run_one, loadtest.new_client
 
 PROMPT = "def add(a, b):\n    "
@@ -102,7 +99,7 @@ os._exit(1)
 def test_short_load_test(app_server, tmp_path):
     """4 users for 20 s: no errors, identical seeds identical, own outputs, queue full refused."""
     command = [
-        sys.executable, str(REPO / "scripts" / "loadtest.py"), "--url", app_server.url, "--pid", str(app_server.pid),
+        sys.executable, "-m", "tev", "bench", "loadtest", "--url", app_server.url, "--pid", str(app_server.pid),
         "--users", "4", "--seconds", "20", "--identical-copies", "3", "--rerun-sample", "6", "--queue-extra", "16", "--out", str(tmp_path),
     ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -723,8 +720,8 @@ def test_the_app_listens_on_loopback_only_with_uploads_capped(app_server):
 
 
 def test_the_app_writes_nothing_beside_itself(app_server):
-    """Gradio writes a ``.pyi`` stub beside a module that defines a component subclass; the
-    app's two subclasses (``ui/components.py``) are made with that switched off."""
+    """Gradio writes a ``.pyi`` stub beside a module that defines a component subclass; the app
+    defines none (its inputs are Gradio's own components, checked by the events' validators)."""
     assert not (REPO / "app.pyi").exists() and not (REPO / "ui" / "components.pyi").exists()
     assert not list(REPO.glob("ui/*.pyi"))
 

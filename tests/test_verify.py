@@ -15,7 +15,8 @@ from tev.core.sampling import sample_rows
 from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS, TargetRows, verify
 from tev.engine.session import MIN_TRANSFORMERS, check_transformers
 from tev.core.sampling import SamplingLaw
-from tests.helpers import ALPHA, chi_square_against, draws_for_power, exact_block_law, random_tree, truncated_law
+from tev.bench.exactness import ALPHA, chi_square_against, draws_for_power, exact_block_law
+from tests.helpers import random_tree, truncated_law
 
 
 

@@ -111,19 +111,18 @@ def test_adapt_to_what_i_have_asked_takes_the_sessions_live_prompts(chat_server,
 
 def test_the_drafter_choices_pass_an_adapted_name_to_the_events_check(chat_server):
     from tev.service.adapted import is_adapted
-    from tev.service.service import UserInputError
-    from ui.components import Radio
+    from ui.components import refusal, validator
     from ui.live import check_live
     from ui.walkthrough import check_walkthrough
 
     with gr.Blocks():
-        drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q")
-        drafter.also = is_adapted
+        drafter = gr.Radio(list(DRAFTER_KINDS), value="block", label="drafter q")
     page = drafter.get_config()  # what the page is sent: the label, the value and every choice
     assert (page["label"], page["value"], page["choices"]) == ("drafter q", "block", [(kind, kind) for kind in DRAFTER_KINDS])
-    assert drafter.checked("adapted: sql") == "adapted: sql"  # the session's own choice: the event decides
-    with pytest.raises(UserInputError, match="must be one of"):
-        drafter.checked("medusa")
+    assert refusal(drafter, "adapted: sql", also=is_adapted) is None  # the session's own choice: the event decides
+    assert "must be one of" in refusal(drafter, "medusa", also=is_adapted)
+    verdicts = validator([drafter], also={drafter: is_adapted})
+    assert verdicts("adapted: sql")[0]["is_valid"] and not verdicts("medusa")[0]["is_valid"]
     # the events' checks take an adapted drafter as the block drafter it is (whose it is, the handler decides)
     check_live(_prompt(1), "adapted: sql", "tev", 8, 0.7, 6, 0, False, True, 0.9, 0)
     check_walkthrough(_prompt(1), "adapted: sql", "tev", 8, 0.7, 0.9, 0)

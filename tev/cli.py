@@ -18,6 +18,7 @@ from transformers import HfArgumentParser
 from tev.bench.e2e import e2e_command
 from tev.bench.reach import reach_command
 from tev.bench.report import FULL, QUICK, report_command
+from tev.bench.tools import add_tools
 from tev.bench.verifiers_bench import verifiers_command
 from tev.core.verify import VERIFIERS
 from tev.engine.auto_budget import AUTO_CAP
@@ -181,12 +182,13 @@ def _add_bench_report(kinds) -> None:
 
 
 def _add_bench(commands) -> None:
-    bench = commands.add_parser("bench", help="benchmarks (verifiers, e2e, exittrain, report)")
+    bench = commands.add_parser("bench", help="benchmarks (verifiers, e2e, exittrain, report) and the tools users and CI run (loadtest, gpu-check, ...)")
     kinds = bench.add_subparsers(dest="bench_kind", required=True)
     _add_bench_verifiers(kinds)
     _add_bench_e2e(kinds)
     _add_bench_exittrain(kinds)
     _add_bench_report(kinds)
+    add_tools(kinds)  # the tools users and CI run: loadtest, gpu-check, page-speed, ...
     _add_bench_reach(kinds)
 
 

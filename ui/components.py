@@ -1,98 +1,62 @@
-"""Numeric and choice input components, and the validator that refuses an event's inputs before it runs.
+"""The validator that refuses an event's inputs by name before its handler runs, and the one way
+to wire such an event (:func:`checked_event`).
 
 A refused input must not look like a crash: Gradio marks every output of an event whose
-handler (or an input's own check) raised as failed, with a red "Error" over each. An event's
-validator instead runs first and, on a refusal, puts one message under the input to change and
-leaves every output as it was. So the input components here never raise on a bad value (a number
-out of range, an unknown choice): they pass it on, and :func:`validator` refuses it by name.
+handler (or an input's own preprocessing) raised as failed, with a red "Error" over each. An
+event's validator instead runs first and, on a refusal, puts one message under the input to
+change and leaves every output as it was. So a checked event is wired with Gradio's
+``preprocess=False`` (its public listener option): a number out of range or an unknown choice
+reaches the validator as it came, which refuses it by name from the component's own range or
+choices; the handler then reads each value through the event's check (which returns it as a
+number of the right kind), never through the component.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
+from collections import OrderedDict
 
 import gradio as gr
-import gradio.component_meta
 
 from tev.service.service import UserInputError, check_number
+from ui import shared
 
-__all__ = ["Slider", "Number", "Radio", "validator"]
-
-
-class _Checked:
-    """An input that checks its own value (:meth:`checked`), named by its label's first words
-    ("budget B (…)" -> "budget B")."""
-
-    def _short_label(self) -> str:
-        return str(self.label).split(" (")[0].split(" ·")[0]
-
-    def checked(self, value):
-        whole = getattr(self, "precision", None) == 0 or (getattr(self, "step", None) == 1 and float(self.minimum or 0).is_integer())
-        return check_number(self._short_label(), value, self.minimum, self.maximum, integer=whole)
-
-    def refused(self, payload) -> bool:
-        """Whether :meth:`checked` refuses ``payload``: then preprocessing passes it on as it is, for
-        the event's validator to refuse by name before the handler runs."""
-        try:
-            self.checked(payload)
-        except UserInputError:
-            return True
-        return False
+__all__ = ["checked_event", "validator", "refusal", "once_per_click", "as_text"]
 
 
-# Gradio's component metaclass writes a ``.pyi`` stub beside the module that defines a
-# component subclass (a custom-component development aid); the app must not write into its
-# own folder (nor fail where that folder is read-only), so the two subclasses are made with
-# that writer switched off.
-_write_stub = gradio.component_meta.create_or_modify_pyi
-gradio.component_meta.create_or_modify_pyi = lambda *args, **kwargs: None
-try:
-    # gr.Slider first: Gradio picks a subclass's front end from its first base
-    class Slider(gr.Slider, _Checked):
-        """``gr.Slider`` (same front end) whose bad values :func:`validator` refuses by name."""
-
-        is_template = True
-
-        def preprocess(self, payload):
-            return payload if self.refused(payload) else super().preprocess(payload)
-
-    class Number(gr.Number, _Checked):
-        """``gr.Number`` (same front end) whose bad values (an empty field included) :func:`validator` refuses by name."""
-
-        is_template = True
-
-        def preprocess(self, payload):
-            return payload if self.refused(payload) else super().preprocess(payload)
-
-    class Radio(gr.Radio, _Checked):
-        """``gr.Radio`` (same front end) whose unknown choices :func:`validator` refuses by name.
-        ``also(value)``, set after construction, passes values a session's own choices may add (the
-        event's check decides on them). No ``__init__`` of its own: Gradio sends the page only the
-        parameters the component class's own ``__init__`` names, so an override would drop the label and value."""
-
-        is_template = True
-        also = None
-
-        def preprocess(self, payload):
-            return payload if self.refused(payload) else super().preprocess(payload)
-
-        def checked(self, value):
-            choices = [value for _, value in self.choices]
-            if value not in choices and not (self.also and self.also(value)):
-                raise UserInputError(f"{self._short_label()} must be one of {', '.join(map(str, choices))}, got {value!r}")
-            return value
-finally:
-    gradio.component_meta.create_or_modify_pyi = _write_stub
+def _short_label(component) -> str:
+    """An input named by its label's first words ("budget B (…)" -> "budget B")."""
+    return str(component.label).split(" (")[0].split(" ·")[0]
 
 
-def validator(inputs: list, check=None):
-    """An event's validator (``validator=`` of a Gradio listener) for ``inputs``: each numeric
-    input's own range, then ``check(*values)``, a function with the handler's parameters that
-    raises ``ValueError`` saying what to change. The message goes under the input it names
-    first (a parameter name, with ``_`` read as a space or a hyphen: ``top_p`` is "top-p"),
-    else under the first visible input; the handler then does not run and no output changes."""
+def refusal(component, value, also=None) -> str | None:
+    """What is wrong with ``value`` for ``component`` by the component's own range (a Slider or a
+    Number) or choices (a Radio; ``also(value)`` passes values a session's own choices may add, for
+    the event's check to decide on), or None when nothing is (or the component sets no limit)."""
+    try:
+        if isinstance(component, gr.Radio):
+            choices = [choice for _, choice in component.choices]
+            if value not in choices and not (also and also(value)):
+                raise UserInputError(f"{_short_label(component)} must be one of {', '.join(map(str, choices))}, got {value!r}")
+        elif isinstance(component, (gr.Slider, gr.Number)):
+            whole = getattr(component, "precision", None) == 0 or (getattr(component, "step", None) == 1 and float(component.minimum or 0).is_integer())
+            check_number(_short_label(component), value, component.minimum, component.maximum, integer=whole)
+    except UserInputError as error:
+        return str(error)
+    return None
+
+
+def validator(inputs: list, check=None, also: dict | None = None):
+    """An event's validator (``validator=`` of a Gradio listener) for ``inputs``: each input's own
+    range or choices (:func:`refusal`; ``also`` maps a Radio to the values it may also pass), then
+    ``check(*values)``, a function with the handler's parameters that raises ``ValueError`` saying
+    what to change. The message goes under the input it names first (a parameter name, with ``_``
+    read as a space or a hyphen: ``top_p`` is "top-p"), else under the first visible input; the
+    handler then does not run and no output changes."""
     names = list(inspect.signature(check).parameters)[: len(inputs)] if check else []
     shown = next((i for i, component in enumerate(inputs) if getattr(component, "visible", True) is not False), 0)
+    also = also or {}
 
     def named(message: str) -> int:
         found = [(message.find(word), i) for i, name in enumerate(names) for word in (name.replace("_", " "), name.replace("_", "-")) if word in message]
@@ -101,12 +65,10 @@ def validator(inputs: list, check=None):
     def validate(*values):
         verdicts = [gr.validate(True, "") for _ in inputs]
         for i, (component, value) in enumerate(zip(inputs, values)):
-            if isinstance(component, _Checked):
-                try:
-                    component.checked(value)
-                except UserInputError as error:
-                    verdicts[i] = gr.validate(False, str(error))
-                    return verdicts
+            wrong = refusal(component, value, also.get(component))
+            if wrong is not None:
+                verdicts[i] = gr.validate(False, wrong)
+                return verdicts
         if check is not None:
             try:
                 check(*values)
@@ -115,3 +77,55 @@ def validator(inputs: list, check=None):
         return verdicts
 
     return validate
+
+
+def as_text(value) -> str | None:
+    """A text input's value as Gradio's Textbox would have passed it (its preprocessing is off on a
+    checked event): None stays None, anything else becomes its ``str``."""
+    return None if value is None else str(value)
+
+
+def checked_event(listener, handler, inputs: list, outputs, check=None, also: dict | None = None, **options):
+    """``listener(handler, inputs, outputs, **options)`` with :func:`validator` refusing bad inputs
+    by name first, and Gradio's preprocessing off (values come as sent; ``check`` reads them)."""
+    return listener(handler, inputs, outputs, validator=validator(inputs, check, also), preprocess=False, **options)
+
+
+def once_per_click(check):
+    """``check`` remembered for its last few distinct inputs, so the handler that calls it after
+    the event's validator did reuses that result: one click checks (and tokenizes) once. The
+    memory is keyed by the shared service too (a result holds what its models made); values the
+    check cannot hash (a session's state) are left out of the key, so ``check`` must not read them;
+    a refusal (an exception) is never remembered."""
+    remembered: OrderedDict = OrderedDict()
+    lock = threading.Lock()
+
+    def key_of(args, kwargs) -> tuple:
+        def hashable(value):
+            try:
+                hash(value)
+            except TypeError:
+                return None
+            return (type(value).__name__, value)
+
+        return (id(shared.SERVICE), *map(hashable, args), *sorted((k, hashable(v)) for k, v in kwargs.items()))
+
+    def remembering(*args, **kwargs):
+        key = key_of(args, kwargs)
+        with lock:
+            found = remembered.get(key)
+        if found is not None and found[0] is shared.SERVICE:
+            return found[1]
+        result = check(*args, **kwargs)
+        with lock:
+            remembered[key] = (shared.SERVICE, result)
+            while len(remembered) > ONCE_KEPT:
+                remembered.popitem(last=False)
+        return result
+
+    remembering.__signature__ = inspect.signature(check)  # the validator names inputs by the check's parameters
+    remembering.__name__, remembering.__doc__ = check.__name__, check.__doc__
+    return remembering
+
+
+ONCE_KEPT = 64  # checks remembered (a few clicks' worth; each result is a prompt's token ids and its settings)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from typing import Any, NamedTuple
 
 import gradio as gr
 
@@ -21,8 +22,8 @@ from tev.train.data import DOMAINS
 from tev.train.losses import TREE_TERMS
 from tev.util.stats import change_in_words
 from ui import gpu, shared
-from ui.components import Radio, Slider, validator
-from ui.shared import COMPUTE, _user_error
+from ui.components import checked_event
+from ui.shared import COMPUTE, _user_error, only
 from visual import before_after_figure, exit_mass_change_figure, training_figure, tree_figure
 
 RUN_SECONDS = 180  # the whole live run, both held-out scorings included: training stops in time to keep it
@@ -32,8 +33,30 @@ CHAT_TAB_STEPS = 20
 TREES_SECONDS = 15  # the side-by-side trees at the end (two tree forwards and figures; measured 5-10 s)
 
 
-def _cancelled(history, steps: int):
-    return training_figure(history), f"cancelled after {steps} steps", None, "Cancelled: nothing was measured.", None, None, None
+class ExitTrainView(NamedTuple):
+    """The live fine-tune's outputs."""
+
+    curve: Any
+    status: Any
+    compare: Any
+    table: Any
+    mass: Any
+    tree_base: Any
+    tree_trained: Any
+
+
+class ShippedView(NamedTuple):
+    """The shipped ExitTrain drafter's comparison: the fine-tune's outputs but its curve and status."""
+
+    compare: Any
+    table: Any
+    mass: Any
+    tree_base: Any
+    tree_trained: Any
+
+
+def _cancelled(history, steps: int) -> ExitTrainView:
+    return ExitTrainView(training_figure(history), f"cancelled after {steps} steps", None, "Cancelled: nothing was measured.", None, None, None)
 
 
 class Cancel:
@@ -46,23 +69,29 @@ class Cancel:
         self.cancelled = True
 
 
+def _checked(domain, tree_term, steps, lambda_tree):
+    """The run's bundle, settings, data and domain (None without domains); raises ``ValueError``
+    (or ``FileNotFoundError``: the data is missing) saying what to change."""
+    steps = check_number("steps", steps, LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, integer=True)
+    lambda_tree = check_number("lambda_tree", lambda_tree, 0, LIMITS.max_lambda_exit)
+    bundle = shared.EXITTRAIN_SERVICE.bundle()
+    if "block" not in bundle.drafters:
+        raise UserInputError("ExitTrain needs the block drafter, which is not loaded")
+    if bundle.has_domains and domain not in DOMAINS:
+        raise UserInputError(f"choose a domain: {', '.join(DOMAINS)}")
+    domain = domain if bundle.has_domains else None
+    settings = dataclasses.replace(live_settings(bundle.has_domains), tree_term=tree_term, steps=steps, lambda_tree=lambda_tree)
+    return bundle, settings, live_data(bundle, domain), domain
+
+
 def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, progress=gr.Progress()):
-    """A short live fine-tune of the base drafter, within :data:`RUN_SECONDS`; then base and
-    trained drafter on the same held-out rounds (a paired change in words) and side by side.
-    Cancel stops every phase (scoring, training, scoring again) and measures nothing. Each piece
+    """A short live fine-tune of the base drafter, within :data:`RUN_SECONDS` (:class:`ExitTrainView`);
+    then base and trained drafter on the same held-out rounds (a paired change in words) and side by
+    side. Cancel stops every phase (scoring, training, scoring again) and measures nothing. Each piece
     of work (a held-out batch, a step) is a step of the server's compute thread, so other users take turns."""
     owner = shared.session_of(request)
     try:
-        steps = check_number("steps", steps, LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, integer=True)
-        lambda_tree = check_number("lambda_tree", lambda_tree, 0, LIMITS.max_lambda_exit)
-        bundle = shared.EXITTRAIN_SERVICE.bundle()
-        if "block" not in bundle.drafters:
-            raise UserInputError("ExitTrain needs the block drafter, which is not loaded")
-        if bundle.has_domains and domain not in DOMAINS:
-            raise UserInputError(f"choose a domain: {', '.join(DOMAINS)}")
-        domain = domain if bundle.has_domains else None
-        settings = dataclasses.replace(live_settings(bundle.has_domains), tree_term=tree_term, steps=steps, lambda_tree=lambda_tree)
-        data = live_data(bundle, domain)
+        bundle, settings, data, domain = _checked(domain, tree_term, steps, lambda_tree)
     except (ValueError, FileNotFoundError) as error:
         raise _user_error(error) from None
     if not shared.EXITTRAIN_SLOT.acquire(owner):
@@ -73,57 +102,65 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
         cancel = shared.EXITTRAIN_SLOT.trainer = Cancel()
         history = []
         progress(0, desc="scoring the base drafter's held-out trees…")
-        yield training_figure(history), "scoring the base drafter's held-out trees (the 'before')…", *[gr.skip()] * 5
+        yield only(ExitTrainView, curve=training_figure(history), status="scoring the base drafter's held-out trees (the 'before')…")
         for _ in shared.SERVICE.compute.steps(experiment.measure_before()):
             if cancel.cancelled:
                 yield _cancelled(history, 0)
                 return
-        before = experiment.before
-        scoring = time.monotonic() - started
-        deadline = started + RUN_SECONDS - scoring - TREES_SECONDS  # the 'after' scoring costs what the 'before' did
-        history.append({"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_tree": float("nan"), "tau_bound": before.tau_bound, "heldout_tau_bound": before.tau_bound})
-        for record in shared.SERVICE.compute.steps(experiment.train()):  # a step at a time: another user's generation takes turns
-            history.append(record)
-            left = max(0.0, deadline - time.monotonic())
-            progress(record["step"] / settings.steps, desc=f"step {record['step']}/{settings.steps} · loss {record['loss']:.3f} · {left:.0f} s of training left")
-            if bundle.has_domains or record["step"] % 5 == 0 or record["step"] == settings.steps:
-                yield training_figure(history), f"step {record['step']}/{settings.steps} · batch 1 + C {record['tau_bound']:.3f} · at most {left:.0f} s of training left", *[gr.skip()] * 5
-            if cancel.cancelled or time.monotonic() >= deadline:
-                break
+        deadline = started + RUN_SECONDS - (time.monotonic() - started) - TREES_SECONDS  # the 'after' scoring costs what the 'before' did
+        history.append({"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_tree": float("nan"), "tau_bound": experiment.before.tau_bound,
+                        "heldout_tau_bound": experiment.before.tau_bound})
+        yield from _trained(experiment, settings, history, deadline, cancel, bundle.has_domains, progress)
         if cancel.cancelled:
             yield _cancelled(history, experiment.steps)
             return
         if experiment.steps == 0:
-            yield training_figure(history), "no training step fit in the time", None, "Nothing was measured: the server was too busy to train within the run's time; try again.", None, None, None
+            yield ExitTrainView(training_figure(history), "no training step fit in the time", None, "Nothing was measured: the server was too busy to train within the run's time; try again.", None, None, None)
             return
         cut = f" (stopped at {experiment.steps} of {settings.steps} steps to keep within {RUN_SECONDS // 60} minutes)" if experiment.steps < settings.steps else ""
         status = f"trained {experiment.steps} steps{cut}"
-        yield training_figure(history), f"{status}; scoring the held-out trees again…", *[gr.skip()] * 5
+        yield only(ExitTrainView, curve=training_figure(history), status=f"{status}; scoring the held-out trees again…")
         for _ in shared.SERVICE.compute.steps(experiment.measure_after()):
             if cancel.cancelled:
                 yield _cancelled(history, experiment.steps)
                 return
-        after = experiment.after
-        change = experiment.change()
-        horizon = experiment.drafter.config.horizon
-        label = f"ExitTrain ({tree_term}, live)"
-        mass = exit_mass_change_figure({"base": {**before.exit_mass_by_depth(horizon), "tau_bound": change["before"]},
-                                        label: {**after.exit_mass_by_depth(horizon), "tau_bound": change["after"]}})
-        bars = before_after_figure(
-            [{"drafter": "base", "temperature": settings.temperature, "tau": change["before"]}, {"drafter": label, "temperature": settings.temperature, "tau": change["after"]}],
-            title="Held-out 1 + C (the expected tau) of the same rounds, before and after", yaxis="1 + C",
-        )
-        table = (f"**Held-out 1 + C**, the same {change['anchors']} rounds{' of ' + domain if domain else ''} for both drafters (B = {settings.budget}, "
-                 f"T = {settings.temperature:g}): base {change['before']:.3f} -> {change['after']:.3f}: "
-                 f"{change_in_words(change['change'], change['change_se'])} (paired standard error)."
-                 + _control_note(bundle, domain) + _NO_HEADROOM)
-        trained = experiment.drafter.served()  # in the precision the shipped drafters are served in
-        base = BlockTreeDrafter(BlockDrafter.from_pretrained(bundle.shipped_folder("block"), bundle.target), name="base")
-        trees = side_by_side(bundle, {"base": base, "ExitTrain (live)": BlockTreeDrafter(trained, name="live")}, evaluation_prompts(bundle.is_chat, 1, domain)[0])
-        seconds = time.monotonic() - started
-        yield training_figure(history), f"{status}; {seconds:.0f} s in all", bars, table, mass, *trees
+        yield _measured(bundle, experiment, settings, history, tree_term, domain)._replace(status=f"{status}; {time.monotonic() - started:.0f} s in all")
     finally:
         shared.EXITTRAIN_SLOT.release()
+
+
+def _trained(experiment, settings, history: list, deadline: float, cancel: Cancel, every_step: bool, progress):
+    """The fine-tune's steps until the last, the deadline or a cancel, each kept in ``history``;
+    yields the curve (every step, or every fifth when ``every_step`` is false)."""
+    for record in shared.SERVICE.compute.steps(experiment.train()):  # a step at a time: another user's generation takes turns
+        history.append(record)
+        left = max(0.0, deadline - time.monotonic())
+        progress(record["step"] / settings.steps, desc=f"step {record['step']}/{settings.steps} · loss {record['loss']:.3f} · {left:.0f} s of training left")
+        if every_step or record["step"] % 5 == 0 or record["step"] == settings.steps:
+            yield only(ExitTrainView, curve=training_figure(history), status=f"step {record['step']}/{settings.steps} · batch 1 + C {record['tau_bound']:.3f} · at most {left:.0f} s of training left")
+        if cancel.cancelled or time.monotonic() >= deadline:
+            return
+
+
+def _measured(bundle, experiment, settings, history: list, tree_term: str, domain: str | None) -> ExitTrainView:
+    """The finished run's view: the paired held-out change, where the mass leaves, and the two drafters' trees."""
+    before, after, change = experiment.before, experiment.after, experiment.change()
+    horizon = experiment.drafter.config.horizon
+    label = f"ExitTrain ({tree_term}, live)"
+    mass = exit_mass_change_figure({"base": {**before.exit_mass_by_depth(horizon), "tau_bound": change["before"]},
+                                    label: {**after.exit_mass_by_depth(horizon), "tau_bound": change["after"]}})
+    bars = before_after_figure(
+        [{"drafter": "base", "temperature": settings.temperature, "tau": change["before"]}, {"drafter": label, "temperature": settings.temperature, "tau": change["after"]}],
+        title="Held-out 1 + C (the expected tau) of the same rounds, before and after", yaxis="1 + C",
+    )
+    table = (f"**Held-out 1 + C**, the same {change['anchors']} rounds{' of ' + domain if domain else ''} for both drafters (B = {settings.budget}, "
+             f"T = {settings.temperature:g}): base {change['before']:.3f} -> {change['after']:.3f}: "
+             f"{change_in_words(change['change'], change['change_se'])} (paired standard error)."
+             + _control_note(bundle, domain) + _NO_HEADROOM)
+    trained = experiment.drafter.served()  # in the precision the shipped drafters are served in
+    base = BlockTreeDrafter(BlockDrafter.from_pretrained(bundle.shipped_folder("block"), bundle.target), name="base")
+    trees = side_by_side(bundle, {"base": base, "ExitTrain (live)": BlockTreeDrafter(trained, name="live")}, evaluation_prompts(bundle.is_chat, 1, domain)[0])
+    return ExitTrainView(training_figure(history), "", bars, table, mass, *trees)
 
 
 _NO_HEADROOM = ("\n\nWhy so little: the base drafter was distilled on these very conversations, so a fine-tune on them has no headroom "
@@ -142,7 +179,7 @@ def compare_shipped(progress=gr.Progress()):
         raise _user_error(error) from None
     if "exittrain" not in bundle.drafters:
         gr.Warning("this pair ships no ExitTrain drafter; build one with `python -m tev bench exittrain --install`")
-        return tuple(gr.skip() for _ in SHIPPED_OUTPUTS)  # a refusal, not a failure: every output stays as it was
+        return only(ShippedView)  # a refusal, not a failure: every output stays as it was
     drafters = {"base": bundle.drafter("block"), "ExitTrain (shipped)": bundle.drafter("exittrain")}
     prompts = evaluation_prompts(bundle.is_chat, 6)
     rows, table = _compare(bundle, drafters, prompts, 48)
@@ -153,7 +190,7 @@ def compare_shipped(progress=gr.Progress()):
         verdicts.append(f"T = {temperature:g}: {change_in_words(shipped['tau'] / base['tau'] - 1, se)}")
     table = "**Shipped ExitTrain drafter against the base, decoding tau:** " + "; ".join(verdicts) + ".\n\n" + table
     mass = _shipped_mass(bundle)
-    return before_after_figure(rows), table + _control_note(bundle, None), mass, *side_by_side(bundle, drafters, prompts[0])
+    return ShippedView(before_after_figure(rows), table + _control_note(bundle, None), mass, *side_by_side(bundle, drafters, prompts[0]))
 
 
 def _compare(bundle, drafters: dict, prompts: list[dict], max_new_tokens: int):
@@ -203,11 +240,6 @@ def _control_note(bundle, domain: str | None) -> str:
 
 
 # ------------------------------------------------------------------------------ the tab
-# run_exittrain yields, and compare_shipped returns, their outputs in this order.
-RUN_OUTPUTS = ("curve", "status", "compare", "table", "mass", "tree_base", "tree_trained")
-SHIPPED_OUTPUTS = ("compare", "table", "mass", "tree_base", "tree_trained")
-
-
 def check_free(*inputs):
     """Refuses a start while any ExitTrain run (live or workload) holds the server's one slot."""
     if shared.EXITTRAIN_SLOT.owner is not None:
@@ -226,10 +258,10 @@ def tab() -> None:
            "its held-out ones." if shared.EXITTRAIN_CHAT else "This tab runs on the **tiny code pair**, whose training data ships with the app.")
     )
     with gr.Row():
-        domain = Radio(list(DOMAINS), value="dialogue", label="domain (train and judge on it; the base drafter does worst on dialogue)", visible=shared.EXITTRAIN_CHAT)
-        tree_term = Radio(list(TREE_TERMS), value="exit", label="tree term (exit: the method; prefix, none: controls)")
-        steps = Slider(LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, value=CHAT_TAB_STEPS if shared.EXITTRAIN_CHAT else live.steps, step=1, label="steps (training stops early if the 3 minutes run out)")
-        lambda_tree = Slider(0, LIMITS.max_lambda_exit, value=live.lambda_tree, step=1, label="lambda_tree (weight of L_tree)")
+        domain = gr.Radio(list(DOMAINS), value="dialogue", label="domain (train and judge on it; the base drafter does worst on dialogue)", visible=shared.EXITTRAIN_CHAT)
+        tree_term = gr.Radio(list(TREE_TERMS), value="exit", label="tree term (exit: the method; prefix, none: controls)")
+        steps = gr.Slider(LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, value=CHAT_TAB_STEPS if shared.EXITTRAIN_CHAT else live.steps, step=1, label="steps (training stops early if the 3 minutes run out)")
+        lambda_tree = gr.Slider(0, LIMITS.max_lambda_exit, value=live.lambda_tree, step=1, label="lambda_tree (weight of L_tree)")
     with gr.Row():
         start = gr.Button("Start fine-tune", variant="primary", elem_id="exittrain-start")
         cancel = gr.Button("Cancel", elem_id="exittrain-cancel")
@@ -241,6 +273,6 @@ def tab() -> None:
         ui["tree_base"] = gr.Plot(label="base drafter's tree")
         ui["tree_trained"] = gr.Plot(label="ExitTrain drafter's tree")
     inputs = [domain, tree_term, steps, lambda_tree]
-    start.click(gpu.gpu_task("exittrain")(run_exittrain), inputs, [ui[name] for name in RUN_OUTPUTS], validator=validator(inputs, check_free), api_name="exittrain", **COMPUTE)
+    checked_event(start.click, gpu.gpu_task("exittrain")(run_exittrain), inputs, [ui[name] for name in ExitTrainView._fields], check_free, api_name="exittrain", **COMPUTE)
     cancel.click(cancel_exittrain, None, ui["status"], api_name="exittrain_cancel")
-    shipped.click(gpu.gpu_task("compare_shipped")(compare_shipped), None, [ui[name] for name in SHIPPED_OUTPUTS], api_name="compare_shipped", **COMPUTE)
+    shipped.click(gpu.gpu_task("compare_shipped")(compare_shipped), None, [ui[name] for name in ShippedView._fields], api_name="compare_shipped", **COMPUTE)

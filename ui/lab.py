@@ -11,7 +11,7 @@ from tev.core.verify import SAMPLING_VERIFIERS
 from tev.engine.models import DRAFTER_KINDS
 from tev.service.service import LIMITS, UserInputError, check_number
 from ui import gpu, shared
-from ui.components import Number, Radio, Slider, validator
+from ui.components import as_text, checked_event, once_per_click
 from ui.shared import COMPUTE, _user_error
 from visual import tree_figure, verifier_lab_figure
 
@@ -25,6 +25,7 @@ class LabView(NamedTuple):
     table: Any
 
 
+@once_per_click
 def check_lab(source, prompt, drafter, budget, temperature, draws, seed):
     """The lab's settings (``draws``, ``seed``, and for a prompt's tree ``budget``, ``temperature``
     and the prompt's ids); raises ``ValueError`` saying what to change."""
@@ -37,7 +38,7 @@ def check_lab(source, prompt, drafter, budget, temperature, draws, seed):
     temperature = check_number("temperature", temperature, LIMITS.min_lab_temperature, LIMITS.max_temperature)
     if drafter not in bundle.drafters:
         raise UserInputError(f"unknown drafter {drafter!r}")
-    return draws, seed, budget, temperature, shared.SERVICE.encode(prompt, chat=bundle.is_chat)
+    return draws, seed, budget, temperature, shared.SERVICE.encode(as_text(prompt), chat=bundle.is_chat)
 
 
 def run_verifier_lab(source, prompt, drafter, budget, temperature, draws, seed, progress=gr.Progress()) -> LabView:
@@ -78,12 +79,12 @@ def tab(prompt_text: str) -> None:
     """The Verifier lab tab's components and events."""
     gr.Markdown("Fix **one** tree and run each exact verifier many times: the exit-node frequencies follow the exit law w(v) and the mean block length is 1 + C(T), for TEV, predraw and sequential alike (fixed-tree equivalence).")
     with gr.Row():
-        source = Radio(["prompt", SYNTHETIC], value="prompt", label="tree from")
-        drafter = Radio(LAB_DRAFTERS, value="block", label="drafter")
-        budget = Slider(1, LIMITS.max_lab_budget, value=16, step=1, label="budget B")
-        temperature = Slider(LIMITS.min_lab_temperature, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
-        draws = Slider(100, LIMITS.max_lab_draws, value=3000, step=100, label="draws per verifier")
-        seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed")
+        source = gr.Radio(["prompt", SYNTHETIC], value="prompt", label="tree from")
+        drafter = gr.Radio(LAB_DRAFTERS, value="block", label="drafter")
+        budget = gr.Slider(1, LIMITS.max_lab_budget, value=16, step=1, label="budget B")
+        temperature = gr.Slider(LIMITS.min_lab_temperature, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
+        draws = gr.Slider(100, LIMITS.max_lab_draws, value=3000, step=100, label="draws per verifier")
+        seed = gr.Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed")
     prompt = gr.Textbox(label=f"prompt · at most {LIMITS.max_prompt_chars:,} characters", value=prompt_text, lines=4, elem_id="lab-prompt")
     run = gr.Button("Run the verifiers", variant="primary", elem_id="lab-run")
     gr.Markdown(gpu.quota_note("verifier_lab"), visible=gpu.ZERO_GPU)
@@ -91,4 +92,4 @@ def tab(prompt_text: str) -> None:
     plot = gr.Plot(label="exit law vs empirical exit frequencies", elem_id="lab-plot")
     tree = gr.Plot(label="the fixed tree", elem_id="lab-tree")
     inputs = [source, prompt, drafter, budget, temperature, draws, seed]
-    run.click(gpu.gpu_task("verifier_lab")(run_verifier_lab), inputs, list(LabView(plot, tree, table)), validator=validator(inputs, check_lab), api_name="verifier_lab", **COMPUTE)
+    checked_event(run.click, gpu.gpu_task("verifier_lab")(run_verifier_lab), inputs, list(LabView(plot, tree, table)), check_lab, api_name="verifier_lab", **COMPUTE)

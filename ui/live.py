@@ -15,14 +15,15 @@ import torch
 
 from tev.core.budget import Calibration, RoundRate
 from tev.core.verify import VERIFIERS
-from tev.engine.decode import DecodeConfig, GenerationSummary, run_to_end
+from tev.engine.decode import DecodeConfig, GenerationSummary
 from tev.engine.models import DRAFTER_KINDS, DRAFTERS
 from tev.service.adapted import drafter_kind, is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, check_settings, records_to_json
 from ui import gpu, shared
-from ui.components import Number, Radio, Slider, validator
+from tev.util.compute_thread import result_of
+from ui.components import as_text, checked_event, once_per_click
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
-from ui.workload import adapted_drafter, remember_asked
+from ui.workload import chosen_drafter, remember_asked
 from visual import mass_by_depth_figure, text_view_html, timeline_figure, tree_figure
 from visual.budget_view import budget_figure
 
@@ -48,6 +49,7 @@ class LiveView(NamedTuple):
     mass: Any
     timeline: Any
     stats: Any
+    summary: Any  # the finished run in numbers (JSON beside the stats' sentences: tools read this, never the prose); cleared while a run streams
     rounds: Any  # the round browser's slider
     budget: Any  # budget auto's choice for the shown round (hidden at a fixed budget)
     state: Any
@@ -88,6 +90,22 @@ def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeCo
         lines.append(f"No speed comparison: {tokens} tokens are too few to time (it needs at least {MIN_TIMED_TOKENS}; over a few "
                      "steps the first step's warm-up and the machine's jitter would decide the ratio).")
     return "\n\n".join(lines)
+
+
+def _run_summary(records, summary: GenerationSummary | None, timing: dict | None = None) -> dict:
+    """The run in numbers, beside :func:`_stats_markdown`'s sentences: rounds, tokens, tau, mean
+    1 + C, the drafter, how it stopped and its speed; ``timing`` the quiet rerun against plain decoding."""
+    lengths = [r.block_length for r in records]
+    found = {"rounds": len(records), "tokens": sum(len(r.emitted) for r in records), "tau": sum(lengths) / len(lengths),
+             "mean_tau_bound": sum(r.flow.tau_bound for r in records) / len(records), "drafter": records[-1].drafter,
+             "stop_reason": None, "time_to_first_token_s": None, "tokens_per_second": None, "timing": None}
+    if summary is not None:
+        found.update(stop_reason=summary.stop_reason, time_to_first_token_s=summary.time_to_first_token, tokens_per_second=summary.tokens_per_second)
+    if timing:
+        spec, ar = timing["speculative"], timing["autoregressive"]
+        found["timing"] = {"speculative_tokens_per_second": spec.tokens_per_second, "autoregressive_tokens_per_second": ar.tokens_per_second,
+                           "speedup": spec.tokens_per_second / max(ar.tokens_per_second, 1e-9), "tau": spec.tau}
+    return found
 
 
 def _auto_line(records) -> str:
@@ -177,15 +195,25 @@ def stop_live(request: gr.Request):
     _stop_flag(request).set()
 
 
-def check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar=False, chat=False, top_p=1.0, top_k=0, auto=False, memory=None):
-    """The prompt's token ids and the generation's settings; raises ``ValueError`` saying what to
-    change. With ``auto`` the budget is "auto" and ``budget`` its cap."""
+class LiveInput(NamedTuple):
+    """A Live click's inputs as checked: the prompt's token ids and the generation's settings."""
+
+    prompt_ids: tuple[int, ...]
+    config: DecodeConfig
+
+
+@once_per_click
+def check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar=False, chat=False, top_p=1.0, top_k=0, auto=False, memory=None) -> LiveInput:
+    """The prompt's token ids and the generation's settings (:class:`LiveInput`); raises
+    ``ValueError`` saying what to change. With ``auto`` the budget is "auto" and ``budget`` its cap.
+    The event's validator calls it and the handler takes that result (:func:`once_per_click`)."""
     bundle = shared.SERVICE.bundle()
     if chat and not bundle.is_chat:
         raise UserInputError("this target has no chat template; untick 'chat' to continue the text as it is")
-    prompt_ids = shared.SERVICE.encode(prompt, chat=bool(chat))
+    prompt_ids = tuple(shared.SERVICE.encode(as_text(prompt), chat=bool(chat)))
     config = check_settings(verifier, budget, temperature, max_new_tokens, seed, top_p=top_p, top_k=top_k, auto=bool(auto))
-    return prompt_ids, config, shared.SERVICE.request(prompt_ids, drafter_kind(drafter), config)
+    shared.SERVICE.drafter(drafter_kind(drafter))  # a drafter kind the target lacks is refused here; the handler picks the drafter
+    return LiveInput(prompt_ids, config)
 
 
 def _auto_budget(config: DecodeConfig, drafter: str, memory: dict | None):
@@ -210,58 +238,69 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
     ``budget`` (``memory``: the browser session's state, see :func:`_auto_budget`).
     Stop (:func:`stop_live`) ends it between rounds, with every figure drawn for what ran."""
     try:
-        prompt_ids, config, speculation = check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k, auto)
-        if is_adapted(drafter):  # this browser session's own adapted drafter
-            speculation = dataclasses.replace(speculation, drafter=adapted_drafter(drafter, request))
+        prompt_ids, config = check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k, auto, memory)
+        prompt = as_text(prompt)
+        speculation = shared.SERVICE.request(prompt_ids, chosen_drafter(shared.SERVICE.bundle(), drafter, request), config)
         remember_asked(prompt, chat, request)
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
         raise _user_error(error) from None
     sizing, quiet_sizing = _auto_budget(config, drafter, memory)
     stop = _stop_flag(request)
-    records, summary = [], None
-    text = shared.SERVICE.token_text
-    last_draw = 0.0
+    records = []
     events = shared.SERVICE.generate(speculation, should_stop=stop.is_set, auto=sizing)
     try:  # Gradio closes this generator when the client leaves: stop generating then
-        for event in events:
-            if isinstance(event, GenerationSummary):
-                summary = event
-                break
-            records.append(event)
-            now = time.perf_counter()
-            if len(records) == 1 or now - last_draw > 0.25:  # redraw at most 4 times a second
-                last_draw = now
-                tree, mass, chosen = _round_figures(records, len(records) - 1)
-                yield only(LiveView, text=text_view_html(records, token_text=text, prompt_text=prompt), tree=tree, mass=mass, budget=chosen,
-                           stats=_stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active()), state={"records": records, "summary": None})
+        summary = yield from _drawn(events, records, prompt)
     finally:
         events.close()
     timing = None
     tokens = sum(len(r.emitted) for r in records)
-    if compare_ar and summary is not None and summary.stop_reason != "cancelled" and tokens >= MIN_TIMED_TOKENS:
+    if compare_ar and summary.stop_reason != "cancelled" and tokens >= MIN_TIMED_TOKENS:
         yield only(LiveView, stats=_stats_markdown(records, summary, config) + "\n\ntiming speculation and plain decoding again, with the page idle…")
 
         def quiet_runs(should_stop):
             def halted():
                 return should_stop() or stop.is_set()
-            quiet = run_to_end(shared.SERVICE.generate(speculation, should_stop=halted, auto=quiet_sizing))[1]
+            quiet = result_of(shared.SERVICE.generate(speculation, should_stop=halted, auto=quiet_sizing))
             return quiet, shared.SERVICE.autoregressive(prompt_ids, config, should_stop=halted)
 
         quiet, ar = yield from _in_worker(quiet_runs, tick=only(LiveView))
         if "cancelled" not in (quiet.stop_reason, ar.stop_reason):
             timing = {"speculative": quiet, "autoregressive": ar}
     state = {"records": records, "summary": summary, "settings": {"prompt": prompt, "drafter": drafter, **dataclasses.asdict(config)}}
+    yield _finished(records, summary, config, timing, prompt, state)
+
+
+def _drawn(events, records: list, prompt: str):
+    """Each round of ``events`` kept in ``records`` and drawn (at most 4 times a second); returns
+    the generation's summary (PEP 380)."""
+    last_draw = 0.0
+    while True:
+        try:
+            record = next(events)
+        except StopIteration as end:
+            return end.value
+        records.append(record)
+        now = time.perf_counter()
+        if len(records) == 1 or now - last_draw > 0.25:  # redraw at most 4 times a second
+            last_draw = now
+            tree, mass, chosen = _round_figures(records, len(records) - 1)
+            yield only(LiveView, text=text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), tree=tree, mass=mass, budget=chosen, summary=None,
+                       stats=_stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active()), state={"records": records, "summary": None})
+
+
+def _finished(records, summary: GenerationSummary, config: DecodeConfig, timing: dict | None, prompt: str, state: dict) -> LiveView:
+    """The finished run's view: every figure, the stats and the summary, the round browser at its last round."""
     if not records:
-        message = "Stopped before the first round." if summary is not None and summary.stop_reason == "cancelled" else "The generation produced no rounds."
-        yield LiveView("", None, None, None, message, gr.update(minimum=1, maximum=2, value=1, interactive=False), gr.update(value=None, visible=False), state)
-        return
+        message = "Stopped before the first round." if summary.stop_reason == "cancelled" else "The generation produced no rounds."
+        return LiveView("", None, None, None, message, None, gr.update(minimum=1, maximum=2, value=1, interactive=False), gr.update(value=None, visible=False), state)
     tree, mass, chosen = _round_figures(records, len(records) - 1)
-    yield LiveView(
-        text=text_view_html(records, token_text=text, prompt_text=prompt),
+    return LiveView(
+        text=text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt),
         tree=tree,
         mass=mass,
         timeline=timeline_figure(records),
         stats=_stats_markdown(records, summary, config, timing),
+        summary=_run_summary(records, summary, timing),
         rounds=gr.update(minimum=1, maximum=max(2, len(records)), value=len(records), step=1, interactive=len(records) > 1),  # a slider needs min < max
         budget=chosen,
         state=state,
@@ -364,24 +403,24 @@ def tab(examples: list[str]) -> gr.Radio:
                 label="held-out chat prompts: dialogue, code, math" if shared.CHAT_DEFAULT else "held-out stdlib functions and HumanEval prompts",
             )
         with gr.Column(scale=2):
-            drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in DRAFTERS)
+            drafter = gr.Radio(list(DRAFTER_KINDS), value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in DRAFTERS)
                             + " · adapted: yours, from a workload run in the ExitTrain tab", elem_id="live-drafter")
-            drafter.also = is_adapted
-            verifier = Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
+            verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
             with gr.Row():
-                budget = Slider(0, LIMITS.max_budget, value=16, step=1, scale=3,
+                budget = gr.Slider(0, LIMITS.max_budget, value=16, step=1, scale=3,
                                 label="budget B (draft nodes per round; 0 drafts nothing: plain decoding); with budget auto, the most a round may keep")
                 auto_budget = gr.Checkbox(value=AUTO_DEFAULT, scale=1, label="budget auto: each round keeps the drafter's best nodes this machine pays for",
                                           info="the sizes follow this machine's timing, so a seed repeats the text only at a fixed budget or T = 0")
-            temperature = Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T (0: greedy)")
+            temperature = gr.Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T (0: greedy)")
             with gr.Row():
-                top_p = Slider(LIMITS.min_top_p, 1.0, value=DEFAULT_SAMPLING.top_p, step=0.01, label="top-p (1: off)")
-                top_k = Slider(0, LIMITS.max_top_k, value=DEFAULT_SAMPLING.top_k, step=1, label="top-k (0: off)")
-            max_new_tokens = Slider(1, LIMITS.max_new_tokens, value=DEFAULT_NEW_TOKENS, step=1, label="max new tokens")
+                top_p = gr.Slider(LIMITS.min_top_p, 1.0, value=DEFAULT_SAMPLING.top_p, step=0.01, label="top-p (1: off)")
+                top_k = gr.Slider(0, LIMITS.max_top_k, value=DEFAULT_SAMPLING.top_k, step=1, label="top-k (0: off)")
+            max_new_tokens = gr.Slider(1, LIMITS.max_new_tokens, value=DEFAULT_NEW_TOKENS, step=1, label="max new tokens")
             with gr.Row():
-                seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed", elem_id="live-seed")
+                seed = gr.Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed", elem_id="live-seed")
                 compare_ar = gr.Checkbox(value=True, label="also time an autoregressive run (speedup)")
     stats = gr.Markdown("Press **Generate**.", elem_id="live-stats")
+    run_summary = gr.JSON(visible="hidden", elem_id="live-summary")  # the run in numbers, for tools (the page shows the stats)
     text_view = gr.HTML(elem_id="text-view", elem_classes="tev-text")
     with gr.Row():
         tree_plot = gr.Plot(label="draft tree of the round", elem_id="tree-plot")
@@ -391,7 +430,7 @@ def tab(examples: list[str]) -> gr.Radio:
     with gr.Row():
         budget_plot = gr.Plot(label="budget auto: how this round's tree size was chosen", elem_id="budget-plot", visible=False)
     with gr.Row():
-        round_slider = Slider(1, 2, value=1, step=1, label="browse rounds", interactive=False, elem_id="round-slider")
+        round_slider = gr.Slider(1, 2, value=1, step=1, label="browse rounds", interactive=False, elem_id="round-slider")
         previous_round = gr.Button("◀ previous", scale=0)
         next_round = gr.Button("next ▶", scale=0)
     round_info = gr.Markdown(elem_id="round-info")
@@ -404,18 +443,17 @@ def tab(examples: list[str]) -> gr.Radio:
     inputs = [prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k, auto_budget, budget_memory]
     # Stop is a flag the generation polls between rounds (not Gradio's cancel, which would
     # mark every output as failed and leave the figures of a half-drawn run)
-    generate.click(arm_stop, None, None, queue=False, api_name=False).then(
-        gpu.gpu_task("generate")(run_live), inputs, list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, round_slider, budget_plot, run_state)),
-        validator=validator(inputs, check_live), api_name="generate", **COMPUTE,
-    )
+    pressed = generate.click(arm_stop, None, None, queue=False, api_name=False)
+    checked_event(pressed.then, gpu.gpu_task("generate")(run_live), inputs, list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, run_summary, round_slider, budget_plot, run_state)),
+                  check_live, also={drafter: is_adapted}, api_name="generate", **COMPUTE)
     stop.click(stop_live, None, None, queue=False, api_name=False)
     views = list(RoundView(round_slider, tree_plot, mass_plot, round_info, budget_plot))
     # release: the slider dragged; input: a round number typed into its box
     for event, api_name in ((round_slider.release, "browse_round"), (round_slider.input, False)):
-        event(browse_round, [round_slider, run_state], views, validator=validator([round_slider, run_state], check_browse), api_name=api_name, trigger_mode="always_last")
+        checked_event(event, browse_round, [round_slider, run_state], views, check_browse, api_name=api_name, trigger_mode="always_last")
     for button, delta in ((previous_round, -1), (next_round, 1)):
         inputs = [round_slider, run_state, gr.State(delta)]
-        button.click(browse_round, inputs, views, validator=validator(inputs, check_browse), api_name=False)
+        checked_event(button.click, browse_round, inputs, views, check_browse, api_name=False)
     export.click(export_run, run_state, export_file, api_name="export")
     return drafter
 

@@ -17,7 +17,7 @@ from tev.engine.walkthrough import trace_round
 from tev.service.adapted import drafter_kind, is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, check_settings
 from ui import gpu, shared
-from ui.components import Number, Radio, Slider, validator
+from ui.components import as_text, checked_event, once_per_click
 from ui.shared import COMPUTE, FORMULAS, RUN_STATE_SECONDS, _user_error, only, refuse
 from ui.workload import chosen_drafter
 from visual import verifier_lab_figure
@@ -56,12 +56,14 @@ def _view(state: dict, replay_cleared: bool = True) -> WalkView:
     return only(WalkView, where=where, text=f"### {step.title}\n\n{step.text}", plot=step.figure, state=state, **cleared)
 
 
+@once_per_click
 def check_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed):
-    """The round's settings and context; raises ``ValueError`` saying what to change."""
+    """The round's settings and context; raises ``ValueError`` saying what to change (the event's
+    validator calls it and the handler takes that result: :func:`once_per_click`)."""
     bundle = shared.SERVICE.bundle()
     config = check_settings(verifier, budget, temperature, 1, seed, top_p=top_p)
     bundle.drafter(drafter_kind(drafter))  # an unknown drafter kind is refused here
-    return config, shared.SERVICE.encode(prompt, chat=bundle.is_chat)
+    return config, shared.SERVICE.encode(as_text(prompt), chat=bundle.is_chat)
 
 
 def run_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed, request: gr.Request = None) -> WalkView:
@@ -73,7 +75,7 @@ def run_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed,
                                             config.budget, config.seed)
     except ValueError as error:  # the validator refuses bad settings first; an API call that skips it lands here
         raise _user_error(error) from None
-    return _view({"traces": [trace], "round": 0, "step": 0, "seed": config.seed, "drafter": drafter, "prompt": prompt})
+    return _view({"traces": [trace], "round": 0, "step": 0, "seed": config.seed, "drafter": drafter, "prompt": as_text(prompt)})
 
 
 def step_walkthrough(delta, state, request: gr.Request = None) -> WalkView:
@@ -144,14 +146,13 @@ def tab(prompt_text: str) -> gr.Radio:
         with gr.Column(scale=3):
             prompt = gr.Textbox(label=f"prompt · at most {LIMITS.max_prompt_chars:,} characters", value=prompt_text, lines=3, elem_id="walk-prompt")
         with gr.Column(scale=2):
-            drafter = Radio(list(DRAFTER_KINDS), value="block", label="drafter q", elem_id="walk-drafter")
-            drafter.also = is_adapted
-            verifier = Radio(list(VERIFIERS), value="tev", label="verifier")
+            drafter = gr.Radio(list(DRAFTER_KINDS), value="block", label="drafter q", elem_id="walk-drafter")
+            verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier")
             with gr.Row():
-                budget = Slider(0, LIMITS.max_lab_budget, value=16, step=1, label="budget B")
-                temperature = Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T")
-                top_p = Slider(LIMITS.min_top_p, 1.0, value=DEFAULT_SAMPLING.top_p, step=0.01, label="top-p")
-                seed = Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed (same settings and seed: the same round)")
+                budget = gr.Slider(0, LIMITS.max_lab_budget, value=16, step=1, label="budget B")
+                temperature = gr.Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T")
+                top_p = gr.Slider(LIMITS.min_top_p, 1.0, value=DEFAULT_SAMPLING.top_p, step=0.01, label="top-p")
+                seed = gr.Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed (same settings and seed: the same round)")
     run = gr.Button("Run one round", variant="primary", elem_id="walk-run")
     where = gr.Markdown("Press **Run one round**.", elem_id="walk-where")
     with gr.Row():
@@ -169,7 +170,7 @@ def tab(prompt_text: str) -> gr.Radio:
 
     inputs = [prompt, drafter, verifier, budget, temperature, top_p, seed]
     views = list(WalkView(where, text, plot, replay_plot, replay_table, state))
-    run.click(gpu.gpu_task("generate")(run_walkthrough), inputs, views, validator=validator(inputs, check_walkthrough), api_name="walkthrough", **COMPUTE)
+    checked_event(run.click, gpu.gpu_task("generate")(run_walkthrough), inputs, views, check_walkthrough, also={drafter: is_adapted}, api_name="walkthrough", **COMPUTE)
     back.click(step_walkthrough, [gr.State(-1), state], views, api_name=False, **COMPUTE)
     forward.click(gpu.gpu_task("generate")(step_walkthrough), [gr.State(1), state], views, api_name="walkthrough_next", **COMPUTE)
     replay.click(gpu.gpu_task("verifier_lab")(replay_walkthrough), state, list(ReplayView(replay_plot, replay_table)), api_name="walkthrough_replay", **COMPUTE)

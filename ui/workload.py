@@ -5,6 +5,7 @@ control, in words and numbers, and both drafters' trees on the same held-out pro
 from __future__ import annotations
 
 import time
+from typing import Any, NamedTuple
 
 import gradio as gr
 
@@ -17,9 +18,9 @@ from tev.service.service import LIMITS
 from tev.util.paths import assets_dir
 from tev.util.stats import change_in_words
 from ui import gpu, shared
-from ui.components import Radio, Slider, validator
+from ui.components import as_text, checked_event
 from ui.exittrain import Cancel, cancel_exittrain, check_free, side_by_side
-from ui.shared import COMPUTE, _user_error
+from ui.shared import COMPUTE, _user_error, only
 from visual import exit_mass_change_figure
 
 __all__ = ["OWN", "ASKED", "MIN_MINUTES", "MAX_MINUTES", "RECIPES", "DEFAULT_RECIPE", "pack_names", "verdict", "result_table", "run_workload", "adapted_drafter", "chosen_drafter",
@@ -52,7 +53,7 @@ def _prompts(pack: str, own_text: str, session: str | None = None) -> list[str]:
                              f"adapting to them needs at least {MIN_ASKED}")
         return check_workload(asked, "your Live prompts", minimum=MIN_ASKED)
     if pack == OWN:
-        lines = [line.strip() for line in (own_text or "").splitlines() if line.strip()]
+        lines = [line.strip() for line in (as_text(own_text) or "").splitlines() if line.strip()]
         return check_workload(lines, "your prompts (one per line)")
     if pack not in pack_names():
         raise ValueError(f"choose a workload pack ({', '.join(pack_names())}) or '{OWN}'")
@@ -88,8 +89,18 @@ def _recipe(recipe: str) -> str:
     return RECIPES[recipe]
 
 
+class WorkloadView(NamedTuple):
+    """The workload run's outputs."""
+
+    status: Any
+    table: Any
+    mass: Any
+    tree_base: Any
+    tree_adapted: Any
+
+
 def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=gr.Progress()):
-    """Adapt the base drafter to a workload, streaming its phases; each piece of work runs under
+    """Adapt the base drafter to a workload, streaming its phases (:class:`WorkloadView`); each piece of work runs under
     the server's compute thread, and Cancel stops between pieces. ``recipe`` (a key of
     :data:`RECIPES`) is what the kept drafter learns from; the other recipe trains beside it as the control."""
     owner = shared.session_of(request)
@@ -126,29 +137,29 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
                 progress(min(0.99, elapsed / budget), desc=f"{name} · {elapsed:.0f} s of about {budget:.0f} s")
                 if name == "work" or (name == "step" and info["step"] % 10):
                     continue
-                yield _status(name, info, elapsed), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                yield only(WorkloadView, status=_status(name, info, elapsed))
         except ValueError as error:
             raise _user_error(error) from None
         finally:
             pieces.close()  # the compute thread closes the run before its next piece of work
         if cancel.cancelled or outcome is None:
-            yield "cancelled: nothing was measured (no comparison of an unfinished drafter is shown)", "", None, None, None
+            yield WorkloadView("cancelled: nothing was measured (no comparison of an unfinished drafter is shown)", "", None, None, None)
             return
         result = outcome["result"]
         table = result_table(result)
         if not result["compared"]:
-            yield f"finished in {result['minutes']:.1f} min: nothing compared, no adapted drafter kept", table, None, None, None
+            yield WorkloadView(f"finished in {result['minutes']:.1f} min: nothing compared, no adapted drafter kept", table, None, None, None)
             return
         label = shared.ADAPTED.keep(owner, _workload_name(pack), outcome["drafter"])
         kept = (f"the adapted drafter is kept for this browser session as **{label}**: choose it in the Live tab or the walkthrough, or download it "
                 f"below (loads with `--draft`); the server keeps the {CAPACITY} most recently used adapted drafters (15-30 MB each) and writes none to disk")
         mass = result.get("heldout_mass")
         mass_figure = exit_mass_change_figure({"base": mass["base"], "adapted": mass["exittrain"]}) if mass else None
-        yield f"finished in {result['minutes']:.1f} min; drawing both drafters' trees on a held-out prompt…", table, mass_figure, gr.skip(), gr.skip()
+        yield only(WorkloadView, status=f"finished in {result['minutes']:.1f} min; drawing both drafters' trees on a held-out prompt…", table=table, mass=mass_figure)
         _, heldout = split_workload(prompts)
         adapted = BlockTreeDrafter(outcome["drafter"].served(), name="adapted")
         trees = side_by_side(bundle, {"base": bundle.drafter("block"), "adapted": adapted}, {"text": heldout[0], "chat": True}, EVAL_BUDGET)
-        yield f"finished in {result['minutes']:.1f} min; {kept}", table, gr.skip(), *trees
+        yield only(WorkloadView, status=f"finished in {result['minutes']:.1f} min; {kept}", table=table, tree_base=trees[0], tree_adapted=trees[1])
     finally:
         shared.EXITTRAIN_SLOT.release()
 
@@ -173,9 +184,6 @@ def _status(name: str, info: dict, elapsed: float) -> str:
 
 
 # ------------------------------------------------------------------------------ the tab
-RUN_OUTPUTS = ("status", "table", "mass", "tree_base", "tree_adapted")  # run_workload yields its outputs in this order
-
-
 def check_prompts(pack, prompts, minutes, recipe):
     """Refuses a workload without enough prompts (naming the prompts), an unknown recipe, or while another ExitTrain
     run holds the slot (the session's Live prompts are counted by the run itself: a validator does not know the session)."""
@@ -242,9 +250,9 @@ def tab(drafters: list = ()) -> None:
         visible=shown,
     )
     with gr.Row(visible=shown):
-        pack = Radio(pack_names() + [OWN, ASKED], value=(pack_names() or [OWN])[0], label="workload")
-        minutes = Slider(MIN_MINUTES, MAX_MINUTES, value=5, step=0.5, label="minutes (the whole run: answers, fine-tunes, held-out measurement)")
-    recipe = Radio(list(RECIPES), value=DEFAULT_RECIPE, label="fine-tune the kept drafter on (the other is the control)", visible=shown)
+        pack = gr.Radio(pack_names() + [OWN, ASKED], value=(pack_names() or [OWN])[0], label="workload")
+        minutes = gr.Slider(MIN_MINUTES, MAX_MINUTES, value=5, step=0.5, label="minutes (the whole run: answers, fine-tunes, held-out measurement)")
+    recipe = gr.Radio(list(RECIPES), value=DEFAULT_RECIPE, label="fine-tune the kept drafter on (the other is the control)", visible=shown)
     text = gr.Textbox(label=f"your prompts, one per line (at least 16; each at most {LIMITS.max_prompt_chars} characters)", lines=6,
                       max_lines=30, max_length=200_000, visible=shown)
     with gr.Row(visible=shown):
@@ -263,7 +271,8 @@ def tab(drafters: list = ()) -> None:
         return [choices] * len(drafters) + [weights]
 
     inputs = [pack, text, minutes, recipe]
-    start.click(gpu.gpu_task("exittrain")(run_workload), inputs, [ui[name] for name in RUN_OUTPUTS], validator=validator(inputs, check_prompts),
-                api_name="exittrain_workload", **COMPUTE).then(offered, pack, [*drafters, download], api_name="exittrain_workload_offer")
+    started = checked_event(start.click, gpu.gpu_task("exittrain")(run_workload), inputs, [ui[name] for name in WorkloadView._fields], check_prompts,
+                            api_name="exittrain_workload", **COMPUTE)
+    started.then(offered, pack, [*drafters, download], api_name="exittrain_workload_offer")
     asked.click(use_asked, None, [pack, ui["status"]], api_name="exittrain_workload_asked")
     cancel.click(cancel_exittrain, None, ui["status"], api_name="exittrain_workload_cancel")

@@ -76,16 +76,7 @@ def bench_e2e(
     baselines = [("autoregressive", None, None)] + [(peer, None, None) for peer in peers]
     order_rng = random.Random(seed)
     results, comparisons = [], []
-    jobs = []
-    for temperature in temperatures:
-        names = []
-        for drafter, verifier in methods:
-            if drafter not in bundle.drafters:
-                continue
-            name = f"{drafter}+{'greedy' if temperature == 0 else verifier}"
-            if name not in [n for n, _, _ in names]:
-                names.append((name, drafter, verifier))
-        jobs.append((temperature, names))
+    jobs = [(temperature, _method_names(bundle, methods, temperature)) for temperature in temperatures]
     total = sum(len(names) * len(budgets) + len(baselines) for _, names in jobs) * len(encoded) * repeats
     bar = tqdm(total=total, desc="bench e2e", disable=not progress)
     for temperature, names in jobs:
@@ -100,38 +91,62 @@ def bench_e2e(
                 order_rng.shuffle(order)
                 paired = {}
                 for name, drafter, verifier, budget in order:
-                    if name == "autoregressive":
-                        summary = autoregressive_generate(bundle.target, ids, config, bundle.tokenizer)
-                    elif name in PEERS:
-                        summary = hf_generate(bundle.target, ids, config, bundle.tokenizer, method=name)
-                    else:
-                        run_config = replace(config, verifier=verifier, budget=budget)
-                        auto = AutoBudget.for_target(bundle.target, budget_cap, *memory[name]) if budget == "auto" else None
-                        _, summary = run_to_end(speculative_generate(Request(bundle.target, bundle.drafter(drafter), ids, run_config), bundle.tokenizer, auto=auto))
-                    paired[(name, budget)] = summary
+                    auto = AutoBudget.for_target(bundle.target, budget_cap, *memory[name]) if budget == "auto" else None
+                    paired[(name, budget)] = _one_run(bundle, name, drafter, verifier, budget, ids, config, auto)
                     bar.update(1)
                 for (name, budget), summary in paired.items():
-                    (base_runs[name] if budget is None else runs[(name, budget)]).append({
-                        "tokens_per_second": summary.tokens_per_second,
-                        "tau": summary.tau,
-                        "tau_bound": summary.tau_bound,
-                        "tokens": len(summary.token_ids),
-                        "rounds": summary.rounds,
-                        "tree_sizes": summary.tree_sizes,
-                        "draft_coverages": summary.draft_coverages,
-                        "tau_bounds": summary.tau_bounds,
-                        "stage_seconds": summary.stage_seconds,
-                        "seconds": summary.seconds,
-                        "speedup": summary.tokens_per_second / paired[("autoregressive", None)].tokens_per_second,
-                        "speedup_vs_hf": summary.tokens_per_second / paired[("hf-generate", None)].tokens_per_second if ("hf-generate", None) in paired else float("nan"),
-                        "speedup_vs_lookup": summary.tokens_per_second / paired[("hf-prompt-lookup", None)].tokens_per_second if ("hf-prompt-lookup", None) in paired else float("nan"),
-                        "domain": domains[i],
-                    })
+                    (base_runs[name] if budget is None else runs[(name, budget)]).append(_run_record(summary, paired, domains[i]))
         results += _rows(temperature, budgets, runs, base_runs, reference, domains)
         comparisons += _auto_against_fixed(temperature, budgets, runs)
     bar.close()
     return {"machine": machine_info(device), "precision": figure_precision(device, bundle.target, bundle.drafters), "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(encoded), "truncation": dict(truncation or {}),
             "weight_read": reference, "rows": results, "auto_vs_fixed": comparisons}
+
+
+def _method_names(bundle, methods, temperature: float) -> list[tuple[str, str, str]]:
+    """(name, drafter, verifier) of each method the bundle can run at ``temperature``; at T = 0
+    every verifier is greedy, so methods that differ only in verifier are one."""
+    names = []
+    for drafter, verifier in methods:
+        if drafter not in bundle.drafters:
+            continue
+        name = f"{drafter}+{'greedy' if temperature == 0 else verifier}"
+        if name not in [n for n, _, _ in names]:
+            names.append((name, drafter, verifier))
+    return names
+
+
+def _one_run(bundle, name: str, drafter, verifier, budget, ids, config: DecodeConfig, auto):
+    """One generation's summary: the project's autoregressive loop, a peer, or a speculative method."""
+    if name == "autoregressive":
+        return autoregressive_generate(bundle.target, ids, config, bundle.tokenizer)
+    if name in PEERS:
+        return hf_generate(bundle.target, ids, config, bundle.tokenizer, method=name)
+    run_config = replace(config, verifier=verifier, budget=budget)
+    return run_to_end(speculative_generate(Request(bundle.target, bundle.drafter(drafter), ids, run_config), bundle.tokenizer, auto=auto))[1]
+
+
+def _run_record(summary, paired: dict, domain: str) -> dict:
+    """One run's figures, its speedups over the same prompt's baselines (``paired``)."""
+    def over(baseline: str) -> float:
+        return summary.tokens_per_second / paired[(baseline, None)].tokens_per_second if (baseline, None) in paired else float("nan")
+
+    return {
+        "tokens_per_second": summary.tokens_per_second,
+        "tau": summary.tau,
+        "tau_bound": summary.tau_bound,
+        "tokens": len(summary.token_ids),
+        "rounds": summary.rounds,
+        "tree_sizes": summary.tree_sizes,
+        "draft_coverages": summary.draft_coverages,
+        "tau_bounds": summary.tau_bounds,
+        "stage_seconds": summary.stage_seconds,
+        "seconds": summary.seconds,
+        "speedup": summary.tokens_per_second / paired[("autoregressive", None)].tokens_per_second,
+        "speedup_vs_hf": over("hf-generate"),
+        "speedup_vs_lookup": over("hf-prompt-lookup"),
+        "domain": domain,
+    }
 
 
 def _rows(temperature, budgets, runs: dict, base_runs: dict, reference: dict, domains: list[str]) -> list[dict]:

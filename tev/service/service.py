@@ -55,8 +55,8 @@ class Limits:
 
 LIMITS = Limits()
 
-# The app's opening sampling law, chosen by measurement (scripts/sampling_defaults.py,
-# docs/sampling-defaults.json): coherent answers on the held-out prompts and graded reach.
+# The app's opening sampling law, chosen by measurement (docs/sampling-defaults.json, from
+# scripts/sampling_defaults.py, removed after commit b697f37): coherent answers on the held-out prompts and graded reach.
 DEFAULT_SAMPLING = SamplingLaw(0.7, top_p=0.9)
 
 
@@ -158,19 +158,30 @@ class ModelService:
         except ValueError as error:
             raise UserInputError(str(error)) from None
 
-    def request(self, prompt_ids: list[int], drafter: str, config: DecodeConfig) -> Request:
-        """The checked :class:`Request` for the drafter of kind ``drafter``; raises
-        :class:`UserInputError` saying what to change."""
-        bundle = self.bundle()
+    def drafter(self, kind: str):
+        """The target's drafter of kind ``kind``; raises :class:`UserInputError` when it has none."""
         try:
-            return Request(bundle.target, bundle.drafter(drafter), prompt_ids, config)
+            return self.bundle().drafter(kind)
+        except ValueError as error:
+            raise UserInputError(str(error)) from None
+
+    def request(self, prompt_ids, drafter, config: DecodeConfig) -> Request:
+        """The checked :class:`Request` for ``drafter`` (a drafter of :meth:`drafter`, or a
+        session's adapted one); raises :class:`UserInputError` saying what to change."""
+        try:
+            return Request(self.bundle().target, drafter, prompt_ids, config)
         except ValueError as error:
             raise UserInputError(str(error)) from None
 
     def generate(self, request: Request, should_stop=None, auto: AutoBudget | None = None):
-        """Yields RoundRecords then a GenerationSummary; each round is a step of the compute thread.
-        ``auto``: budget auto's rule and what it learned (one user's; see :meth:`auto_budget`)."""
-        yield from self.compute.steps(speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop, auto=auto))
+        """Yields a RoundRecord per round (each a step of the compute thread) and returns the
+        GenerationSummary (PEP 380: ``summary = yield from ...``). ``auto``: budget auto's rule and
+        what it learned (one user's; see :meth:`auto_budget`)."""
+        for event in self.compute.steps(speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop, auto=auto)):
+            if isinstance(event, GenerationSummary):  # the engine's generator still yields its summary last
+                return event
+            yield event
+        raise RuntimeError("the generation ended without a summary")
 
     def auto_budget(self, config: DecodeConfig, calibration: Calibration, rate: RoundRate) -> AutoBudget:
         """Budget auto for one request: the machine's cost curve (measured in the compute thread

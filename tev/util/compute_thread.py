@@ -1,7 +1,9 @@
 """The server's one compute thread: every piece of model work runs in it, in turn.
 
-A request is an iterator of steps (a speculation round, a training step, a scoring batch).
-Handlers hand it to :meth:`ComputeThread.steps` and read what each step yields; the thread
+A request is an iterator of steps (a speculation round, a training step, a scoring batch): a
+generator yields its progress and returns its result (PEP 380). Handlers hand it to
+:meth:`ComputeThread.steps` and read what each step yields, and ``result = yield from
+compute.steps(work)`` (or :func:`result_of`) takes the result it returned; the thread
 steps the active requests one step each, first come first served, so a fine-tune taking step
 after step cannot starve a user's rounds. Torch work from many handler threads would also run
 on as many OpenMP thread teams, each started cold; one long-lived thread keeps one warm team
@@ -19,7 +21,7 @@ import logging
 import threading
 from typing import Callable, Iterator, TypeVar
 
-__all__ = ["ComputeThread"]
+__all__ = ["ComputeThread", "result_of"]
 
 T = TypeVar("T")
 
@@ -31,6 +33,7 @@ class _Request:
         self.work = work
         self.ready: collections.deque = collections.deque()  # results not yet read, in order
         self.error: BaseException | None = None
+        self.result = None  # what the work returned (PEP 380), once done
         self.done = False
         self.cancelled = False
 
@@ -56,8 +59,8 @@ class ComputeThread:
 
     def steps(self, work: Iterator[T]) -> Iterator[T]:
         """Submit ``work`` now; the returned iterator yields what each of its steps yields (each
-        step computed in the compute thread) and re-raises a step's exception. Closing it before
-        the end cancels ``work``."""
+        step computed in the compute thread), returns what ``work`` returned (``yield from`` takes
+        it) and re-raises a step's exception. Closing it before the end cancels ``work``."""
         if self.in_compute_thread():  # work that submits work: run it here, in turn with nothing
             return iter(work)
         request = _Request(work)
@@ -70,9 +73,7 @@ class ComputeThread:
 
     def call(self, function: Callable[..., T], *args, **kwargs) -> T:
         """``function(*args, **kwargs)`` computed in the compute thread as one step."""
-        for result in self.steps(_once(function, args, kwargs)):
-            return result
-        raise AssertionError("unreachable: one step yields one result")
+        return result_of(self.steps(_once(function, args, kwargs)))
 
     def in_compute_thread(self) -> bool:
         return threading.current_thread() is self._thread
@@ -94,7 +95,7 @@ class ComputeThread:
                     elif request.error is not None:
                         raise request.error
                     else:
-                        return
+                        return request.result
                 yield result
         finally:
             with self._condition:
@@ -129,21 +130,32 @@ class ComputeThread:
                 continue
             try:
                 result, ended, error = next(request.work), False, None
-            except StopIteration:
-                result, ended, error = None, True, None
+            except StopIteration as end:
+                result, ended, error = end.value, True, None
             except BaseException as caught:  # noqa: BLE001 - it belongs to the request's reader
                 result, ended, error = None, True, caught
             with self._condition:
                 if ended:
-                    request.done, request.error = True, error
+                    request.done, request.error, request.result = True, error, result
                 else:
                     request.ready.append(result)
                     self._turns.append(request)  # the back of the line: the others step first
                 self._condition.notify_all()
 
 
+def result_of(steps: Iterator):
+    """Run ``steps`` to its end (every yield dropped); what it returned (PEP 380)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value
+
+
 def _once(function, args, kwargs) -> Iterator:
-    yield function(*args, **kwargs)
+    """One step: ``function(*args, **kwargs)``, returned (PEP 380)."""
+    return function(*args, **kwargs)
+    yield  # noqa: unreachable - makes this a generator, so the call runs at its first step, in the compute thread
 
 
 def _close(work) -> None:

@@ -1,4 +1,5 @@
-"""Start the real app as a subprocess on a free port (used by the app, browser and load tests)."""
+"""Start the real app (``python app.py``) as a subprocess on a free port: the load test, the page
+measurements and the app, browser and reliability tests drive it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tev.util.paths import REPO_ROOT as REPO
 
 
 def free_port() -> int:

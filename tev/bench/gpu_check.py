@@ -1,6 +1,6 @@
-"""One prepared check for a lent CUDA machine: ``bash scripts/gpu-check.sh`` runs this.
+"""One prepared check for a lent CUDA machine: ``bash scripts/gpu-check.sh`` runs this module.
 
-``python3 scripts/gpu_check.py --out DIR`` runs the steps below in order, each in its own
+``python3 -m tev.bench.gpu_check --out DIR`` (or ``python -m tev bench gpu-check``) runs the steps below in order, each in its own
 process with its own timeout, inside one overall time budget; a failing step is recorded and
 the next one runs. After every step it rewrites ``DIR/gpu-check.json`` (every result) and
 ``DIR/gpu-check.md`` (the summary), so a run cut short still leaves what it measured; pytest
@@ -46,42 +46,30 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import torch
+import transformers
+from packaging.version import Version
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaModel
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from packaging.version import Version  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaModel  # noqa: E402
+from tev.bench.exactness import ALPHA, chi_square_against, count_host_syncs, exact_block_law, first_difference, greedy_margins, power_against_shift, rounding_tie
+from tev.bench.verifiers_bench import synthetic_case
+from tev.core.sampling import SamplingLaw
+from tev.core.tree import DraftTree
+from tev.core.verify import SAMPLING_VERIFIERS, verify_rows
+from tev.data.prompts import load_prompt_set
+from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate
+from tev.engine.drafters import DraftContext
+from tev.engine.evaluation import fit_prompt
+from tev.engine.models import load_bundle, load_causal_lm
+from tev.engine.round import prefill, room_left, speculation_round
+from tev.engine.session import CausalLMSession
+from tev.util.stats import spread
+from tev.util.paths import REPO_ROOT as REPO
+from tev.util.timing import StageTimer, machine_info, time_once
 
-from tests.helpers import (  # noqa: E402
-    ALPHA,
-    chi_square_against,
-    count_host_syncs,
-    exact_block_law,
-    first_difference,
-    greedy_margins,
-    power_against_shift,
-    rounding_tie,
-)
-from tev.bench.verifiers_bench import synthetic_case  # noqa: E402
-from tev.cli import main as tev_main  # noqa: E402
-from tev.core.sampling import SamplingLaw  # noqa: E402
-from tev.core.tree import DraftTree  # noqa: E402
-from tev.core.verify import SAMPLING_VERIFIERS, verify_rows  # noqa: E402
-from tev.data.prompts import load_prompt_set  # noqa: E402
-from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate  # noqa: E402
-from tev.engine.drafters import DraftContext  # noqa: E402
-from tev.engine.evaluation import fit_prompt  # noqa: E402
-from tev.engine.models import load_bundle, load_causal_lm  # noqa: E402
-from tev.engine.round import prefill, room_left, speculation_round  # noqa: E402
-from tev.engine.session import CausalLMSession  # noqa: E402
-from tev.util.stats import spread  # noqa: E402
-from tev.util.timing import StageTimer, machine_info, time_once  # noqa: E402
-
+MODULE = "tev.bench.gpu_check"  # each in-process step runs as `python -m MODULE --run-step NAME`
 MIN_TRANSFORMERS = Version("5.24")  # requirements.txt; the engine passes forward(cache=...)
-SCRIPT = Path(__file__).resolve()
 # The suite's files that need none of gradio, plotly, hypothesis, a browser or the real SmolLM2
 # weights, most GPU-relevant first, and the tests in them that are slow CPU-only statistics.
 OTHER_TESTS = (
@@ -155,7 +143,7 @@ def step_greedy(options: Options) -> dict:
 
     float32: token for token, and (on a GPU) the same tokens as the CPU's float32 run;
     bfloat16: every emitted token is the argmax of one causal forward up to rounding ties
-    (``tests.helpers.rounding_tie``), which also bounds where the two runs may part.
+    (``tev.bench.exactness.rounding_tie``), which also bounds where the two runs may part.
     """
     drafters = ("block",) if options.quick else ("block", "chain")
     budgets = (8,) if options.quick else (8, 32)
@@ -296,9 +284,9 @@ def step_host_syncs(options: Options) -> dict:
 
 
 def _run_cli(argv: list[str], work: Path, name: str) -> dict:
-    """``python -m tev ARGV --json FILE`` in this process; returns the JSON it wrote."""
+    """``python -m tev ARGV --json FILE`` (already its own process: a step's child runs it); returns the JSON it wrote."""
     target = work / f"{name}.json"
-    code = tev_main(argv + ["--json", str(target)])
+    code = subprocess.run([sys.executable, "-m", "tev", *argv, "--json", str(target)], cwd=REPO).returncode
     if code != 0:
         raise RuntimeError(f"python -m tev {' '.join(argv)} exited with {code}")
     return json.loads(target.read_text())
@@ -440,7 +428,7 @@ def plan(options: Options, out: Path, only: tuple[str, ...] = ()) -> list[Step]:
 
     def inside(name: str, what: str, timeout: float) -> Step:
         result = options.work / f"step-{name}.json"
-        return Step(name, what, timeout, (python, str(SCRIPT), "--run-step", name, "--device", options.device, "--work", str(options.work), "--result", str(result), *quick), result=result)
+        return Step(name, what, timeout, (python, "-m", MODULE, "--run-step", name, "--device", options.device, "--work", str(options.work), "--result", str(result), *quick), result=result)
 
     steps = [
         inside("environment", "versions, device, transformers >= 5.24", 60),
@@ -552,17 +540,19 @@ def run_one_step(name: str, options: Options, result: Path) -> int:
     return 0 if details["ok"] else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=os.environ.get("OUT") or "runs/gpu-check", help="folder for gpu-check.json, gpu-check.md, pytest.log (default: $OUT)")
-    parser.add_argument("--device", default="cuda", help="cuda (the point of it) or cpu (with --quick, to try the script)")
+    parser.add_argument("--device", default="cuda", help="cuda (the point of it) or cpu (with --quick, to try the check)")
     parser.add_argument("--quick", action="store_true", help="small sizes everywhere (seconds on a CPU)")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds for all steps together (gpu-check.sh kills at 480)")
     parser.add_argument("--only", nargs="+", default=(), choices=[*STEPS, "pytest-cuda", "pytest-other"], help="run only these steps")
     parser.add_argument("--work", default=None, help="scratch folder (default: a new temporary one)")
     parser.add_argument("--run-step", choices=STEPS, help=argparse.SUPPRESS)  # the child side of one step
     parser.add_argument("--result", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Every step (or ``--only`` some) into ``--out``; 0 when all passed."""
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
     options = Options(device=args.device, quick=args.quick, work=work)
@@ -574,6 +564,12 @@ def main(argv: list[str] | None = None) -> int:
     records = run_all(plan(options, out, tuple(args.only)), out, args.budget, meta)
     print(f"\nsummary: {out / 'gpu-check.md'}; {sum(r['ok'] for r in records)} of {len(records)} steps passed", flush=True)
     return 0 if all(r["ok"] for r in records) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

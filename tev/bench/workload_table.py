@@ -3,7 +3,7 @@
 with ``--install``, also the model card's workload table (``assets/models/smollm2/workload-results.json``, then
 the card re-rendered).
 
-    python scripts/workload_table.py runs/workload/*.json [--install]
+    python -m tev bench workload-table runs/workload/*.json [--install]
 """
 
 from __future__ import annotations
@@ -11,16 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tev.bench.report.workload_gain import workload_data, workload_section
+from tev.engine.models import DEFAULT_PAIR
+from tev.train.card import refresh_card
+from tev.util.files import write_text_atomic
+from tev.util.paths import assets_dir
 
-from tev.bench.report.workload_gain import workload_data, workload_section  # noqa: E402
-from tev.engine.models import DEFAULT_PAIR  # noqa: E402
-from tev.train.card import refresh_card  # noqa: E402
-from tev.util.files import write_text_atomic  # noqa: E402
-from tev.util.paths import assets_dir  # noqa: E402
 
 def print_tables(results: dict[str, dict]) -> None:
     """Claim 5b's tables of the report (tau per drafter and its change, per pack and temperature), then each run's size and time."""
@@ -49,11 +47,12 @@ def task_of(workload: str) -> str:
     return text.replace("|", "\\|")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", nargs="+", help="result files of `python -m tev exittrain --workload ... --json OUT.json`")
     parser.add_argument("--install", action="store_true", help="write assets/models/smollm2/workload-results.json and re-render the model card")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in sorted(args.results)]
     results = {Path(json.loads(p.read_text()).get("workload", p)).stem: json.loads(p.read_text()) for p in paths}
     print_tables(results)
@@ -67,7 +66,4 @@ def main() -> None:
         write_text_atomic(assets_dir() / "models" / DEFAULT_PAIR.home / "workload-results.json", json.dumps(entries, indent=1) + "\n")
         refresh_card(assets_dir())
         print(f"\nwrote {assets_dir() / 'models' / DEFAULT_PAIR.home / 'workload-results.json'}; model card re-rendered")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Load test of the TEV Explorer app through its public API (``gradio_client``).
 
 For each user count N (default 4, 8, 16) it runs N concurrent users, each with its own
@@ -31,8 +30,8 @@ How times are measured (client side, ``time.perf_counter``):
 
 Usage::
 
-    python scripts/loadtest.py --assets /tmp/rel-assets --out runs/loadtest      # starts its own server
-    python scripts/loadtest.py --url http://127.0.0.1:7860/ --pid 12345 --users 4 --seconds 20
+    python -m tev bench loadtest --assets /tmp/rel-assets --out runs/loadtest      # starts its own server
+    python -m tev bench loadtest --url http://127.0.0.1:7860/ --pid 12345 --users 4 --seconds 20
 
 Exit code 0 when every check passed (no errors, identical seeds identical, outputs match
 their solo runs, queue-full refused clearly, memory growth under the goal), else 1.
@@ -53,13 +52,17 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+try:  # gradio's own client (installed with gradio); the GPU check's machine, which has no gradio, never runs this
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+    from gradio_client.utils import QueueError
+except ImportError:
+    Client = AppError = QueueError = None
 
-from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS  # noqa: E402  (needs the repository on the path)
-from tev.util.stats import quantile  # noqa: E402
-from ui.workload import DEFAULT_RECIPE  # noqa: E402  (the workload tab's default fine-tune recipe)
+from tev.bench.appserver import AppServer
+from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS
+from tev.util.paths import assets_dir
+from tev.util.stats import quantile
 
 PROMPTS = [
     "def add(a, b):\n    ",
@@ -190,9 +193,6 @@ def random_settings(rng: random.Random, user: int) -> Settings:
 
 
 def classify(error: BaseException) -> tuple[str, str]:
-    from gradio_client.exceptions import AppError
-    from gradio_client.utils import QueueError
-
     message = str(error).strip() or type(error).__name__
     if isinstance(error, QueueError):
         return "queue_full", message
@@ -237,8 +237,8 @@ def run_one(client, settings: Settings, user: int, timeout: float = 180.0, poll:
 
 
 def new_client(url: str):
-    from gradio_client import Client
-
+    if Client is None:
+        raise RuntimeError("the load test needs gradio_client (pip install -r requirements.txt)")
     return Client(url, verbose=False)
 
 
@@ -269,7 +269,7 @@ class PeakMemory:
 
 def start_workload(url: str, pack: str, minutes: float):
     """Submit one workload ExitTrain run (the ExitTrain tab's workload mode) from its own client."""
-    return new_client(url).submit(pack, "", minutes, DEFAULT_RECIPE, api_name="/exittrain_workload"), time.perf_counter()
+    return new_client(url).submit(pack, "", minutes, api_name="/exittrain_workload")  # the recipe: the tab's default (the client fills it in), time.perf_counter()
 
 
 def workload_outcome(job, started: float, timeout: float) -> dict:
@@ -423,8 +423,6 @@ def check_own_outputs(url: str, results: list[Result], sample: int = 24, seed: i
 
 def check_queue_full(url: str, max_size: int = 32, extra: int = 8, timeout: float = 120.0) -> dict:
     """Submit ``max_size + extra`` long requests at once; the excess must be refused clearly."""
-    from gradio_client.utils import QueueError
-
     long = Settings(prompt=PROMPTS[0], budget=64, temperature=1.0, max_new_tokens=256, seed=0)
     client = new_client(url)
     t0 = time.perf_counter()
@@ -516,8 +514,7 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help="attach to a running app (default: start `python app.py` on a free port)")
     parser.add_argument("--pid", type=int, help="the attached server's process id (for its memory)")
     parser.add_argument("--assets", default=os.environ.get("TEV_ASSETS_DIR"), help="assets folder for the started server (TEV_ASSETS_DIR; default: the app's own)")
@@ -532,20 +529,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue-extra", type=int, default=8, help="submits beyond the queue's max_size (32) in the queue-full check")
     parser.add_argument("--out", help="folder for loadtest.json and loadtest.md")
     parser.add_argument("--workload", default=None, help="a shipped workload pack: each level also runs one workload ExitTrain (5 minutes) beside the users")
-    args = parser.parse_args(argv)
 
+
+def run(args: argparse.Namespace) -> int:
+    """The levels and checks ``args`` ask for; 0 when every check passed."""
     server = None
     url, pid = args.url, args.pid
     if url is None:
-        from tests.appserver import AppServer
-
         out_dir = Path(args.out or "/tmp")
         out_dir.mkdir(parents=True, exist_ok=True)
         extra = {} if args.assets else {"TEV_ASSETS_DIR": os.environ.get("TEV_ASSETS_DIR", "")}
-        server = AppServer(Path(args.assets) if args.assets else REPO / "assets", out_dir / "loadtest-server.log", extra_env=extra)
+        server = AppServer(Path(args.assets) if args.assets else assets_dir(), out_dir / "loadtest-server.log", extra_env=extra)
         url, pid = server.url, server.process.pid
         print(f"started the app at {url} (pid {pid}) in {server.wait_ready():.1f}s", flush=True)
-    report: dict = {"url": url, "pid": pid, "assets": args.assets if server else None, "attached": server is None, "seconds_per_level": args.seconds, "command": " ".join(["python", "scripts/loadtest.py", *(argv if argv is not None else sys.argv[1:])]), "levels": []}
+    report: dict = {"url": url, "pid": pid, "assets": args.assets if server else None, "attached": server is None, "seconds_per_level": args.seconds, "command": " ".join(["python -m tev bench loadtest", *sys.argv[3:]]), "levels": []}
     all_results: list[Result] = []
     try:
         for users in args.users:
@@ -595,7 +592,3 @@ def main(argv: list[str] | None = None) -> int:
         (out / "loadtest.md").write_text(text)
         print(f"wrote {out / 'loadtest.json'} and {out / 'loadtest.md'}")
     return 0 if report["passed"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

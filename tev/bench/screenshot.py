@@ -1,4 +1,4 @@
-"""Take the README screenshot from the real app: `python scripts/screenshot.py [--out assets/screenshot.png]`.
+"""Take the README screenshot from the real app: `python -m tev bench screenshot [--out assets/screenshot.png]`.
 
 Starts `python app.py` on the default pair (SmolLM2-135M-Instruct and its block drafter), drives
 Debian Chromium with Playwright (Generate on a chat prompt at the page's default sampling, T = 0.7,
@@ -9,72 +9,68 @@ top-p 0.9), and saves a PNG of the Live tab. `--all DIR` also saves the other ta
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from tests.appserver import AppServer  # noqa: E402
-from tev.engine.models import DEFAULT_PAIR  # noqa: E402
-from tev.util.paths import assets_dir  # noqa: E402
-
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+from tev.bench.appserver import AppServer
+from tev.bench.browser import open_page
+from tev.engine.models import DEFAULT_PAIR
+from tev.util.paths import REPO_ROOT, assets_dir
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default=str(REPO / "assets" / "screenshot.png"))
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=str(REPO_ROOT / "assets" / "screenshot.png"))
     parser.add_argument("--all", help="also save every tab as PNG into this folder")
     parser.add_argument("--prompt", default="Write a Python function that checks whether a number is prime.")
     parser.add_argument("--workload", help="instead: adapt the drafter to this shipped pack in the ExitTrain tab and save the result (e.g. json-records)")
     parser.add_argument("--walkthrough", type=int, help="instead: run one round in the Walkthrough tab and save this step (1-8) into --out")
     parser.add_argument("--walkthrough-all", help="instead: run one round in the Walkthrough tab and save every step into this folder (step1.png ..)")
-    args = parser.parse_args()
-    from playwright.sync_api import sync_playwright
 
-    log = Path(tempfile.mkdtemp()) / "app.log"
-    server = AppServer(assets_dir(), log, extra_env={"TEV_PAIR": DEFAULT_PAIR.name})
+
+def run(args: argparse.Namespace) -> int:
+    server = AppServer(assets_dir(), Path(tempfile.mkdtemp()) / "app.log", extra_env={"TEV_PAIR": DEFAULT_PAIR.name})
     try:
         print(f"app ready in {server.wait_ready():.1f}s")
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000}, device_scale_factor=1)
-            page.goto(server.url, wait_until="domcontentloaded")
-            page.wait_for_selector("#generate-button", timeout=60_000)
-            page.wait_for_function("!document.body.innerText.includes('loading models')", timeout=60_000)
+        with open_page(server.url, scale=1) as page:
             if args.workload:
                 workload_screenshot(page, args.workload, args.out)
-                return
-            if args.walkthrough or args.walkthrough_all:
+            elif args.walkthrough or args.walkthrough_all:
                 walkthrough_screenshots(page, args.walkthrough, args.out, args.walkthrough_all)
-                return
-            page.get_by_label("your message to the model").fill(args.prompt)
-            page.click("#generate-button")
-            # the final stats carry the speedup of the quiet rerun over plain decoding, timed after the generation
-            page.wait_for_function("document.querySelector('#live-stats').innerText.includes('timed again')", timeout=240_000)
-            page.wait_for_timeout(1500)
-            print("stats:", " | ".join(page.locator("#live-stats").inner_text().split("\n")))
-            page.locator("#text-view").scroll_into_view_if_needed()
-            page.screenshot(path=args.out, clip={"x": 0, "y": 0, "width": 1400, "height": 2100}, full_page=True)
-            print(f"saved {args.out}")
-            if args.all:
-                folder = Path(args.all)
-                folder.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(folder / "live-full.png"), full_page=True)
-                for tab, button in (("lab", "Run the verifiers"), ("exittrain", "Compare the shipped ExitTrain drafter instead")):
-                    page.get_by_role("tab", name={"lab": "Verifier lab", "exittrain": "ExitTrain"}[tab]).click()
-                    page.get_by_role("button", name=button).click()
-                    page.wait_for_timeout(30_000)
-                    page.screenshot(path=str(folder / f"{tab}.png"), full_page=True)
-                page.get_by_role("tab", name="Learn").click()
-                page.wait_for_timeout(1000)
-                page.screenshot(path=str(folder / "learn.png"), full_page=True)
-                print(f"saved tabs into {folder}")
-            browser.close()
+            else:
+                live_screenshot(page, args.prompt, args.out)
+                if args.all:
+                    tab_screenshots(page, Path(args.all))
     finally:
         server.stop()
+    return 0
+
+
+def live_screenshot(page, prompt: str, out: str) -> None:
+    """The Live tab after one generation of ``prompt`` at the page's opening settings."""
+    page.get_by_label("your message to the model").fill(prompt)
+    page.click("#generate-button")
+    # the final stats carry the speedup of the quiet rerun over plain decoding, timed after the generation
+    page.wait_for_function("document.querySelector('#live-stats').innerText.includes('timed again')", timeout=240_000)
+    page.wait_for_timeout(1500)
+    print("stats:", " | ".join(page.locator("#live-stats").inner_text().split("\n")))
+    page.locator("#text-view").scroll_into_view_if_needed()
+    page.screenshot(path=out, clip={"x": 0, "y": 0, "width": 1400, "height": 2100}, full_page=True)
+    print(f"saved {out}")
+
+
+def tab_screenshots(page, folder: Path) -> None:
+    """The whole Live page, then each other tab after its default run."""
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(folder / "live-full.png"), full_page=True)
+    for tab, button in (("lab", "Run the verifiers"), ("exittrain", "Compare the shipped ExitTrain drafter instead")):
+        page.get_by_role("tab", name={"lab": "Verifier lab", "exittrain": "ExitTrain"}[tab]).click()
+        page.get_by_role("button", name=button).click()
+        page.wait_for_timeout(30_000)
+        page.screenshot(path=str(folder / f"{tab}.png"), full_page=True)
+    page.get_by_role("tab", name="Learn").click()
+    page.wait_for_timeout(1000)
+    page.screenshot(path=str(folder / "learn.png"), full_page=True)
+    print(f"saved tabs into {folder}")
 
 
 def walkthrough_screenshots(page, step: int | None, out: str, folder: str | None) -> None:
@@ -110,7 +106,3 @@ def workload_screenshot(page, pack: str, out: str) -> None:
     page.locator("#workload-status").scroll_into_view_if_needed()
     page.screenshot(path=out, full_page=True)
     print(f"saved {out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,61 @@
+"""The real page in a real browser, for the measurements that time what a visitor meets: Debian
+Chromium, headless, driven by Playwright (``requirements-dev.txt``; ``scripts/ensure-chromium.sh``
+installs the browser), against an app started by :class:`tev.bench.appserver.AppServer`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+from typing import Iterator
+
+try:  # a development dependency: the rest of ``python -m tev`` runs without it
+    from playwright.sync_api import sync_playwright
+except ImportError:
+    sync_playwright = None
+
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "BUDGET_LABEL", "AUTO_LABEL", "open_page", "set_number", "live_summary"]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# the Live tab's labels, as the page shows them
+BUDGET_LABEL = "budget B (draft nodes per round; 0 drafts nothing: plain decoding); with budget auto, the most a round may keep"
+AUTO_LABEL = "budget auto: each round keeps the drafter's best nodes this machine pays for"
+
+
+@contextlib.contextmanager
+def open_page(url: str, wait_for: str = "#generate-button", scale: float | None = None) -> Iterator:
+    """A page of the app at ``url`` (1400 x 1000), once ``wait_for`` shows and the models are loaded."""
+    if sync_playwright is None:
+        raise RuntimeError("this measurement drives a browser: pip install -r requirements-dev.txt, then bash scripts/ensure-chromium.sh")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000}, **({"device_scale_factor": scale} if scale else {}))
+            page.goto(url, wait_until="domcontentloaded")
+            page.wait_for_selector(wait_for, timeout=120_000)
+            page.wait_for_function("!document.body.innerText.includes('loading models')", timeout=120_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def set_number(page, label: str, value) -> None:
+    box = page.get_by_role("spinbutton", name=f"number input for {label}")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+# the hidden JSON output holds an object only once a run has finished (a streaming run clears it); the JSON
+# component shows the value as spaced JSON text
+_SUMMARY_SHOWN = """() => {
+    try { const value = JSON.parse(document.querySelector('#live-summary').innerText); return value !== null && typeof value === 'object'; }
+    catch (error) { return false; }
+}"""
+
+
+def live_summary(page, timeout_ms: int = 120_000) -> dict:
+    """The Live tab's summary of its last finished run (its hidden JSON output, ``#live-summary``),
+    once the page shows it."""
+    page.wait_for_function(_SUMMARY_SHOWN, timeout=timeout_ms)
+    return json.loads(page.inner_text("#live-summary"))

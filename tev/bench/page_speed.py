@@ -1,0 +1,107 @@
+"""The Live page's speed figure, read from a real browser, for comparison with ``bench e2e``.
+
+Starts ``python app.py`` on the default pair, drives Debian Chromium with Playwright through the
+same held-out chat prompts ``bench e2e --prompts chat --num-prompts N`` uses, at each temperature
+(the page's opening budget: auto with a cap of 16, or ``--budget B``; 64 new tokens, the page's
+top-p at T > 0), and records the speedup of the page's quiet rerun against plain decoding, from
+the run summary the page gives beside its stats (``--api``: through the API, no browser).
+``--omp-wait-policy`` starts the server with that ``OMP_WAIT_POLICY`` (the thread setting's other
+half). Compare with the "vs own AR" column of
+
+    python -m tev bench e2e --prompts chat --num-prompts 6 --budgets 16 --temperatures 0 0.7 --top-p 0.9 --skip-memory
+
+run with the same threads (``TEV_THREADS``, default 2 here, and torch's default of 2 there).
+
+    python -m tev bench page-speed --prompts 6 --json runs/page-speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from tev.bench.appserver import AppServer
+from tev.bench.browser import AUTO_LABEL, BUDGET_LABEL, live_summary, open_page, set_number
+from tev.bench.loadtest import new_client
+from tev.data.prompts import load_prompt_set, spread_evenly
+from tev.engine.models import DEFAULT_PAIR
+from tev.util.paths import assets_dir
+
+SUMMARY_OUTPUT = 5  # /generate's outputs: text, tree, mass, timeline, stats, summary, rounds, budget (ui.live.LiveView)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
+    parser.add_argument("--threads", default=os.environ.get("TEV_THREADS", "2"))
+    parser.add_argument("--json", help="write the per-prompt figures here")
+    parser.add_argument("--api", action="store_true", help="call the page's Generate through the API instead (no browser on this machine)")
+    parser.add_argument("--budget", default="auto", help="auto (the page's opening setting, cap 16) or a fixed budget B")
+    parser.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE"], help="OMP_WAIT_POLICY for the server (unset: OpenMP's default)")
+
+
+def run(args: argparse.Namespace) -> int:
+    prompts = spread_evenly(load_prompt_set("chat"), args.prompts)
+    env = {"TEV_PAIR": DEFAULT_PAIR.name, "TEV_THREADS": str(args.threads)}
+    if args.omp_wait_policy:
+        env["OMP_WAIT_POLICY"] = args.omp_wait_policy
+    auto = args.budget == "auto"
+    budget = 16 if auto else int(args.budget)
+    server = AppServer(assets_dir(), Path(tempfile.mkdtemp()) / "app.log", extra_env=env)
+    try:
+        print(f"app ready in {server.wait_ready():.1f}s", flush=True)
+        rows = (api_rows if args.api else browser_rows)(server.url, prompts, args.temperatures, budget, auto)
+    finally:
+        server.stop()
+    for temperature in args.temperatures:
+        mine = [r["speedup"] for r in rows if r["temperature"] == temperature]
+        print(f"T={temperature:g}: median page speedup {statistics.median(mine):.2f}x over {len(mine)} prompts")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"threads": args.threads, "omp_wait_policy": args.omp_wait_policy, "budget": args.budget, "api": args.api, "rows": rows}, indent=1))
+    return 0
+
+
+def row(summary: dict, temperature: float, prompt: dict) -> dict:
+    """One prompt's figures from the page's run summary."""
+    timing = summary["timing"]
+    speedup, live, quiet = timing["speedup"], summary["tokens_per_second"], timing["speculative_tokens_per_second"]
+    print(f"T={temperature:g} {prompt['id']}: page speedup {speedup:.2f}x (speculation {quiet:.1f} tok/s quiet, {live:.1f} while drawing)", flush=True)
+    return {"temperature": temperature, "prompt": prompt["id"], "domain": prompt.get("domain"), "speedup": speedup,
+            "tokens_per_second_live": live, "tokens_per_second_quiet": quiet}
+
+
+def api_rows(url: str, prompts: list[dict], temperatures, budget: int, auto: bool) -> list[dict]:
+    client = new_client(url)
+    rows = []
+    for temperature in temperatures:
+        for prompt in prompts:
+            outputs = client.predict(prompt["text"], "block", "tev", budget, temperature, 64, 0, True, True, 0.9, 0, auto, api_name="/generate")
+            rows.append(row(outputs[SUMMARY_OUTPUT], temperature, prompt))
+    return rows
+
+
+def browser_rows(url: str, prompts: list[dict], temperatures, budget: int, auto: bool) -> list[dict]:
+    rows = []
+    with open_page(url) as page:
+        set_number(page, "max new tokens", 64)
+        box = page.get_by_label(AUTO_LABEL)
+        if box.is_checked() != auto:
+            box.click()
+        set_number(page, BUDGET_LABEL, budget)
+        for temperature in temperatures:
+            set_number(page, "temperature T (0: greedy)", temperature)
+            for prompt in prompts:
+                page.get_by_label("your message to the model").fill(prompt["text"])
+                page.click("#generate-button")
+                # this run's text view shows its own prompt from its first round, in the same update
+                # that replaces the previous run's stats; its stats say 'timed again' only at the end
+                page.wait_for_function(
+                    "start => document.querySelector('#text-view').innerText.includes(start) && "
+                    "document.querySelector('#live-stats').innerText.includes('timed again')",
+                    arg=prompt["text"][:40], timeout=300_000)
+                rows.append(row(live_summary(page), temperature, prompt))
+    return rows
