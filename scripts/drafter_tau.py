@@ -25,7 +25,7 @@ from tev.data.prompts import load_prompt_set  # noqa: E402
 from tev.engine.default_target import ensure_default_target  # noqa: E402
 from tev.engine.block_drafter import BlockDrafter  # noqa: E402
 from tev.engine.models import load_causal_lm, load_tokenizer  # noqa: E402
-from tev.train.train_drafter import DrafterRecipe, chat_prompt_tau  # noqa: E402
+from tev.pipelines.train_drafter import DrafterRecipe, chat_prompt_tau  # noqa: E402
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tev.engine.models import DEFAULT_PAIR, load_bundle  # noqa: E402
 from tev.service.live_exittrain import CHAT_LIVE_SETTINGS, live_experiment  # noqa: E402
-from tev.train.exittrain_data import load_chat_exittrain_data  # noqa: E402
+from tev.pipelines.exittrain_data import load_chat_exittrain_data  # noqa: E402
 from tev.train.loop import with_progress  # noqa: E402
 
 REFERENCE = CHAT_LIVE_SETTINGS  # exit term, lambda_tree 16, B 32, T 1, lr 1e-4, 2 conversations x 16 anchors a step

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from scripts.page_speed import BUDGET_LABEL, CHROMIUM_ARGS, set_number  # noqa: E402
 from tests.appserver import AppServer  # noqa: E402
 from tev.engine.models import DEFAULT_PAIR  # noqa: E402
-from tev.train.workload_data import load_workload, split_workload  # noqa: E402
+from tev.pipelines.workload_data import load_workload, split_workload  # noqa: E402
 from tev.util.paths import assets_dir  # noqa: E402
 
 ADAPTED = "adapted: my prompts"

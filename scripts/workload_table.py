@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tev.bench.report.workload_gain import workload_data, workload_section  # noqa: E402
 from tev.engine.models import DEFAULT_PAIR  # noqa: E402
-from tev.train.card import refresh_card  # noqa: E402
+from tev.pipelines.card import refresh_card  # noqa: E402
 from tev.util.files import write_text_atomic  # noqa: E402
 from tev.util.paths import assets_dir  # noqa: E402
 

@@ -18,11 +18,11 @@ from safetensors.torch import save_file
 from tev.train.teacher import ChatSequences
 from tev.train.data import IGNORE, TrainData, load_train_data, save_train_data
 from tev.train.experiment import paired_change
-from tev.train.exittrain_command import EXITTRAIN_SETTINGS
-from tev.train.exittrain_data import build_chat_exittrain_data, conversation_data
+from tev.pipelines.exittrain import EXITTRAIN_SETTINGS
+from tev.pipelines.exittrain_data import build_chat_exittrain_data, conversation_data
 from tev.train.loop import train
 from tev.train.losses import token_losses
-from tev.train.train_drafter import QUICK_RECIPE, DrafterRecipe, split_conversations
+from tev.pipelines.train_drafter import QUICK_RECIPE, DrafterRecipe, split_conversations
 from tev.train.trees import TreeBatch, on_policy
 from tests.tiny import tiny_block_drafter, tiny_target, tiny_vocab_drafter
 

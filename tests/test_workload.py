@@ -21,8 +21,8 @@ from tev.train.losses import exit_loss_terms, node_weights, tree_loss
 from tev.train.teacher import WorkloadAnswers
 from tev.train.trees import ScoredTrees, TreeBatch
 from tev.train.trees import draft_logits as logits_at
-from tev.train.workload_command import workload_settings
-from tev.train.workload_data import MIN_PROMPTS, check_workload, extend_draft_vocab, load_workload, split_workload
+from tev.pipelines.workload import workload_settings
+from tev.pipelines.workload_data import MIN_PROMPTS, check_workload, extend_draft_vocab, load_workload, split_workload
 from tev.util.compute_thread import ComputeThread
 from tev.util.paths import REPO_ROOT
 from tests.tiny import CHAT_WORDS, save_chat_target, tiny_target, tiny_vocab_drafter
@@ -192,7 +192,7 @@ def _chat_pair_and_workload(tmp_path):
 
 
 def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch):
-    from tev.train import workload_command
+    from tev.pipelines import workload as workload_command
 
     bundle, base, prompts = _chat_pair_and_workload(tmp_path)
     _, heldout = workload_command.split_workload(prompts, seed=0)
@@ -241,7 +241,7 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
 
 
 def test_sampled_training_answers_follow_the_chosen_law_and_are_recorded(tmp_path, monkeypatch):
-    from tev.train import workload_command
+    from tev.pipelines import workload as workload_command
 
     bundle, base, prompts = _chat_pair_and_workload(tmp_path)
     laws = []
@@ -343,7 +343,7 @@ def test_the_tab_refuses_too_few_prompts_and_cancel_shows_no_comparison(tmp_path
 
 
 def test_the_model_card_shows_each_packs_measured_adaptation():
-    from tev.train.card import workload_rows
+    from tev.pipelines.card import workload_rows
 
     cell = lambda tau: {"tau": tau, "se": 0.04}  # noqa: E731
     gain = lambda g: {"gain": g, "se": 0.08}  # noqa: E731

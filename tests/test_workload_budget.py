@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from tev.engine.models import load_bundle
-from tev.train import workload_command
-from tev.train.workload_command import MIN_STEPS, Pace, plan_phases, workload_settings
+from tev.pipelines import workload as workload_command
+from tev.pipelines.workload import MIN_STEPS, Pace, plan_phases, workload_settings
 from tests.tiny import CHAT_WORDS, save_chat_target, tiny_vocab_drafter
 
 MINUTES = 5

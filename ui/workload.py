@@ -10,8 +10,8 @@ import gradio as gr
 
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import DRAFTER_KINDS, shipped_drafter
-from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, LAWS, MIN_STEPS, adaptation, model_label, other_recipe, verdict_lines, workload_settings
-from tev.train.workload_data import check_workload, load_workload, split_workload
+from tev.pipelines.workload import DEFAULT_TREE_TERM, EVAL_BUDGET, LAWS, MIN_STEPS, adaptation, model_label, other_recipe, verdict_lines, workload_settings
+from tev.pipelines.workload_data import check_workload, load_workload, split_workload
 from tev.service.adapted import ADAPTED_PREFIX, CAPACITY, MIN_ASKED, is_adapted
 from tev.service.service import LIMITS
 from tev.util.paths import assets_dir

@@ -33,12 +33,12 @@ from tev.engine.decode import DecodeConfig, GenerationSummary, Request, speculat
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import fit_prompt
 from tev.engine.models import load_bundle, shipped_drafter
-from tev.train.exittrain_command import invoked_command
+from tev.pipelines.exittrain import invoked_command
 from tev.train.losses import TREE_TERMS
 from tev.train.loop import TrainSettings, train
 from tev.train.teacher import WorkloadAnswers, answer_prompts, with_features
 from tev.train.trees import fixed_trees
-from tev.train.workload_data import extend_draft_vocab, load_workload, split_workload
+from tev.pipelines.workload_data import extend_draft_vocab, load_workload, split_workload
 from tev.util.paths import REPO_ROOT
 from tev.util.stats import change_in_words, standard_error
 

@@ -39,7 +39,7 @@ from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_causal_lm, load_tokenizer
 from tev.engine.prompt_text import ChatTemplate
 from tev.train.teacher import ChatSequences, target_features, write_requests, write_responses
-from tev.train.card import refresh_card
+from tev.pipelines.card import refresh_card
 from tev.train.data import SoftLabels, TrainData
 from tev.train.loop import TrainSettings, drafter_shape, fit_to_target, heldout_loss, install_drafter, train, with_progress
 from tev.util.files import atomic_folder, write_text_atomic
