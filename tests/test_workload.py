@@ -343,7 +343,7 @@ def test_the_tab_refuses_too_few_prompts_and_cancel_shows_no_comparison(tmp_path
 
 
 def test_the_model_card_shows_each_packs_measured_adaptation():
-    from tev.pipelines.card import workload_rows
+    from tev.pipelines.workload_report import card_rows
 
     cell = lambda tau: {"tau": tau, "se": 0.04}  # noqa: E731
     gain = lambda g: {"gain": g, "se": 0.08}  # noqa: E731
@@ -351,7 +351,7 @@ def test_the_model_card_shows_each_packs_measured_adaptation():
               "T1": {"base": cell(1.4), "exittrain": cell(1.5), "token_only": cell(1.4), "next-depth": cell(1.5)},
               "gain": {"T0": {"exittrain": gain(0.667), "token_only": gain(0.66), "next-depth": gain(0.7)},
                        "T1": {"exittrain": gain(0.054), "token_only": gain(0.016), "next-depth": gain(0.083)}}, "minutes": 4.6}
-    rows = workload_rows({"sql-queries": {"task": "Write one SQL query", "command": "python -m tev exittrain --workload x.json", "result": result}})
+    rows = card_rows({"sql-queries": {"task": "Write one SQL query", "command": "python -m tev exittrain --workload x.json", "result": result}})
     text = "\n".join("| " + " | ".join(row) + " |" for row in rows)  # as the card's table writes them
     assert "| sql-queries | Write one SQL query | 0 | 1.500 +- 0.040 | 2.500 (+66.7% +- 8.0%) | 2.500 (+66.0% +- 8.0%) | next-depth +70.0% | 4.6 |" in text
     assert "|  |  | 1 | 1.400 +- 0.040 | 1.500 (+5.4% +- 8.0%) | 1.400 (+1.6% +- 8.0%) | next-depth +8.3% |  |" in text

@@ -30,8 +30,8 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTraine
 from tev.data.corpus import load_split
 from tev.data.prompts import heldout_function_prompts, humaneval_prompts
 from tev.data.token_stream import encode_corpus
-from tev.engine.decode import DecodeConfig, autoregressive_generate
 from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig
+from tev.engine.decode import DecodeConfig, autoregressive_generate
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, fit_prompt
 from tev.engine.models import DEFAULT_PAIR, load_block_drafter

@@ -22,8 +22,8 @@ from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, format_tau_table
 from tev.engine.models import default_pair, load_bundle, shipped_drafter
 from tev.pipelines.card import refresh_card
-from tev.train.data import TrainData
 from tev.pipelines.exittrain_data import load_chat_exittrain_data
+from tev.train.data import TrainData
 from tev.train.experiment import Experiment, heldout_trees
 from tev.train.loop import TrainSettings, install_drafter, train, with_progress
 from tev.train.teacher import corpus_sequences

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tev.train.data import DOMAINS, TrainData, load_train_data, save_train_data
-from tev.pipelines.train_drafter import cached_conversations, split_conversations
 from tev.engine.models import DEFAULT_PAIR
+from tev.pipelines.train_drafter import cached_conversations, split_conversations
+from tev.train.data import DOMAINS, TrainData, load_train_data, save_train_data
 
 __all__ = ["conversation_data", "build_chat_exittrain_data", "load_chat_exittrain_data", "exittrain_data_command"]
 

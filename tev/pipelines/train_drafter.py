@@ -32,16 +32,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tev.data.prompts import load_prompt_set
-from tev.engine.default_target import DEFAULT_TARGET_NAME, ensure_default_target
 from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig
+from tev.engine.default_target import DEFAULT_TARGET_NAME, ensure_default_target
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_causal_lm, load_tokenizer
 from tev.engine.prompt_text import ChatTemplate
-from tev.train.teacher import ChatSequences, target_features, write_requests, write_responses
 from tev.pipelines.card import refresh_card
 from tev.train.data import SoftLabels, TrainData
 from tev.train.loop import TrainSettings, drafter_shape, fit_to_target, heldout_loss, install_drafter, train, with_progress
+from tev.train.teacher import ChatSequences, target_features, write_requests, write_responses
 from tev.util.files import atomic_folder, write_text_atomic
 from tev.util.paths import REPO_ROOT, assets_dir
 from tev.util.precision import low_precision

@@ -34,16 +34,17 @@ from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import fit_prompt
 from tev.engine.models import load_bundle, shipped_drafter
 from tev.pipelines.exittrain import invoked_command
-from tev.train.losses import TREE_TERMS
+from tev.pipelines.workload_data import extend_draft_vocab, load_workload, split_workload
+from tev.pipelines.workload_report import LAWS, summary_lines
 from tev.train.loop import TrainSettings, train
+from tev.train.losses import TREE_TERMS
 from tev.train.teacher import WorkloadAnswers, answer_prompts, with_features
 from tev.train.trees import fixed_trees
-from tev.pipelines.workload_data import extend_draft_vocab, load_workload, split_workload
 from tev.util.paths import REPO_ROOT
 from tev.util.stats import change_in_words, standard_error
 
 __all__ = ["DEFAULT_ANSWER_LAW", "DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "LAWS", "MIN_STEPS", "SOFT_TOP", "Pace", "Plan", "plan_phases",
-           "workload_settings", "workload_train_set", "adaptation", "heldout_mass", "relative_gain", "model_label", "other_recipe", "verdict_lines", "workload_command"]
+           "workload_settings", "workload_train_set", "adaptation", "heldout_mass", "relative_gain", "other_recipe", "workload_command"]
 
 DEFAULT_TREE_TERM = ("exit", 0.1)  # (tree term, lambda_tree) of the command's recipe; see docs/exittrain.md
 EVAL_BUDGET = 16
@@ -52,8 +53,6 @@ EVAL_PROMPTS = 10  # held-out prompts decoded at most (the first of the held-out
 MIN_EVAL_PROMPTS = 1  # held-out prompts a comparison decodes at least (a busy 2-core machine took 196 s for one, per drafter)
 SOFT_TOP = 16  # the target's top tokens kept as soft labels (train-drafter's default)
 TREES_PER_ANSWER = 8
-# The held-out laws: greedy, the law the page opens at, and plain sampling.
-LAWS = {"T0": SamplingLaw(0.0), "T0.7": SamplingLaw(0.7, top_p=0.9), "T1": SamplingLaw(1.0)}
 DEFAULT_ANSWER_LAW = "T0"  # the target's training answers: greedy (see docs/exittrain.md for sampled answers against greedy)
 # Below this many fine-tune steps the run compares nothing: a token-only fine-tune of the shipped
 # drafter gained +17% and +31% held-out tau at T = 0 after 30 steps on two workloads.
@@ -423,71 +422,6 @@ def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], 
     yield summaries
 
 
-def model_label(name: str, settings: dict) -> str:
-    """What a drafter of a workload result is, in words: ``exittrain`` is the run's recipe (its
-    tree term in ``settings``, possibly none), the others are controls named by their tree term."""
-    lam = f"lambda {settings['lambda_tree']:g}"
-    if name == "base":
-        return "base (the shipped drafter)"
-    if name == "exittrain":
-        return "adapted (token loss only)" if settings["tree_term"] == "none" else f"adapted (token loss + {settings['tree_term']} term, {lam})"
-    return "token-only control" if name == "token_only" else f"control: token loss + {name} term ({lam})"
-
-
-def _tree_against_token(result: dict, key: str):
-    """(the tree-term drafter's name, its gain, the token-only drafter's gain) at law ``key``, or
-    None when the run did not train both (the recipe may be either of the two)."""
-    gains = result["gain"][key]
-    if result["settings"]["tree_term"] == "none":
-        tree = next((name for name in gains if name not in ("exittrain", "token_only")), None)
-        return (tree, gains[tree], gains["exittrain"]) if tree else None
-    return ("exittrain", gains["exittrain"], gains["token_only"]) if "token_only" in gains else None
-
-
-def verdict_lines(result: dict) -> list[str]:
-    """The run's verdict in sentences that follow its numbers: the sentence saying why when it
-    compared nothing; else the adapted drafter's change at each law and, only where that is a gain
-    outside two standard errors, whether the tree term adds to the token loss there (the recipe and
-    its control are the two: token loss only, and token loss + a tree term)."""
-    if not result["compared"]:
-        return [result["note"]]
-    lines = []
-    for key in LAWS:
-        ours = result["gain"][key]["exittrain"]
-        line = f"At {result['laws'][key]} the adapted drafter's held-out tau: {change_in_words(ours['gain'], ours['se'])}"
-        pair = _tree_against_token(result, key)
-        if ours["gain"] > 2 * ours["se"] and pair is not None:
-            tree_name, tree, token = pair
-            difference, se = tree["gain"] - token["gain"], math.hypot(tree["se"], token["se"])
-            other = "the token-only control" if tree_name == "exittrain" else f"the {tree_name}-term control"
-            if abs(difference) <= 2 * se:
-                line += (f"; {other} gained as much (within two standard errors): the gain comes from the target's own answers "
-                         "(the token loss), and the tree term adds no measurable gain here")
-            else:
-                line += (f"; the tree term {'adds' if difference > 0 else 'costs'} {100 * abs(difference):.1f}% +- {100 * se:.1f}% against "
-                         "the token loss alone (outside two standard errors)")
-        lines.append(line + ".")
-    if not any(result["gain"][key]["exittrain"]["gain"] > 2 * result["gain"][key]["exittrain"]["se"] for key in LAWS):
-        lines.append("No gain outside two standard errors at any law, so nothing here says where one would come from.")
-    return lines
-
-
-def _summary_lines(result: dict) -> list[str]:
-    lines = [f"{result['train_prompts']} training prompts answered ({result['answer_tokens']} tokens) of {result['train_prompts_offered']}, "
-             f"{result['heldout_prompts']} held out ({result['eval_prompts']} decoded); {result['steps']} steps; "
-             f"{result['minutes']:.1f} min (budget {result['minutes_budget']:g})",
-             "pace: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in result["pace"].items())]
-    for key in (key for key in LAWS if result[key]):  # nothing at all is measured when the first held-out prompt did not fit
-        base = result[key]["base"]
-        parts = [f"base {base['tau']:.3f} +- {base['se']:.3f}"]
-        for name, cell in result[key].items():
-            if name != "base":
-                gain = result["gain"][key][name]
-                parts.append(f"{name} {cell['tau']:.3f} +- {cell['se']:.3f} ({100 * gain['gain']:+.1f}% +- {100 * gain['se']:.1f}%)")
-        lines.append(f"{result['laws'][key]} (B = {EVAL_BUDGET}, {EVAL_NEW_TOKENS} new tokens): " + "; ".join(parts))
-    return lines + verdict_lines(result)
-
-
 def workload_command(args) -> None:
     """The command line's workload adaptation (``exittrain --workload``)."""
     if args.minutes is None or not math.isfinite(args.minutes) or args.minutes <= 0:
@@ -521,5 +455,5 @@ def workload_command(args) -> None:
     drafter.save_pretrained(out / "drafter")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(result, indent=1))
-    print("\n".join(_summary_lines(result)))
+    print("\n".join(summary_lines(result)))
     print(f"adapted drafter: {out / 'drafter'}; result: {json_path}")
