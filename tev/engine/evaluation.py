@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from tev.engine.decode import DecodeConfig, GenerationSummary, Request, speculative_generate
 from tev.engine.prompt_text import encode_chat, encode_prompt
+from tev.engine.session import max_positions
 from tev.util.stats import quantile, standard_error
 
 __all__ = ["fit_prompt", "evaluation_rounds", "evaluate_drafter", "format_tau_table"]
@@ -46,7 +47,7 @@ def evaluation_rounds(
 ):
     """:func:`evaluate_drafter` as a generator: yields every speculation round's record (a caller
     takes turns with other work between rounds, or stops), then the list of rows."""
-    context = int(getattr(target.config, "max_position_embeddings", 1 << 30))
+    context = max_positions(target)
     encoded = [fit_prompt(tokenizer, p, context - max_new_tokens) for p in prompts]
     rows = []
     settings = [(b, t) for t in temperatures for b in budgets]

@@ -21,6 +21,7 @@ from tev.engine.block_drafter import DRAFTER_FILE, BlockDrafter
 from tev.engine.drafters import ARTreeDrafter, BlockTreeDrafter, Drafter
 from tev.engine.default_target import DefaultTargetError, ensure_default_target
 from tev.engine.prompt_text import has_chat_template
+from tev.engine.session import max_positions
 from tev.util.paths import models_dir
 
 __all__ = [
@@ -365,7 +366,7 @@ class ModelBundle:
 
     @property
     def context_length(self) -> int:
-        return int(getattr(self.target.config, "max_position_embeddings", 1 << 30))
+        return max_positions(self.target)
 
     @property
     def is_chat(self) -> bool:

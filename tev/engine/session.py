@@ -27,7 +27,7 @@ from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows
 from tev.util.precision import low_precision
 
-__all__ = ["CausalLMSession", "ForwardOutput", "HeadRows", "ALL_ROWS_AT_ONCE", "MIN_TRANSFORMERS", "check_transformers"]
+__all__ = ["CausalLMSession", "ForwardOutput", "HeadRows", "ALL_ROWS_AT_ONCE", "MIN_TRANSFORMERS", "check_transformers", "max_positions"]
 
 
 # Architectures whose logits are exactly ``lm_head(final hidden state)`` (no scaling or capping),
@@ -36,6 +36,11 @@ _PLAIN_HEAD = {"llama", "qwen2", "qwen3", "mistral"}
 
 
 MIN_TRANSFORMERS = "5.24"  # the forward's ``cache=`` keyword; older versions take it silently into **kwargs
+
+
+def max_positions(model) -> int:
+    """How many positions ``model`` attends to (its config's ``max_position_embeddings``; unbounded when it names none)."""
+    return int(getattr(model.config, "max_position_embeddings", 1 << 30))
 
 
 def check_transformers(version: str | None = None) -> None:
@@ -174,7 +179,7 @@ class CausalLMSession:
         self.dtype = next(model.parameters()).dtype
         self.cache = DynamicCache(config=model.config)
         self.length = 0  # tokens held in the cache
-        self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.max_positions = max_positions(model)
         head = model.get_output_embeddings()
         self.lazy_head = getattr(model.config, "model_type", None) in _PLAIN_HEAD and head is not None and getattr(head, "bias", None) is None
         self.head = head.weight.detach() if self.lazy_head else None  # inference only: projections keep no graph

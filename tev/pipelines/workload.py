@@ -33,6 +33,7 @@ from tev.engine.decode import DecodeConfig, GenerationSummary, Request, speculat
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import fit_prompt
 from tev.engine.models import load_bundle, shipped_drafter
+from tev.engine.session import max_positions
 from tev.pipelines.exittrain import invoked_command
 from tev.pipelines.workload_data import extend_draft_vocab, load_workload, split_workload
 from tev.pipelines.workload_report import LAWS, summary_lines
@@ -248,7 +249,7 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     start = clock()
     deadline = start + minutes * 60.0
     train_prompts, heldout_prompts = split_workload(prompts, seed)
-    context = int(getattr(bundle.target.config, "max_position_embeddings", 1 << 30))
+    context = max_positions(bundle.target)
     held = [fit_prompt(bundle.tokenizer, {"text": p, "chat": True}, context - EVAL_NEW_TOKENS) for p in heldout_prompts[:EVAL_PROMPTS]]
     base_model = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
     decoded = {"base": []}  # per drafter, per held-out prompt: {law: (block lengths, 1 + C)}

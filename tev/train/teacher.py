@@ -32,6 +32,7 @@ from tev.core.sampling import SamplingLaw
 from tev.data.token_stream import encode_corpus
 from tev.engine.batch_generate import generate_batch
 from tev.engine.prompt_text import ChatTemplate, encode_chat
+from tev.engine.session import max_positions
 from tev.train.data import SoftLabels, TrainData
 from tev.util.files import atomic_file
 from tev.util.precision import low_precision
@@ -187,7 +188,7 @@ def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 
     prompt at a time on a CPU (one weight read serves the whole batch)."""
     start = time.perf_counter()
     answers = WorkloadAnswers()
-    context = int(getattr(target.config, "max_position_embeddings", 1 << 30))
+    context = max_positions(target)
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     encoded = [encode_chat(tokenizer, prompt, max_tokens=context - max_new_tokens - 1) for prompt in prompts]

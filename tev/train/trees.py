@@ -20,7 +20,7 @@ import torch
 from tev.core.flow import flow_from_edge_prob
 from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows
-from tev.engine.session import CausalLMSession
+from tev.engine.session import CausalLMSession, max_positions
 from tev.train.data import SoftLabels, TrainData
 from tev.train.teacher import top_law
 from tev.util.precision import low_precision
@@ -194,7 +194,6 @@ def fixed_trees(target, drafter, data: TrainData, budget: int, per_row: int, see
     parts, chosen = [], []
     generator = torch.Generator().manual_seed(seed)
     anchors = data.anchors
-    max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
     for row in range(len(data)):
         index = anchors[anchors[:, 0] == row]
         index = index[torch.randperm(index.shape[0], generator=generator)[:per_row].sort().values]
@@ -202,7 +201,7 @@ def fixed_trees(target, drafter, data: TrainData, budget: int, per_row: int, see
         with torch.no_grad():
             logits = draft_logits(drafter, data, index, autocast=False)
         roots, tokens = _roots(data, index)
-        trees = draft_trees(drafter, logits, roots, tokens, budget, max_positions)
+        trees = draft_trees(drafter, logits, roots, tokens, budget, max_positions(target))
         sequence = target_pass(target, data.token_ids[row, : int(data.lengths[row])])
         parts.append(score_trees(sequence, trees, roots, temperature, drafter.draft_vocab, soft_top))
         yield row
