@@ -52,8 +52,9 @@ def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: 
             yield so_far
 
     def scoring(target, drafter, answers, *args, **kwargs):
-        yield from score(target, drafter, answers, *args, **kwargs)
+        built = yield from score(target, drafter, answers, *args, **kwargs)
         clock.now += pace.score * len(answers)
+        return built
 
     def training(*args, **kwargs):
         for record in train(*args, **kwargs):
@@ -65,7 +66,12 @@ def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: 
     def decoding(*args, **kwargs):  # a held-out prompt's rounds take about pace.heldout (the run can stop between them)
         seconds = probe_heldout if probe_heldout is not None and not decoded else pace.heldout
         decoded.append(seconds)
-        for event in decode(*args, **kwargs):
+        rounds = decode(*args, **kwargs)
+        while True:
+            try:
+                event = next(rounds)
+            except StopIteration as done:
+                return done.value
             clock.now += seconds / ROUNDS
             yield event
 

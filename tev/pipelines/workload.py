@@ -22,27 +22,28 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from tev.core.sampling import SamplingLaw
 from tev.engine.block_drafter import BlockDrafter
-from tev.engine.decode import DecodeConfig, GenerationSummary, Request, speculative_generate
+from tev.engine.decode import DecodeConfig
 from tev.engine.drafters import BlockTreeDrafter
-from tev.engine.evaluation import fit_prompt
+from tev.engine.evaluation import decode_rounds, fit_prompt
 from tev.engine.models import load_bundle, shipped_drafter
 from tev.engine.session import max_positions
 from tev.pipelines.exittrain import invoked_command
 from tev.pipelines.workload_data import extend_draft_vocab, load_workload, split_workload
 from tev.pipelines.workload_report import LAWS, summary_lines
+from tev.train.data import TrainData
 from tev.train.loop import TrainSettings, train
 from tev.train.losses import TREE_TERMS
 from tev.train.teacher import WorkloadAnswers, answer_prompts, with_features
-from tev.train.trees import fixed_trees
+from tev.train.trees import ScoredTrees, fixed_trees
 from tev.util.paths import REPO_ROOT
-from tev.util.stats import change_in_words, standard_error
+from tev.util.stats import standard_error
 
 __all__ = ["DEFAULT_ANSWER_LAW", "DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "LAWS", "MIN_STEPS", "SOFT_TOP", "Pace", "Plan", "plan_phases",
            "workload_settings", "workload_train_set", "adaptation", "heldout_mass", "relative_gain", "other_recipe", "workload_command"]
@@ -142,14 +143,14 @@ def other_recipe(tree_term: str) -> str:
 
 def workload_train_set(target, drafter: BlockDrafter, answers, seed: int = 0, progress: bool = True):
     """The target's features and laws on the answers, then at a few seeded anchors of each answer
-    the tree ``drafter`` builds there, scored at T = 1: yields an int per piece of work, then
-    ``(TrainData, ScoredTrees)``."""
+    the tree ``drafter`` builds there, scored at T = 1: yields after the features and after each
+    answer's trees, and returns ``(TrainData, ScoredTrees)``."""
     if not len(answers):
         raise ValueError("no answers to train on")
     data = with_features(target, answers.data(), list(drafter.config.feature_layers), drafter.draft_vocab, SOFT_TOP, progress)
-    yield -1
-    for trees in fixed_trees(target, drafter, data, EVAL_BUDGET, TREES_PER_ANSWER, seed, soft_top=SOFT_TOP):
-        yield trees if isinstance(trees, int) else (data, trees)
+    yield "features"
+    trees = yield from fixed_trees(target, drafter, data, EVAL_BUDGET, TREES_PER_ANSWER, seed, soft_top=SOFT_TOP)
+    return data, trees
 
 
 def relative_gain(after: dict, before: dict) -> dict:
@@ -161,21 +162,17 @@ def relative_gain(after: dict, before: dict) -> dict:
 
 
 def _decode_prompt(bundle, drafter, ids: list[int], seed: int, stop_by: float, clock):
-    """One held-out prompt decoded by one drafter at every law of :data:`LAWS`: yields each round,
-    then ``{law: (block lengths, 1 + C of each round)}``, or None when ``stop_by`` came first (a
-    part of a prompt is not measured)."""
+    """One held-out prompt decoded by one drafter at every law of :data:`LAWS`: yields each round
+    and returns ``{law: (block lengths, 1 + C of each round)}``, or None when ``stop_by`` came first
+    (a part of a prompt is not measured)."""
     out = {}
     for key, law in LAWS.items():
         config = DecodeConfig(budget=EVAL_BUDGET, temperature=law.temperature, top_k=law.top_k, top_p=law.top_p, max_new_tokens=EVAL_NEW_TOKENS, seed=seed)
-        for event in speculative_generate(Request(bundle.target, drafter, ids, config), bundle.tokenizer, should_stop=lambda: clock() > stop_by):
-            if not isinstance(event, GenerationSummary):
-                yield event
-            elif event.stop_reason == "cancelled":
-                yield None
-                return
-            else:
-                out[key] = (event.block_lengths, event.tau_bounds)
-    yield out
+        summary = yield from decode_rounds(bundle.target, bundle.tokenizer, drafter, ids, config, should_stop=lambda: clock() > stop_by)
+        if summary is None:
+            return None
+        out[key] = (summary.block_lengths, summary.tau_bounds)
+    return out
 
 
 def _cell(decoded: list[dict], key: str) -> dict:
@@ -185,31 +182,22 @@ def _cell(decoded: list[dict], key: str) -> dict:
     return {"tau": sum(lengths) / len(lengths), "se": standard_error(lengths), "tau_bound": sum(bounds) / len(bounds), "rounds": len(lengths)}
 
 
-def _last(pieces, into: list):
-    """Yield ``("work", None)`` for every piece of ``pieces`` but the last, which goes into ``into``."""
-    previous = None
-    for piece in pieces:
-        if previous is not None:
+def _work(pieces):
+    """``("work", None)`` for every progress event of the generator ``pieces``; returns its result."""
+    try:
+        while True:
+            try:
+                next(pieces)
+            except StopIteration as done:
+                return done.value
             yield "work", None
-        previous = piece
-    into.append(previous)
+    finally:
+        pieces.close()
 
 
-def _answer(bundle, prompts: list[str], answers: WorkloadAnswers, stop_by: float, clock, progress: bool, law: SamplingLaw, seed: int):
-    """The target answers ``prompts`` a batch at a time into ``answers`` (greedy, or sampled from
-    ``law``), stopping before a batch that would end after ``stop_by`` at the pace measured so far;
-    returns the prompts answered."""
-    start, done, written = clock(), 0, None
-    for written in answer_prompts(bundle.target, bundle.tokenizer, prompts, batch=ANSWER_BATCH, progress=progress, law=law, seed=seed):
-        done = min(len(prompts), done + ANSWER_BATCH)
-        yield "work", None
-        if done < len(prompts) and clock() + (clock() - start) / done * min(ANSWER_BATCH, len(prompts) - done) > stop_by:
-            break
-    if written is not None:
-        answers.sequences += written.sequences
-        answers.prompt_lengths += written.prompt_lengths
-        answers.seconds += written.seconds
-    return done
+def _served(drafter: BlockDrafter, name: str) -> BlockTreeDrafter:
+    """A copy of ``drafter`` served for decoding (the original keeps training or stays the base)."""
+    return BlockTreeDrafter(copy.deepcopy(drafter).served(), name=name)
 
 
 def _no_comparison(steps: int, pace: Pace, minutes: float) -> str:
@@ -223,6 +211,272 @@ def _no_comparison(steps: int, pace: Pace, minutes: float) -> str:
             f"drafters does not fit in {minutes:g} minutes, so no comparison is made; give it more minutes or a quieter machine.")
 
 
+@dataclass
+class FineTune:
+    """What every fine-tune of a run shares: the training data, its scored trees, the adapted
+    drafter's starting weights (its vocabulary widened) and the settings with the steps that fit."""
+
+    data: TrainData
+    trees: ScoredTrees
+    initial: dict
+    settings: TrainSettings
+
+
+@dataclass
+class WorkloadRun:
+    """One adaptation: its settings, then what each phase leaves for the next."""
+
+    bundle: object
+    base: BlockDrafter  # the shipped drafter in float32, never trained
+    settings: TrainSettings
+    controls: tuple[str, ...]  # the control tree terms asked for; the plan keeps those that fit
+    seed: int
+    progress: bool
+    with_mass: bool
+    clock: Callable[[], float]
+    answer_law: str
+    minutes: float
+    start: float
+    train_prompts: list[str]
+    heldout_prompts: list[str]
+    held: list[list[int]]  # the ids of the held-out prompts that may be decoded (at most EVAL_PROMPTS)
+    answers: WorkloadAnswers = field(default_factory=WorkloadAnswers)
+    offered: int = 0  # training prompts offered to the target so far
+    pace: Pace = field(default_factory=Pace)
+    plan: Plan | None = None
+    skipped: tuple[str, ...] = ()  # controls asked for that did not fit
+    work: BlockDrafter | None = None  # the adapted drafter
+    added: list[int] = field(default_factory=list)  # tokens the draft vocabulary gained
+    fine_tune: FineTune | None = None
+    history: list[dict] = field(default_factory=list)  # the adapted drafter's step records
+    compare: bool = False  # whether the run still makes its comparison
+    models: dict[str, BlockDrafter] = field(default_factory=dict)  # the adapted drafter and the controls, by result name
+    decoded: dict[str, list] = field(default_factory=lambda: {"base": []})  # per drafter, per held-out prompt: {law: (block lengths, 1 + C)}
+    mass: dict | None = None
+    mass_note: str | None = None
+
+    @property
+    def deadline(self) -> float:
+        return self.start + self.minutes * 60.0
+
+    @property
+    def trained(self) -> int:
+        """Drafters the plan fine-tunes: the adapted one and its controls."""
+        return 1 + self.plan.controls
+
+    def eval_seconds(self, prompts: int) -> float:
+        """The held-out decoding still to come for ``prompts`` prompts at the pace measured (the base has one)."""
+        return (prompts * (self.trained + 1) - 1) * self.pace.heldout
+
+    def mass_seconds(self, prompts: int) -> float:
+        """Where the mass leaves the trees, measured on ``prompts`` held-out answers (when asked for)."""
+        return prompts * (self.pace.answer + 2 * self.pace.score) if self.with_mass else 0.0
+
+
+def _start(bundle, prompts, base, minutes, settings, controls, seed, progress, with_mass, clock, answer_law) -> WorkloadRun:
+    """The run's settings checked, its prompts split and the held-out ones encoded, the base loaded."""
+    if answer_law not in LAWS:
+        raise ValueError(f"answer law {answer_law!r}: choose from {', '.join(LAWS)}")
+    train_prompts, heldout_prompts = split_workload(prompts, seed)
+    context = max_positions(bundle.target)
+    held = [fit_prompt(bundle.tokenizer, {"text": p, "chat": True}, context - EVAL_NEW_TOKENS) for p in heldout_prompts[:EVAL_PROMPTS]]
+    return WorkloadRun(bundle, BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32), replace(settings or workload_settings(*DEFAULT_TREE_TERM), seed=seed),
+                       tuple(controls), seed, progress, with_mass, clock, answer_law, minutes, clock(), train_prompts, heldout_prompts, held)
+
+
+def _answer(run: WorkloadRun, prompts: list[str], stop_by: float, seed: int):
+    """The target answers ``prompts`` a batch at a time into ``run.answers`` (greedy, or sampled
+    from the run's answer law), stopping before a batch that would end after ``stop_by`` at the
+    pace measured so far; returns the prompts answered."""
+    start, done, written = run.clock(), 0, None
+    for written in answer_prompts(run.bundle.target, run.bundle.tokenizer, prompts, batch=ANSWER_BATCH, progress=run.progress, law=LAWS[run.answer_law], seed=seed):
+        done = min(len(prompts), done + ANSWER_BATCH)
+        yield "work", None
+        if done < len(prompts) and run.clock() + (run.clock() - start) / done * min(ANSWER_BATCH, len(prompts) - done) > stop_by:
+            break
+    if written is not None:
+        run.answers.sequences += written.sequences
+        run.answers.prompt_lengths += written.prompt_lengths
+        run.answers.seconds += written.seconds
+    return done
+
+
+def _first_answers(run: WorkloadRun):
+    """The first few answers, which time an answer."""
+    yield "answers", {"prompts": len(run.train_prompts)}
+    now = run.clock()
+    run.offered = yield from _answer(run, run.train_prompts[:FIRST_ANSWERS], run.deadline, run.seed)
+    run.pace.answer = (run.clock() - now) / max(1, run.offered)
+    if not len(run.answers):
+        raise ValueError("the target wrote no answer to the first training prompts; shorten them or raise --minutes")
+    yield "pace", {"answer": run.pace.answer}
+
+
+def _probe_heldout(run: WorkloadRun):
+    """The base on the first held-out prompt (kept as its first measurement), which times a
+    held-out prompt; cut when it takes more than its share of the time left."""
+    now = run.clock()
+    row = yield from _work(_decode_prompt(run.bundle, _served(run.base, "base"), run.held[0], run.seed, now + PROBE_HELDOUT_SHARE * (run.deadline - now), run.clock))
+    if row is not None:
+        run.decoded["base"].append(row)
+    run.pace.heldout = run.clock() - now if run.decoded["base"] else math.inf  # cut: no held-out prompt fits here
+
+
+def _probe_training(run: WorkloadRun):
+    """Two answers scored and two steps trained on a copy of the base (then thrown away), which time both."""
+    probe, now = copy.deepcopy(run.base), run.clock()
+    first = WorkloadAnswers(run.answers.sequences[:PROBE_ANSWERS], run.answers.prompt_lengths[:PROBE_ANSWERS])
+    data, trees = yield from _work(workload_train_set(run.bundle.target, probe, first, run.seed, False))
+    run.pace.score = (run.clock() - now) / min(PROBE_ANSWERS, len(run.answers))
+    now = run.clock()
+    for _ in zip(range(PROBE_STEPS), train(probe, data, replace(run.settings, steps=PROBE_STEPS), trees=trees)):
+        yield "work", None
+    run.pace.step = (run.clock() - now) / PROBE_STEPS
+
+
+def _plan(run: WorkloadRun):
+    """The plan for the time left at the pace measured; the controls that do not fit are skipped."""
+    run.plan = plan_phases(run.pace, PLAN_SHARE * (run.deadline - run.clock()), run.offered, len(run.train_prompts), run.settings.steps, len(run.held),
+                           len(run.controls), len(run.decoded["base"]))
+    run.skipped, run.controls = run.controls[run.plan.controls :], run.controls[: run.plan.controls]
+    yield "plan", {"pace": asdict(run.pace), "plan": asdict(run.plan)}
+
+
+def _more_answers(run: WorkloadRun):
+    """The rest of the answers the plan holds."""
+    if run.plan.answers > run.offered:
+        # answers in batches of 8 can run slower per answer than the probe's 4: they may take the plan's share of the
+        # time for answers (ANSWER_SHARE) before the run gives up on the rest (the answers are what the drafter learns)
+        now = run.clock()
+        stop_by = now + max((run.plan.answers - run.offered) * run.pace.answer / PLAN_SHARE, ANSWER_SHARE * (run.deadline - now))
+        run.offered += yield from _answer(run, run.train_prompts[run.offered : run.plan.answers], stop_by, run.seed + run.offered)
+    yield "answers done", {"answers": len(run.answers), "tokens": run.answers.answer_tokens, "seconds": run.answers.seconds}
+
+
+def _fine_tune(run: WorkloadRun):
+    """The adapted drafter: its vocabulary widened, the training data (when a step fits after it),
+    then the steps that fit at the pace measured, stopping before one that would leave too little
+    time for the controls and the held-out decoding."""
+    run.work = copy.deepcopy(run.base)
+    run.added = extend_draft_vocab(run.work, run.answers)
+    run.compare = run.plan.heldout > 0
+    if not run.plan.steps:
+        return
+    now = run.clock()
+    data, trees = yield from _work(workload_train_set(run.bundle.target, run.work, run.answers, run.seed, run.progress))
+    run.pace.score = (run.clock() - now) / len(run.answers)
+    initial = copy.deepcopy(run.work.state_dict())
+    left = PLAN_SHARE * (run.deadline - run.clock())
+    steps = min(run.plan.steps, int((left - run.eval_seconds(run.plan.heldout)) / (run.pace.step * run.trained))) if run.compare else 0
+    if steps < MIN_STEPS:
+        run.compare, steps = False, max(0, min(run.settings.steps, int(left / run.pace.step)))
+    yield "train", {"anchors": data.num_anchors, "trees": len(trees), "vocab_added": len(run.added), "steps": steps}
+    run.fine_tune, now = FineTune(data, trees, initial, replace(run.settings, steps=max(1, steps))), run.clock()
+    for record in train(run.work, data, run.fine_tune.settings, trees=trees) if steps else ():
+        run.history.append(record)
+        yield "step", record
+        run.pace.step = (run.clock() - now) / len(run.history)
+        after = (len(run.history) * (run.trained - 1) * run.pace.step + run.eval_seconds(run.plan.heldout)) if run.compare else 0.0
+        if run.clock() + run.pace.step * (run.trained if run.compare else 1) + after > run.deadline:
+            break
+
+
+def _train_controls(run: WorkloadRun):
+    """Each control: the same data, steps and seed from the same start, another tree term."""
+    run.compare = run.compare and len(run.history) >= MIN_STEPS
+    run.models = {"exittrain": run.work}
+    if not run.compare:
+        return
+    for term in run.controls:
+        control = copy.deepcopy(run.work)
+        control.load_state_dict(run.fine_tune.initial)
+        yield "control", {"tree_term": term}
+        for _ in zip(range(len(run.history)), train(control, run.fine_tune.data, replace(run.fine_tune.settings, tree_term=term), trees=run.fine_tune.trees)):
+            yield "work", None
+        run.models["token_only" if term == "none" else term] = control
+
+
+def _decode_each(run: WorkloadRun, served: dict, names: list[str], ids: list[int]):
+    """One held-out prompt decoded by each of ``names``; returns False when the minutes ended
+    inside it (that prompt is not measured)."""
+    for name in names:
+        row = yield from _work(_decode_prompt(run.bundle, served[name], ids, run.seed, run.deadline, run.clock))
+        if row is None:
+            return False
+        run.decoded[name].append(row)
+    return True
+
+
+def _evaluate(run: WorkloadRun):
+    """The held-out prompts, every drafter on each, while the time lasts: the planned prompts,
+    then more while the minutes allow (the plan used the probe's pace, often slower than the
+    run's); past the plan a prompt starts only when it and the mass figure's work still fit."""
+    if not run.compare:
+        return
+    served = {"base": _served(run.base, "base"), **{name: _served(model, name) for name, model in run.models.items()}}
+    yield "evaluate", {"prompts": run.plan.heldout, "drafters": list(served)}
+    run.decoded.update({name: [] for name in run.models})
+    measured_seconds, prompts_measured = 0.0, 0
+    for i, ids in enumerate(run.held):
+        names = [name for name in served if len(run.decoded[name]) <= i]
+        if i and run.clock() + run.pace.heldout * len(names) + (run.mass_seconds(i + 1) if i >= run.plan.heldout else 0.0) > run.deadline:
+            break
+        now = run.clock()
+        if not (yield from _decode_each(run, served, names, ids)):
+            break
+        measured_seconds += run.clock() - now
+        prompts_measured += len(names)
+        run.pace.heldout = measured_seconds / prompts_measured
+    run.compare = min(len(rows) for rows in run.decoded.values()) > 0
+
+
+def _measure_mass(run: WorkloadRun, count: int):
+    """Where the target's mass leaves the base's and the adapted drafter's trees on ``count``
+    held-out answers, when the time left allows."""
+    if not (run.with_mass and run.compare):
+        return
+    cost = count * (run.pace.answer + 2 * run.pace.score)
+    if run.clock() + cost > run.deadline:
+        run.mass_note = f"where the mass leaves the trees was not measured: about {cost:.0f} s more than the minutes left"
+        return
+    yield "mass", {}
+    run.mass = yield from _work(heldout_mass(run.bundle, {"base": run.base, "exittrain": run.work}, run.heldout_prompts[:count], run.seed, run.progress))
+
+
+def _result(run: WorkloadRun, count: int, cells: dict) -> dict:
+    """The run's result (JSON): per law each drafter's held-out tau and its gain, what the run did and measured."""
+    result = {key: {name: {"tau": row[key]["tau"], "se": row[key]["se"]} for name, row in cells.items()} for key in LAWS}
+    result.update({
+        "compared": run.compare,
+        "note": None if run.compare else _no_comparison(len(run.history), run.pace, run.minutes),
+        "laws": {key: law.describe() for key, law in LAWS.items()},
+        "answer_law": run.answer_law,
+        "gain": {key: {name: relative_gain(cells[name][key], cells["base"][key]) for name in cells if name != "base"} for key in LAWS} if run.compare else {},
+        "minutes": (run.clock() - run.start) / 60.0,
+        "minutes_budget": run.minutes,
+        "pace": asdict(run.pace),
+        "plan": asdict(run.plan),
+        "train_prompts": len(run.answers),
+        "train_prompts_offered": len(run.train_prompts),
+        "train_prompts_answered": run.offered,
+        "heldout_prompts": len(run.heldout_prompts),
+        "eval_prompts": count,
+        "answer_tokens": run.answers.answer_tokens,
+        "answer_seconds": run.answers.seconds,
+        "vocab_added": len(run.added),
+        "steps": len(run.history),
+        "settings": asdict(replace(run.settings, steps=len(run.history) or run.settings.steps)),
+        "budget": EVAL_BUDGET,
+        "max_new_tokens": EVAL_NEW_TOKENS,
+        "tau_bound": {key: {name: row[key]["tau_bound"] for name, row in cells.items()} for key in LAWS},
+        "history": run.history,
+        "heldout_mass": run.mass,
+        "heldout_mass_note": run.mass_note,
+        "controls_skipped": list(run.skipped),  # asked for, but only the adapted drafter's minimum fit in the minutes
+    })
+    return result
+
+
 def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, settings: TrainSettings | None = None, controls: tuple[str, ...] = ("none",),
                seed: int = 0, progress: bool = True, with_mass: bool = True, clock=time.monotonic, answer_law: str = DEFAULT_ANSWER_LAW):
     """The whole adaptation as a generator of ``(phase, info)`` events, one after every piece of
@@ -230,7 +484,8 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     or ``step``), so a server's compute thread takes a piece at a time and a cancel stops between pieces.
     Phases ``answers``, ``pace``, ``plan``, ``answers done``, ``train``, ``control``, ``evaluate``,
     ``evaluated``, ``mass`` say what starts; the last event is ``("done", {"result": ..., "drafter": ...})``
-    with the adapted drafter in float32.
+    with the adapted drafter in float32 (an event, not a return value: the server's compute thread
+    passes on what a generator yields).
 
     The run first measures its pace (:class:`Pace`), then plans the rest within ``minutes``
     (:func:`plan_phases`) and keeps to it: each phase stops before a piece of work that would end
@@ -243,162 +498,19 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     law the target's training answers are drawn from: ``T0`` greedy, else sampled (seeded), so the
     drafter learns the law it will meet. ``clock`` (seconds) is for tests.
     """
-    if answer_law not in LAWS:
-        raise ValueError(f"answer law {answer_law!r}: choose from {', '.join(LAWS)}")
-    settings = replace(settings or workload_settings(*DEFAULT_TREE_TERM), seed=seed)
-    start = clock()
-    deadline = start + minutes * 60.0
-    train_prompts, heldout_prompts = split_workload(prompts, seed)
-    context = max_positions(bundle.target)
-    held = [fit_prompt(bundle.tokenizer, {"text": p, "chat": True}, context - EVAL_NEW_TOKENS) for p in heldout_prompts[:EVAL_PROMPTS]]
-    base_model = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32)
-    decoded = {"base": []}  # per drafter, per held-out prompt: {law: (block lengths, 1 + C)}
-
+    run = _start(bundle, prompts, base, minutes, settings, controls, seed, progress, with_mass, clock, answer_law)
     # the pace: the first answers, the base on a held-out prompt, two answers scored and two steps on a copy
-    yield "answers", {"prompts": len(train_prompts)}
-    answers, now = WorkloadAnswers(), clock()
-    law = LAWS[answer_law]  # T0 is greedy: the batched writer takes the argmax
-    offered = yield from _answer(bundle, train_prompts[:FIRST_ANSWERS], answers, deadline, clock, progress, law, seed)
-    pace = Pace(answer=(clock() - now) / max(1, offered))
-    if not len(answers):
-        raise ValueError("the target wrote no answer to the first training prompts; shorten them or raise --minutes")
-    yield "pace", {"answer": pace.answer}
-    now = clock()
-    probe = []
-    yield from _last(_decode_prompt(bundle, BlockTreeDrafter(copy.deepcopy(base_model).served(), name="base"), held[0], seed,
-                                    now + PROBE_HELDOUT_SHARE * (deadline - now), clock), probe)
-    decoded["base"] += [row for row in probe if row is not None]
-    pace.heldout = clock() - now if decoded["base"] else math.inf  # cut: no held-out prompt fits here
-    probe, now = copy.deepcopy(base_model), clock()
-    built = []
-    yield from _last(workload_train_set(bundle.target, probe, WorkloadAnswers(answers.sequences[:PROBE_ANSWERS], answers.prompt_lengths[:PROBE_ANSWERS]),
-                                        seed, False), built)
-    pace.score = (clock() - now) / min(PROBE_ANSWERS, len(answers))
-    now = clock()
-    for _ in zip(range(PROBE_STEPS), train(probe, built[0][0], replace(settings, steps=PROBE_STEPS), trees=built[0][1])):
-        yield "work", None
-    pace.step = (clock() - now) / PROBE_STEPS
-    del probe, built
-    plan = plan_phases(pace, PLAN_SHARE * (deadline - clock()), offered, len(train_prompts), settings.steps, len(held), len(controls), len(decoded["base"]))
-    skipped, controls, trained = controls[plan.controls :], controls[: plan.controls], 1 + plan.controls
-    yield "plan", {"pace": asdict(pace), "plan": asdict(plan)}
-
-    # the rest of the answers, then the training data
-    if plan.answers > offered:
-        # answers in batches of 8 can run slower per answer than the probe's 4: they may take the plan's share of the
-        # time for answers (ANSWER_SHARE) before the run gives up on the rest (the answers are what the drafter learns)
-        now = clock()
-        stop_by = now + max((plan.answers - offered) * pace.answer / PLAN_SHARE, ANSWER_SHARE * (deadline - now))
-        offered += yield from _answer(bundle, train_prompts[offered:plan.answers], answers, stop_by, clock, progress, law, seed + offered)
-    yield "answers done", {"answers": len(answers), "tokens": answers.answer_tokens, "seconds": answers.seconds}
-    work = copy.deepcopy(base_model)
-    added = extend_draft_vocab(work, answers)
-    history, compare = [], plan.heldout > 0
-    if plan.steps:  # the training data, when a step fits after it
-        built, now = [], clock()
-        yield from _last(workload_train_set(bundle.target, work, answers, seed, progress), built)
-        pace.score = (clock() - now) / len(answers)
-        data, trees = built[0]
-        initial = copy.deepcopy(work.state_dict())
-        # the steps that fit now, at the pace measured
-        eval_seconds = lambda prompts: (prompts * (trained + 1) - 1) * pace.heldout  # noqa: E731
-        left = PLAN_SHARE * (deadline - clock())
-        steps = min(plan.steps, int((left - eval_seconds(plan.heldout)) / (pace.step * trained))) if compare else 0
-        if steps < MIN_STEPS:
-            compare, steps = False, max(0, min(settings.steps, int(left / pace.step)))
-        yield "train", {"anchors": data.num_anchors, "trees": len(trees), "vocab_added": len(added), "steps": steps}
-        run_settings, now = replace(settings, steps=max(1, steps)), clock()
-        for record in train(work, data, run_settings, trees=trees) if steps else ():
-            history.append(record)
-            yield "step", record
-            pace.step = (clock() - now) / len(history)
-            after = (len(history) * (trained - 1) * pace.step + eval_seconds(plan.heldout)) if compare else 0.0
-            if clock() + pace.step * (trained if compare else 1) + after > deadline:
-                break
-    compare = compare and len(history) >= MIN_STEPS
-    models = {"exittrain": work}
-    if compare:
-        for term in controls:
-            control = copy.deepcopy(work)
-            control.load_state_dict(initial)
-            yield "control", {"tree_term": term}
-            for _ in zip(range(len(history)), train(control, data, replace(run_settings, tree_term=term), trees=trees)):
-                yield "work", None
-            models["token_only" if term == "none" else term] = control
-
-    # the held-out prompts, every drafter on each, while the time lasts
-    if compare:
-        served = {"base": BlockTreeDrafter(copy.deepcopy(base_model).served(), name="base"),
-                  **{name: BlockTreeDrafter(copy.deepcopy(model).served(), name=name) for name, model in models.items()}}
-        yield "evaluate", {"prompts": plan.heldout, "drafters": list(served)}
-        decoded.update({name: [] for name in models})
-        measured_seconds, prompts_measured = 0.0, 0
-        # the planned prompts, then more while the minutes allow (the plan used the probe's pace, often slower
-        # than the run's): past the plan a prompt starts only when it and the mass figure's work still fit
-        mass_cost = lambda prompts: prompts * (pace.answer + 2 * pace.score) if with_mass else 0.0  # noqa: E731
-        for i, ids in enumerate(held):
-            names = [name for name in served if len(decoded[name]) <= i]
-            if i and clock() + pace.heldout * len(names) + (mass_cost(i + 1) if i >= plan.heldout else 0.0) > deadline:
-                break
-            now = clock()
-            for name in names:
-                yield from _last(_decode_prompt(bundle, served[name], ids, seed, deadline, clock), decoded[name])
-                if decoded[name][-1] is None:  # the minutes ended inside this prompt: it is not measured
-                    decoded[name].pop()
-                    break
-            else:
-                measured_seconds += clock() - now
-                prompts_measured += len(names)
-                pace.heldout = measured_seconds / prompts_measured
-                continue
-            break
-        compare = min(len(rows) for rows in decoded.values()) > 0
-    count = min(len(rows) for rows in decoded.values()) if compare else len(decoded["base"])
-    cells = {name: {key: _cell(rows[:count], key) for key in LAWS} for name, rows in decoded.items() if (compare or name == "base") and count}
-    if compare:
+    for phase in (_first_answers, _probe_heldout, _probe_training, _plan, _more_answers, _fine_tune, _train_controls, _evaluate):
+        yield from phase(run)
+    count = min(len(rows) for rows in run.decoded.values()) if run.compare else len(run.decoded["base"])
+    cells = {name: {key: _cell(rows[:count], key) for key in LAWS} for name, rows in run.decoded.items() if (run.compare or name == "base") and count}
+    if run.compare:
         yield "evaluated", {"base": cells["base"], "exittrain": cells["exittrain"]}
-    mass, mass_note = None, None
-    if with_mass and compare:
-        cost = count * (pace.answer + 2 * pace.score)
-        if clock() + cost <= deadline:
-            yield "mass", {}
-            found = []
-            yield from _last(heldout_mass(bundle, {"base": base_model, "exittrain": work}, [heldout_prompts[i] for i in range(count)], seed, progress), found)
-            mass = found[0]
-        else:
-            mass_note = f"where the mass leaves the trees was not measured: about {cost:.0f} s more than the minutes left"
-    seconds = clock() - start
-    result = {key: {name: {"tau": row[key]["tau"], "se": row[key]["se"]} for name, row in cells.items()} for key in LAWS}
-    result.update({
-        "compared": compare,
-        "note": None if compare else _no_comparison(len(history), pace, minutes),
-        "laws": {key: law.describe() for key, law in LAWS.items()},
-        "answer_law": answer_law,
-        "gain": {key: {name: relative_gain(cells[name][key], cells["base"][key]) for name in cells if name != "base"} for key in LAWS} if compare else {},
-        "minutes": seconds / 60.0,
-        "minutes_budget": minutes,
-        "pace": asdict(pace),
-        "plan": asdict(plan),
-        "train_prompts": len(answers),
-        "train_prompts_offered": len(train_prompts),
-        "train_prompts_answered": offered,
-        "heldout_prompts": len(heldout_prompts),
-        "eval_prompts": count,
-        "answer_tokens": answers.answer_tokens,
-        "answer_seconds": answers.seconds,
-        "vocab_added": len(added),
-        "steps": len(history),
-        "settings": asdict(replace(settings, steps=len(history) or settings.steps)),
-        "budget": EVAL_BUDGET,
-        "max_new_tokens": EVAL_NEW_TOKENS,
-        "tau_bound": {key: {name: row[key]["tau_bound"] for name, row in cells.items()} for key in LAWS},
-        "history": history,
-        "heldout_mass": mass,
-        "heldout_mass_note": mass_note,
-        "controls_skipped": list(skipped),  # asked for, but only the adapted drafter's minimum fit in the minutes
-    })
-    work.config.notes = {**work.config.notes, "workload_adaptation": {"steps": len(history), "settings": result["settings"], "train_prompts": len(answers), "vocab_added": len(added)}}
-    yield "done", {"result": result, "drafter": work}
+    yield from _measure_mass(run, count)
+    result = _result(run, count, cells)
+    run.work.config.notes = {**run.work.config.notes, "workload_adaptation": {"steps": len(run.history), "settings": result["settings"],
+                                                                              "train_prompts": len(run.answers), "vocab_added": len(run.added)}}
+    yield "done", {"result": result, "drafter": run.work}
 
 
 def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], seed: int = 0, progress: bool = True):
@@ -406,21 +518,17 @@ def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], 
     greedy answers to them (for measurement only), each drafter's trees at the same anchors of
     those answers (B = 16), scored at T = 1; per drafter the mean exit mass by depth (missing /
     tree ended, :meth:`TreeBatch.exit_mass_by_depth`) and the mean ``1 + C``. Yields after each
-    piece of work, then the summaries (None when the target wrote no answer)."""
+    piece of work and returns the summaries (None when the target wrote no answer)."""
     answers = None
     for answers in answer_prompts(bundle.target, bundle.tokenizer, prompts, progress=progress):
         yield answers
     if answers is None or not len(answers):
-        yield None
-        return
+        return None
     summaries = {}
     for name, drafter in drafters.items():
-        built = []
-        for piece in _last(workload_train_set(bundle.target, drafter, answers, seed, progress), built):
-            yield piece
-        trees = built[0][1]
+        _, trees = yield from workload_train_set(bundle.target, drafter, answers, seed, progress)
         summaries[name] = {**trees.scored.exit_mass_by_depth(drafter.config.horizon), "tau_bound": trees.scored.tau_bound}
-    yield summaries
+    return summaries
 
 
 def workload_command(args) -> None:

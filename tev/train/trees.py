@@ -13,7 +13,7 @@ on-policy (redrawn from the current drafter every step: ExitTrain).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Iterator
+from typing import Generator, Iterator
 
 import torch
 
@@ -182,10 +182,10 @@ def _roots(data: TrainData, index: torch.Tensor) -> tuple[list[int], list[int]]:
 
 
 def fixed_trees(target, drafter, data: TrainData, budget: int, per_row: int, seed: int = 0, soft_top: int = 0,
-                temperature: float = 1.0) -> Iterator[int | ScoredTrees]:
+                temperature: float = 1.0) -> Generator[int, None, ScoredTrees]:
     """The fixed trees: at ``per_row`` seeded anchors of each row, the tree of ``budget`` nodes
     ``drafter`` builds there (from ``data``'s features), scored by the target. Yields each row's
-    index after scoring it (a caller may take turns with other work between rows), then the :class:`ScoredTrees`.
+    index after scoring it (a caller may take turns with other work between rows) and returns the :class:`ScoredTrees`.
 
     Scoring every anchor's tree costs a forward of ``anchors x budget`` nodes per row (about 9 s
     for a 90-token answer on a 2-core CPU); a few trees per row keep it near one second."""
@@ -206,7 +206,7 @@ def fixed_trees(target, drafter, data: TrainData, budget: int, per_row: int, see
         parts.append(score_trees(sequence, trees, roots, temperature, drafter.draft_vocab, soft_top))
         yield row
     drafter.train(was_training)
-    yield ScoredTrees(TreeBatch.join(parts), torch.cat(chosen))
+    return ScoredTrees(TreeBatch.join(parts), torch.cat(chosen))
 
 
 def on_policy(target, drafter, data: TrainData, index: torch.Tensor, budget: int, temperature: float, soft_top: int = 0,
