@@ -270,8 +270,7 @@ def speculative_generate(
             output.stop_reason = "context_limit"
             break
         timer = StageTimer(device)
-        budget = 0 if auto is not None else config.budget
-        record = speculation_round(session, drafter, committed, budget, verifier, config.law, generator, state, timer, auto)
+        record = speculation_round(session, drafter, committed, config.budget, verifier, config.law, generator, state, timer, auto)
         block = record.verdict.block_tokens(record.tree)
         record.index = index
         record.emitted, record.text = output.add(block)
