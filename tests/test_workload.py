@@ -18,7 +18,7 @@ from tev.engine.models import load_bundle
 from tev.engine.prompt_text import encode_chat
 from tev.train.data import SoftLabels, TrainData
 from tev.train.losses import exit_loss_terms, node_weights, tree_loss
-from tev.train.teacher import WorkloadAnswers
+from tev.train.data import TrainData
 from tev.train.trees import ScoredTrees, TreeBatch
 from tev.train.trees import draft_logits as logits_at
 from tev.pipelines.workload import workload_settings
@@ -166,7 +166,7 @@ def test_tree_terms_equal_hand_computation():
 def test_draft_vocabulary_takes_the_answers_missing_tokens():
     target = tiny_target(40)
     drafter = tiny_vocab_drafter(target, list(range(0, 40, 2)))  # even tokens only
-    answers = WorkloadAnswers(sequences=[[1, 3, 5, 5, 5, 7, 7, 2], [9, 4, 7]], prompt_lengths=[2, 1])  # answers: 5 5 5 7 7 2 / 4 7
+    answers = TrainData.from_lists([[1, 3, 5, 5, 5, 7, 7, 2], [9, 3, 4, 7]], [2, 2])  # answers: 5 5 5 7 7 2 / 4 7
     added = extend_draft_vocab(drafter, answers, limit=2)
     assert added == [5, 7]  # the most frequent missing tokens, at most 2; the prompts' 1, 3, 9 are not answers
     assert drafter.draft_vocab.tolist() == sorted(list(range(0, 40, 2)) + [5, 7])

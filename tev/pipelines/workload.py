@@ -40,7 +40,7 @@ from tev.pipelines.workload_report import LAWS, summary_lines
 from tev.train.data import TrainData
 from tev.train.loop import TrainSettings, train
 from tev.train.losses import TREE_TERMS
-from tev.train.teacher import WorkloadAnswers, answer_prompts, with_features
+from tev.train.teacher import answer_prompts, with_features
 from tev.train.trees import ScoredTrees, fixed_trees
 from tev.util.paths import REPO_ROOT
 from tev.util.stats import standard_error
@@ -145,9 +145,9 @@ def workload_train_set(target, drafter: BlockDrafter, answers, seed: int = 0, pr
     """The target's features and laws on the answers, then at a few seeded anchors of each answer
     the tree ``drafter`` builds there, scored at T = 1: yields after the features and after each
     answer's trees, and returns ``(TrainData, ScoredTrees)``."""
-    if not len(answers):
+    if answers is None:
         raise ValueError("no answers to train on")
-    data = with_features(target, answers.data(), list(drafter.config.feature_layers), drafter.draft_vocab, SOFT_TOP, progress)
+    data = with_features(target, answers, list(drafter.config.feature_layers), drafter.draft_vocab, SOFT_TOP, progress)
     yield "features"
     trees = yield from fixed_trees(target, drafter, data, EVAL_BUDGET, TREES_PER_ANSWER, seed, soft_top=SOFT_TOP)
     return data, trees
@@ -240,7 +240,8 @@ class WorkloadRun:
     train_prompts: list[str]
     heldout_prompts: list[str]
     held: list[list[int]]  # the ids of the held-out prompts that may be decoded (at most EVAL_PROMPTS)
-    answers: WorkloadAnswers = field(default_factory=WorkloadAnswers)
+    answers: TrainData | None = None  # the target's answers to the training prompts (prompt, then answer)
+    answer_seconds: float = 0.0  # the time the target took to write them
     offered: int = 0  # training prompts offered to the target so far
     pace: Pace = field(default_factory=Pace)
     plan: Plan | None = None
@@ -288,16 +289,15 @@ def _answer(run: WorkloadRun, prompts: list[str], stop_by: float, seed: int):
     """The target answers ``prompts`` a batch at a time into ``run.answers`` (greedy, or sampled
     from the run's answer law), stopping before a batch that would end after ``stop_by`` at the
     pace measured so far; returns the prompts answered."""
-    start, done, written = run.clock(), 0, None
+    start, begun, done, written, seconds = run.clock(), time.perf_counter(), 0, None, 0.0
     for written in answer_prompts(run.bundle.target, run.bundle.tokenizer, prompts, batch=ANSWER_BATCH, progress=run.progress, law=LAWS[run.answer_law], seed=seed):
-        done = min(len(prompts), done + ANSWER_BATCH)
+        done, seconds = min(len(prompts), done + ANSWER_BATCH), time.perf_counter() - begun
         yield "work", None
         if done < len(prompts) and run.clock() + (run.clock() - start) / done * min(ANSWER_BATCH, len(prompts) - done) > stop_by:
             break
     if written is not None:
-        run.answers.sequences += written.sequences
-        run.answers.prompt_lengths += written.prompt_lengths
-        run.answers.seconds += written.seconds
+        run.answers = written if run.answers is None else TrainData.concat([run.answers, written])
+    run.answer_seconds += seconds
     return done
 
 
@@ -307,7 +307,7 @@ def _first_answers(run: WorkloadRun):
     now = run.clock()
     run.offered = yield from _answer(run, run.train_prompts[:FIRST_ANSWERS], run.deadline, run.seed)
     run.pace.answer = (run.clock() - now) / max(1, run.offered)
-    if not len(run.answers):
+    if run.answers is None:
         raise ValueError("the target wrote no answer to the first training prompts; shorten them or raise --minutes")
     yield "pace", {"answer": run.pace.answer}
 
@@ -325,7 +325,7 @@ def _probe_heldout(run: WorkloadRun):
 def _probe_training(run: WorkloadRun):
     """Two answers scored and two steps trained on a copy of the base (then thrown away), which time both."""
     probe, now = copy.deepcopy(run.base), run.clock()
-    first = WorkloadAnswers(run.answers.sequences[:PROBE_ANSWERS], run.answers.prompt_lengths[:PROBE_ANSWERS])
+    first = run.answers.select(range(min(PROBE_ANSWERS, len(run.answers))))
     data, trees = yield from _work(workload_train_set(run.bundle.target, probe, first, run.seed, False))
     run.pace.score = (run.clock() - now) / min(PROBE_ANSWERS, len(run.answers))
     now = run.clock()
@@ -350,7 +350,7 @@ def _more_answers(run: WorkloadRun):
         now = run.clock()
         stop_by = now + max((run.plan.answers - run.offered) * run.pace.answer / PLAN_SHARE, ANSWER_SHARE * (run.deadline - now))
         run.offered += yield from _answer(run, run.train_prompts[run.offered : run.plan.answers], stop_by, run.seed + run.offered)
-    yield "answers done", {"answers": len(run.answers), "tokens": run.answers.answer_tokens, "seconds": run.answers.seconds}
+    yield "answers done", {"answers": len(run.answers), "tokens": run.answers.response_tokens, "seconds": run.answer_seconds}
 
 
 def _fine_tune(run: WorkloadRun):
@@ -461,8 +461,8 @@ def _result(run: WorkloadRun, count: int, cells: dict) -> dict:
         "train_prompts_answered": run.offered,
         "heldout_prompts": len(run.heldout_prompts),
         "eval_prompts": count,
-        "answer_tokens": run.answers.answer_tokens,
-        "answer_seconds": run.answers.seconds,
+        "answer_tokens": run.answers.response_tokens,
+        "answer_seconds": run.answer_seconds,
         "vocab_added": len(run.added),
         "steps": len(run.history),
         "settings": asdict(replace(run.settings, steps=len(run.history) or run.settings.steps)),
@@ -522,7 +522,7 @@ def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], 
     answers = None
     for answers in answer_prompts(bundle.target, bundle.tokenizer, prompts, progress=progress):
         yield answers
-    if answers is None or not len(answers):
+    if answers is None:
         return None
     summaries = {}
     for name, drafter in drafters.items():
