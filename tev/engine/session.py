@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from tev.core.head_screen import HeadScreen
 from tev.core.sampling import SamplingLaw, as_law
 from tev.core.tree import DraftTree
-from tev.core.verify import TargetRows
+from tev.core.verify import LogitRows, TargetRows
 from tev.util.precision import low_precision
 
 __all__ = ["CausalLMSession", "ForwardOutput", "HeadRows", "ALL_ROWS_AT_ONCE", "MIN_TRANSFORMERS", "check_transformers", "max_positions"]
@@ -74,7 +74,7 @@ def _head_screen(model, head: torch.Tensor | None) -> HeadScreen | None:
 ALL_ROWS_AT_ONCE = 33
 
 
-class HeadRows(TargetRows):
+class HeadRows(LogitRows):
     """Target rows from final hidden states through the output head, projected when a verifier
     first asks: a tree of up to :data:`ALL_ROWS_AT_ONCE` nodes all at once (kept), a larger
     one row set by row set. Greedy argmaxes come from the head's bfloat16 ``screen`` when there
@@ -90,8 +90,6 @@ class HeadRows(TargetRows):
     def __init__(self, hidden: torch.Tensor, head: torch.Tensor, law: SamplingLaw, screen: HeadScreen | None = None):
         if hidden.dim() != 2 or head.dim() != 2 or hidden.shape[1] != head.shape[1]:
             raise ValueError(f"hidden states [N, H] and head [V, H] must share H, got {tuple(hidden.shape)} and {tuple(head.shape)}")
-        self.probs = None
-        self.logits = None
         self.hidden = hidden
         self.head = head
         self._declare(law, hidden.shape[0], head.shape[0], hidden.device)
@@ -157,7 +155,7 @@ class ForwardOutput:
         projected through the head when a verifier first asks (:class:`HeadRows`)."""
         law = as_law(sampling)
         if self._logits is not None:
-            return TargetRows(logits=self._logits, law=law)
+            return LogitRows(self._logits, law=law)
         return HeadRows(self.hidden, self.head, law, self.screen)
 
 

@@ -19,7 +19,7 @@ import torch
 
 from tev.core.flow import flow_from_edge_prob
 from tev.core.tree import DraftTree
-from tev.core.verify import TargetRows
+from tev.core.verify import LogitRows
 from tev.engine.session import CausalLMSession, max_positions
 from tev.train.data import SoftLabels, TrainData
 from tev.train.teacher import top_law
@@ -165,7 +165,7 @@ def score_trees(row: TargetPass, trees: list[DraftTree], roots: list[int], tempe
         if size:
             logits = torch.cat([logits, node_logits[offset : offset + size]])
         offset += size
-        edge = TargetRows(logits=logits, temperature=temperature).edge_prob(tree)
+        edge = LogitRows(logits, temperature).edge_prob(tree)
         flow = flow_from_edge_prob(tree, edge)
         reach.append(flow.reach.detach())
         exit_weight.append(flow.exit_weight.detach())
