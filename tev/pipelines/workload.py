@@ -278,11 +278,13 @@ def _start(bundle, prompts, base, minutes, settings, controls, seed, progress, w
     """The run's settings checked, its prompts split and the held-out ones encoded, the base loaded."""
     if answer_law not in LAWS:
         raise ValueError(f"answer law {answer_law!r}: choose from {', '.join(LAWS)}")
+    settings, start = replace(settings or workload_settings(*DEFAULT_TREE_TERM), seed=seed), clock()
     train_prompts, heldout_prompts = split_workload(prompts, seed)
     context = max_positions(bundle.target)
     held = [fit_prompt(bundle.tokenizer, {"text": p, "chat": True}, context - EVAL_NEW_TOKENS) for p in heldout_prompts[:EVAL_PROMPTS]]
-    return WorkloadRun(bundle, BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32), replace(settings or workload_settings(*DEFAULT_TREE_TERM), seed=seed),
-                       tuple(controls), seed, progress, with_mass, clock, answer_law, minutes, clock(), train_prompts, heldout_prompts, held)
+    return WorkloadRun(bundle=bundle, base=BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32), settings=settings,
+                       controls=tuple(controls), seed=seed, progress=progress, with_mass=with_mass, clock=clock, answer_law=answer_law,
+                       minutes=minutes, start=start, train_prompts=train_prompts, heldout_prompts=heldout_prompts, held=held)
 
 
 def _answer(run: WorkloadRun, prompts: list[str], stop_by: float, seed: int):
@@ -435,7 +437,7 @@ def _measure_mass(run: WorkloadRun, count: int):
     held-out answers, when the time left allows."""
     if not (run.with_mass and run.compare):
         return
-    cost = count * (run.pace.answer + 2 * run.pace.score)
+    cost = run.mass_seconds(count)
     if run.clock() + cost > run.deadline:
         run.mass_note = f"where the mass leaves the trees was not measured: about {cost:.0f} s more than the minutes left"
         return
