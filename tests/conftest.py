@@ -51,7 +51,7 @@ def chat_server(tmp_path, monkeypatch):
     from tev.engine.models import load_bundle
     from tev.service.adapted import AdaptedDrafters, AskedPrompts
     from tev.service.service import ModelService
-    from tev.train import workload_command
+    from tev.pipelines import workload as workload_command
     from tests.tiny import CHAT_WORDS, save_chat_target, tiny_vocab_drafter
     from ui import shared
 

@@ -276,7 +276,7 @@ def test_pasted_prompts_become_a_drafter_the_live_tab_runs(chat_server, browser,
     import zipfile
 
     from app import build_app
-    from tev.train.workload_data import split_workload
+    from tev.pipelines.workload_data import split_workload
     from tev.bench.appserver import free_port
     from tests.tiny import CHAT_WORDS
 

@@ -21,7 +21,7 @@ from tev.engine.round import prefill, speculation_round
 from tev.engine.session import CausalLMSession
 from tev.train.data import TrainData
 from tev.train.experiment import Experiment
-from tev.train.exittrain_command import EXITTRAIN_SETTINGS
+from tev.pipelines.exittrain import EXITTRAIN_SETTINGS
 from tev.train.teacher import regenerate_sequences
 from tev.util.timing import StageTimer
 from tev.bench.exactness import ALPHA, chi_square_against, count_host_syncs, draws_for_power, exact_block_law, first_difference, greedy_margins, rounding_tie

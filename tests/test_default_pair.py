@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-import tev.train.train_drafter as pipeline
+import tev.pipelines.train_drafter as pipeline
 from tests.tiny import save_chat_target, tiny_target, tiny_vocab_drafter
 from tev.bench.hf_peers import hf_generate
 from tev.data.prompts import load_prompt_set
@@ -26,7 +26,7 @@ from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter, DraftContext, DraftState
 from tev.engine.models import ModelLoadError, load_block_drafter, DEFAULT_PAIR, load_bundle, load_causal_lm, pair_record
 from tev.engine.prompt_text import ChatTemplate, encode_chat
-from tev.train.train_drafter import QUICK_RECIPE, train_drafter_pipeline
+from tev.pipelines.train_drafter import QUICK_RECIPE, train_drafter_pipeline
 
 CHAT_PROMPTS = ("What is the capital of France?", "Write a Python function that reverses a string.", "What is 12 times 7?")
 

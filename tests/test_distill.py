@@ -87,7 +87,7 @@ def test_resumed_responses_equal_an_uninterrupted_run(tmp_path):
     whole = write_responses(target, tokenizer, requests, 6, seed=5, batch=2, progress=False, on_batch=lambda ids: saved.append(list(ids)))
     assert [len(s) for s in saved] == [2, 4, 6, 7]  # greedy round(3.5) = 4 then sampled; a batch never mixes them
     resumed = write_responses(target, tokenizer, requests, 6, seed=5, batch=2, progress=False, done=saved[1])
-    assert resumed.token_ids == whole.token_ids
+    assert resumed.sequences == whole.sequences
 
 
 def _loss(drafter, data, index, soft=False):

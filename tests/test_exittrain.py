@@ -17,10 +17,10 @@ from tev.core.flow import target_flow
 from tev.core.tree import DraftTree
 from tev.data.prompts import load_prompt_set
 from tev.engine.models import DEFAULT_PAIR, load_bundle, shipped_drafter
-from tev.train.card import load_report, refresh_card
+from tev.pipelines.card import load_report, refresh_card
 from tev.train.data import TrainData
 from tev.train.experiment import Experiment
-from tev.train.exittrain_command import EXITTRAIN_SETTINGS
+from tev.pipelines.exittrain import EXITTRAIN_SETTINGS
 from tev.train.loop import optimizer_for, schedule_for, train
 from tev.train.losses import exit_loss_terms, node_weights
 from tev.train.teacher import corpus_sequences, regenerate_sequences

@@ -15,21 +15,20 @@ from tev.core.tree import DraftTree
 from tev.data.prompts import evaluation_prompts, load_prompt_set, spread_evenly
 from safetensors.torch import save_file
 
-from tev.train.teacher import ChatSequences
 from tev.train.data import IGNORE, TrainData, load_train_data, save_train_data
 from tev.train.experiment import paired_change
-from tev.train.exittrain_command import EXITTRAIN_SETTINGS
-from tev.train.exittrain_data import build_chat_exittrain_data, conversation_data
+from tev.pipelines.exittrain import EXITTRAIN_SETTINGS
+from tev.pipelines.exittrain_data import build_chat_exittrain_data, conversation_data
 from tev.train.loop import train
 from tev.train.losses import token_losses
-from tev.train.train_drafter import QUICK_RECIPE, DrafterRecipe, split_conversations
+from tev.pipelines.train_drafter import QUICK_RECIPE, DrafterRecipe, split_conversations
 from tev.train.trees import TreeBatch, on_policy
 from tests.tiny import tiny_block_drafter, tiny_target, tiny_vocab_drafter
 
 VOCAB = 48
 
 
-def _conversations(count: int, seed: int = 0) -> ChatSequences:
+def _conversations(count: int, seed: int = 0) -> TrainData:
     generator = torch.Generator().manual_seed(seed)
     domains = ["dialogue", "code", "math"]
     ids, starts = [], []
@@ -38,16 +37,16 @@ def _conversations(count: int, seed: int = 0) -> ChatSequences:
         response = int(torch.randint(3, 32, (1,), generator=generator))
         ids.append(torch.randint(1, VOCAB, (prompt + response,), generator=generator).tolist())
         starts.append(prompt)
-    return ChatSequences(ids, starts, [domains[i % 3] for i in range(count)], [f"request {i}" for i in range(count)])
+    return TrainData.from_lists(ids, starts, domains=[domains[i % 3] for i in range(count)], requests=[f"request {i}" for i in range(count)])
 
 
 def test_conversations_become_training_rows_whose_first_root_is_the_last_prompt_token():
     conversations = _conversations(12)
     data = conversation_data(conversations, max_response_tokens=10, min_anchors=4)
-    kept = [i for i, (ids, start) in enumerate(zip(conversations.token_ids, conversations.prompt_lengths)) if min(len(ids) - start, 10) >= 4]
+    kept = [i for i, (ids, start) in enumerate(zip(conversations.sequences, conversations.prompt_lengths.tolist())) if min(len(ids) - start, 10) >= 4]
     assert len(data) == len(kept) and data.domains == [conversations.domains[i] for i in kept]
     for row, i in enumerate(kept):
-        start, ids = conversations.prompt_lengths[i], conversations.token_ids[i]
+        start, ids = int(conversations.prompt_lengths[i]), conversations.sequences[i]
         length = min(len(ids), start + 10)
         assert int(data.lengths[row]) == length  # cut to the prompt and at most 10 response tokens
         assert data.token_ids[row, :length].tolist() == ids[:length]
@@ -185,9 +184,9 @@ def test_the_data_command_keeps_the_drafter_split_and_caps_each_domain(tmp_path)
     assert main(["exittrain-data", "--work-dir", str(work), "--per-domain", "3", "--response-tokens", "16", "--out", str(out)]) == 0
     parts = load_train_data(out)
     assert {d: parts["train"].domains.count(d) for d in ("dialogue", "code", "math")} == {"dialogue": 3, "code": 3, "math": 3}
-    everything = ChatSequences.concat([first, second])
+    everything = TrainData.concat([first, second])
     _, heldout = split_conversations(everything, DrafterRecipe.from_json(recipe))
-    heldout_rows = {tuple(ids[: start + 16]) for ids, start in zip(heldout.token_ids, heldout.prompt_lengths) if min(len(ids) - start, 16) >= 16}
+    heldout_rows = {tuple(ids[: start + 16]) for ids, start in zip(heldout.sequences, heldout.prompt_lengths.tolist()) if min(len(ids) - start, 16) >= 16}
     train_rows = {tuple(row[:length].tolist()) for row, length in zip(parts["train"].token_ids, parts["train"].lengths)}
     assert not heldout_rows & train_rows  # no held-out conversation is trained on
     assert build_chat_exittrain_data(work, 3, 16)["train"].token_ids.shape == parts["train"].token_ids.shape

@@ -7,7 +7,7 @@ from tev.bench.lab import LabTree
 from tev.bench.report.exit_law import U32, conservation_limit, edge_error_units, exit_law_errors, reference_limit, sum_limit
 from tev.core.flow import flow_from_edge_prob
 from tev.core.tree import DraftTree
-from tev.core.verify import TargetRows
+from tev.core.verify import LogitRows, ProbRows, TargetRows
 
 DEPTH = 8
 
@@ -33,7 +33,7 @@ def test_reference_error_reaches_its_limit_on_a_chain_of_large_logits():
     # leaf's reach is off by DEPTH times one edge's error (about 0.9 of the limit).
     row = worst_logsumexp_row()
     tree = DraftTree.from_paths(3, [[1] * DEPTH])
-    lab = lab_of(tree, TargetRows(logits=row.expand(tree.num_nodes, -1).clone()))
+    lab = lab_of(tree, LogitRows(row.expand(tree.num_nodes, -1).clone()))
     errors = exit_law_errors(lab)
     limit = errors["limits"]["reference_error"]
     assert limit == reference_limit(DEPTH, 1, edge_error_units(8, errors["limits"]["max_abs_lse"]))
@@ -49,7 +49,7 @@ def test_sum_and_conservation_errors_reach_their_limits_on_a_star():
     probs[0, 0], probs[0, 1:children], probs[0, -1] = 0.9, small, 0.1 - (children - 1) * small
     probs[1:, -1] = 1.0
     tree = DraftTree.from_paths(children + 1, [[t] for t in range(children)])
-    errors = exit_law_errors(lab_of(tree, TargetRows(probs)))
+    errors = exit_law_errors(lab_of(tree, ProbRows(probs)))
     assert errors["limits"]["sum_error"] == sum_limit(1, children)
     assert errors["limits"]["conservation_error"] == conservation_limit(1, children)
     for key in ("sum_error", "conservation_error"):

@@ -12,7 +12,7 @@ from tev.bench.report.exit_law import edge_error_units, reference_limit
 from tev.core.flow import target_flow
 from tev.core.tree import DraftTree
 from tev.core.sampling import sample_rows
-from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS, TargetRows, verify
+from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS, LogitRows, verify
 from tev.engine.session import MIN_TRANSFORMERS, check_transformers
 from tev.core.sampling import SamplingLaw
 from tev.bench.exactness import ALPHA, chi_square_against, draws_for_power, exact_block_law
@@ -111,7 +111,7 @@ def test_verifiers_are_exact_for_the_truncated_law(name, truncation):
     law = TRUNCATIONS[truncation]
     tree, logits, reference = truncation_case(law)
     assert (reference == 0).any(), "the case must truncate something"
-    rows = TargetRows(logits=logits, law=law)
+    rows = LogitRows(logits, law=law)
     assert torch.allclose(rows.all_rows().double(), reference, atol=1e-6)
     block_law = exact_block_law(tree, reference)
     draws = 40_000
@@ -219,7 +219,7 @@ def test_same_seed_same_verdict(name):
 def test_logits_with_temperature_give_the_same_law_as_probs():
     tree, probs = case_bushy()
     logits = torch.log(probs) * 0.5  # softmax(logits / 0.5) == probs
-    rows = TargetRows(logits=logits, temperature=0.5)
+    rows = LogitRows(logits, temperature=0.5)
     reference = target_flow(tree, probs)
     flow = target_flow(tree, rows.all_rows())
     # float32 limit (tev.bench.report.exit_law) plus the logits' own rounding to float32: u |s| per entry
@@ -288,7 +288,7 @@ def test_the_lab_s_folded_rows_keep_the_exit_law_exactly():
     logits = 2.0 * torch.randn(tree.num_nodes, 40, generator=generator)
     for v in range(1, tree.num_nodes):  # drafted tokens likely, as with a good drafter
         logits[tree.parents[v], tree.tokens[v]] += 3.0
-    rows = TargetRows(logits=logits, law=SamplingLaw(0.8, top_p=0.95))
+    rows = LogitRows(logits, law=SamplingLaw(0.8, top_p=0.95))
     flow = target_flow(tree, rows.all_rows().double())
     lab = LabTree(tree, rows, flow, "test")
     assert flow.coverage > 0.1 and (flow.exit_weight == 0).any()  # some mass flows down; truncation closes some edges

@@ -18,11 +18,11 @@ from tev.engine.models import load_bundle
 from tev.engine.prompt_text import encode_chat
 from tev.train.data import SoftLabels, TrainData
 from tev.train.losses import exit_loss_terms, node_weights, tree_loss
-from tev.train.teacher import WorkloadAnswers
+from tev.train.data import TrainData
 from tev.train.trees import ScoredTrees, TreeBatch
 from tev.train.trees import draft_logits as logits_at
-from tev.train.workload_command import workload_settings
-from tev.train.workload_data import MIN_PROMPTS, check_workload, extend_draft_vocab, load_workload, split_workload
+from tev.pipelines.workload import workload_settings
+from tev.pipelines.workload_data import MIN_PROMPTS, check_workload, extend_draft_vocab, load_workload, split_workload
 from tev.util.compute_thread import ComputeThread
 from tev.util.paths import REPO_ROOT
 from tests.tiny import CHAT_WORDS, save_chat_target, tiny_target, tiny_vocab_drafter
@@ -166,7 +166,7 @@ def test_tree_terms_equal_hand_computation():
 def test_draft_vocabulary_takes_the_answers_missing_tokens():
     target = tiny_target(40)
     drafter = tiny_vocab_drafter(target, list(range(0, 40, 2)))  # even tokens only
-    answers = WorkloadAnswers(sequences=[[1, 3, 5, 5, 5, 7, 7, 2], [9, 4, 7]], prompt_lengths=[2, 1])  # answers: 5 5 5 7 7 2 / 4 7
+    answers = TrainData.from_lists([[1, 3, 5, 5, 5, 7, 7, 2], [9, 3, 4, 7]], [2, 2])  # answers: 5 5 5 7 7 2 / 4 7
     added = extend_draft_vocab(drafter, answers, limit=2)
     assert added == [5, 7]  # the most frequent missing tokens, at most 2; the prompts' 1, 3, 9 are not answers
     assert drafter.draft_vocab.tolist() == sorted(list(range(0, 40, 2)) + [5, 7])
@@ -192,7 +192,7 @@ def _chat_pair_and_workload(tmp_path):
 
 
 def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch):
-    from tev.train import workload_command
+    from tev.pipelines import workload as workload_command
 
     bundle, base, prompts = _chat_pair_and_workload(tmp_path)
     _, heldout = workload_command.split_workload(prompts, seed=0)
@@ -241,7 +241,7 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
 
 
 def test_sampled_training_answers_follow_the_chosen_law_and_are_recorded(tmp_path, monkeypatch):
-    from tev.train import workload_command
+    from tev.pipelines import workload as workload_command
 
     bundle, base, prompts = _chat_pair_and_workload(tmp_path)
     laws = []
@@ -343,7 +343,7 @@ def test_the_tab_refuses_too_few_prompts_and_cancel_shows_no_comparison(tmp_path
 
 
 def test_the_model_card_shows_each_packs_measured_adaptation():
-    from tev.train.card import workload_rows
+    from tev.pipelines.workload_report import card_rows
 
     cell = lambda tau: {"tau": tau, "se": 0.04}  # noqa: E731
     gain = lambda g: {"gain": g, "se": 0.08}  # noqa: E731
@@ -351,7 +351,7 @@ def test_the_model_card_shows_each_packs_measured_adaptation():
               "T1": {"base": cell(1.4), "exittrain": cell(1.5), "token_only": cell(1.4), "next-depth": cell(1.5)},
               "gain": {"T0": {"exittrain": gain(0.667), "token_only": gain(0.66), "next-depth": gain(0.7)},
                        "T1": {"exittrain": gain(0.054), "token_only": gain(0.016), "next-depth": gain(0.083)}}, "minutes": 4.6}
-    rows = workload_rows({"sql-queries": {"task": "Write one SQL query", "command": "python -m tev exittrain --workload x.json", "result": result}})
+    rows = card_rows({"sql-queries": {"task": "Write one SQL query", "command": "python -m tev exittrain --workload x.json", "result": result}})
     text = "\n".join("| " + " | ".join(row) + " |" for row in rows)  # as the card's table writes them
     assert "| sql-queries | Write one SQL query | 0 | 1.500 +- 0.040 | 2.500 (+66.7% +- 8.0%) | 2.500 (+66.0% +- 8.0%) | next-depth +70.0% | 4.6 |" in text
     assert "|  |  | 1 | 1.400 +- 0.040 | 1.500 (+5.4% +- 8.0%) | 1.400 (+1.6% +- 8.0%) | next-depth +8.3% |  |" in text

@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 
 from tev.engine.models import load_bundle
-from tev.train import workload_command
-from tev.train.workload_command import MIN_STEPS, Pace, plan_phases, workload_settings
+from tev.pipelines import workload as workload_command
+from tev.pipelines.workload import MIN_STEPS, Pace, plan_phases, workload_settings
+from tev.pipelines.workload_report import summary_lines
 from tests.tiny import CHAT_WORDS, save_chat_target, tiny_vocab_drafter
 
 MINUTES = 5
@@ -51,8 +52,9 @@ def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: 
             yield so_far
 
     def scoring(target, drafter, answers, *args, **kwargs):
-        yield from score(target, drafter, answers, *args, **kwargs)
+        built = yield from score(target, drafter, answers, *args, **kwargs)
         clock.now += pace.score * len(answers)
+        return built
 
     def training(*args, **kwargs):
         for record in train(*args, **kwargs):
@@ -64,7 +66,12 @@ def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: 
     def decoding(*args, **kwargs):  # a held-out prompt's rounds take about pace.heldout (the run can stop between them)
         seconds = probe_heldout if probe_heldout is not None and not decoded else pace.heldout
         decoded.append(seconds)
-        for event in decode(*args, **kwargs):
+        rounds = decode(*args, **kwargs)
+        while True:
+            try:
+                event = next(rounds)
+            except StopIteration as done:
+                return done.value
             clock.now += seconds / ROUNDS
             yield event
 
@@ -124,7 +131,7 @@ def test_a_run_that_cannot_reach_the_minimum_steps_says_so_and_compares_nothing(
     assert not result["compared"] and result["steps"] < MIN_STEPS
     assert result["gain"] == {} and all(set(result[key]) == {"base"} for key in workload_command.LAWS)
     assert result["note"].startswith(f"Only {result['steps']} fine-tune steps fit in {MINUTES} minutes") and "20.0 s a step" in result["note"]
-    lines = workload_command._summary_lines(result)
+    lines = summary_lines(result)
     assert lines[-1] == result["note"] and not any("gain" in line for line in lines)
 
 
@@ -133,7 +140,7 @@ def test_a_held_out_prompt_longer_than_half_the_minutes_is_cut_and_nothing_is_co
     assert not result["compared"] and result["eval_prompts"] == 0 and all(result[key] == {} for key in workload_command.LAWS)
     assert result["steps"] >= MIN_STEPS  # the time went to training, not to a measurement that cannot finish
     assert "decoding held-out prompts with both drafters does not fit in 5 minutes" in result["note"] and "a held-out prompt took more than half the time left" in result["note"]
-    assert workload_command._summary_lines(result)[-1] == result["note"]
+    assert summary_lines(result)[-1] == result["note"]
 
 
 @pytest.mark.parametrize(

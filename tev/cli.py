@@ -15,6 +15,7 @@ import typing
 import torch
 from transformers import HfArgumentParser
 
+from tev.bench.ablation import ablation_command
 from tev.bench.e2e import e2e_command
 from tev.bench.reach import reach_command
 from tev.bench.report import FULL, QUICK, report_command
@@ -24,16 +25,16 @@ from tev.core.verify import VERIFIERS
 from tev.engine.auto_budget import AUTO_CAP
 from tev.engine.generate_command import generate_command
 from tev.engine.models import DEFAULT_PAIR, DRAFTERS, PAIRS
-from tev.train.build import build_assets_command
-from tev.train.train_drafter import train_drafter_command
-from tev.bench.ablation import ablation_command
+from tev.pipelines.build import build_assets_command
+from tev.pipelines.exittrain import EXITTRAIN_FLAGS, EXITTRAIN_SETTINGS, exittrain_command
+from tev.pipelines.exittrain_data import exittrain_data_command
+from tev.pipelines.train_drafter import train_drafter_command
+from tev.pipelines.workload import DEFAULT_ANSWER_LAW, workload_command, workload_settings
+from tev.pipelines.workload_report import LAWS
 from tev.service.live_exittrain import live_check_command
 from tev.train.data import DOMAINS
-from tev.train.exittrain_command import EXITTRAIN_FLAGS, EXITTRAIN_SETTINGS, exittrain_command
-from tev.train.exittrain_data import exittrain_data_command
 from tev.train.loop import TrainSettings
 from tev.train.losses import TREE_TERMS
-from tev.train.workload_command import DEFAULT_ANSWER_LAW, LAWS, workload_command, workload_settings
 
 __all__ = ["build_parser", "main"]
 

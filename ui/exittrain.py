@@ -17,7 +17,7 @@ from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluation_rounds, fit_prompt
 from tev.service.live_exittrain import live_data, live_experiment, live_settings
 from tev.service.service import LIMITS, UserInputError, check_number
-from tev.train.card import load_report
+from tev.pipelines.card import load_report
 from tev.train.data import DOMAINS
 from tev.train.losses import TREE_TERMS
 from tev.util.stats import change_in_words

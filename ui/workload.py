@@ -11,8 +11,9 @@ import gradio as gr
 
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import DRAFTER_KINDS, shipped_drafter
-from tev.train.workload_command import DEFAULT_TREE_TERM, EVAL_BUDGET, LAWS, MIN_STEPS, adaptation, model_label, other_recipe, verdict_lines, workload_settings
-from tev.train.workload_data import check_workload, load_workload, split_workload
+from tev.pipelines.workload import DEFAULT_TREE_TERM, EVAL_BUDGET, MIN_STEPS, adaptation, other_recipe, workload_settings
+from tev.pipelines.workload_report import result_table
+from tev.pipelines.workload_data import check_workload, load_workload, split_workload
 from tev.service.adapted import ADAPTED_PREFIX, CAPACITY, MIN_ASKED, is_adapted
 from tev.service.service import LIMITS
 from tev.util.paths import assets_dir
@@ -63,23 +64,6 @@ def _prompts(pack: str, own_text: str, session: str | None = None) -> list[str]:
 def verdict(gain: dict) -> str:
     """A workload gain (``{"gain", "se"}``) in words (:func:`change_in_words`)."""
     return change_in_words(gain["gain"], gain["se"])
-
-
-def result_table(result: dict) -> str:
-    """The held-out comparison as markdown, each change with its verdict in words, then the run's
-    verdict sentences (:func:`verdict_lines`: they follow the numbers)."""
-    measured = result.get("eval_prompts", result["heldout_prompts"])
-    lines = [f"Held-out: {result['heldout_prompts']} prompts never trained on ({measured} of them decoded); B = {result['budget']}, {result['max_new_tokens']} new tokens, "
-             f"TEV when sampling, greedy at T = 0; +- is one standard error over rounds.", "",
-             "| law | drafter | tau | change against the base |", "|---|---|---|---|"]
-    for key in LAWS:
-        for name, cell in result[key].items():
-            change = "" if name == "base" else verdict(result["gain"][key][name])
-            label = model_label(name, result["settings"])
-            lines.append(f"| {result['laws'][key]} | {label} | {cell['tau']:.3f} +- {cell['se']:.3f} | {change} |")
-    lines += ["", f"The target answered {result['train_prompts']} training prompts ({result['answer_tokens']} tokens); {result['vocab_added']} of their "
-              f"tokens joined the draft vocabulary; {result['steps']} fine-tune steps; {result['minutes']:.1f} min in all (of {result['minutes_budget']:g}).", ""]
-    return "\n".join(lines + verdict_lines(result))
 
 
 def _recipe(recipe: str) -> str:

@@ -22,9 +22,9 @@ from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_bundle, shipped_drafter
-from tev.train.card import refresh_card
+from tev.pipelines.card import refresh_card
 from tev.train.data import TrainData
-from tev.train.exittrain_command import EXITTRAIN_SETTINGS, exittrain_sets, fine_tune_start, invoked_command, pair_of, settings_from_args
+from tev.pipelines.exittrain import EXITTRAIN_SETTINGS, exittrain_sets, fine_tune_start, invoked_command, pair_of, settings_from_args
 from tev.train.experiment import Experiment
 from tev.train.loop import TrainSettings, install_drafter, with_progress
 from tev.util.paths import REPO_ROOT, assets_dir

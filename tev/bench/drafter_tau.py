@@ -20,7 +20,7 @@ from tev.data.prompts import load_prompt_set
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.default_target import ensure_default_target
 from tev.engine.models import load_causal_lm, load_tokenizer
-from tev.train.train_drafter import DrafterRecipe, chat_prompt_tau
+from tev.pipelines.train_drafter import DrafterRecipe, chat_prompt_tau
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -23,7 +23,7 @@ from tev.engine.round import STAGES
 from tev.engine.evaluation import fit_prompt
 from tev.bench.hf_peers import PEERS, hf_generate
 from tev.engine.models import load_bundle
-from tev.train.exittrain_command import invoked_command
+from tev.pipelines.exittrain import invoked_command
 from tev.util.stats import spread
 from tev.util.precision import figure_precision, precision_summary
 from tev.util.timing import machine_info, machine_summary

@@ -14,7 +14,7 @@ import torch
 from tev.core.flow import TargetFlow, target_flow
 from tev.core.sampling import SamplingLaw
 from tev.core.tree import DraftTree
-from tev.core.verify import SAMPLING_VERIFIERS, TargetRows, verify_rows
+from tev.core.verify import SAMPLING_VERIFIERS, ProbRows as TargetRows, verify_rows  # the rows it builds are probabilities
 from tev.engine.round import draft_and_forward, prefill, room_left
 from tev.engine.session import CausalLMSession
 from tev.util.stats import median, standard_error

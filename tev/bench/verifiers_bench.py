@@ -13,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from tev.core.tree import DraftTree
-from tev.core.verify import SAMPLING_VERIFIERS, TargetRows, verify_rows
+from tev.core.verify import SAMPLING_VERIFIERS, LogitRows as TargetRows, verify_rows  # the rows it builds are logits
 from tev.util.stats import spread
 from tev.util.timing import machine_info, machine_summary, time_once
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tev.bench.report.workload_gain import workload_data, workload_section
 from tev.engine.models import DEFAULT_PAIR
-from tev.train.card import refresh_card
+from tev.pipelines.card import refresh_card
 from tev.util.files import write_text_atomic
 from tev.util.paths import assets_dir
 

@@ -24,7 +24,7 @@ from tev.core.flow import TargetFlow, check_probs, flow_from_edge_prob
 from tev.core.sampling import SamplingLaw, as_law, sample_rows
 from tev.core.tree import DraftTree
 
-__all__ = ["SAMPLING_VERIFIERS", "VERIFIERS", "Verdict", "ParentRows", "TargetRows", "verify", "verify_rows", "walk_tree", "exit_residual"]
+__all__ = ["SAMPLING_VERIFIERS", "VERIFIERS", "Verdict", "ParentRows", "TargetRows", "ProbRows", "LogitRows", "target_rows", "verify", "verify_rows", "walk_tree", "exit_residual"]
 
 @dataclass(frozen=True, eq=False)
 class Verdict:
@@ -77,33 +77,24 @@ class ParentRows:
 
 
 class TargetRows:
-    """The target rows ``p_v`` of one tree (row ``v`` for node ``v``), from probabilities or from
-    logits under a :class:`SamplingLaw`.
+    """The target rows ``p_v`` of one tree (row ``v`` for node ``v``), one class per kind of
+    input: :class:`ProbRows` (normalised probabilities, taken as they are), :class:`LogitRows`
+    (logits under a :class:`SamplingLaw`) and the engine's ``HeadRows`` (final hidden states
+    through the output head, a kind of logit rows).
 
     A verifier reads only :meth:`edge_prob` / :meth:`flow` (the parents' rows), :meth:`rows_at`
     (a few rows), :meth:`all_rows` (predraw) and :meth:`argmax_at` / :meth:`parent_argmax`
-    (greedy). Logit rows are normalised once: :meth:`SamplingLaw.log_probs` gives each row's
-    truncation and its one normaliser, and the parents' log-probabilities are kept for the
-    tree, so the edge probabilities and an internal exit row read the same numbers. A subclass
-    with another source of logits (the engine's rows from hidden states through the output
-    head) overrides :meth:`logits_at`, :meth:`all_logits` and :meth:`argmax_at`.
+    (greedy). The parents' rows are computed once per tree (:meth:`parent_rows`), so the edge
+    probabilities and an internal exit row read the same numbers.
 
-    Args:
-        probs: `Tensor[N, V]` normalised rows, taken as they are, or
-        logits: `Tensor[N, V]` with
-        temperature: ``p_v = softmax(logits_v / T)``; with ``T == 0`` only argmax is defined.
-        law: instead of ``temperature``, the whole :class:`SamplingLaw` (top-k, top-p, min-p).
+    Attributes:
+        law: the target's sampling law (``temperature`` is its temperature).
+        num_rows: ``N``; ``vocab_size``: ``V``; ``device``: where the rows are.
+        probs, logits: the kind's source tensor `Tensor[N, V]` where it has one, else None.
     """
 
-    def __init__(self, probs: torch.Tensor | None = None, *, logits: torch.Tensor | None = None, temperature: float = 1.0, law: SamplingLaw | None = None):
-        if (probs is None) == (logits is None):
-            raise ValueError("give exactly one of probs or logits")
-        source = probs if probs is not None else logits
-        if source.dim() != 2:
-            raise ValueError(f"target rows must have shape [N, V], got {tuple(source.shape)}")
-        self.probs = probs
-        self.logits = logits
-        self._declare(as_law(temperature) if law is None else law, source.shape[0], source.shape[1], source.device)
+    probs: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
 
     def _declare(self, law: SamplingLaw, num_rows: int, vocab_size: int, device: torch.device) -> None:
         self.law = law
@@ -116,27 +107,32 @@ class TargetRows:
 
     @property
     def greedy_only(self) -> bool:
-        return self.probs is None and self.temperature == 0
+        """Whether only argmaxes are defined (logits at ``T == 0``)."""
+        return False
 
     def select(self, nodes: torch.Tensor) -> "TargetRows":
         """The rows of ``nodes`` (`LongTensor[k]`) alone, as rows of the same kind."""
-        if self.probs is not None:
-            return TargetRows(self.probs.index_select(0, nodes))
-        return TargetRows(logits=self.logits.index_select(0, nodes), law=self.law)
-
-    def logits_at(self, nodes: torch.Tensor) -> torch.Tensor:
-        """`Tensor[k, V]` float32 logits of rows ``nodes`` (`LongTensor[k]`)."""
-        return self.logits.index_select(0, nodes).float()
-
-    def all_logits(self) -> torch.Tensor:
-        """`Tensor[N, V]` float32 logits of every row."""
-        return self.logits.float()
+        raise NotImplementedError
 
     def argmax_at(self, nodes: torch.Tensor) -> torch.Tensor:
         """`LongTensor[k]`: the argmax token of rows ``nodes`` (`LongTensor[k]`)."""
-        if self.probs is not None:
-            return self.probs.index_select(0, nodes).argmax(dim=-1)
-        return self.logits_at(nodes).argmax(dim=-1)
+        raise NotImplementedError
+
+    def rows_at(self, nodes: torch.Tensor) -> torch.Tensor:
+        """`Tensor[k, V]`: normalised rows ``p_v`` for node indices ``nodes`` (`LongTensor[k]`)."""
+        raise NotImplementedError
+
+    def all_rows(self) -> torch.Tensor:
+        """`Tensor[N, V]`: every row, normalised."""
+        raise NotImplementedError
+
+    def _parent_values(self, internal: torch.Tensor) -> torch.Tensor | None:
+        """The rows of the internal nodes ``internal`` as :class:`ParentRows` keeps them."""
+        raise NotImplementedError
+
+    def _edge_values(self, picked: torch.Tensor) -> torch.Tensor:
+        """Edge probabilities from the parents' values at the children's tokens."""
+        raise NotImplementedError
 
     def parent_rows(self, tree: DraftTree) -> ParentRows:
         """The internal nodes' rows of ``tree`` (computed once per tree)."""
@@ -144,13 +140,7 @@ class TargetRows:
             return self._parents
         internal, slot = torch.unique(tree.parents[1:], return_inverse=True)
         internal, slot = internal.to(self.device, non_blocking=True), slot.to(self.device, non_blocking=True)
-        if self.probs is not None:
-            values = self.probs.index_select(0, internal)
-        elif self.greedy_only:
-            values = None
-        else:
-            values = self.law.log_probs(self.logits_at(internal))  # [k, V]: the cut and the normaliser, once
-        self._parents = ParentRows(tree, internal, slot, values)
+        self._parents = ParentRows(tree, internal, slot, self._parent_values(internal))
         return self._parents
 
     def parent_argmax(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -175,8 +165,7 @@ class TargetRows:
             edge[1:] = (best[slot] == tokens).float()
             return edge
         parents = self.parent_rows(tree)
-        picked = parents.values[parents.slot, tokens]
-        edge[1:] = picked if self.probs is not None else torch.exp(picked)
+        edge[1:] = self._edge_values(parents.values[parents.slot, tokens])
         return edge
 
     def flow(self, tree: DraftTree) -> TargetFlow:
@@ -185,10 +174,76 @@ class TargetRows:
             self._flow_of = (tree, flow_from_edge_prob(tree, self.edge_prob(tree)))
         return self._flow_of[1]
 
+
+class ProbRows(TargetRows):
+    """Target rows given as probabilities `Tensor[N, V]`, already normalised (temperature
+    applied), taken as they are."""
+
+    def __init__(self, probs: torch.Tensor):
+        if probs.dim() != 2:
+            raise ValueError(f"target rows must have shape [N, V], got {tuple(probs.shape)}")
+        self.probs = probs
+        self._declare(as_law(1.0), probs.shape[0], probs.shape[1], probs.device)
+
+    def select(self, nodes: torch.Tensor) -> "ProbRows":
+        return ProbRows(self.probs.index_select(0, nodes))
+
+    def argmax_at(self, nodes: torch.Tensor) -> torch.Tensor:
+        return self.probs.index_select(0, nodes).argmax(dim=-1)
+
     def rows_at(self, nodes: torch.Tensor) -> torch.Tensor:
-        """`Tensor[k, V]`: normalised rows ``p_v`` for node indices ``nodes`` (`LongTensor[k]`)."""
-        if self.probs is not None:
-            return self.probs.index_select(0, nodes)
+        return self.probs.index_select(0, nodes)
+
+    def all_rows(self) -> torch.Tensor:
+        return self.probs
+
+    def _parent_values(self, internal: torch.Tensor) -> torch.Tensor:
+        return self.probs.index_select(0, internal)
+
+    def _edge_values(self, picked: torch.Tensor) -> torch.Tensor:
+        return picked
+
+
+class LogitRows(TargetRows):
+    """Target rows from logits `Tensor[N, V]` under a :class:`SamplingLaw` (``p_v =
+    softmax(logits_v / T)`` truncated by the law; with ``T == 0`` only argmax is defined).
+
+    Rows are normalised once: :meth:`SamplingLaw.log_probs` gives each row's truncation and its
+    one normaliser, and the parents' log-probabilities are kept for the tree. A subclass with
+    another source of logits (the engine's rows from hidden states through the output head)
+    overrides :meth:`logits_at`, :meth:`all_logits` and :meth:`argmax_at`.
+
+    Args:
+        logits: `Tensor[N, V]`.
+        temperature: the law's temperature, or
+        law: the whole :class:`SamplingLaw` (top-k, top-p, min-p).
+    """
+
+    def __init__(self, logits: torch.Tensor, temperature: float = 1.0, law: SamplingLaw | None = None):
+        if logits.dim() != 2:
+            raise ValueError(f"target rows must have shape [N, V], got {tuple(logits.shape)}")
+        self.logits = logits
+        self._declare(as_law(temperature) if law is None else law, logits.shape[0], logits.shape[1], logits.device)
+
+    @property
+    def greedy_only(self) -> bool:
+        return self.temperature == 0
+
+    def select(self, nodes: torch.Tensor) -> "LogitRows":
+        return LogitRows(self.logits.index_select(0, nodes), law=self.law)
+
+    def logits_at(self, nodes: torch.Tensor) -> torch.Tensor:
+        """`Tensor[k, V]` float32 logits of rows ``nodes`` (`LongTensor[k]`)."""
+        return self.logits.index_select(0, nodes).float()
+
+    def all_logits(self) -> torch.Tensor:
+        """`Tensor[N, V]` float32 logits of every row."""
+        return self.logits.float()
+
+    def argmax_at(self, nodes: torch.Tensor) -> torch.Tensor:
+        return self.logits_at(nodes).argmax(dim=-1)
+
+    def rows_at(self, nodes: torch.Tensor) -> torch.Tensor:
         parents = self._parents
         if parents is not None and parents.values is not None and nodes.numel() == 1 and self.device.type == "cpu":
             where = (parents.internal == nodes).nonzero()  # TEV's exit row, when an internal node's (no device sync on a CPU)
@@ -197,10 +252,23 @@ class TargetRows:
         return self.law.probs(self.logits_at(nodes))
 
     def all_rows(self) -> torch.Tensor:
-        """`Tensor[N, V]`: every row, normalised."""
-        if self.probs is not None:
-            return self.probs
         return self.law.probs(self.all_logits())
+
+    def _parent_values(self, internal: torch.Tensor) -> torch.Tensor | None:
+        if self.greedy_only:
+            return None  # only argmaxes are defined
+        return self.law.log_probs(self.logits_at(internal))  # [k, V]: the cut and the normaliser, once
+
+    def _edge_values(self, picked: torch.Tensor) -> torch.Tensor:
+        return torch.exp(picked)
+
+
+def target_rows(probs: torch.Tensor | None = None, *, logits: torch.Tensor | None = None, temperature: float = 1.0,
+                law: SamplingLaw | None = None) -> TargetRows:
+    """The rows of the kind given: exactly one of ``probs`` or ``logits`` (with ``temperature`` or ``law``)."""
+    if (probs is None) == (logits is None):
+        raise ValueError("give exactly one of probs or logits")
+    return ProbRows(probs) if probs is not None else LogitRows(logits, temperature, law)
 
 
 def _check_tree_fits(tree: DraftTree, rows: TargetRows) -> None:
@@ -359,5 +427,4 @@ def verify(
         check_probs(probs, tree.num_nodes)
     if logits is not None and validate and (torch.isnan(logits).any() or (logits == float("inf")).any()):
         raise ValueError("logits contain NaN or +infinity")
-    rows = TargetRows(probs, logits=logits, temperature=temperature, law=law)
-    return verify_rows(name, tree, rows, generator)
+    return verify_rows(name, tree, target_rows(probs, logits=logits, temperature=temperature, law=law), generator)

@@ -20,7 +20,7 @@ from tev.engine.auto_budget import AUTO_CAP, AutoBudget
 from tev.engine.drafters import Drafter
 from tev.engine.prompt_text import check_prompt_ids
 from tev.engine.round import STAGES, RoundRecord, prefill, room_left, speculation_round
-from tev.engine.session import CausalLMSession
+from tev.engine.session import CausalLMSession, max_positions
 from tev.util.timing import StageTimer
 
 __all__ = ["DecodeConfig", "Request", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "eos_token_id", "MAX_BUDGET", "MIN_TEMPERATURE"]
@@ -107,7 +107,7 @@ class Request:
     def __post_init__(self):
         if not isinstance(self.config, DecodeConfig):
             raise TypeError(f"config must be a DecodeConfig, got {type(self.config).__name__}")
-        context = int(getattr(self.target.config, "max_position_embeddings", 1 << 30))
+        context = max_positions(self.target)
         object.__setattr__(self, "prompt_ids", tuple(check_prompt_ids(self.prompt_ids, context)))
 
 
@@ -270,8 +270,7 @@ def speculative_generate(
             output.stop_reason = "context_limit"
             break
         timer = StageTimer(device)
-        budget = 0 if auto is not None else config.budget
-        record = speculation_round(session, drafter, committed, budget, verifier, config.law, generator, state, timer, auto)
+        record = speculation_round(session, drafter, committed, config.budget, verifier, config.law, generator, state, timer, auto)
         block = record.verdict.block_tokens(record.tree)
         record.index = index
         record.emitted, record.text = output.add(block)

@@ -10,9 +10,10 @@ from tqdm import tqdm
 
 from tev.engine.decode import DecodeConfig, GenerationSummary, Request, speculative_generate
 from tev.engine.prompt_text import encode_chat, encode_prompt
+from tev.engine.session import max_positions
 from tev.util.stats import quantile, standard_error
 
-__all__ = ["fit_prompt", "evaluation_rounds", "evaluate_drafter", "format_tau_table"]
+__all__ = ["fit_prompt", "decode_rounds", "evaluation_rounds", "evaluate_drafter", "format_tau_table"]
 
 
 def fit_prompt(tokenizer, prompt: dict, limit: int) -> list[int]:
@@ -31,6 +32,18 @@ def fit_prompt(tokenizer, prompt: dict, limit: int) -> list[int]:
     return ids[len(ids) - limit :]
 
 
+def decode_rounds(target, tokenizer, drafter, ids: list[int], config: DecodeConfig, should_stop=None):
+    """One prompt decoded with tree speculation: yields each round's record and returns the
+    :class:`GenerationSummary`, or None when ``should_stop`` ended the decoding first (a part of a
+    prompt is not a measurement)."""
+    for event in speculative_generate(Request(target, drafter, ids, config), tokenizer, should_stop=should_stop):
+        if not isinstance(event, GenerationSummary):
+            yield event
+        elif event.stop_reason != "cancelled":
+            return event
+    return None
+
+
 def evaluation_rounds(
     target,
     tokenizer,
@@ -46,7 +59,7 @@ def evaluation_rounds(
 ):
     """:func:`evaluate_drafter` as a generator: yields every speculation round's record (a caller
     takes turns with other work between rounds, or stops), then the list of rows."""
-    context = int(getattr(target.config, "max_position_embeddings", 1 << 30))
+    context = max_positions(target)
     encoded = [fit_prompt(tokenizer, p, context - max_new_tokens) for p in prompts]
     rows = []
     settings = [(b, t) for t in temperatures for b in budgets]
@@ -55,12 +68,7 @@ def evaluation_rounds(
         lengths, bounds, per_prompt, tokens, seconds = [], [], [], 0, 0.0
         for i, ids in enumerate(encoded):
             config = DecodeConfig(budget=budget, temperature=temperature, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed + i)
-            summary = None
-            for event in speculative_generate(Request(target, drafter, ids, config), tokenizer):
-                if isinstance(event, GenerationSummary):
-                    summary = event
-                else:
-                    yield event
+            summary = yield from decode_rounds(target, tokenizer, drafter, ids, config)
             lengths += summary.block_lengths
             bounds += summary.tau_bounds
             per_prompt.append(summary.tau)
@@ -83,7 +91,7 @@ def evaluation_rounds(
             }
         )
     bar.close()
-    yield rows
+    yield rows  # the last event: ui/exittrain.py reads it through the compute thread, which drops a return value
 
 
 def evaluate_drafter(target, tokenizer, drafter, prompts: list[dict], budgets=(8, 16, 32, 64), temperatures=(0.0, 1.0), max_new_tokens: int = 64,

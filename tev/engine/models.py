@@ -22,6 +22,7 @@ from tev.engine.drafters import ARTreeDrafter, BlockTreeDrafter, Drafter
 from tev.engine.path_drafter import PathTreeDrafter, drafter_model_class, tree_drafter_of
 from tev.engine.default_target import DefaultTargetError, ensure_default_target
 from tev.engine.prompt_text import has_chat_template
+from tev.engine.session import max_positions
 from tev.util.paths import models_dir
 
 __all__ = [
@@ -367,7 +368,7 @@ class ModelBundle:
 
     @property
     def context_length(self) -> int:
-        return int(getattr(self.target.config, "max_position_embeddings", 1 << 30))
+        return max_positions(self.target)
 
     @property
     def is_chat(self) -> bool:

@@ -133,13 +133,14 @@ def prefill(session: CausalLMSession, prompt_ids: list[int], state: DraftState) 
 
 
 def draft_tree(
-    session: CausalLMSession, drafter: Drafter, committed: list[int], budget: int, state: DraftState, timer: StageTimer, auto: AutoBudget | None = None
+    session: CausalLMSession, drafter: Drafter, committed: list[int], budget: int | str, state: DraftState, timer: StageTimer, auto: AutoBudget | None = None
 ) -> tuple[DraftTree, BudgetChoice | None]:
-    """Draft a tree of at most ``budget`` nodes under ``committed[-1]``; with ``auto``, draft
-    ``auto.cap`` nodes and keep the best-first prefix the machine pays for (chosen from the
-    drafter and past rounds only, before the target sees the tree)."""
+    """Draft a tree of at most ``budget`` nodes under ``committed[-1]``; with ``auto`` (budget
+    ``"auto"``), draft ``auto.cap`` nodes and keep the best-first prefix the machine pays for
+    (chosen from the drafter and past rounds only, before the target sees the tree)."""
     room = room_left(session)
-    tree = drafter.propose(DraftContext(committed, max_depth=room), (budget if auto is None else auto.cap) if room > 0 else 0, state, timer)
+    drafted = budget if auto is None else auto.cap  # nodes drafted: the budget, or the cap the auto rule keeps a prefix of
+    tree = drafter.propose(DraftContext(committed, max_depth=room), drafted if room > 0 else 0, state, timer)
     if auto is None:
         return tree, None
     with timer.stage("build"):
@@ -170,7 +171,7 @@ def speculation_round(
     session: CausalLMSession,
     drafter: Drafter,
     committed: list[int],
-    budget: int,
+    budget: int | str,
     verifier: str,
     law: SamplingLaw,
     generator: torch.Generator,
@@ -187,7 +188,7 @@ def speculation_round(
     predraw; greedy adds one when it exits at a leaf). ``timer`` may add its own syncs
     (:class:`StageTimer` on a CUDA device synchronises around each stage).
 
-    With ``auto`` the round's size is chosen by the cost-aware rule (``budget`` is then unused)
+    With ``auto`` (``budget`` is then ``"auto"``) the round's size is chosen by the cost-aware rule
     and the round's coverage and stage times feed ``auto`` for the rounds after it."""
     position = session.length
     tree, choice = draft_tree(session, drafter, committed, budget, state, timer, auto)

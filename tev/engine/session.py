@@ -24,10 +24,10 @@ from transformers import DynamicCache
 from tev.core.head_screen import HeadScreen
 from tev.core.sampling import SamplingLaw, as_law
 from tev.core.tree import DraftTree
-from tev.core.verify import TargetRows
+from tev.core.verify import LogitRows, TargetRows
 from tev.util.precision import low_precision
 
-__all__ = ["CausalLMSession", "ForwardOutput", "HeadRows", "ALL_ROWS_AT_ONCE", "MIN_TRANSFORMERS", "check_transformers"]
+__all__ = ["CausalLMSession", "ForwardOutput", "HeadRows", "ALL_ROWS_AT_ONCE", "MIN_TRANSFORMERS", "check_transformers", "max_positions"]
 
 
 # Architectures whose logits are exactly ``lm_head(final hidden state)`` (no scaling or capping),
@@ -36,6 +36,11 @@ _PLAIN_HEAD = {"llama", "qwen2", "qwen3", "mistral"}
 
 
 MIN_TRANSFORMERS = "5.24"  # the forward's ``cache=`` keyword; older versions take it silently into **kwargs
+
+
+def max_positions(model) -> int:
+    """How many positions ``model`` attends to (its config's ``max_position_embeddings``; unbounded when it names none)."""
+    return int(getattr(model.config, "max_position_embeddings", 1 << 30))
 
 
 def check_transformers(version: str | None = None) -> None:
@@ -69,7 +74,7 @@ def _head_screen(model, head: torch.Tensor | None) -> HeadScreen | None:
 ALL_ROWS_AT_ONCE = 33
 
 
-class HeadRows(TargetRows):
+class HeadRows(LogitRows):
     """Target rows from final hidden states through the output head, projected when a verifier
     first asks: a tree of up to :data:`ALL_ROWS_AT_ONCE` nodes all at once (kept), a larger
     one row set by row set. Greedy argmaxes come from the head's bfloat16 ``screen`` when there
@@ -85,8 +90,6 @@ class HeadRows(TargetRows):
     def __init__(self, hidden: torch.Tensor, head: torch.Tensor, law: SamplingLaw, screen: HeadScreen | None = None):
         if hidden.dim() != 2 or head.dim() != 2 or hidden.shape[1] != head.shape[1]:
             raise ValueError(f"hidden states [N, H] and head [V, H] must share H, got {tuple(hidden.shape)} and {tuple(head.shape)}")
-        self.probs = None
-        self.logits = None
         self.hidden = hidden
         self.head = head
         self._declare(law, hidden.shape[0], head.shape[0], hidden.device)
@@ -152,7 +155,7 @@ class ForwardOutput:
         projected through the head when a verifier first asks (:class:`HeadRows`)."""
         law = as_law(sampling)
         if self._logits is not None:
-            return TargetRows(logits=self._logits, law=law)
+            return LogitRows(self._logits, law=law)
         return HeadRows(self.hidden, self.head, law, self.screen)
 
 
@@ -174,7 +177,7 @@ class CausalLMSession:
         self.dtype = next(model.parameters()).dtype
         self.cache = DynamicCache(config=model.config)
         self.length = 0  # tokens held in the cache
-        self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.max_positions = max_positions(model)
         head = model.get_output_embeddings()
         self.lazy_head = getattr(model.config, "model_type", None) in _PLAIN_HEAD and head is not None and getattr(head, "bias", None) is None
         self.head = head.weight.detach() if self.lazy_head else None  # inference only: projections keep no graph

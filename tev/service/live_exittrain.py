@@ -23,8 +23,8 @@ from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter
 from tev.train.data import TrainData, load_train_data
-from tev.train.exittrain_command import EXITTRAIN_SETTINGS
-from tev.train.exittrain_data import load_chat_exittrain_data
+from tev.pipelines.exittrain import EXITTRAIN_SETTINGS
+from tev.pipelines.exittrain_data import load_chat_exittrain_data
 from tev.train.experiment import Experiment
 from tev.train.loop import TrainSettings
 from tev.util.paths import models_dir

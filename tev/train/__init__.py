@@ -1,1 +1,1 @@
-"""Training: drafter self-distillation, ExitTrain, and the embedded asset build."""
+"""The drafter training library: data, the teacher, the losses, trees, the one loop, the paired experiment."""

@@ -42,7 +42,9 @@ class SoftLabels:
 
 @dataclass
 class TrainData:
-    """Target-written sequences, optionally with the target's features and soft labels.
+    """Target-written sequences, optionally with the target's features and soft labels: the one
+    training-data type, from the target's answers to a workload's prompts and its chat
+    conversations (as lists, :meth:`from_lists`; as JSON, :meth:`to_json`) to the batches a step reads.
 
     Attributes:
         token_ids: `LongTensor[S, T]`, right-padded.
@@ -52,6 +54,7 @@ class TrainData:
             on-policy step computes them for the rows it draws).
         soft: the target's laws at every position, or None.
         domains: one of :data:`DOMAINS` per row, or None.
+        requests: the user message of each row (chat conversations), or None.
     """
 
     token_ids: torch.Tensor
@@ -60,6 +63,7 @@ class TrainData:
     features: torch.Tensor | None = None
     soft: SoftLabels | None = None
     domains: list[str] | None = None
+    requests: list[str] | None = None
 
     def __post_init__(self):
         rows = self.token_ids.shape[0] if self.token_ids.dim() == 2 else 0
@@ -73,6 +77,8 @@ class TrainData:
             raise ValueError("every sequence needs room for an anchor and a label after its prompt")
         if self.domains is not None and len(self.domains) != rows:
             raise ValueError("domains need one entry per sequence")
+        if self.requests is not None and len(self.requests) != rows:
+            raise ValueError("requests need one entry per sequence")
 
     @classmethod
     def of(cls, sequences: torch.Tensor, prompt_length: int) -> "TrainData":
@@ -81,15 +87,42 @@ class TrainData:
         return cls(sequences.long(), torch.full((rows,), sequences.shape[1]), torch.full((rows,), prompt_length))
 
     @classmethod
-    def from_lists(cls, sequences: list[list[int]], prompt_lengths: list[int], pad_id: int = 0, domains: list[str] | None = None) -> "TrainData":
+    def from_lists(cls, sequences: list[list[int]], prompt_lengths: list[int], pad_id: int = 0, domains: list[str] | None = None,
+                   requests: list[str] | None = None) -> "TrainData":
         """Variable-length sequences, right-padded with ``pad_id`` (never attended to nor labelled)."""
         ids = torch.full((len(sequences), max(len(s) for s in sequences)), pad_id, dtype=torch.long)
         for row, sequence in enumerate(sequences):
             ids[row, : len(sequence)] = torch.tensor(sequence)
-        return cls(ids, torch.tensor([len(s) for s in sequences]), torch.tensor(prompt_lengths), domains=domains)
+        return cls(ids, torch.tensor([len(s) for s in sequences]), torch.tensor(prompt_lengths), domains=domains, requests=requests)
+
+    @classmethod
+    def from_json(cls, data: dict, pad_id: int = 0) -> "TrainData":
+        """Sequences as :meth:`to_json` wrote them."""
+        return cls.from_lists(data["token_ids"], data["prompt_lengths"], pad_id, data.get("domains"), data.get("requests"))
+
+    def to_json(self) -> dict:
+        """The sequences as JSON lists (``token_ids``, ``prompt_lengths``, ``domains``, ``requests``); features are not kept."""
+        return {"token_ids": self.sequences, "prompt_lengths": self.prompt_lengths.tolist(), "domains": self.domains, "requests": self.requests}
+
+    @classmethod
+    def concat(cls, parts: list["TrainData"], pad_id: int = 0) -> "TrainData":
+        """The sequences of ``parts``, one after another (their features are not kept)."""
+        joined = lambda name: None if any(getattr(p, name) is None for p in parts) else sum((getattr(p, name) for p in parts), [])  # noqa: E731
+        return cls.from_lists([s for p in parts for s in p.sequences], [n for p in parts for n in p.prompt_lengths.tolist()], pad_id,
+                              joined("domains"), joined("requests"))
 
     def __len__(self) -> int:
         return self.token_ids.shape[0]
+
+    @property
+    def sequences(self) -> list[list[int]]:
+        """Each row's ids without its padding."""
+        return [row[:length] for row, length in zip(self.token_ids.tolist(), self.lengths.tolist())]
+
+    @property
+    def response_tokens(self) -> int:
+        """The tokens the target wrote (after the prompts)."""
+        return int((self.lengths - self.prompt_lengths).sum())
 
     @property
     def first_anchors(self) -> torch.Tensor:
@@ -121,7 +154,13 @@ class TrainData:
         pick = lambda x: None if x is None else x[rows, :width]  # noqa: E731
         soft = None if self.soft is None else SoftLabels(pick(self.soft.positions), pick(self.soft.probs))
         domains = None if self.domains is None else [self.domains[i] for i in rows.tolist()]
-        return TrainData(self.token_ids[rows, :width], self.lengths[rows], self.prompt_lengths[rows], pick(self.features), soft, domains)
+        requests = None if self.requests is None else [self.requests[i] for i in rows.tolist()]
+        return TrainData(self.token_ids[rows, :width], self.lengths[rows], self.prompt_lengths[rows], pick(self.features), soft, domains, requests)
+
+    def split(self, heldout: int) -> tuple["TrainData", "TrainData"]:
+        """(train, held-out): the last ``heldout`` rows are held out."""
+        cut = len(self) - heldout
+        return self.select(range(cut)), self.select(range(cut, len(self)))
 
     def domain(self, name: str) -> "TrainData":
         """The rows of one domain."""

@@ -11,7 +11,7 @@ anchors and its standard error is :func:`tev.util.stats.standard_error` of the d
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Generator, Iterator
 
 import torch
 
@@ -26,9 +26,9 @@ HELDOUT_BATCHES = 4  # held-out draws (each sequences_per_step x anchors_per_seq
 HELDOUT_SEED = 12345  # the same held-out anchors for every drafter
 
 
-def heldout_trees(target, drafter, data: TrainData, settings: TrainSettings, batches: int = HELDOUT_BATCHES) -> Iterator[int | TreeBatch]:
+def heldout_trees(target, drafter, data: TrainData, settings: TrainSettings, batches: int = HELDOUT_BATCHES) -> Generator[int, None, TreeBatch]:
     """The drafter's trees on held-out data at fixed anchors (the same rounds every call), scored
-    by the target: yields each batch's number after it, then the joined :class:`TreeBatch`."""
+    by the target: yields each batch's number after it and returns the joined :class:`TreeBatch`."""
     was_training = drafter.training
     drafter.eval()
     generator = torch.Generator().manual_seed(HELDOUT_SEED)
@@ -39,7 +39,7 @@ def heldout_trees(target, drafter, data: TrainData, settings: TrainSettings, bat
             parts.append(on_policy(target, drafter, data, index, settings.budget, settings.temperature)[3])
         yield batch
     drafter.train(was_training)
-    yield TreeBatch.join(parts)
+    return TreeBatch.join(parts)
 
 
 def paired_change(before: TreeBatch, after: TreeBatch) -> dict:
@@ -58,7 +58,7 @@ class Experiment:
     Args:
         drafter: the drafter to train (in place, float32).
         training: ``drafter -> generator of step records`` (:func:`tev.train.loop.train`).
-        measure: ``drafter -> generator`` yielding an int per piece of work, then the measurement.
+        measure: ``drafter -> generator`` yielding an int per piece of work and returning the measurement.
         compare: ``(before, after) -> dict``, the change (default :func:`paired_change`).
     """
 
@@ -74,10 +74,7 @@ class Experiment:
                    lambda d: heldout_trees(target, d, heldout, settings))
 
     def _measured(self, name: str) -> Iterator[int]:
-        for piece, value in enumerate(self._measure(self.drafter)):
-            if not isinstance(value, int):
-                setattr(self, name, value)
-            yield piece
+        setattr(self, name, (yield from self._measure(self.drafter)))
 
     def measure_before(self) -> Iterator[int]:
         return self._measured("before")

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import random
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,12 +30,13 @@ from tev.core.sampling import SamplingLaw
 from tev.data.token_stream import encode_corpus
 from tev.engine.batch_generate import generate_batch
 from tev.engine.prompt_text import ChatTemplate, encode_chat
+from tev.engine.session import max_positions
 from tev.train.data import SoftLabels, TrainData
 from tev.util.files import atomic_file
 from tev.util.precision import low_precision
 
-__all__ = ["regenerate_sequences", "weights_fingerprint", "corpus_sequences", "target_features", "top_law", "with_features", "WorkloadAnswers",
-           "answer_prompts", "DOMAIN_OPENINGS", "ChatSequences", "write_requests", "write_responses"]
+__all__ = ["regenerate_sequences", "weights_fingerprint", "corpus_sequences", "target_features", "top_law", "with_features",
+           "answer_prompts", "DOMAIN_OPENINGS", "write_requests", "write_responses"]
 
 
 def regenerate_sequences(target, stream: torch.Tensor, num_sequences: int, context_length: int, new_tokens: int, seed: int,
@@ -146,32 +145,7 @@ def with_features(target, data: TrainData, layers: list[int], soft_vocab: torch.
     """``data`` with the target's features at ``layers`` (and with ``soft_top`` its top-k laws) at every position."""
     out = target_features(target, data.token_ids, data.lengths, layers, progress=progress, soft_vocab=soft_vocab, soft_top=soft_top)
     features, soft = out if soft_top > 0 else (out, None)
-    return TrainData(data.token_ids, data.lengths, data.prompt_lengths, features, soft, data.domains)
-
-
-@dataclass
-class WorkloadAnswers:
-    """The target's answers to a workload's training prompts.
-
-    Attributes:
-        sequences: per answer, prompt ids + answer ids (`list[int]`).
-        prompt_lengths: per answer, how many of its ids are the prompt.
-        seconds: wall time of the answering.
-    """
-
-    sequences: list[list[int]] = field(default_factory=list)
-    prompt_lengths: list[int] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def __len__(self) -> int:
-        return len(self.sequences)
-
-    def data(self, pad_id: int = 0) -> TrainData:
-        return TrainData.from_lists(self.sequences, self.prompt_lengths, pad_id)
-
-    @property
-    def answer_tokens(self) -> int:
-        return sum(len(s) - p for s, p in zip(self.sequences, self.prompt_lengths))
+    return TrainData(data.token_ids, data.lengths, data.prompt_lengths, features, soft, data.domains, data.requests)
 
 
 @torch.no_grad()
@@ -179,15 +153,14 @@ def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 
                    law: "SamplingLaw | float" = 0.0, seed: int = 0):
     """The target's answers to ``prompts`` (each a user message through the chat template),
     greedy, or sampled from ``law`` (seeded per batch), ``batch`` prompts at a time (left-padded,
-    :func:`generate_batch`): yields the
-    :class:`WorkloadAnswers` so far after every batch (a caller stops between batches at its
-    deadline, or takes turns with other work). Answers under two tokens are left out.
+    :func:`generate_batch`): yields the answers so far after every batch, each a prompt then its
+    answer (:class:`TrainData`, None while there is none), so a caller may stop between batches at
+    its deadline, or take turns with other work. Answers under two tokens are left out.
 
     Batched greedy decoding writes a workload's answers several times faster than answering one
     prompt at a time on a CPU (one weight read serves the whole batch)."""
-    start = time.perf_counter()
-    answers = WorkloadAnswers()
-    context = int(getattr(target.config, "max_position_embeddings", 1 << 30))
+    sequences, prompt_lengths = [], []
+    context = max_positions(target)
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     encoded = [encode_chat(tokenizer, prompt, max_tokens=context - max_new_tokens - 1) for prompt in prompts]
@@ -197,11 +170,10 @@ def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 
         written = generate_batch(target, group, max_new_tokens, law, eos, seed=seed * 100_003 + first, pad_id=pad)
         for prompt_ids, answer in zip(group, written):
             if len(answer) >= 2:  # the end of turn stays: the drafter should predict it too
-                answers.sequences.append(list(prompt_ids) + answer)
-                answers.prompt_lengths.append(len(prompt_ids))
+                sequences.append(list(prompt_ids) + answer)
+                prompt_lengths.append(len(prompt_ids))
         bar.update(len(group))
-        answers.seconds = time.perf_counter() - start
-        yield answers
+        yield TrainData.from_lists(sequences, prompt_lengths) if sequences else None
     bar.close()
 
 
@@ -211,53 +183,6 @@ DOMAIN_OPENINGS = {
     "code": ("Write a Python function", "Write a Python program that", "How do I", "Write a function in Python to", "Explain what this Python code does:", "Fix the bug in this Python code:"),
     "math": ("Solve", "What is", "Calculate", "A store sells", "If x", "Find the", "How many"),
 }
-_FIELDS = ("token_ids", "prompt_lengths", "domains", "requests")
-
-
-@dataclass
-class ChatSequences:
-    """Conversations as token ids.
-
-    Attributes:
-        token_ids: one list per conversation: prompt (template + request) then the response,
-            ending with the end-of-turn token when the response finished.
-        prompt_lengths: where each response starts.
-        domains: ``dialogue``, ``code`` or ``math`` (the steer of the request).
-        requests: the user messages.
-    """
-
-    token_ids: list[list[int]]
-    prompt_lengths: list[int]
-    domains: list[str]
-    requests: list[str]
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
-
-    def response_tokens(self) -> int:
-        return sum(len(ids) - start for ids, start in zip(self.token_ids, self.prompt_lengths))
-
-    def to_json(self) -> dict:
-        return {"token_ids": self.token_ids, "prompt_lengths": self.prompt_lengths, "domains": self.domains, "requests": self.requests}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "ChatSequences":
-        return cls(data["token_ids"], data["prompt_lengths"], data["domains"], data["requests"])
-
-    def split(self, heldout: int) -> tuple["ChatSequences", "ChatSequences"]:
-        """(train, held-out): the last ``heldout`` conversations are held out."""
-        cut = len(self) - heldout
-        return self.take(range(cut)), self.take(range(cut, len(self)))
-
-    def take(self, indices) -> "ChatSequences":
-        """The conversations at ``indices``, in that order."""
-        indices = list(indices)
-        return ChatSequences(*([getattr(self, name)[i] for i in indices] for name in _FIELDS))
-
-    @classmethod
-    def concat(cls, parts: list["ChatSequences"]) -> "ChatSequences":
-        """The conversations of ``parts``, one after another."""
-        return cls(*(sum((getattr(p, name) for p in parts), []) for name in _FIELDS))
 
 
 def _generate(target, tokenizer, prompts: list[list[int]], max_new_tokens: int, temperature: float, stop_id: int, seed: int) -> list[list[int]]:
@@ -306,8 +231,9 @@ def write_requests(target, tokenizer, count: int, seed: int, max_tokens: int = 6
 def write_responses(
     target, tokenizer, requests: list[tuple[str, str]], max_new_tokens: int, seed: int, greedy_share: float = 0.5, batch: int = 48,
     progress: bool = True, done: list[list[int]] | None = None, on_batch=None,
-) -> ChatSequences:
-    """The target's answer to each request: the first ``greedy_share`` greedily, the rest at T = 1.
+) -> TrainData:
+    """The target's answer to each request: the first ``greedy_share`` greedily, the rest at T = 1;
+    the conversations with their domains and requests.
 
     Resumable: ``done`` holds the conversations of the batches already written (as passed to
     ``on_batch(token_ids)`` after each batch); every batch is seeded by where it starts, so a
@@ -331,4 +257,4 @@ def write_responses(
         bar.update(len(chunk))
         start = stop
     bar.close()
-    return ChatSequences(token_ids, [len(p) for p in prompts], [d for d, _ in requests], [t for _, t in requests])
+    return TrainData.from_lists(token_ids, [len(p) for p in prompts], domains=[d for d, _ in requests], requests=[t for _, t in requests])

@@ -13,14 +13,14 @@ on-policy (redrawn from the current drafter every step: ExitTrain).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Iterator
+from typing import Generator, Iterator
 
 import torch
 
 from tev.core.flow import flow_from_edge_prob
 from tev.core.tree import DraftTree
-from tev.core.verify import TargetRows
-from tev.engine.session import CausalLMSession
+from tev.core.verify import LogitRows
+from tev.engine.session import CausalLMSession, max_positions
 from tev.train.data import SoftLabels, TrainData
 from tev.train.teacher import top_law
 from tev.util.precision import low_precision
@@ -166,7 +166,7 @@ def score_trees(row: TargetPass, trees: list[DraftTree], roots: list[int], tempe
         if size:
             logits = torch.cat([logits, node_logits[offset : offset + size]])
         offset += size
-        edge = TargetRows(logits=logits, temperature=temperature).edge_prob(tree)
+        edge = LogitRows(logits, temperature).edge_prob(tree)
         flow = flow_from_edge_prob(tree, edge)
         reach.append(flow.reach.detach())
         exit_weight.append(flow.exit_weight.detach())
@@ -183,10 +183,10 @@ def _roots(data: TrainData, index: torch.Tensor) -> tuple[list[int], list[int]]:
 
 
 def fixed_trees(target, drafter, data: TrainData, budget: int, per_row: int, seed: int = 0, soft_top: int = 0,
-                temperature: float = 1.0) -> Iterator[int | ScoredTrees]:
+                temperature: float = 1.0) -> Generator[int, None, ScoredTrees]:
     """The fixed trees: at ``per_row`` seeded anchors of each row, the tree of ``budget`` nodes
     ``drafter`` builds there (from ``data``'s features), scored by the target. Yields each row's
-    index after scoring it (a caller may take turns with other work between rows), then the :class:`ScoredTrees`.
+    index after scoring it (a caller may take turns with other work between rows) and returns the :class:`ScoredTrees`.
 
     Scoring every anchor's tree costs a forward of ``anchors x budget`` nodes per row (about 9 s
     for a 90-token answer on a 2-core CPU); a few trees per row keep it near one second."""
@@ -195,7 +195,6 @@ def fixed_trees(target, drafter, data: TrainData, budget: int, per_row: int, see
     parts, chosen = [], []
     generator = torch.Generator().manual_seed(seed)
     anchors = data.anchors
-    max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
     for row in range(len(data)):
         index = anchors[anchors[:, 0] == row]
         index = index[torch.randperm(index.shape[0], generator=generator)[:per_row].sort().values]
@@ -203,12 +202,12 @@ def fixed_trees(target, drafter, data: TrainData, budget: int, per_row: int, see
         with torch.no_grad():
             logits = draft_logits(drafter, data, index, autocast=False)
         roots, tokens = _roots(data, index)
-        trees = draft_trees(drafter, logits, roots, tokens, budget, max_positions)
+        trees = draft_trees(drafter, logits, roots, tokens, budget, max_positions(target))
         sequence = target_pass(target, data.token_ids[row, : int(data.lengths[row])])
         parts.append(score_trees(sequence, trees, roots, temperature, drafter.draft_vocab, soft_top))
         yield row
     drafter.train(was_training)
-    yield ScoredTrees(TreeBatch.join(parts), torch.cat(chosen))
+    return ScoredTrees(TreeBatch.join(parts), torch.cat(chosen))
 
 
 def on_policy(target, drafter, data: TrainData, index: torch.Tensor, budget: int, temperature: float, soft_top: int = 0,

@@ -24,7 +24,7 @@ from tev.data.prompts import load_prompt_set
 from tev.engine.default_target import DEFAULT_TARGET_NAME, converted_folder
 from tev.engine.evaluation import fit_prompt
 from tev.engine.models import load_bundle
-from tev.train.card import load_report
+from tev.pipelines.card import load_report
 from tev.util.paths import REPO_ROOT
 from tev.util.precision import figure_precision, precision_summary
 from tev.util.timing import machine_info

@@ -11,11 +11,11 @@ the control.
 from __future__ import annotations
 
 from tev.bench.report.common import claim, finite, pct
+from tev.pipelines.workload_report import LAW_TITLES, packs_section
 
 __all__ = ["PAPER_WORKLOAD_GAIN", "LAW_TITLES", "workload_data", "check_workload", "workload_section"]
 
 PAPER_WORKLOAD_GAIN = 0.13  # the same average tau gain (Table 1): the official runs fine-tune on newly regenerated data
-LAW_TITLES = {"T0": "T = 0 (greedy)", "T0.7": "T = 0.7, top-p 0.9 (TEV; the page's law)", "T1": "T = 1 (TEV)"}
 
 
 def workload_data(results: dict[str, dict] | None) -> dict | None:
@@ -69,19 +69,4 @@ def workload_section(report: dict) -> list[str]:
     data = report["measurements"].get("workload")
     if not data:
         return ["Not run: pass `--workload-results OUT.json ...` (written by `python -m tev exittrain --workload PACK.json --json OUT.json`)."]
-    lines = ["Held-out prompts (a quarter of each pack, never trained on), B = 16, 64 new tokens; +- is one standard error over rounds; "
-             "the change is against the base. `exittrain` is the run's recipe (token loss + its tree term); the others train on "
-             "the same answers and steps with another tree term (`token_only`: none).", ""]
-    for key, title in ((key, title) for key, title in LAW_TITLES.items() if key in data["mean_gain"]):
-        present = set.union(*(set(p[key]["cells"]) for p in data["packs"].values())) - {"base"}
-        names = [n for n in ("exittrain", "token_only") if n in present] + sorted(present - {"exittrain", "token_only"})
-        lines += [f"**{title}**", "", "| pack | base | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-        for pack, p in data["packs"].items():
-            cells = []
-            for n in names:
-                cell, gain = p[key]["cells"].get(n), p[key]["gain"].get(n)
-                cells.append(f"{cell['tau']:.3f} ({pct(gain['gain'])} +- {100 * gain['se']:.1f}%)" if cell else "-")
-            base = p[key]["cells"]["base"]
-            lines.append(f"| {pack} | {base['tau']:.3f} +- {base['se']:.3f} | " + " | ".join(cells) + " |")
-        lines += ["", "Mean change over packs: " + ", ".join(f"{n} {pct(g)}" for n, g in data["mean_gain"][key].items()) + ".", ""]
-    return lines
+    return packs_section(data)

@@ -30,12 +30,12 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTraine
 from tev.data.corpus import load_split
 from tev.data.prompts import heldout_function_prompts, humaneval_prompts
 from tev.data.token_stream import encode_corpus
-from tev.engine.decode import DecodeConfig, autoregressive_generate
 from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig
+from tev.engine.decode import DecodeConfig, autoregressive_generate
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, fit_prompt
 from tev.engine.models import DEFAULT_PAIR, load_block_drafter
-from tev.train.card import refresh_card
+from tev.pipelines.card import refresh_card
 from tev.train.data import TrainData, save_train_data
 from tev.train.loop import TrainSettings, drafter_shape, fit_to_target, schedule_for, train, with_progress
 from tev.train.teacher import corpus_sequences, with_features

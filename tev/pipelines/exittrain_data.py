@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tev.train.data import DOMAINS, TrainData, load_train_data, save_train_data
-from tev.train.train_drafter import cached_conversations, split_conversations
 from tev.engine.models import DEFAULT_PAIR
+from tev.pipelines.train_drafter import cached_conversations, split_conversations
+from tev.train.data import DOMAINS, TrainData, load_train_data, save_train_data
 
 __all__ = ["conversation_data", "build_chat_exittrain_data", "load_chat_exittrain_data", "exittrain_data_command"]
 
@@ -34,15 +34,15 @@ def _first_per_domain(data: TrainData, per_domain: int) -> TrainData:
 
 
 def conversation_data(conversations, max_response_tokens: int, min_anchors: int = 8) -> TrainData:
-    """Chat conversations (a :class:`tev.train.teacher.ChatSequences`) as training data: each
+    """Chat conversations (:func:`tev.train.teacher.write_responses`) as training data: each
     cut to its prompt and at most ``max_response_tokens`` of its response; a conversation with
     fewer than ``min_anchors`` anchors is left out."""
-    kept = [i for i, (ids, start) in enumerate(zip(conversations.token_ids, conversations.prompt_lengths))
-            if min(len(ids), start + max_response_tokens) - start >= min_anchors]
+    sequences, starts = conversations.sequences, conversations.prompt_lengths.tolist()
+    kept = [i for i, (ids, start) in enumerate(zip(sequences, starts)) if min(len(ids), start + max_response_tokens) - start >= min_anchors]
     if not kept:
         raise ValueError(f"no conversation has a response of {min_anchors} tokens or more")
-    rows = [conversations.token_ids[i][: conversations.prompt_lengths[i] + max_response_tokens] for i in kept]
-    return TrainData.from_lists(rows, [conversations.prompt_lengths[i] for i in kept], PAD_ID, [conversations.domains[i] for i in kept])
+    rows = [sequences[i][: starts[i] + max_response_tokens] for i in kept]
+    return TrainData.from_lists(rows, [starts[i] for i in kept], PAD_ID, [conversations.domains[i] for i in kept])
 
 
 def build_chat_exittrain_data(work: Path, per_domain: int, response_tokens: int, min_anchors: int = 16) -> dict[str, TrainData]:

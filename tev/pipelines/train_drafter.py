@@ -32,16 +32,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tev.data.prompts import load_prompt_set
-from tev.engine.default_target import DEFAULT_TARGET_NAME, ensure_default_target
 from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig
+from tev.engine.default_target import DEFAULT_TARGET_NAME, ensure_default_target
 from tev.engine.path_drafter import drafter_model_class, tree_drafter_of
 from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_causal_lm, load_tokenizer
 from tev.engine.prompt_text import ChatTemplate
-from tev.train.teacher import ChatSequences, target_features, write_requests, write_responses
-from tev.train.card import refresh_card
+from tev.pipelines.card import refresh_card
 from tev.train.data import SoftLabels, TrainData
 from tev.train.loop import TrainSettings, drafter_shape, fit_to_target, heldout_loss, install_drafter, train, with_progress
+from tev.train.teacher import target_features, write_requests, write_responses
 from tev.util.files import atomic_folder, write_text_atomic
 from tev.util.paths import REPO_ROOT, assets_dir
 from tev.util.precision import low_precision
@@ -105,10 +105,10 @@ QUICK_RECIPE = DrafterRecipe(
 
 
 # --------------------------------------------------------------------------- data
-def draft_vocabulary(conversations: ChatSequences, size: int, always: tuple[int, ...] = ()) -> tuple[torch.Tensor, float]:
+def draft_vocabulary(conversations: TrainData, size: int, always: tuple[int, ...] = ()) -> tuple[torch.Tensor, float]:
     """The ``size`` most frequent response tokens (plus ``always``), and their share of all response tokens."""
     counts = Counter()
-    for ids, start in zip(conversations.token_ids, conversations.prompt_lengths):
+    for ids, start in zip(conversations.sequences, conversations.prompt_lengths.tolist()):
         counts.update(ids[start:])
     chosen = [token for token in always]
     for token, _ in counts.most_common():
@@ -122,14 +122,14 @@ def draft_vocabulary(conversations: ChatSequences, size: int, always: tuple[int,
 
 
 # --------------------------------------------------------------------------- the command
-def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: list[str], progress: bool = True) -> ChatSequences:
+def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: list[str], progress: bool = True) -> TrainData:
     """Every shard's conversations, from the cache in ``work/shard-NNN/`` where present.
 
     A shard's requests never repeat an earlier shard's or an ``exclude`` text (the held-out
     evaluation prompts); its responses are saved after every generation batch, so a stopped
     run loses at most one batch.
     """
-    parts: list[ChatSequences] = []
+    parts: list[TrainData] = []
     written: list[str] = []
     for shard in range(recipe.shards):
         folder = work / f"shard-{shard:03d}"
@@ -149,19 +149,19 @@ def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: 
             return write_responses(target, tokenizer, [tuple(r) for r in requests], recipe.response_tokens, seed + 1,
                                    recipe.greedy_share, batch=recipe.generation_batch, progress=progress, done=done, on_batch=save).to_json()
 
-        parts.append(ChatSequences.from_json(_stage_json(folder / "conversations.json", write)))
+        parts.append(TrainData.from_json(_stage_json(folder / "conversations.json", write)))
         partial.unlink(missing_ok=True)
-    return ChatSequences.concat(parts)
+    return TrainData.concat(parts)
 
 
-def split_conversations(conversations: ChatSequences, recipe: DrafterRecipe) -> tuple[ChatSequences, ChatSequences]:
+def split_conversations(conversations: TrainData, recipe: DrafterRecipe) -> tuple[TrainData, TrainData]:
     """(train, held-out) parts of every shard's conversations; the held-out ones are a seeded
     random subset, so greedy and sampled answers are in both parts."""
     order = torch.randperm(len(conversations), generator=torch.Generator().manual_seed(recipe.seed + 2)).tolist()
-    return conversations.take(order).split(recipe.heldout_requests)
+    return conversations.select(order).split(recipe.heldout_requests)
 
 
-def cached_conversations(work: Path) -> tuple[ChatSequences, DrafterRecipe]:
+def cached_conversations(work: Path) -> tuple[TrainData, DrafterRecipe]:
     """Every shard's conversations a finished ``train-drafter`` run left in ``work``, and its recipe."""
     recipe_path = work / "recipe.json"
     if not recipe_path.is_file():
@@ -172,8 +172,8 @@ def cached_conversations(work: Path) -> tuple[ChatSequences, DrafterRecipe]:
         path = work / f"shard-{shard:03d}" / "conversations.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: the train-drafter run in {work} did not finish its data")
-        parts.append(ChatSequences.from_json(json.loads(path.read_text())))
-    return ChatSequences.concat(parts), recipe
+        parts.append(TrainData.from_json(json.loads(path.read_text())))
+    return TrainData.concat(parts), recipe
 
 
 def _cached_features(folder: Path, target, ids, lengths, layers, vocab, soft_top: int, progress: bool):
@@ -251,7 +251,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     t = time.time()
     datasets = {}
     for name, part in (("train", train_part), ("heldout", heldout_part)):
-        data = datasets[name] = TrainData.from_lists(part.token_ids, part.prompt_lengths, template.end_of_turn)
+        data = datasets[name] = TrainData.from_lists(part.sequences, part.prompt_lengths.tolist(), template.end_of_turn)
         data.features, data.soft = _cached_features(work / f"features-{name}", target, data.token_ids, data.lengths, drafter_config.feature_layers, vocab,
                                                     recipe.train.soft_top, progress)
     timings["features_s"] = time.time() - t
@@ -275,7 +275,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
         "command": command,
         "data": {
             "conversations": len(train_part), "heldout_conversations": len(heldout_part),
-            "train_anchors": int(datasets["train"].anchors.shape[0]), "response_tokens": train_part.response_tokens(),
+            "train_anchors": int(datasets["train"].anchors.shape[0]), "response_tokens": train_part.response_tokens,
             "domains": dict(Counter(train_part.domains)), "draft_vocab": int(vocab.numel()), "draft_vocab_coverage": coverage,
             "sample_requests": train_part.requests[:6],
         },

@@ -1,7 +1,7 @@
 """``python -m tev exittrain``: fine-tune a pair's block drafter with ExitTrain, optionally ship it.
 
 The training data: for the default (chat) pair, its shipped conversations
-(:mod:`tev.train.exittrain_data`, optionally one domain); for the tiny pair, target-regenerated
+(:mod:`tev.pipelines.exittrain_data`, optionally one domain); for the tiny pair, target-regenerated
 corpus sequences, cached under ``runs/exittrain-data`` by their settings and the target's weights.
 """
 
@@ -21,9 +21,9 @@ from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, format_tau_table
 from tev.engine.models import default_pair, load_bundle, shipped_drafter
-from tev.train.card import refresh_card
+from tev.pipelines.card import refresh_card
+from tev.pipelines.exittrain_data import load_chat_exittrain_data
 from tev.train.data import TrainData
-from tev.train.exittrain_data import load_chat_exittrain_data
 from tev.train.experiment import Experiment, heldout_trees
 from tev.train.loop import TrainSettings, install_drafter, train, with_progress
 from tev.train.teacher import corpus_sequences

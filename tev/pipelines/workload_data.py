@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 from tev.engine.prompt_text import check_prompt_text
-from tev.train.teacher import WorkloadAnswers
+from tev.train.data import TrainData
 
 __all__ = ["MIN_PROMPTS", "MIN_HELDOUT", "MAX_PROMPT_CHARS", "load_workload", "check_workload", "split_workload", "extend_draft_vocab"]
 
@@ -62,7 +62,7 @@ def split_workload(prompts: list[str], seed: int = 0) -> tuple[list[str], list[s
     return train, heldout
 
 
-def extend_draft_vocab(drafter, answers: WorkloadAnswers, limit: int = 512) -> list[int]:
+def extend_draft_vocab(drafter, answers: TrainData, limit: int = 512) -> list[int]:
     """Add the answers' tokens the drafter's draft vocabulary lacks (the most frequent first, at
     most ``limit``), in place; returns the added token ids.
 
@@ -74,7 +74,7 @@ def extend_draft_vocab(drafter, answers: WorkloadAnswers, limit: int = 512) -> l
         return []
     have = set(drafter.draft_vocab.tolist())
     counts: dict[int, int] = {}
-    for sequence, start in zip(answers.sequences, answers.prompt_lengths):
+    for sequence, start in zip(answers.sequences, answers.prompt_lengths.tolist()):
         for token in sequence[start:]:
             if token not in have:
                 counts[token] = counts.get(token, 0) + 1

@@ -13,11 +13,11 @@ import jinja2
 
 from tev.engine.evaluation import format_tau_table
 from tev.engine.models import DEFAULT_PAIR
+from tev.pipelines.workload_report import CARD_NAMES, card_rows
 from tev.util.files import write_text_atomic
 
-__all__ = ["load_report", "render_card", "refresh_card", "workload_rows", "WORKLOAD_NAMES"]
+__all__ = ["load_report", "render_card", "refresh_card"]
 
-WORKLOAD_NAMES = {"exittrain": "adapted (token loss + tree term)", "token_only": "token-only control"}
 _ENVIRONMENT = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), trim_blocks=True, lstrip_blocks=True,
                                   keep_trailing_newline=True, undefined=jinja2.StrictUndefined, autoescape=False)
 _ENVIRONMENT.filters["f"] = format  # {{ x|f('.3f') }}
@@ -72,24 +72,6 @@ def _exittrain(entry: dict, data: str) -> dict:
             "base_note": entry.get("base_note")}  # which base it was fine-tuned from, when not the shipped one
 
 
-def workload_rows(workloads: dict) -> list[list[str]]:
-    """One table row per pack and temperature: tau and its change for each of :data:`WORKLOAD_NAMES`."""
-    rows = []
-    for pack, entry in sorted(workloads.items()):
-        result = entry["result"]
-        for key, temperature in (("T0", "0"), ("T0.7", "0.7, top-p 0.9"), ("T1", "1")):
-            if key not in result:  # runs before 2026-12-05 measured T = 0 and T = 1 only
-                continue
-            base, gain = result[key]["base"], result["gain"][key]
-            cells = [f"{result[key][name]['tau']:.3f} ({100 * gain[name]['gain']:+.1f}% +- {100 * gain[name]['se']:.1f}%)" if name in gain else "-"
-                     for name in WORKLOAD_NAMES]
-            others = ", ".join(f"{name} {100 * g['gain']:+.1f}%" for name, g in gain.items() if name not in WORKLOAD_NAMES) or "-"
-            first = key == "T0"
-            rows.append([pack if first else "", entry["task"] if first else "", temperature, f"{base['tau']:.3f} +- {base['se']:.3f}", *cells,
-                         others, f"{result['minutes']:.1f}" if first else ""])
-    return rows
-
-
 def _after_best(best: dict, checks: list[dict], data: dict) -> str:
     """What the held-out loss did after the kept step: still falling, level, or rising."""
     if best["step"] == checks[-1]["step"]:
@@ -112,7 +94,7 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
               # builds before the drafter's TrainSettings named its steps and batch at the top
               "tiny_training": cfg.get("drafter_training") or {"steps": cfg["drafter_steps"], "batch": cfg["drafter_batch"]},
               "final_loss": report["drafter"]["history"][-1].get("running_loss", report["drafter"]["history"][-1]["loss"]),  # builds before one loop kept "loss"
-              "default_pair": default_pair, "workload_names": WORKLOAD_NAMES, "workloads": workload_rows(workloads) if workloads else None,
+              "default_pair": default_pair, "workload_names": CARD_NAMES, "workloads": card_rows(workloads) if workloads else None,
               "workload_commands": sorted({entry["command"] for entry in (workloads or {}).values()}),
               "default_exittrain": _exittrain(default_exittrain, "conversations the target wrote itself") if default_exittrain else None,
               "tiny_exittrain": _exittrain(report["exittrain"], "target-regenerated sequences") if report.get("exittrain") else None}

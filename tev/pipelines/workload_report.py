@@ -1,0 +1,153 @@
+"""A workload adaptation's result in words and tables, written once: the laws it is measured at and
+their titles, each drafter's label, the verdict sentences, the command's summary, the ExitTrain tab's
+table, the model card's rows and the claims report's section.
+
+A result (:func:`tev.pipelines.workload.adaptation`) holds, per law key of :data:`LAWS`, a cell
+``{"tau", "se"}`` per drafter (``base``, ``exittrain``: the run's recipe, and its controls named by
+tree term, ``token_only`` for none) and under ``gain`` each drafter's change against the base.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tev.core.sampling import SamplingLaw
+from tev.util.stats import change_in_words
+
+__all__ = ["LAWS", "LAW_TITLES", "LAW_COLUMNS", "CARD_NAMES", "model_label", "verdict_lines", "summary_lines", "result_table", "card_rows",
+           "packs_section"]
+
+# The held-out laws: greedy, the law the page opens at, and plain sampling.
+LAWS = {"T0": SamplingLaw(0.0), "T0.7": SamplingLaw(0.7, top_p=0.9), "T1": SamplingLaw(1.0)}
+LAW_TITLES = {"T0": "T = 0 (greedy)", "T0.7": "T = 0.7, top-p 0.9 (TEV; the page's law)", "T1": "T = 1 (TEV)"}  # the claims report's headings
+LAW_COLUMNS = {"T0": "0", "T0.7": "0.7, top-p 0.9", "T1": "1"}  # the model card's T column
+CARD_NAMES = {"exittrain": "adapted (token loss + tree term)", "token_only": "token-only control"}  # the card's own columns
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%" if math.isfinite(x) else "n/a"
+
+
+def _change(cell: dict, gain: dict) -> str:
+    """``tau (+g% +- s%)``: a drafter's cell with its change against the base."""
+    return f"{cell['tau']:.3f} ({_pct(gain['gain'])} +- {100 * gain['se']:.1f}%)"
+
+
+def model_label(name: str, settings: dict) -> str:
+    """What a drafter of a workload result is, in words: ``exittrain`` is the run's recipe (its
+    tree term in ``settings``, possibly none), the others are controls named by their tree term."""
+    lam = f"lambda {settings['lambda_tree']:g}"
+    if name == "base":
+        return "base (the shipped drafter)"
+    if name == "exittrain":
+        return "adapted (token loss only)" if settings["tree_term"] == "none" else f"adapted (token loss + {settings['tree_term']} term, {lam})"
+    return "token-only control" if name == "token_only" else f"control: token loss + {name} term ({lam})"
+
+
+def _tree_against_token(result: dict, key: str):
+    """(the tree-term drafter's name, its gain, the token-only drafter's gain) at law ``key``, or
+    None when the run did not train both (the recipe may be either of the two)."""
+    gains = result["gain"][key]
+    if result["settings"]["tree_term"] == "none":
+        tree = next((name for name in gains if name not in ("exittrain", "token_only")), None)
+        return (tree, gains[tree], gains["exittrain"]) if tree else None
+    return ("exittrain", gains["exittrain"], gains["token_only"]) if "token_only" in gains else None
+
+
+def _tree_term_words(result: dict, key: str) -> str:
+    """Whether the tree term adds to the token loss at law ``key`` (empty when the run did not train both)."""
+    pair = _tree_against_token(result, key)
+    if pair is None:
+        return ""
+    tree_name, tree, token = pair
+    difference, se = tree["gain"] - token["gain"], math.hypot(tree["se"], token["se"])
+    other = "the token-only control" if tree_name == "exittrain" else f"the {tree_name}-term control"
+    if abs(difference) <= 2 * se:
+        return (f"; {other} gained as much (within two standard errors): the gain comes from the target's own answers "
+                "(the token loss), and the tree term adds no measurable gain here")
+    return (f"; the tree term {'adds' if difference > 0 else 'costs'} {100 * abs(difference):.1f}% +- {100 * se:.1f}% against "
+            "the token loss alone (outside two standard errors)")
+
+
+def verdict_lines(result: dict) -> list[str]:
+    """The run's verdict in sentences that follow its numbers: the sentence saying why when it
+    compared nothing; else the adapted drafter's change at each law and, only where that is a gain
+    outside two standard errors, whether the tree term adds to the token loss there (the recipe and
+    its control are the two: token loss only, and token loss + a tree term)."""
+    if not result["compared"]:
+        return [result["note"]]
+    lines = []
+    for key in LAWS:
+        ours = result["gain"][key]["exittrain"]
+        line = f"At {result['laws'][key]} the adapted drafter's held-out tau: {change_in_words(ours['gain'], ours['se'])}"
+        if ours["gain"] > 2 * ours["se"]:
+            line += _tree_term_words(result, key)
+        lines.append(line + ".")
+    if not any(result["gain"][key]["exittrain"]["gain"] > 2 * result["gain"][key]["exittrain"]["se"] for key in LAWS):
+        lines.append("No gain outside two standard errors at any law, so nothing here says where one would come from.")
+    return lines
+
+
+def summary_lines(result: dict) -> list[str]:
+    """The command line's summary of a run: what it answered, decoded and trained, its pace, each
+    measured law's cells with their changes, then :func:`verdict_lines`."""
+    lines = [f"{result['train_prompts']} training prompts answered ({result['answer_tokens']} tokens) of {result['train_prompts_offered']}, "
+             f"{result['heldout_prompts']} held out ({result['eval_prompts']} decoded); {result['steps']} steps; "
+             f"{result['minutes']:.1f} min (budget {result['minutes_budget']:g})",
+             "pace: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in result["pace"].items())]
+    for key in (key for key in LAWS if result[key]):  # nothing at all is measured when the first held-out prompt did not fit
+        base = result[key]["base"]
+        parts = [f"base {base['tau']:.3f} +- {base['se']:.3f}"]
+        parts += [f"{name} {cell['tau']:.3f} +- {cell['se']:.3f} ({_pct(result['gain'][key][name]['gain'])} +- {100 * result['gain'][key][name]['se']:.1f}%)"
+                  for name, cell in result[key].items() if name != "base"]
+        lines.append(f"{result['laws'][key]} (B = {result['budget']}, {result['max_new_tokens']} new tokens): " + "; ".join(parts))
+    return lines + verdict_lines(result)
+
+
+def result_table(result: dict) -> str:
+    """The held-out comparison as markdown (the ExitTrain tab's), each change with its verdict in
+    words, then the run's verdict sentences (:func:`verdict_lines`: they follow the numbers)."""
+    measured = result.get("eval_prompts", result["heldout_prompts"])
+    lines = [f"Held-out: {result['heldout_prompts']} prompts never trained on ({measured} of them decoded); B = {result['budget']}, {result['max_new_tokens']} new tokens, "
+             f"TEV when sampling, greedy at T = 0; +- is one standard error over rounds.", "",
+             "| law | drafter | tau | change against the base |", "|---|---|---|---|"]
+    for key in LAWS:
+        for name, cell in result[key].items():
+            change = "" if name == "base" else change_in_words(result["gain"][key][name]["gain"], result["gain"][key][name]["se"])
+            lines.append(f"| {result['laws'][key]} | {model_label(name, result['settings'])} | {cell['tau']:.3f} +- {cell['se']:.3f} | {change} |")
+    lines += ["", f"The target answered {result['train_prompts']} training prompts ({result['answer_tokens']} tokens); {result['vocab_added']} of their "
+              f"tokens joined the draft vocabulary; {result['steps']} fine-tune steps; {result['minutes']:.1f} min in all (of {result['minutes_budget']:g}).", ""]
+    return "\n".join(lines + verdict_lines(result))
+
+
+def card_rows(workloads: dict) -> list[list[str]]:
+    """The model card's table: one row per pack and law, tau and its change for each of :data:`CARD_NAMES`."""
+    rows = []
+    for pack, entry in sorted(workloads.items()):
+        result = entry["result"]
+        for key in (key for key in LAWS if key in result):  # runs before 2026-12-05 measured T = 0 and T = 1 only
+            base, gain = result[key]["base"], result["gain"][key]
+            cells = [_change(result[key][name], gain[name]) if name in gain else "-" for name in CARD_NAMES]
+            others = ", ".join(f"{name} {_pct(g['gain'])}" for name, g in gain.items() if name not in CARD_NAMES) or "-"
+            first = key == "T0"
+            rows.append([pack if first else "", entry["task"] if first else "", LAW_COLUMNS[key], f"{base['tau']:.3f} +- {base['se']:.3f}", *cells,
+                         others, f"{result['minutes']:.1f}" if first else ""])
+    return rows
+
+
+def packs_section(data: dict) -> list[str]:
+    """The claims report's markdown over packs (``{"packs", "mean_gain"}``): per law, tau of every
+    drafter on each pack with its change, then the mean change over packs."""
+    lines = ["Held-out prompts (a quarter of each pack, never trained on), B = 16, 64 new tokens; +- is one standard error over rounds; "
+             "the change is against the base. `exittrain` is the run's recipe (token loss + its tree term); the others train on "
+             "the same answers and steps with another tree term (`token_only`: none).", ""]
+    for key, title in ((key, title) for key, title in LAW_TITLES.items() if key in data["mean_gain"]):
+        present = set.union(*(set(p[key]["cells"]) for p in data["packs"].values())) - {"base"}
+        names = [n for n in ("exittrain", "token_only") if n in present] + sorted(present - {"exittrain", "token_only"})
+        lines += [f"**{title}**", "", "| pack | base | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+        for pack, p in data["packs"].items():
+            cells = [_change(p[key]["cells"][n], p[key]["gain"][n]) if n in p[key]["cells"] else "-" for n in names]
+            base = p[key]["cells"]["base"]
+            lines.append(f"| {pack} | {base['tau']:.3f} +- {base['se']:.3f} | " + " | ".join(cells) + " |")
+        lines += ["", "Mean change over packs: " + ", ".join(f"{n} {_pct(g)}" for n, g in data["mean_gain"][key].items()) + ".", ""]
+    return lines
