@@ -109,7 +109,7 @@ def _add_bench_e2e(kinds) -> None:
     parser.add_argument("--budgets", type=budget_value, nargs="+", default=[8, 16, 32, 64], help="node counts and/or auto")
     add_budget_cap_argument(parser)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--methods", nargs="+", default=None, metavar="DRAFTER+VERIFIER", help="the project's methods to run (default: chain+tev block+predraw block+tev; at T = 0 each runs greedy)")
+    parser.add_argument("--methods", nargs="+", default=None, metavar="DRAFTER+VERIFIER", help="the project's methods to run (default: chain+tev block+predraw block+tev path+tev, each where the pair has its drafter; at T = 0 each runs greedy)")
     add_truncation_arguments(parser)
     parser.add_argument("--prompts", default=None, help="prompt set in assets/prompts: chat (dialogue, code, math; the default for a chat target), heldout, humaneval")
     parser.add_argument("--num-prompts", type=int, default=12, help="prompts used, spread evenly over the set (and so over its domains)")

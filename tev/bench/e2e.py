@@ -35,6 +35,7 @@ E2E_METHODS = (
     ("chain", "tev"),
     ("block", "predraw"),
     ("block", "tev"),
+    ("path", "tev"),  # run where the pair ships a path drafter
 )
 
 
