@@ -1,7 +1,7 @@
 """The decode loop: one :func:`~tev.engine.round.speculation_round` after another, with the stop rules.
 
 :func:`speculative_generate` is a generator: it yields one :class:`RoundRecord` per round and
-finally one :class:`GenerationSummary`. :func:`autoregressive_generate` is the baseline with
+returns the :class:`GenerationSummary` (PEP 380: ``summary = yield from ...``). :func:`autoregressive_generate` is the baseline with
 the same sampling. ``p`` is the target, ``q`` the drafter.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Generator
 
 import torch
 
@@ -228,8 +228,8 @@ class _Output:
 
 def speculative_generate(
     request: Request, tokenizer=None, should_stop: Callable[[], bool] | None = None, auto: AutoBudget | None = None
-) -> Iterator[RoundRecord | GenerationSummary]:
-    """Generate with tree speculation; yields a RoundRecord per round, then the summary.
+) -> Generator[RoundRecord, None, GenerationSummary]:
+    """Generate with tree speculation; yields a RoundRecord per round and returns the summary.
 
     Args:
         request: the target, the drafter, the prompt and the settings (checked as it was made).
@@ -288,7 +288,7 @@ def speculative_generate(
         paused += time.perf_counter() - suspended_at  # the consumer's time is not generation time
         index += 1
     seconds = time.perf_counter() - start - paused
-    yield GenerationSummary(
+    return GenerationSummary(
         prompt_ids=prompt,
         token_ids=list(output.tokens),
         text=output.text,
@@ -359,11 +359,15 @@ def autoregressive_generate(
     )
 
 
-def run_to_end(events) -> tuple[list[RoundRecord], GenerationSummary]:
-    """Drain a :func:`speculative_generate` generator: (round records, summary)."""
+def run_to_end(rounds, each: Callable[[RoundRecord], None] | None = None) -> tuple[list[RoundRecord], GenerationSummary]:
+    """Drain a :func:`speculative_generate` generator: (round records, the summary it returned).
+    ``each`` sees every record as it arrives (a progress bar, the text so far)."""
     records = []
-    for event in events:
-        if isinstance(event, GenerationSummary):
-            return records, event
-        records.append(event)
-    raise RuntimeError("the generation ended without a summary")
+    while True:
+        try:
+            record = next(rounds)
+        except StopIteration as end:
+            return records, end.value
+        records.append(record)
+        if each is not None:
+            each(record)

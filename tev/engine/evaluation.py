@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tqdm import tqdm
 
-from tev.engine.decode import DecodeConfig, GenerationSummary, Request, speculative_generate
+from tev.engine.decode import DecodeConfig, Request, speculative_generate
 from tev.engine.prompt_text import encode_chat, encode_prompt
 from tev.engine.session import max_positions
 from tev.util.stats import quantile, standard_error
@@ -36,12 +36,8 @@ def decode_rounds(target, tokenizer, drafter, ids: list[int], config: DecodeConf
     """One prompt decoded with tree speculation: yields each round's record and returns the
     :class:`GenerationSummary`, or None when ``should_stop`` ended the decoding first (a part of a
     prompt is not a measurement)."""
-    for event in speculative_generate(Request(target, drafter, ids, config), tokenizer, should_stop=should_stop):
-        if not isinstance(event, GenerationSummary):
-            yield event
-        elif event.stop_reason != "cancelled":
-            return event
-    return None
+    summary = yield from speculative_generate(Request(target, drafter, ids, config), tokenizer, should_stop=should_stop)
+    return None if summary.stop_reason == "cancelled" else summary
 
 
 def evaluation_rounds(
