@@ -21,6 +21,7 @@ from tev.engine.drafters import Drafter
 from tev.engine.prompt_text import check_prompt_ids
 from tev.engine.round import STAGES, RoundRecord, prefill, room_left, speculation_round
 from tev.engine.session import CausalLMSession, max_positions
+from tev.util.compute_thread import result_of
 from tev.util.timing import StageTimer
 
 __all__ = ["DecodeConfig", "Request", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "eos_token_id", "MAX_BUDGET", "MIN_TEMPERATURE"]
@@ -363,11 +364,10 @@ def run_to_end(rounds, each: Callable[[RoundRecord], None] | None = None) -> tup
     """Drain a :func:`speculative_generate` generator: (round records, the summary it returned).
     ``each`` sees every record as it arrives (a progress bar, the text so far)."""
     records = []
-    while True:
-        try:
-            record = next(rounds)
-        except StopIteration as end:
-            return records, end.value
+
+    def kept(record: RoundRecord) -> None:
         records.append(record)
         if each is not None:
             each(record)
+
+    return records, result_of(rounds, kept)
