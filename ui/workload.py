@@ -108,20 +108,9 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
         budget = minutes * 60
         run = adaptation(bundle, prompts, shipped_drafter(bundle.pair, "block"), minutes, workload_settings(term, DEFAULT_TREE_TERM[1]),
                          controls=(other_recipe(term),), progress=False)
-        outcome = None
         pieces = shared.SERVICE.compute.steps(run)  # a piece of work at a time: other users take turns
         try:
-            for name, info in pieces:
-                if cancel.cancelled:
-                    break
-                if name == "done":
-                    outcome = info
-                    break
-                elapsed = time.monotonic() - start
-                progress(min(0.99, elapsed / budget), desc=f"{name} · {elapsed:.0f} s of about {budget:.0f} s")
-                if name == "work" or (name == "step" and info["step"] % 10):
-                    continue
-                yield only(WorkloadView, status=_status(name, info, elapsed))
+            outcome = yield from _phases(pieces, cancel, start, budget, progress)
         except ValueError as error:
             raise _user_error(error) from None
         finally:
@@ -146,6 +135,24 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
         yield only(WorkloadView, status=f"finished in {result['minutes']:.1f} min; {kept}", table=table, tree_base=trees[0], tree_adapted=trees[1])
     finally:
         shared.EXITTRAIN_SLOT.release()
+
+
+def _phases(pieces, cancel: Cancel, start: float, budget: float, progress):
+    """A status view as each phase of the run ``pieces`` starts (a piece of work, and nine steps in
+    ten, show only on the progress bar); returns what the run returned (PEP 380), or None once
+    Cancel is pressed."""
+    while True:
+        try:
+            name, info = next(pieces)
+        except StopIteration as end:
+            return end.value
+        if cancel.cancelled:
+            return None
+        elapsed = time.monotonic() - start
+        progress(min(0.99, elapsed / budget), desc=f"{name} · {elapsed:.0f} s of about {budget:.0f} s")
+        if name == "work" or (name == "step" and info["step"] % 10):
+            continue
+        yield only(WorkloadView, status=_status(name, info, elapsed))
 
 
 PHASES = {  # what each phase of the run says while it runs
