@@ -12,7 +12,7 @@ import gradio as gr
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import DRAFTER_KINDS, shipped_drafter
 from tev.pipelines.workload import DEFAULT_TREE_TERM, EVAL_BUDGET, MIN_STEPS, adaptation, other_recipe, workload_settings
-from tev.pipelines.workload_report import result_table
+from tev.pipelines.workload_report import LAWS, PAGE_LAW, result_table
 from tev.pipelines.workload_data import check_workload, load_workload, split_workload
 from tev.service.adapted import ADAPTED_PREFIX, CAPACITY, MIN_ASKED, is_adapted
 from tev.service.service import LIMITS
@@ -164,7 +164,7 @@ PHASES = {  # what each phase of the run says while it runs
     "train": lambda i: f"fine-tuning {i['steps']} steps on {i['anchors']} anchors and {i['trees']} scored trees ({i['vocab_added']} new draft tokens)…",
     "step": lambda i: f"step {i['step']} · token loss {i['loss_tok']:.3f}",
     "evaluate": lambda i: f"decoding up to {i['prompts']} held-out prompts with {', '.join(i['drafters'])} (T = 0, T = 0.7 top-p 0.9, T = 1)…",
-    "evaluated": lambda i: f"held-out tau at T = 0.7, top-p 0.9: base {i['base']['T0.7']['tau']:.3f}, adapted {i['exittrain']['T0.7']['tau']:.3f}",
+    "evaluated": lambda i: f"held-out tau at {LAWS[PAGE_LAW].describe()}: base {i['base'][PAGE_LAW]['tau']:.3f}, adapted {i['exittrain'][PAGE_LAW]['tau']:.3f}",
     "mass": lambda i: "where the target's mass leaves each drafter's trees on the held-out answers…",
     "control": lambda i: f"control: {'token loss only' if i['tree_term'] == 'none' else 'token loss + ' + i['tree_term'] + ' term'} (same data, steps and seed)…",
 }
