@@ -1,8 +1,9 @@
 """The decode loop: one :func:`~tev.engine.round.speculation_round` after another, with the stop rules.
 
 :func:`speculative_generate` is a generator: it yields one :class:`RoundRecord` per round and
-returns the :class:`GenerationSummary` (PEP 380: ``summary = yield from ...``). :func:`autoregressive_generate` is the baseline with
-the same sampling. ``p`` is the target, ``q`` the drafter.
+returns the :class:`GenerationSummary` (PEP 380: ``summary = yield from ...``);
+:func:`run_to_end` takes both. :func:`autoregressive_generate` is the baseline with the same
+sampling. ``p`` is the target, ``q`` the drafter.
 """
 
 from __future__ import annotations
