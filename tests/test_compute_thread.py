@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tev.engine.decode import DecodeConfig, GenerationSummary, Request, speculative_generate
+from tev.engine.decode import DecodeConfig, Request, speculative_generate
 from tev.util.compute_thread import ComputeThread, result_of
 from tests.tiny import tiny_block_drafter, tiny_target
 
@@ -32,7 +32,7 @@ def test_two_requests_step_in_turn_in_the_compute_thread():
 
 
 def _tokens(events) -> list[int]:
-    return [token for event in events if not isinstance(event, GenerationSummary) for token in event.emitted]
+    return [token for record in events for token in record.emitted]
 
 
 def test_cancelling_one_request_leaves_the_other_as_it_runs_alone():

@@ -23,7 +23,7 @@ from tev.train.trees import ScoredTrees, TreeBatch
 from tev.train.trees import draft_logits as logits_at
 from tev.pipelines.workload import workload_settings
 from tev.pipelines.workload_data import MIN_PROMPTS, check_workload, extend_draft_vocab, load_workload, split_workload
-from tev.util.compute_thread import ComputeThread
+from tev.util.compute_thread import ComputeThread, result_of
 from tev.util.paths import REPO_ROOT
 from tests.tiny import CHAT_WORDS, save_chat_target, tiny_target, tiny_vocab_drafter
 
@@ -211,8 +211,9 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
     assets = _digest(REPO_ROOT / "assets")
     settings = dataclasses.replace(workload_settings("exit", steps=4), batch=8, tree_batch=4)
     run = workload_command.adaptation(bundle, prompts, base, minutes=5, settings=settings, controls=("none", "next-depth"), progress=False)
-    events = list(ComputeThread().steps(run))
-    result, adapted = events[-1][1]["result"], events[-1][1]["drafter"]
+    events = []
+    outcome = result_of(ComputeThread().steps(run), events.append)
+    result, adapted = outcome["result"], outcome["drafter"]
     # the run is small steps the server's compute thread takes in turn with other users' work: a held-out
     # decoding round (5 prompts x 3 laws x 4 drafters, each several rounds), a training step, an answer's scoring
     assert len(events) >= 5 * 3 * 4 + 3 * 4 + 15
@@ -255,7 +256,7 @@ def test_sampled_training_answers_follow_the_chosen_law_and_are_recorded(tmp_pat
     monkeypatch.setattr(workload_command, "EVAL_NEW_TOKENS", 4)
     settings = dataclasses.replace(workload_settings("exit", steps=2), batch=8, tree_batch=4)
     run = workload_command.adaptation(bundle, prompts, base, minutes=5, settings=settings, controls=(), progress=False, with_mass=False, answer_law="T0.7")
-    result = list(run)[-1][1]["result"]
+    result = result_of(run)["result"]
     assert result["answer_law"] == "T0.7"
     assert [law for law, _ in laws] == [workload_command.LAWS["T0.7"]] * len(laws) and len(laws) == 2  # the first answers, then the rest
     assert len({seed for _, seed in laws}) == 2  # each batch of answers its own seed

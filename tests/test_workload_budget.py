@@ -10,6 +10,7 @@ from tev.engine.models import load_bundle
 from tev.pipelines import workload as workload_command
 from tev.pipelines.workload import MIN_STEPS, Pace, plan_phases, workload_settings
 from tev.pipelines.workload_report import summary_lines
+from tev.util.compute_thread import result_of
 from tests.tiny import CHAT_WORDS, save_chat_target, tiny_vocab_drafter
 
 MINUTES = 5
@@ -81,8 +82,7 @@ def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: 
     monkeypatch.setattr(workload_command, "_decode_prompt", decoding)
     monkeypatch.setattr(workload_command, "EVAL_NEW_TOKENS", 6)
     settings = dataclasses.replace(workload_settings("exit"), batch=8, tree_batch=4)
-    events = list(workload_command.adaptation(bundle, prompts, base, MINUTES, settings, controls=("none",), progress=False, with_mass=with_mass, clock=clock))
-    result = events[-1][1]["result"]
+    result = result_of(workload_command.adaptation(bundle, prompts, base, MINUTES, settings, controls=("none",), progress=False, with_mass=with_mass, clock=clock))["result"]
     assert clock.now == pytest.approx(result["minutes"] * 60)
     assert result["minutes"] <= 1.1 * MINUTES  # the minutes hold, whatever the pace
     return result

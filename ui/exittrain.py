@@ -20,6 +20,7 @@ from tev.service.service import LIMITS, UserInputError, check_number
 from tev.pipelines.card import load_report
 from tev.train.data import DOMAINS
 from tev.train.losses import TREE_TERMS
+from tev.util.compute_thread import result_of
 from tev.util.stats import change_in_words
 from ui import gpu, shared
 from ui.components import checked_event
@@ -197,8 +198,7 @@ def _compare(bundle, drafters: dict, prompts: list[dict], max_new_tokens: int):
     rows, lines = [], ["| drafter | T | tau | 1 + C | per-prompt tau q25-q75 |", "|---|---|---|---|---|"]
     for name, drafter in drafters.items():
         events = evaluation_rounds(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(32,), temperatures=(0.0, 1.0), max_new_tokens=max_new_tokens, progress=False)
-        for measured in shared.SERVICE.compute.steps(events):  # a step per round: other users take turns
-            pass  # round records, then the rows
+        measured = result_of(shared.SERVICE.compute.steps(events))  # a step per round: other users take turns
         for row in measured:
             rows.append({"drafter": name, "temperature": row["temperature"], "tau": row["tau"], "tau_se": row["tau_se"], "tau_q25": row["prompt_tau_q25"], "tau_q75": row["prompt_tau_q75"]})
             lines.append(f"| {name} | {row['temperature']:g} | {row['tau']:.3f} +- {row['tau_se']:.3f} | {row['tau_bound']:.3f} | {row['prompt_tau_q25']:.2f}-{row['prompt_tau_q75']:.2f} |")

@@ -7,7 +7,6 @@ import dataclasses
 import sys
 import threading
 import time
-from collections import OrderedDict
 from typing import Any, NamedTuple
 
 import gradio as gr
@@ -21,6 +20,7 @@ from tev.service.adapted import drafter_kind, is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, check_settings, records_to_json
 from ui import gpu, shared
 from tev.util.compute_thread import result_of
+from tev.util.lru import LRU
 from ui.components import as_text, checked_event, once_per_click
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
 from ui.workload import chosen_drafter, remember_asked
@@ -169,20 +169,13 @@ def _round_figures(records, index: int):
 
 
 # Each browser session's Stop flag: Generate clears it (arm_stop), Stop sets it, the running
-# generation polls it between rounds and ends as a finished run would, its figures kept.
-_STOP_FLAGS: OrderedDict[str, threading.Event] = OrderedDict()
-_STOP_FLAGS_KEPT = 1024
-_STOP_LOCK = threading.Lock()
+# generation polls it between rounds and ends as a finished run would, its figures kept; the
+# 1024 most recently used sessions keep theirs.
+_STOP_FLAGS: LRU[str, threading.Event] = LRU(1024)
 
 
 def _stop_flag(request) -> threading.Event:
-    key = shared.session_of(request)
-    with _STOP_LOCK:
-        flag = _STOP_FLAGS.pop(key, None) or threading.Event()
-        _STOP_FLAGS[key] = flag  # most recent last
-        while len(_STOP_FLAGS) > _STOP_FLAGS_KEPT:
-            _STOP_FLAGS.popitem(last=False)
-        return flag
+    return _STOP_FLAGS.get_or_put(shared.session_of(request), threading.Event)
 
 
 def arm_stop(request: gr.Request):

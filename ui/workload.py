@@ -12,7 +12,7 @@ import gradio as gr
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import DRAFTER_KINDS, shipped_drafter
 from tev.pipelines.workload import DEFAULT_TREE_TERM, EVAL_BUDGET, MIN_STEPS, adaptation, other_recipe, workload_settings
-from tev.pipelines.workload_report import result_table
+from tev.pipelines.workload_report import LAWS, PAGE_LAW, result_table
 from tev.pipelines.workload_data import check_workload, load_workload, split_workload
 from tev.service.adapted import ADAPTED_PREFIX, CAPACITY, MIN_ASKED, is_adapted
 from tev.service.service import LIMITS
@@ -108,20 +108,9 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
         budget = minutes * 60
         run = adaptation(bundle, prompts, shipped_drafter(bundle.pair, "block"), minutes, workload_settings(term, DEFAULT_TREE_TERM[1]),
                          controls=(other_recipe(term),), progress=False)
-        outcome = None
         pieces = shared.SERVICE.compute.steps(run)  # a piece of work at a time: other users take turns
         try:
-            for name, info in pieces:
-                if cancel.cancelled:
-                    break
-                if name == "done":
-                    outcome = info
-                    break
-                elapsed = time.monotonic() - start
-                progress(min(0.99, elapsed / budget), desc=f"{name} · {elapsed:.0f} s of about {budget:.0f} s")
-                if name == "work" or (name == "step" and info["step"] % 10):
-                    continue
-                yield only(WorkloadView, status=_status(name, info, elapsed))
+            outcome = yield from _phases(pieces, cancel, start, budget, progress)
         except ValueError as error:
             raise _user_error(error) from None
         finally:
@@ -148,6 +137,24 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
         shared.EXITTRAIN_SLOT.release()
 
 
+def _phases(pieces, cancel: Cancel, start: float, budget: float, progress):
+    """A status view as each phase of the run ``pieces`` starts (a piece of work, and nine steps in
+    ten, show only on the progress bar); returns what the run returned (PEP 380), or None once
+    Cancel is pressed."""
+    while True:
+        try:
+            name, info = next(pieces)
+        except StopIteration as end:
+            return end.value
+        if cancel.cancelled:
+            return None
+        elapsed = time.monotonic() - start
+        progress(min(0.99, elapsed / budget), desc=f"{name} · {elapsed:.0f} s of about {budget:.0f} s")
+        if name == "work" or (name == "step" and info["step"] % 10):
+            continue
+        yield only(WorkloadView, status=_status(name, info, elapsed))
+
+
 PHASES = {  # what each phase of the run says while it runs
     "answers": lambda i: f"the target answers {i['prompts']} training prompts…",
     "pace": lambda i: f"{i['answer']:.1f} s an answer; timing a held-out prompt, scoring and two training steps to plan the rest…",
@@ -157,7 +164,7 @@ PHASES = {  # what each phase of the run says while it runs
     "train": lambda i: f"fine-tuning {i['steps']} steps on {i['anchors']} anchors and {i['trees']} scored trees ({i['vocab_added']} new draft tokens)…",
     "step": lambda i: f"step {i['step']} · token loss {i['loss_tok']:.3f}",
     "evaluate": lambda i: f"decoding up to {i['prompts']} held-out prompts with {', '.join(i['drafters'])} (T = 0, T = 0.7 top-p 0.9, T = 1)…",
-    "evaluated": lambda i: f"held-out tau at T = 0.7, top-p 0.9: base {i['base']['T0.7']['tau']:.3f}, adapted {i['exittrain']['T0.7']['tau']:.3f}",
+    "evaluated": lambda i: f"held-out tau at {LAWS[PAGE_LAW].describe()}: base {i['base'][PAGE_LAW]['tau']:.3f}, adapted {i['exittrain'][PAGE_LAW]['tau']:.3f}",
     "mass": lambda i: "where the target's mass leaves each drafter's trees on the held-out answers…",
     "control": lambda i: f"control: {'token loss only' if i['tree_term'] == 'none' else 'token loss + ' + i['tree_term'] + ' term'} (same data, steps and seed)…",
 }

@@ -1,8 +1,9 @@
 """The decode loop: one :func:`~tev.engine.round.speculation_round` after another, with the stop rules.
 
 :func:`speculative_generate` is a generator: it yields one :class:`RoundRecord` per round and
-finally one :class:`GenerationSummary`. :func:`autoregressive_generate` is the baseline with
-the same sampling. ``p`` is the target, ``q`` the drafter.
+returns the :class:`GenerationSummary` (PEP 380: ``summary = yield from ...``);
+:func:`run_to_end` takes both. :func:`autoregressive_generate` is the baseline with the same
+sampling. ``p`` is the target, ``q`` the drafter.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Generator
 
 import torch
 
@@ -21,6 +22,7 @@ from tev.engine.drafters import Drafter
 from tev.engine.prompt_text import check_prompt_ids
 from tev.engine.round import STAGES, RoundRecord, prefill, room_left, speculation_round
 from tev.engine.session import CausalLMSession, max_positions
+from tev.util.compute_thread import result_of
 from tev.util.timing import StageTimer
 
 __all__ = ["DecodeConfig", "Request", "GenerationSummary", "speculative_generate", "autoregressive_generate", "run_to_end", "eos_token_id", "MAX_BUDGET", "MIN_TEMPERATURE"]
@@ -228,8 +230,8 @@ class _Output:
 
 def speculative_generate(
     request: Request, tokenizer=None, should_stop: Callable[[], bool] | None = None, auto: AutoBudget | None = None
-) -> Iterator[RoundRecord | GenerationSummary]:
-    """Generate with tree speculation; yields a RoundRecord per round, then the summary.
+) -> Generator[RoundRecord, None, GenerationSummary]:
+    """Generate with tree speculation; yields a RoundRecord per round and returns the summary.
 
     Args:
         request: the target, the drafter, the prompt and the settings (checked as it was made).
@@ -288,7 +290,7 @@ def speculative_generate(
         paused += time.perf_counter() - suspended_at  # the consumer's time is not generation time
         index += 1
     seconds = time.perf_counter() - start - paused
-    yield GenerationSummary(
+    return GenerationSummary(
         prompt_ids=prompt,
         token_ids=list(output.tokens),
         text=output.text,
@@ -359,11 +361,14 @@ def autoregressive_generate(
     )
 
 
-def run_to_end(events) -> tuple[list[RoundRecord], GenerationSummary]:
-    """Drain a :func:`speculative_generate` generator: (round records, summary)."""
+def run_to_end(rounds, each: Callable[[RoundRecord], None] | None = None) -> tuple[list[RoundRecord], GenerationSummary]:
+    """Drain a :func:`speculative_generate` generator: (round records, the summary it returned).
+    ``each`` sees every record as it arrives (a progress bar, the text so far)."""
     records = []
-    for event in events:
-        if isinstance(event, GenerationSummary):
-            return records, event
-        records.append(event)
-    raise RuntimeError("the generation ended without a summary")
+
+    def kept(record: RoundRecord) -> None:
+        records.append(record)
+        if each is not None:
+            each(record)
+
+    return records, result_of(rounds, kept)

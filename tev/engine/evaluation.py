@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from tqdm import tqdm
 
-from tev.engine.decode import DecodeConfig, GenerationSummary, Request, speculative_generate
+from tev.engine.decode import DecodeConfig, Request, speculative_generate
 from tev.engine.prompt_text import encode_chat, encode_prompt
 from tev.engine.session import max_positions
+from tev.util.compute_thread import result_of
 from tev.util.stats import quantile, standard_error
 
 __all__ = ["fit_prompt", "decode_rounds", "evaluation_rounds", "evaluate_drafter", "format_tau_table"]
@@ -36,12 +37,8 @@ def decode_rounds(target, tokenizer, drafter, ids: list[int], config: DecodeConf
     """One prompt decoded with tree speculation: yields each round's record and returns the
     :class:`GenerationSummary`, or None when ``should_stop`` ended the decoding first (a part of a
     prompt is not a measurement)."""
-    for event in speculative_generate(Request(target, drafter, ids, config), tokenizer, should_stop=should_stop):
-        if not isinstance(event, GenerationSummary):
-            yield event
-        elif event.stop_reason != "cancelled":
-            return event
-    return None
+    summary = yield from speculative_generate(Request(target, drafter, ids, config), tokenizer, should_stop=should_stop)
+    return None if summary.stop_reason == "cancelled" else summary
 
 
 def evaluation_rounds(
@@ -58,7 +55,7 @@ def evaluation_rounds(
     desc: str = "evaluate",
 ):
     """:func:`evaluate_drafter` as a generator: yields every speculation round's record (a caller
-    takes turns with other work between rounds, or stops), then the list of rows."""
+    takes turns with other work between rounds, or stops) and returns the list of rows (PEP 380)."""
     context = max_positions(target)
     encoded = [fit_prompt(tokenizer, p, context - max_new_tokens) for p in prompts]
     rows = []
@@ -91,7 +88,7 @@ def evaluation_rounds(
             }
         )
     bar.close()
-    yield rows  # the last event: ui/exittrain.py reads it through the compute thread, which drops a return value
+    return rows
 
 
 def evaluate_drafter(target, tokenizer, drafter, prompts: list[dict], budgets=(8, 16, 32, 64), temperatures=(0.0, 1.0), max_new_tokens: int = 64,
@@ -102,9 +99,7 @@ def evaluate_drafter(target, tokenizer, drafter, prompts: list[dict], budgets=(8
     Returns one row per (budget, temperature): ``tau``, its standard error over rounds,
     ``tau_bound``, the spread of per-prompt ``tau`` (q25/q75), rounds and tokens.
     """
-    for event in evaluation_rounds(target, tokenizer, drafter, prompts, budgets, temperatures, max_new_tokens, seed, verifier, progress, desc):
-        rows = event  # round records, then the rows
-    return rows
+    return result_of(evaluation_rounds(target, tokenizer, drafter, prompts, budgets, temperatures, max_new_tokens, seed, verifier, progress, desc))
 
 
 def format_tau_table(rows: list[dict]) -> str:

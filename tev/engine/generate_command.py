@@ -7,7 +7,7 @@ import sys
 
 from tqdm import tqdm
 
-from tev.engine.decode import DecodeConfig, GenerationSummary, autoregressive_generate, Request, speculative_generate
+from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate
 from tev.engine.models import load_bundle
 from tev.engine.prompt_text import check_prompt_text, encode_chat, encode_prompt
 from tev.util.precision import figure_precision
@@ -41,17 +41,14 @@ def generate_command(args) -> None:
         records = []
     else:
         drafter = bundle.drafter(args.drafter)
-        records = []
-        summary = None
         bar = tqdm(total=config.max_new_tokens, desc=f"{drafter.name}+{config.effective_verifier}", unit="tok", disable=args.json or not sys.stderr.isatty())
-        for event in speculative_generate(Request(bundle.target, drafter, prompt_ids, config), bundle.tokenizer):
-            if isinstance(event, GenerationSummary):
-                summary = event
-            else:
-                records.append(event)
-                bar.update(len(event.emitted))
-                if not args.json:
-                    print(event.text, end="", flush=True)
+
+        def shown(record) -> None:
+            bar.update(len(record.emitted))
+            if not args.json:
+                print(record.text, end="", flush=True)
+
+        records, summary = run_to_end(speculative_generate(Request(bundle.target, drafter, prompt_ids, config), bundle.tokenizer), shown)
         bar.close()
     if args.json:
         payload = summary.to_dict()

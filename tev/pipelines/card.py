@@ -2,7 +2,7 @@
 beside this file. Every section comes from a file a command writes: the tiny pair's build report
 (``build-assets``: ``assets/models/build.json``), the default pair's ``training.json``
 (``train-drafter``), each pair's ``exittrain.json`` (``exittrain --install`` or ``bench exittrain
---install``) and ``models/smollm2/workload-results.json`` (``scripts/workload_table.py``)."""
+--install``) and ``models/smollm2/workload-results.json`` (``python -m tev bench workload-table --install``)."""
 
 from __future__ import annotations
 

@@ -42,6 +42,7 @@ from tev.train.loop import TrainSettings, train
 from tev.train.losses import TREE_TERMS
 from tev.train.teacher import answer_prompts, with_features
 from tev.train.trees import ScoredTrees, fixed_trees
+from tev.util.compute_thread import result_of
 from tev.util.paths import REPO_ROOT
 from tev.util.stats import standard_error
 
@@ -485,9 +486,8 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     work (a batch of answers, an answer's scored trees, a training step, a decoding round: ``work``
     or ``step``), so a server's compute thread takes a piece at a time and a cancel stops between pieces.
     Phases ``answers``, ``pace``, ``plan``, ``answers done``, ``train``, ``control``, ``evaluate``,
-    ``evaluated``, ``mass`` say what starts; the last event is ``("done", {"result": ..., "drafter": ...})``
-    with the adapted drafter in float32 (an event, not a return value: the server's compute thread
-    passes on what a generator yields).
+    ``evaluated``, ``mass`` say what starts. It returns ``{"result": ..., "drafter": ...}`` with the
+    adapted drafter in float32 (PEP 380: the server's compute thread passes the return value through).
 
     The run first measures its pace (:class:`Pace`), then plans the rest within ``minutes``
     (:func:`plan_phases`) and keeps to it: each phase stops before a piece of work that would end
@@ -512,7 +512,7 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     result = _result(run, count, cells)
     run.work.config.notes = {**run.work.config.notes, "workload_adaptation": {"steps": len(run.history), "settings": result["settings"],
                                                                               "train_prompts": len(run.answers), "vocab_added": len(run.added)}}
-    yield "done", {"result": result, "drafter": run.work}
+    return {"result": result, "drafter": run.work}
 
 
 def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], seed: int = 0, progress: bool = True):
@@ -556,11 +556,14 @@ def workload_command(args) -> None:
     lam = DEFAULT_TREE_TERM[1] if args.lambda_tree is None else args.lambda_tree
     settings = workload_settings(term, lam, args.workload_steps, args.seed or 0)
     start = time.monotonic()
-    for phase, info in adaptation(bundle, prompts, base, args.minutes, settings, tuple(args.controls), seed=settings.seed, answer_law=args.answer_law):
-        if phase == "done":
-            result, drafter = info["result"], info["drafter"]
-        elif phase not in ("work", "step"):  # where the minutes go, as they go
+
+    def shown(event) -> None:
+        phase, info = event
+        if phase not in ("work", "step"):  # where the minutes go, as they go
             print(f"[{time.monotonic() - start:4.0f} s] {phase}" + (f": {json.dumps(info)}" if phase in ("pace", "plan", "train") else ""), file=sys.stderr, flush=True)
+
+    outcome = result_of(adaptation(bundle, prompts, base, args.minutes, settings, tuple(args.controls), seed=settings.seed, answer_law=args.answer_law), shown)
+    result, drafter = outcome["result"], outcome["drafter"]
     result["workload"] = str(args.workload)
     result["command"] = invoked_command()
     drafter.save_pretrained(out / "drafter")

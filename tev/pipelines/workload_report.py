@@ -14,11 +14,12 @@ import math
 from tev.core.sampling import SamplingLaw
 from tev.util.stats import change_in_words
 
-__all__ = ["LAWS", "LAW_TITLES", "LAW_COLUMNS", "CARD_NAMES", "model_label", "verdict_lines", "summary_lines", "result_table", "card_rows",
+__all__ = ["LAWS", "PAGE_LAW", "LAW_TITLES", "LAW_COLUMNS", "CARD_NAMES", "model_label", "verdict_lines", "summary_lines", "result_table", "card_rows",
            "packs_section"]
 
 # The held-out laws: greedy, the law the page opens at, and plain sampling.
 LAWS = {"T0": SamplingLaw(0.0), "T0.7": SamplingLaw(0.7, top_p=0.9), "T1": SamplingLaw(1.0)}
+PAGE_LAW = "T0.7"  # the law the page opens at: the one the Workload tab reports as it runs
 LAW_TITLES = {"T0": "T = 0 (greedy)", "T0.7": "T = 0.7, top-p 0.9 (TEV; the page's law)", "T1": "T = 1 (TEV)"}  # the claims report's headings
 LAW_COLUMNS = {"T0": "0", "T0.7": "0.7, top-p 0.9", "T1": "1"}  # the model card's T column
 CARD_NAMES = {"exittrain": "adapted (token loss + tree term)", "token_only": "token-only control"}  # the card's own columns

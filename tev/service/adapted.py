@@ -16,11 +16,11 @@ import copy
 import tempfile
 import threading
 import zipfile
-from collections import OrderedDict
 from pathlib import Path
 
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
+from tev.util.lru import LRU
 
 __all__ = ["ADAPTED_PREFIX", "CAPACITY", "MIN_ASKED", "is_adapted", "drafter_kind", "AdaptedDrafters", "AskedPrompts"]
 
@@ -47,36 +47,28 @@ class AdaptedDrafters:
 
     def __init__(self, capacity: int = CAPACITY):
         self.capacity = capacity
-        self._kept: OrderedDict[tuple[str, str], BlockTreeDrafter] = OrderedDict()
-        self._lock = threading.Lock()
+        self._kept: LRU[tuple[str, str], BlockTreeDrafter] = LRU(capacity)
 
     def keep(self, session: str, workload: str, model: BlockDrafter) -> str:
         """Keep a copy of ``model`` (served: eval mode, the serving precision) for ``session``
         under ``"adapted: <workload>"`` (replacing one of the same name); returns the label."""
         label = ADAPTED_PREFIX + workload
         drafter = BlockTreeDrafter(copy.deepcopy(model).served(), name=label)
-        with self._lock:
-            self._kept.pop((session, label), None)
-            self._kept[(session, label)] = drafter
-            while len(self._kept) > self.capacity:
-                self._kept.popitem(last=False)
+        self._kept.put((session, label), drafter)
         return label
 
     def labels(self, session: str) -> list[str]:
         """The labels kept for ``session``, oldest first."""
-        with self._lock:
-            return [label for owner, label in self._kept if owner == session]
+        return [label for owner, label in self._kept.keys() if owner == session]
 
     def drafter(self, session: str, label: str) -> BlockTreeDrafter:
         """The drafter ``label`` of ``session`` (now the most recently used); ``ValueError``
         saying why when this session has none of that name."""
-        with self._lock:
-            drafter = self._kept.get((session, label))
-            if drafter is None:
-                raise ValueError(f"drafter {label!r} is not kept for this browser session: adapted drafters are kept only for the session that "
-                                 f"made them, the {self.capacity} most recently used on this server; run the workload adaptation again")
-            self._kept.move_to_end((session, label))
-            return drafter
+        drafter = self._kept.get((session, label))
+        if drafter is None:
+            raise ValueError(f"drafter {label!r} is not kept for this browser session: adapted drafters are kept only for the session that "
+                             f"made them, the {self.capacity} most recently used on this server; run the workload adaptation again")
+        return drafter
 
     def export(self, session: str, label: str) -> Path:
         """The drafter's folder (``drafter_config.json``, ``drafter.safetensors``: what
@@ -93,8 +85,7 @@ class AdaptedDrafters:
 
     def memory_bytes(self) -> int:
         """Bytes the kept drafters hold: their weights and buffers, and their copies of the head rows."""
-        with self._lock:
-            models = [drafter.model for drafter in self._kept.values()]
+        models = [drafter.model for drafter in self._kept.values()]
         own = sum(t.numel() * t.element_size() for model in models for t in model.state_dict().values())
         return own + sum(t.numel() * t.element_size() for model in models for t in model._head_copies.values())
 
@@ -105,16 +96,13 @@ class AskedPrompts:
 
     def __init__(self, per_session: int = ASKED_PER_SESSION, sessions: int = ASKED_SESSIONS):
         self.per_session, self.sessions = per_session, sessions
-        self._asked: OrderedDict[str, list[str]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._asked: LRU[str, list[str]] = LRU(sessions)
+        self._lock = threading.Lock()  # a session's list is read, changed and put back as one
 
     def add(self, session: str, prompt: str) -> None:
         with self._lock:
-            prompts = [p for p in self._asked.pop(session, []) if p != prompt] + [prompt]
-            self._asked[session] = prompts[-self.per_session :]
-            while len(self._asked) > self.sessions:
-                self._asked.popitem(last=False)
+            prompts = [p for p in self._asked.peek(session, []) if p != prompt] + [prompt]
+            self._asked.put(session, prompts[-self.per_session :])  # now the most recent session
 
     def get(self, session: str) -> list[str]:
-        with self._lock:
-            return list(self._asked.get(session, []))
+        return list(self._asked.peek(session, []))

@@ -177,11 +177,7 @@ class ModelService:
         """Yields a RoundRecord per round (each a step of the compute thread) and returns the
         GenerationSummary (PEP 380: ``summary = yield from ...``). ``auto``: budget auto's rule and
         what it learned (one user's; see :meth:`auto_budget`)."""
-        for event in self.compute.steps(speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop, auto=auto)):
-            if isinstance(event, GenerationSummary):  # the engine's generator still yields its summary last
-                return event
-            yield event
-        raise RuntimeError("the generation ended without a summary")
+        return (yield from self.compute.steps(speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop, auto=auto)))
 
     def auto_budget(self, config: DecodeConfig, calibration: Calibration, rate: RoundRate) -> AutoBudget:
         """Budget auto for one request: the machine's cost curve (measured in the compute thread

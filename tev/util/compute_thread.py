@@ -143,13 +143,16 @@ class ComputeThread:
                 self._condition.notify_all()
 
 
-def result_of(steps: Iterator):
-    """Run ``steps`` to its end (every yield dropped); what it returned (PEP 380)."""
+def result_of(steps: Iterator, each: Callable[[object], None] | None = None):
+    """Run ``steps`` to its end; what it returned (PEP 380). ``each`` sees what every step yields
+    (a progress line, a kept record); without it the yields are dropped."""
     while True:
         try:
-            next(steps)
+            step = next(steps)
         except StopIteration as end:
             return end.value
+        if each is not None:
+            each(step)
 
 
 def _once(function, args, kwargs) -> Iterator:
