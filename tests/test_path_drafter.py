@@ -91,3 +91,13 @@ def test_a_path_drafter_folder_loads_as_one_and_refuses_the_block_class(target, 
         BlockDrafter.from_pretrained(tmp_path / "path", target)
     with pytest.raises(ModelLoadError):
         load_block_drafter(tmp_path / "nothing", target)
+
+
+def test_a_pair_offers_only_the_drafters_it_ships():
+    # the registry knows the path kind for the default pair; until its folder holds a drafter the page
+    # does not offer it (choosing it would only be refused), nor the AR drafter it never shipped
+    from tev.engine.models import PAIRS, offered_kinds
+
+    assert offered_kinds(PAIRS["smollm2"]) == [kind for kind in ("block", "exittrain", "path", "chain") if kind != "path" or
+                                                (PAIRS["smollm2"].drafter_folder("path") / "drafter.safetensors").is_file()]
+    assert offered_kinds(PAIRS["tiny"]) == ["block", "exittrain", "chain"]  # its AR drafter is built by tests, not shipped

@@ -39,8 +39,9 @@ def test_an_adapted_drafter_serves_only_its_session_in_live_and_the_walkthrough(
     outputs = list(ui.workload.run_workload(ui.workload.OWN, prompts, 2, ui.workload.DEFAULT_RECIPE, visitor("alice"), progress=NO_PROGRESS))
     assert "kept for this browser session as **adapted: my prompts**" in outputs[-1][0]
     choices, download = ui.workload.offer_adapted(ui.workload.OWN, visitor("alice"))
-    assert choices["choices"] == [*DRAFTER_KINDS, "adapted: my prompts"]
-    assert ui.workload.offer_adapted(ui.workload.OWN, visitor("bob")) == ({"__type__": "update", "choices": list(DRAFTER_KINDS)}, gr.skip())
+    kinds = ui.shared.SERVICE.drafter_kinds()
+    assert choices["choices"] == [*kinds, "adapted: my prompts"]
+    assert ui.workload.offer_adapted(ui.workload.OWN, visitor("bob")) == ({"__type__": "update", "choices": kinds}, gr.skip())
     # alice's Live and walkthrough run with it; the rounds name it
     live = _live(_prompt(3), "adapted: my prompts", "alice")
     assert all(record.drafter == "adapted: my prompts" for record in live[-1].state["records"])

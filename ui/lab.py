@@ -8,14 +8,12 @@ import gradio as gr
 
 from tev.bench.lab import SYNTHETIC_WORDS, run_lab, synthetic_tree, tree_from_prompt
 from tev.core.verify import SAMPLING_VERIFIERS
-from tev.engine.models import DRAFTER_KINDS
 from tev.service.service import LIMITS, UserInputError, check_number
 from ui import gpu, shared
 from ui.components import as_text, checked_event, once_per_click
 from ui.shared import COMPUTE, _user_error
 from visual import tree_figure, verifier_lab_figure
 
-LAB_DRAFTERS = [kind for kind in DRAFTER_KINDS if kind != "ar"]  # the lab offers the block drafter kinds
 SYNTHETIC = "synthetic example"
 
 
@@ -80,7 +78,7 @@ def tab(prompt_text: str) -> None:
     gr.Markdown("Fix **one** tree and run each exact verifier many times: the exit-node frequencies follow the exit law w(v) and the mean block length is 1 + C(T), for TEV, predraw and sequential alike (fixed-tree equivalence).")
     with gr.Row():
         source = gr.Radio(["prompt", SYNTHETIC], value="prompt", label="tree from")
-        drafter = gr.Radio(LAB_DRAFTERS, value="block", label="drafter")
+        drafter = gr.Radio([kind for kind in shared.SERVICE.drafter_kinds() if kind != "ar"], value="block", label="drafter")  # the block drafter kinds
         budget = gr.Slider(1, LIMITS.max_lab_budget, value=16, step=1, label="budget B")
         temperature = gr.Slider(LIMITS.min_lab_temperature, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
         draws = gr.Slider(100, LIMITS.max_lab_draws, value=3000, step=100, label="draws per verifier")

@@ -15,7 +15,7 @@ import torch
 from tev.core.budget import Calibration, RoundRate
 from tev.core.verify import VERIFIERS
 from tev.engine.decode import DecodeConfig, GenerationSummary
-from tev.engine.models import DRAFTER_KINDS, DRAFTERS
+from tev.engine.models import DRAFTERS
 from tev.service.adapted import drafter_kind, is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, check_settings, records_to_json
 from ui import gpu, shared
@@ -396,7 +396,8 @@ def tab(examples: list[str]) -> gr.Radio:
                 label="held-out chat prompts: dialogue, code, math" if shared.CHAT_DEFAULT else "held-out stdlib functions and HumanEval prompts",
             )
         with gr.Column(scale=2):
-            drafter = gr.Radio(list(DRAFTER_KINDS), value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in DRAFTERS)
+            kinds = shared.SERVICE.drafter_kinds()
+            drafter = gr.Radio(kinds, value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in kinds)
                             + " · adapted: yours, from a workload run in the ExitTrain tab", elem_id="live-drafter")
             verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
             with gr.Row():

@@ -12,7 +12,6 @@ import gradio as gr
 
 from tev.bench.lab import LabTree, run_lab
 from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS
-from tev.engine.models import DRAFTER_KINDS
 from tev.engine.walkthrough import trace_round
 from tev.service.adapted import drafter_kind, is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, check_settings
@@ -146,7 +145,7 @@ def tab(prompt_text: str) -> gr.Radio:
         with gr.Column(scale=3):
             prompt = gr.Textbox(label=f"prompt · at most {LIMITS.max_prompt_chars:,} characters", value=prompt_text, lines=3, elem_id="walk-prompt")
         with gr.Column(scale=2):
-            drafter = gr.Radio(list(DRAFTER_KINDS), value="block", label="drafter q", elem_id="walk-drafter")
+            drafter = gr.Radio(shared.SERVICE.drafter_kinds(), value="block", label="drafter q", elem_id="walk-drafter")
             verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier")
             with gr.Row():
                 budget = gr.Slider(0, LIMITS.max_lab_budget, value=16, step=1, label="budget B")

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import gradio as gr
 
 from tev.engine.drafters import BlockTreeDrafter
-from tev.engine.models import DRAFTER_KINDS, shipped_drafter
+from tev.engine.models import shipped_drafter
 from tev.pipelines.workload import DEFAULT_TREE_TERM, EVAL_BUDGET, MIN_STEPS, adaptation, other_recipe, workload_settings
 from tev.pipelines.workload_report import LAWS, PAGE_LAW, result_table
 from tev.pipelines.workload_data import check_workload, load_workload, split_workload
@@ -221,7 +221,7 @@ def offer_adapted(pack, request) -> tuple:
     session = shared.session_of(request)
     labels = shared.ADAPTED.labels(session) if shared.SHARES_EXITTRAIN else []
     label = ADAPTED_PREFIX + _workload_name(pack)
-    return gr.update(choices=list(DRAFTER_KINDS) + labels), str(shared.ADAPTED.export(session, label)) if label in labels else gr.skip()
+    return gr.update(choices=shared.SERVICE.drafter_kinds() + labels), str(shared.ADAPTED.export(session, label)) if label in labels else gr.skip()
 
 
 def tab(drafters: list = ()) -> None:

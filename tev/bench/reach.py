@@ -24,7 +24,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from tev.engine.batch_generate import generate_batch
-from tev.engine.decode import DecodeConfig, GenerationSummary, Request, RoundRecord, speculative_generate
+from tev.engine.decode import DecodeConfig, Request, run_to_end, speculative_generate
 from tev.data.prompts import evaluation_prompts
 from tev.engine.evaluation import fit_prompt
 from tev.engine.models import load_block_drafter, load_bundle
@@ -63,18 +63,17 @@ def decoding_reach(target, tokenizer, drafter, prompts: list[dict], budget, temp
     for i, prompt in enumerate(prompts):
         ids = fit_prompt(tokenizer, {**prompt, "chat": True}, 1024)
         config = DecodeConfig(budget=budget, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed + i)
-        for event in speculative_generate(Request(target, drafter, ids, config), tokenizer):
-            if isinstance(event, RoundRecord):
-                depth = len(event.verdict.path) - 1
-                for d in range(1, min(depth, horizon) + 1):
-                    accepted_at_least[d] += 1
-                kept.append(event.tree.num_nodes - 1)
-                draft_ms.append(1000 * (event.timings.get("draft", 0.0) + event.timings.get("build", 0.0)))
-                blocks += event.block_length
-            elif isinstance(event, GenerationSummary):
-                rounds += event.rounds
-                emitted += len(event.token_ids)
-                per_prompt.append(len(event.token_ids) / max(1, event.rounds))
+        records, summary = run_to_end(speculative_generate(Request(target, drafter, ids, config), tokenizer))
+        for event in records:
+            depth = len(event.verdict.path) - 1
+            for d in range(1, min(depth, horizon) + 1):
+                accepted_at_least[d] += 1
+            kept.append(event.tree.num_nodes - 1)
+            draft_ms.append(1000 * (event.timings.get("draft", 0.0) + event.timings.get("build", 0.0)))
+            blocks += event.block_length
+        rounds += summary.rounds
+        emitted += len(summary.token_ids)
+        per_prompt.append(len(summary.token_ids) / max(1, summary.rounds))
     deepest = max([d for d in range(1, horizon + 1) if accepted_at_least[d]] or [0])
     return {
         "budget": budget, "temperature": temperature, "top_p": top_p, "rounds": rounds,

@@ -37,6 +37,7 @@ __all__ = [
     "DrafterKind",
     "DRAFTERS",
     "DRAFTER_KINDS",
+    "offered_kinds",
     "Pair",
     "PAIRS",
     "DEFAULT_PAIR",
@@ -351,6 +352,13 @@ DRAFTERS: dict[str, DrafterKind] = {
     "ar": DrafterKind("AR drafter", _shipped_ar),
 }
 DRAFTER_KINDS = tuple(DRAFTERS)
+
+
+def offered_kinds(pair: Pair) -> list[str]:
+    """The drafter kinds ``pair`` can offer, read from its files alone (no model loads): each kind
+    whose folder holds a drafter, and the derived kinds (the top-1 chain) when any does."""
+    present = [kind for kind in pair.drafters if any((pair.drafter_folder(kind) / name).is_file() for name in (DRAFTER_FILE, "config.json"))]
+    return [kind for kind in DRAFTERS if kind in present or (DRAFTERS[kind].derived and present)]
 
 
 @dataclass

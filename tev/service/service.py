@@ -22,7 +22,7 @@ from tev.engine.auto_budget import AutoBudget
 from tev.engine.cost_curve import CostCurve, machine_cost_curve
 from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, DecodeConfig, GenerationSummary, autoregressive_generate, Request, speculative_generate
 from tev.engine.round import RoundRecord
-from tev.engine.models import ModelBundle, load_bundle
+from tev.engine.models import DRAFTER_KINDS, ModelBundle, default_pair, load_bundle, offered_kinds, pair_record
 from tev.util.compute_thread import ComputeThread
 from tev.engine.prompt_text import encode_chat, encode_prompt
 
@@ -125,6 +125,13 @@ class ModelService:
                 if self._bundle is None:
                     self._bundle = load_bundle(self.target_source, self.draft_source, device=self.device, dtype=self.dtype, pair=self.pair)
         return self._bundle
+
+    def drafter_kinds(self) -> list[str]:
+        """The drafter kinds the page offers, known before any model loads: a shipped pair's own
+        (a kind it does not ship would only be refused); every kind for a target or drafter given by path."""
+        if self.target_source is None and self.draft_source is None:
+            return offered_kinds(pair_record(self.pair or default_pair()))
+        return list(DRAFTER_KINDS)
 
     def info(self) -> dict:
         bundle = self.bundle()
