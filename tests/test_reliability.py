@@ -442,7 +442,7 @@ API_CASES = [
     ("seed 1.5", gen(seed=1.5), "whole number"),
     ("drafter 'medusa'", gen(drafter="medusa"), CHOICES),
     ("drafter '../../etc/passwd'", gen(drafter="../../etc/passwd"), CHOICES),
-    ("drafter not shipped in these assets ('exittrain')", gen(drafter="exittrain"), "drafter 'exittrain' is not available here"),
+    ("drafter not shipped in these assets ('exittrain')", gen(drafter="exittrain"), CHOICES),  # not offered, so refused as any other unknown choice
     ("verifier 'eagle'", gen(verifier="eagle"), CHOICES),
     ("verifier null", gen(verifier=None), CHOICES),
     ("greedy verifier at T = 1", gen(verifier="greedy", temperature=1.0), "greedy verifier needs temperature 0"),

@@ -119,7 +119,7 @@ def draft_logits(drafter, data: TrainData, index: torch.Tensor, short_history=No
     config = drafter.config
     device = drafter.mask_embed.device
     features, valid, root, labels = data.batch(index, config.context_window, config.horizon, short_history)
-    path = (labels[:, : config.horizon - 1].to(device),) if config.conditioning == "path" else ()  # teacher-forced: the written tokens above each depth
+    path = (labels[:, : config.horizon - 1].to(device),) if getattr(config, "conditioning", "marginal") == "path" else ()  # teacher-forced: the written tokens above each depth
     dtype = low_precision(device) if autocast else torch.float32
     with torch.autocast(device.type, dtype=dtype, enabled=autocast and dtype != torch.float32):
         return drafter.draft_logits(features.to(device), valid.to(device), root.to(device), *path).float()
