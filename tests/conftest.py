@@ -14,6 +14,8 @@ os.environ.setdefault("TEV_FETCH_TARGET", "0")
 # test depends on which CPU runs it and none runs emulated bfloat16 (about 145x slower on an AVX2
 # CPU); the tests of the bfloat16 branch force it with monkeypatch.setenv("TEV_CPU_BF16", "1").
 os.environ.setdefault("TEV_CPU_BF16", "0")
+# Likewise drafters read their head rows in float32 (tev.util.int8_head); the int8 branch's tests force "1".
+os.environ.setdefault("TEV_INT8_HEAD", "0")
 warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
 
 

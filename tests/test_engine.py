@@ -62,9 +62,12 @@ def greedy_reference(target, prompt, max_new_tokens, eos=True):
     return autoregressive_generate(target, prompt, config)
 
 
-@pytest.mark.parametrize("kind", ["block", "chain", "ar", "path", "path-chain"])
+@pytest.mark.parametrize("kind", ["block", "chain", "ar", "path", "path-chain", "block-int8", "path-int8"])
 @pytest.mark.parametrize("budget", [1, 4, 16, 64])
-def test_greedy_speculation_equals_greedy_decoding(kind, budget):
+def test_greedy_speculation_equals_greedy_decoding(kind, budget, monkeypatch):
+    if kind.endswith("-int8"):  # the drafter reads its head rows as int8 (tev.util.int8_head)
+        monkeypatch.setenv("TEV_INT8_HEAD", "1")
+        kind = kind.removesuffix("-int8")
     target = tiny_target(VOCAB, scale=3.0)
     drafters = {
         "block": lambda: tiny_block_drafter(target),
@@ -154,8 +157,11 @@ def small_target():
     return tiny_target(SMALL_VOCAB, scale=0.5, eos_token_id=SMALL_VOCAB + 7)  # eos outside the vocab: never stops early
 
 
-@pytest.mark.parametrize("method", ["tev", "predraw", "sequential", "ar-baseline", "tev-block", "tev-path"])
-def test_sampling_is_lossless(small_target, method):
+@pytest.mark.parametrize("method", ["tev", "predraw", "sequential", "ar-baseline", "tev-block", "tev-path", "tev-path-int8"])
+def test_sampling_is_lossless(small_target, method, monkeypatch):
+    if method.endswith("-int8"):  # the drafter reads its head rows as int8 (tev.util.int8_head)
+        monkeypatch.setenv("TEV_INT8_HEAD", "1")
+        method = method.removesuffix("-int8")
     prompt = [1, 2, 0]
     law = exact_first_tokens_law(small_target, prompt)
     draws, samples, lengths, bounds = 2500, [], [], []

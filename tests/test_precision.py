@@ -2,7 +2,7 @@
 
 import torch
 
-from tev.util import precision
+from tev.util import int8_head, precision
 
 
 def test_forced_float32_on_a_cpu(monkeypatch):
@@ -57,4 +57,15 @@ def test_figure_precision_names_each_part(monkeypatch):
     assert record["cpu_capability"] == precision.cpu_capability() and record["low_precision"] == "bfloat16"
     line = precision.precision_summary(record)
     assert line.startswith(f"CPU capability {record['cpu_capability']}, {torch.get_num_threads()} threads, low precision bfloat16 (TEV_CPU_BF16=1)")
-    assert line.endswith("target float32, block bfloat16")
+    assert line.endswith("target float32, block bfloat16; drafters' head rows float")  # TEV_INT8_HEAD=0 in the tests
+
+
+def test_record_says_how_drafters_read_their_head(monkeypatch):
+    monkeypatch.setenv("TEV_INT8_HEAD", "1")
+    assert precision.precision_record("cpu")["draft_head"] == "int8"
+    monkeypatch.delenv("TEV_INT8_HEAD")
+    for module in (precision, int8_head):  # measured: 5x faster
+        monkeypatch.setattr(module, "int8_head_speedup", lambda: 5.0)
+    record = precision.precision_record("cpu")
+    assert record["draft_head"] == "int8" and record["int8_head_speedup"] == 5.0
+    assert precision.precision_summary({**record, "target_dtype": "float32", "drafter_dtypes": {}}).endswith("drafters' head rows int8, 5x float32")

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from tev.util.int8_head import Int8Head, use_int8_head
 from tev.util.precision import low_precision
 
 __all__ = ["BlockDrafterConfig", "BlockDrafter", "read_drafter_config", "check_drafter_fits_target", "default_feature_layers", "DRAFTER_FILE", "DRAFTER_CONFIG"]
@@ -156,6 +157,7 @@ class BlockDrafter(nn.Module):
         # shared with the target, kept out of the parameter list and the checkpoint
         self._shared = (target_embedding, target_head)
         self._head_copies: dict[tuple, torch.Tensor] = {}
+        self._int8_heads: dict[tuple, Int8Head] = {}
 
     def _draft_head(self, dtype: torch.dtype) -> torch.Tensor:
         """The head rows the drafter reads, `[Vd, H]` in ``dtype`` (cached; rebuilt when the
@@ -170,6 +172,20 @@ class BlockDrafter(nn.Module):
             rows = head if vocab is None else head[vocab.to(head.device)]
             self._head_copies[key] = rows.to(dtype).contiguous()
         return self._head_copies[key]
+
+    def _head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`[..., Vd]` float32 logits of `[..., H]` read-out states over the draft head rows; at
+        inference through int8 rows where :func:`~tev.util.int8_head.use_int8_head` measured them faster."""
+        if not self.training and not torch.is_grad_enabled() and use_int8_head(hidden.device):
+            vocab = self.draft_vocab
+            key = (self._shared[1].data_ptr(), None if vocab is None else (vocab.data_ptr(), vocab._version))
+            if key not in self._int8_heads:
+                self._int8_heads.clear()
+                head = self._shared[1]
+                self._int8_heads[key] = Int8Head(head if vocab is None else head[vocab.to(head.device)])
+            return self._int8_heads[key](hidden)
+        head = self._draft_head(self.feature_proj.weight.dtype)  # a low-precision drafter reads a matching copy (half the bytes)
+        return F.linear(hidden.to(head.dtype), head).float()
 
     def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
         """Fill the draft vocabulary (`LongTensor[Vd]` of target token ids)."""
@@ -187,6 +203,7 @@ class BlockDrafter(nn.Module):
         self.config.draft_vocab_size = int(merged.numel())
         self.draft_vocab = merged  # the buffer replaced: saved with the weights; _draft_head's key sees the new tensor
         self._head_copies.clear()
+        self._int8_heads.clear()
 
     def draft_positions(self, token_ids: torch.Tensor, missing: int = -100) -> torch.Tensor:
         """Each target token id's index in the draft vocabulary (``missing`` where it has none);
@@ -231,7 +248,6 @@ class BlockDrafter(nn.Module):
         batch = root_ids.shape[0]
         width, horizon = self.config.context_window, self.config.horizon
         dtype = self.feature_proj.weight.dtype
-        head = self._draft_head(dtype)  # a low-precision drafter reads a matching copy (half the bytes)
         context = self.feature_dropout(self.feature_proj(self.feature_norm(features.to(dtype)))) + self.position_embed[:width]  # (B, W, D)
         slots = torch.cat(
             [
@@ -245,8 +261,7 @@ class BlockDrafter(nn.Module):
         key_bias = key_bias[:, None, None, :]  # (B, 1, 1, W + 1 + K): the same for every query and head
         for block in self.blocks:
             slots = block(slots, context, key_bias)
-        hidden = self.out_proj(self.out_norm(slots[:, 1:]))  # (B, K, H)
-        return F.linear(hidden.to(head.dtype), head).float()
+        return self._head_logits(self.out_proj(self.out_norm(slots[:, 1:])))  # (B, K, H) read-out states
 
     def window(self, features: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The last ``W`` rows of a feature history, left-padded: (`[1, W, F]`, `[1, W]`)."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from tev.core.tree import DraftTree
 from tev.engine.block_drafter import BlockDrafter
@@ -81,8 +80,7 @@ class PathDrafter(BlockDrafter):
         return self._read_out(slots)
 
     def _read_out(self, slots: torch.Tensor) -> torch.Tensor:
-        head = self._draft_head(self.feature_proj.weight.dtype)
-        return F.linear(self.out_proj(self.out_norm(slots)).to(head.dtype), head).float()
+        return self._head_logits(self.out_proj(self.out_norm(slots)))
 
     def forward(self, features: torch.Tensor, valid: torch.Tensor, root_ids: torch.Tensor, path_ids: torch.Tensor | None = None,
                 full_vocab: bool = True) -> torch.Tensor:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from tev.util.int8_head import INT8_ENV, int8_head_speedup, use_int8_head
+
 __all__ = ["cpu_capability", "bf16_speedup", "low_precision", "precision_record", "part_dtype", "figure_precision", "precision_summary", "FORCE_ENV"]
 
 FORCE_ENV = "TEV_CPU_BF16"
@@ -89,6 +91,9 @@ def precision_record(device: torch.device | str = "cpu") -> dict:
         forced = os.environ.get(FORCE_ENV, "").strip()
         if forced in ("0", "1"):
             record["forced_by"] = f"{FORCE_ENV}={forced}"
+        record["draft_head"] = "int8" if use_int8_head(device) else "float"
+        if os.environ.get(INT8_ENV, "").strip() not in ("0", "1"):
+            record["int8_head_speedup"] = round(int8_head_speedup(), 2)
     return record
 
 
@@ -119,4 +124,7 @@ def precision_summary(record: dict) -> str:
     speedup = f", bf16 matmul {record['bf16_matmul_speedup']:g}x float32" if "bf16_matmul_speedup" in record else ""
     chosen = f"low precision {record['low_precision']}" + (f" ({record['forced_by']})" if "forced_by" in record else speedup)
     parts = ", ".join([f"target {record['target_dtype']}", *(f"{name} {dtype}" for name, dtype in record["drafter_dtypes"].items())])
+    if "draft_head" in record:
+        speed = f", {record['int8_head_speedup']:g}x float32" if "int8_head_speedup" in record else ""
+        parts += f"; drafters' head rows {record['draft_head']}{speed}"
     return f"CPU capability {record['cpu_capability']}, {record['threads']} threads, {chosen}; {parts}"
