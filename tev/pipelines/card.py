@@ -85,34 +85,43 @@ def _after_best(best: dict, checks: list[dict], data: dict) -> str:
             "are the next lever.")
 
 
-def render_card(report: dict, default_pair: dict | None = None, default_exittrain: dict | None = None, workloads: dict | None = None) -> str:
-    """The model card: the default pair's section from its drafter's ``training.json`` (when
-    present), its ExitTrain drafter, the workload packs' measured adaptation, then the tiny pair's
-    from its build report (``report["exittrain"]``: its ExitTrain drafter, when installed)."""
+def _trained_drafter(entry: dict, title: str) -> dict:
+    """One trained drafter's section values from its ``training.json`` (``title``: its heading)."""
+    data = entry["data"]
+    checks = [h for h in entry["history"] if "heldout_loss" in h]
+    best = min(checks, key=lambda h: h["heldout_loss"]) if checks else None
+    recipe = entry["recipe"]  # its training settings under "train", or at the top in recipes written before
+    shape = _shape_of(recipe)
+    return {"entry": entry, "title": title, "recipe": recipe, "data": data, "heldout": entry["heldout"], "shape": shape,
+            "path": shape.get("conditioning", "marginal") == "path", "train": recipe.get("train", recipe),
+            "timings": [f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in entry["timings_s"].items() if seconds >= 1],
+            "cached": entry["timings_s"]["conversations_s"] < 60, "checks": checks, "best": best,
+            "after_best": _after_best(best, checks, data) if checks else "",
+            "top1": ", ".join(f"{100 * a:.0f}%" for a in entry["heldout"]["top1_by_depth"])}
+
+
+def render_card(report: dict, default_pair: dict | None = None, default_exittrain: dict | None = None, workloads: dict | None = None,
+                default_path: dict | None = None) -> str:
+    """The model card: the default pair's sections from its drafters' ``training.json`` (block
+    ``default_pair``, path ``default_path``; each when present), its ExitTrain drafter, the
+    workload packs' measured adaptation, then the tiny pair's from its build report
+    (``report["exittrain"]``: its ExitTrain drafter, when installed)."""
     cfg = report["config"]
+    trained = [_trained_drafter(entry, title) for entry, title in ((default_path, "Path drafter `q` (the page's default)"), (default_pair, "Block drafter `q`")) if entry]
     values = {"report": report, "cfg": cfg, "tiny_shape": _shape_of(cfg, "drafter_"), "target": report["target"], "drafter": report["drafter"], "evaluation": report["evaluation"],
               # builds before the drafter's TrainSettings named its steps and batch at the top
               "tiny_training": cfg.get("drafter_training") or {"steps": cfg["drafter_steps"], "batch": cfg["drafter_batch"]},
               "final_loss": report["drafter"]["history"][-1].get("running_loss", report["drafter"]["history"][-1]["loss"]),  # builds before one loop kept "loss"
-              "default_pair": default_pair, "workload_names": CARD_NAMES, "workloads": card_rows(workloads) if workloads else None,
+              "default_pair": default_pair or default_path, "trained": trained, "workload_names": CARD_NAMES, "workloads": card_rows(workloads) if workloads else None,
               "workload_commands": sorted({entry["command"] for entry in (workloads or {}).values()}),
               "default_exittrain": _exittrain(default_exittrain, "conversations the target wrote itself") if default_exittrain else None,
               "tiny_exittrain": _exittrain(report["exittrain"], "target-regenerated sequences") if report.get("exittrain") else None}
-    if default_pair:
-        timings, data = default_pair["timings_s"], default_pair["data"]
-        checks = [h for h in default_pair["history"] if "heldout_loss" in h]
-        best = min(checks, key=lambda h: h["heldout_loss"]) if checks else None
-        recipe = default_pair["recipe"]  # its training settings under "train", or at the top in recipes written before
-        values.update(shape=_shape_of(recipe), train=recipe.get("train", recipe),
-                      timings=[f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in timings.items() if seconds >= 1],
-                      cached=timings["conversations_s"] < 60, checks=checks, best=best, after_best=_after_best(best, checks, data) if checks else "",
-                      top1=", ".join(f"{100 * a:.0f}%" for a in default_pair["heldout"]["top1_by_depth"]))
     return _ENVIRONMENT.get_template("card.md.j2").render(**values)
 
 
 def refresh_card(assets: Path) -> None:
     """Re-render ``assets/README.md`` from ``models/build.json``, the installed ExitTrain
-    drafter's ``exittrain.json``, the default pair's ``training.json`` and the workload packs'
+    drafter's ``exittrain.json``, the default pair's drafters' ``training.json`` and the workload packs'
     ``models/smollm2/workload-results.json``, each when present."""
     load = lambda path: load_report(path) if path.is_file() else None  # noqa: E731
     report = load(assets / "models" / "build.json")
@@ -121,5 +130,5 @@ def refresh_card(assets: Path) -> None:
         report["exittrain"] = exittrain
     default = assets / "models" / DEFAULT_PAIR.home
     card = render_card(report, load(default / "drafter-block" / "training.json"), load(default / "drafter-exittrain" / "exittrain.json"),
-                       load(default / "workload-results.json"))
+                       load(default / "workload-results.json"), load(default / "drafter-path" / "training.json"))
     write_text_atomic(Path(assets) / "README.md", card)  # readers see the old or the new card, never half
