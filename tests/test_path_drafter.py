@@ -103,3 +103,21 @@ def test_a_pair_offers_only_the_drafters_it_ships():
     assert offered_kinds(PAIRS["smollm2"]) == [kind for kind in ("block", "exittrain", "path", "chain") if kind != "path" or
                                                 (PAIRS["smollm2"].drafter_folder("path") / "drafter.safetensors").is_file()]
     assert offered_kinds(PAIRS["tiny"]) == ["block", "exittrain", "chain"]  # its AR drafter is built by tests, not shipped
+
+
+def test_a_session_starts_with_the_pairs_default_drafter_where_it_ships_it(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from tev.engine import models
+
+    pair = replace(models.PAIRS["smollm2"], name="copy")
+    monkeypatch.setattr(models, "models_dir", lambda: tmp_path)
+    block = pair.drafter_folder("block")
+    block.mkdir(parents=True)
+    (block / "drafter.safetensors").write_bytes(b"")
+    assert models.default_kind(pair) == "block"  # the path drafter is not there: the block drafter, not a refusal
+    path = pair.drafter_folder("path")
+    path.mkdir(parents=True)
+    (path / "drafter.safetensors").write_bytes(b"")
+    assert pair.default_drafter == "path" and models.default_kind(pair) == "path"
+    assert models.default_kind(models.PAIRS["tiny"]) == "block"

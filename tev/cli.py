@@ -74,7 +74,8 @@ def add_budget_cap_argument(parser: argparse.ArgumentParser) -> None:
 def _add_generate(commands) -> None:
     parser = commands.add_parser("generate", help="generate text with tree speculation (or --ar)")
     parser.add_argument("--prompt", required=True)
-    parser.add_argument("--drafter", choices=list(DRAFTERS), default="block", help="; ".join(f"{kind}: {entry.label}" for kind, entry in DRAFTERS.items()))
+    parser.add_argument("--drafter", choices=list(DRAFTERS), default=None,
+                        help="; ".join(f"{kind}: {entry.label}" for kind, entry in DRAFTERS.items()) + " (default: the pair's default drafter, else block)")
     parser.add_argument("--verifier", choices=VERIFIERS, default="tev", help="at temperature 0 the greedy verifier is used")
     parser.add_argument("--ar", action="store_true", help="plain autoregressive decoding (the baseline)")
     parser.add_argument("--budget", type=budget_value, default=16, help="draft-tree budget B (non-root nodes; 16, the fastest of 8, 16 and 32 in docs/benchmarks.md that still draws a tree worth reading), or auto: each round keeps the drafter's best nodes this machine pays for")

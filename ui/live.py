@@ -397,7 +397,7 @@ def tab(examples: list[str]) -> gr.Radio:
             )
         with gr.Column(scale=2):
             kinds = shared.SERVICE.drafter_kinds()
-            drafter = gr.Radio(kinds, value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in kinds)
+            drafter = gr.Radio(kinds, value=shared.SERVICE.default_drafter_kind(), label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in kinds)
                             + " · adapted: yours, from a workload run in the ExitTrain tab", elem_id="live-drafter")
             verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
             with gr.Row():

@@ -32,6 +32,7 @@ def generate_command(args) -> None:
         stop_strings=tuple(args.stop or ()),
     )
     bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
+    kind = args.drafter or bundle.default_drafter
     chat = bundle.is_chat if args.chat is None else args.chat
     if chat and not bundle.is_chat:
         raise ValueError("--chat needs a target with a chat template; this one has none (use --raw)")
@@ -40,7 +41,7 @@ def generate_command(args) -> None:
         summary = autoregressive_generate(bundle.target, prompt_ids, config, bundle.tokenizer)
         records = []
     else:
-        drafter = bundle.drafter(args.drafter)
+        drafter = bundle.drafter(kind)
         bar = tqdm(total=config.max_new_tokens, desc=f"{drafter.name}+{config.effective_verifier}", unit="tok", disable=args.json or not sys.stderr.isatty())
 
         def shown(record) -> None:
@@ -52,7 +53,7 @@ def generate_command(args) -> None:
         bar.close()
     if args.json:
         payload = summary.to_dict()
-        payload["precision"] = figure_precision(next(bundle.target.parameters()).device, bundle.target, {} if args.ar else {args.drafter: bundle.drafter(args.drafter)})
+        payload["precision"] = figure_precision(next(bundle.target.parameters()).device, bundle.target, {} if args.ar else {kind: bundle.drafter(kind)})
         text = lambda token: bundle.tokenizer.decode([token], clean_up_tokenization_spaces=False)  # noqa: E731
         payload["rounds_detail"] = [record.to_dict(text) for record in records]
         print(json.dumps(payload, indent=2))
