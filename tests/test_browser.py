@@ -196,6 +196,21 @@ def test_the_answer_streams_in_the_first_screen(app_server, browser):
     page.close()
 
 
+def test_a_typed_top_p_out_of_range_is_refused_by_name_not_clamped(app_server, browser):
+    page = _first_screen(app_server, browser)
+    top_p = page.get_by_role("spinbutton", name="number input for top-p (1: off)")
+    top_p.fill("1.7")
+    top_p.press("Tab")  # leaving the box clamped it to 1, and Generate then ran at top-p 1 without a word
+    assert top_p.input_value() == "1.7"
+    before = _figures(page, "#live-stats", "#text-view")
+    page.click("#generate-button")
+    page.wait_for_selector(REFUSAL_LINE, state="visible", timeout=30_000)
+    assert "top-p must be from 0.05 to 1.0, got 1.7" in page.inner_text(REFUSAL_LINE)
+    page.wait_for_timeout(1000)
+    assert _figures(page, "#live-stats", "#text-view") == before and _error_badges(page) == 0  # nothing ran
+    page.close()
+
+
 def test_a_refusal_is_said_under_generate(app_server, browser):
     """Seed 1.5 is refused beside the seed box, far below Generate: the press's refusal is said right
     under the button too, in the first screen; a good press then clears it."""

@@ -22,7 +22,23 @@ import gradio as gr
 from tev.service.service import UserInputError, check_number
 from ui import shared
 
-__all__ = ["checked_event", "validator", "refusal", "refusal_line", "once_per_click", "as_text"]
+__all__ = ["checked_event", "validator", "refusal", "refusal_line", "once_per_click", "as_text", "KEEP_TYPED", "KEEP_TYPED_NUMBERS_JS"]
+
+# Gradio's slider clamps a number typed into its box to the slider's range when the box loses focus
+# (top-p 1.7 became 1 and ran without a word). The page's own script (``launch(js=...)``) stops that
+# blur for an out-of-range number in a slider inside ``.tev-keep-typed``, so the value stays as typed
+# and the event's validator refuses it by name. Only where a refusal line says so (Gradio shows no
+# validator message under a slider): elsewhere the clamp stays.
+KEEP_TYPED = "tev-keep-typed"
+KEEP_TYPED_NUMBERS_JS = """() => {
+    window.addEventListener("blur", (event) => {
+        const box = event.target;
+        if (!(box instanceof HTMLInputElement) || box.type !== "number" || !box.closest(".%s")) return;
+        if (!(box.getAttribute("aria-label") || "").startsWith("number input for ")) return;  // a slider's number box
+        const value = box.valueAsNumber;
+        if (value < parseFloat(box.min) || value > parseFloat(box.max)) event.stopImmediatePropagation();
+    }, true);
+}""" % KEEP_TYPED
 
 
 def _short_label(component) -> str:

@@ -21,7 +21,7 @@ from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, check_
 from ui import gpu, shared
 from tev.util.compute_thread import result_of
 from tev.util.lru import LRU
-from ui.components import as_text, checked_event, once_per_click, refusal_line
+from ui.components import KEEP_TYPED, as_text, checked_event, once_per_click, refusal_line
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
 from ui.workload import chosen_drafter, remember_asked
 from visual import mass_by_depth_figure, text_view_html, timeline_figure, tree_figure
@@ -401,7 +401,7 @@ def tab(examples: list[str]) -> gr.Radio:
                 examples=[[e] for e in examples], inputs=[prompt],
                 label="held-out chat prompts: dialogue, code, math" if shared.CHAT_DEFAULT else "held-out stdlib functions and HumanEval prompts",
             )
-        with gr.Column(scale=2):
+        with gr.Column(scale=2, elem_classes=KEEP_TYPED):  # a number typed out of a slider's range is refused under Generate, not clamped
             kinds = shared.SERVICE.drafter_kinds()
             drafter = gr.Radio(kinds, value="block", label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in kinds)
                             + " · adapted: yours, from a workload run in the ExitTrain tab", elem_id="live-drafter")
