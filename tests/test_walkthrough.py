@@ -100,8 +100,7 @@ def test_the_command_line_export_writes_the_steps(tmp_path, monkeypatch):
 
 
 def test_the_steps_say_what_this_round_shows(pair):
-    """Step 2's caption follows this round's marginals, step 7 leaves out tokens of probability 0,
-    step 8 calls 1 + C the expected block length, not a bound."""
+    """Step 2's caption follows this round's marginals, step 7 leaves out tokens of probability 0."""
     target, drafters = pair
     trace = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.7, top_k=2), "tev", 8, seed=2)
     tokens, probs = trace.marginals
@@ -117,7 +116,24 @@ def test_the_steps_say_what_this_round_shows(pair):
     assert any(p == 0 for _, p in trace.bonus["row"])  # top-k 2: four of the row's top six tokens have probability 0
     greedy = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.0), "greedy", 8, seed=2)
     assert "There is no residual" in walkthrough_step(greedy, 6, str).text and len(walkthrough_step(greedy, 6, str).figure.data) == 1
-    assert "**expected** $L$" in walkthrough_step(trace, 7, str).text and "bound" not in walkthrough_step(trace, 7, str).text.split("not a bound")[0]
+
+
+def test_steps_5_and_8_tell_one_story_about_1_plus_c(pair):
+    """Step 5 and step 8 say the same of 1 + C, with this round's numbers: it bounds the expected
+    block length, and one round's L may exceed it; a round with C = 0 is not told it might keep fewer."""
+    target, drafters = pair
+    for seed in range(4):
+        trace = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.7, top_p=0.9), "tev", 8, seed=seed)
+        five, eight = walkthrough_step(trace, 4, str).text, walkthrough_step(trace, 7, str).text
+        bound = f"$1 + C$ = **{trace.flow.tau_bound:.3f}** bounds the **expected** block length"
+        assert bound in five and bound in eight and "may exceed it" in five and "not a bound" not in eight
+        length = trace.verdict.block_length
+        said = "exceeds" if length > trace.flow.tau_bound else "falls short of"
+        assert f"this round's L = {length} {said} it" in eight
+    plain = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.7, top_p=0.9), "tev", 0, seed=0)  # B = 0: C = 0
+    assert "C = 0, so L = 1 (the bonus alone) is the only outcome" in walkthrough_step(plain, 7, str).text
+    greedy = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.0), "greedy", 8, seed=0)
+    assert "every draw keeps the same L" in walkthrough_step(greedy, 7, str).text
 
 
 def test_the_export_writes_its_formulas_as_text(pair):

@@ -171,8 +171,7 @@ def _rows(trace, token_text, word):
             f"**local exit** $\\rho(v) = 1 - \\sum_{{u \\in Ch(v)}} p_v(x_u)$ and the **exit law** $w(v) = P(v)\\,\\rho(v)$ (size): the "
             f"target mass that leaves the tree at $v$. The $w(v)$ sum to **{sum(w):.3f}**; {root_w:.0%} leaves at the root already. "
             + (f"The best-reached node is {word(tree.tokens_list[best])} ($P$ = {float(flow.reach[best]):.3f}). " if best else "")
-            + f"Coverage $C(T) = \\sum_{{v \\ne r}} P(v)$ = **{flow.coverage:.3f}**: any exact verifier keeps on average "
-            f"$E[L] \\le 1 + C$ = **{flow.tau_bound:.3f}** tokens from this tree.")
+            + f"Coverage $C(T) = \\sum_{{v \\ne r}} P(v)$ = **{flow.coverage:.3f}**, so " + _bound_sentence(flow) + ".")
     return text, fig
 
 
@@ -262,9 +261,18 @@ def _commit(trace, token_text, word):
     fig = tree_figure(tree, trace.flow, verdict, token_text=token_text, title=f"Round {trace.round_index + 1}")
     accepted = verdict.accepted_tokens(tree)
     kept = " ".join(word(t) for t in accepted) or "no draft token"
-    text = (f"Committed: {kept} + the bonus {word(verdict.bonus_token)}: **L = {verdict.block_length} token(s) for one target forward** "
-            f"(this tree's $1 + C$ = {trace.flow.tau_bound:.2f} is the **expected** $L$ over the verifier's draws, not a bound: a single "
-            f"round may keep more or fewer; over many rounds the mean of $L$, $\\tau$, equals the mean $1 + C$). The cache keeps the accepted path and drops the rest of the tree; the next round starts from the root "
+    length, bound = verdict.block_length, trace.flow.tau_bound
+    if abs(length - bound) >= 5e-4:
+        draw = f"this round's L = {length} {'exceeds' if length > bound else 'falls short of'} it, as one draw may"
+    elif trace.flow.coverage < 5e-4:  # no mass enters the tree: no draw can keep a draft token
+        draw = "here C = 0, so L = 1 (the bonus alone) is the only outcome"
+    elif trace.law.greedy:
+        draw = f"at T = 0 every reach is 0 or 1, so every draw keeps the same L = {length} = 1 + C"
+    else:
+        draw = f"this round's L = {length} equals it"
+    text = (f"Committed: {kept} + the bonus {word(verdict.bonus_token)}: **L = {verdict.block_length} token(s) for one target forward**. "
+            f"As in step 5, {_bound_sentence(trace.flow)}: {draw}; over many rounds the mean of $L$, $\\tau$, approaches the mean $1 + C$. "
+            f"The cache keeps the accepted path and drops the rest of the tree; the next round starts from the root "
             f"{word(verdict.bonus_token)}. The round took {1e3 * trace.seconds:.0f} ms on this machine. **Next** runs the next round.")
     return text, fig
 
@@ -273,6 +281,12 @@ _BUILDERS = (_context, _marginals, _builder, _forward, _rows, _decision, _bonus,
 
 
 # ------------------------------------------------------------------------------- helpers
+def _bound_sentence(flow) -> str:
+    """What 1 + C says about this tree, in the same words in step 5 and step 8."""
+    return (f"$1 + C$ = **{flow.tau_bound:.3f}** bounds the **expected** block length: every exact verifier keeps $E[L] \\le 1 + C$ "
+            "tokens on average from this tree (TEV attains it), while one round's $L$ is a single draw and may exceed it")
+
+
 def _path_scores(tree) -> list[float]:
     q = [math.exp(v) for v in floats(tree.draft_logprob)]
     scores = [1.0] * tree.num_nodes
