@@ -136,6 +136,33 @@ def test_steps_5_and_8_tell_one_story_about_1_plus_c(pair):
     assert "every draw keeps the same L" in walkthrough_step(greedy, 7, str).text
 
 
+def test_step_1_labels_alternate_above_and_below(pair):
+    """Neighbouring context tokens' labels alternate above and below, so two long ones never collide;
+    the root's sits above (its arrow comes from below)."""
+    target, drafters = pair
+    trace = trace_round(target, drafters["block"], PROMPT * 6, SamplingLaw(0.7, top_p=0.9), "tev", 8, seed=0)
+    scatter = walkthrough_step(trace, 0, str).figure.data[0]
+    positions = list(scatter.textposition)
+    assert len(positions) == 24 and positions[-1] == "top center"
+    assert all(a != b for a, b in zip(positions, positions[1:]))
+
+
+def test_step_7_draws_the_removed_children_it_names(pair):
+    """Step 7 promises grey removed children only where it draws them (a child outside the row's top
+    tokens included), and says so in words when truncation had already given them probability 0."""
+    target, drafters = pair
+    trace = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.7, top_p=0.9), "tev", 8, seed=1)
+    outside = next(t for t in range(VOCAB) if t not in {u for u, _ in trace.bonus["row"]})
+    kept = dataclasses.replace(trace, bonus={**trace.bonus, "removed": [(outside, 0.01)]})
+    step = walkthrough_step(kept, 6, str)
+    row = step.figure.data[0]
+    assert str(outside) in list(row.y) and "#bbbbbb" in list(row.marker.color) and "grey" in step.figure.layout.title.text
+    cut = dataclasses.replace(trace, bonus={**trace.bonus, "removed": [(outside, 0.0)]})
+    step = walkthrough_step(cut, 6, str)
+    assert "grey" not in step.figure.layout.title.text and str(outside) not in list(step.figure.data[0].y)
+    assert f"`{outside}` ($p_V$ = 0.00)" in step.text and "already have probability 0" in step.text
+
+
 def test_the_export_writes_its_formulas_as_text(pair):
     target, drafters = pair
     trace = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.7, top_p=0.9), "tev", 8, seed=1)

@@ -61,13 +61,16 @@ def walkthrough_steps(trace, token_text: TokenText = str) -> list[Step]:
 # ------------------------------------------------------------------------------- steps
 def _context(trace, token_text, word):
     shown = trace.context[-24:]
-    labels = [html.unescape(token_label(t, token_text, 12)) for t in shown]
+    labels = [html.unescape(token_label(t, token_text, 10)) for t in shown]
+    # neighbours' labels alternate above and below the squares, so two long ones never overlap; the root's is above
+    # (its arrow points up from below)
+    positions = ["top center" if (len(shown) - 1 - i) % 2 == 0 else "bottom center" for i in range(len(shown))]
     fig = go.Figure(go.Scatter(
-        x=list(range(len(shown))), y=[0] * len(shown), mode="markers+text", text=[html.escape(s, quote=False) for s in labels], textposition="top center",
+        x=list(range(len(shown))), y=[0] * len(shown), mode="markers+text", text=[html.escape(s, quote=False) for s in labels], textposition=positions,
         marker=dict(symbol="square", size=18, color=[GREY] * (len(shown) - 1) + [PATH_COLOUR]),
         hovertemplate="position %{customdata}<extra></extra>", customdata=list(range(len(trace.context) - len(shown), len(trace.context))),
     ))
-    fig.add_annotation(x=len(shown) - 1, y=0, text="root r", showarrow=True, ay=40, font=dict(color=PATH_COLOUR))
+    fig.add_annotation(x=len(shown) - 1, y=0, text="root r", showarrow=True, ay=50, font=dict(color=PATH_COLOUR))
     _plain(fig, f"the last {len(shown)} of {len(trace.context)} committed tokens; the black one is the root", height=260)
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
@@ -228,8 +231,10 @@ def _decision(trace, token_text, word):
 
 def _bonus(trace, token_text, word):
     bonus, verdict = trace.bonus, trace.verdict
-    removed = {t for t, _ in bonus["removed"]}
-    row = [(t, p) for t, p in bonus["row"] if p > 0]  # the row's top tokens; truncation (top-p, top-k) zeroes the rest
+    removed = {t for t, p in bonus["removed"] if p > 0}  # V's children the target could have drawn: grey bars
+    # the row's top tokens, and V's removed children where they are not among them (truncation's zeros left out)
+    row = [(t, p) for t, p in bonus["row"] if p > 0]
+    row += [(t, p) for t, p in bonus["removed"] if p > 0 and t not in {t for t, _ in row}]
     residual = [] if bonus["greedy"] else [(t, p) for t, p in bonus["residual"] if p > 0]
     fig = go.Figure()
     fig.add_trace(go.Bar(y=[html.unescape(token_label(t, token_text, 12)) for t, _ in row], x=[p for _, p in row], orientation="h",
@@ -237,19 +242,25 @@ def _bonus(trace, token_text, word):
     if residual:
         fig.add_trace(go.Bar(y=[html.unescape(token_label(t, token_text, 12)) for t, _ in residual], x=[p for _, p in residual], orientation="h",
                              name="residual p_V^res", marker_color=[BONUS_COLOUR if t == verdict.bonus_token else "#ffbf80" for t, _ in residual]))
-    shown = ("the exit row p_V (grey: V's children, removed) and the residual the bonus is drawn from" if residual else
+    grey = " (grey: V's children, removed)" if removed else ""  # promised only where a grey bar is drawn
+    shown = (f"the exit row p_V{grey} and the residual the bonus is drawn from" if residual else
              "the exit row p_V (softmax at T = 1 for display); at T = 0 no residual is drawn from")
     _plain(fig, shown + " (tokens of probability 0 left out)", xaxis="probability")
     fig.update_yaxes(autorange="reversed", visible=True)
     fig.update_layout(barmode="group", showlegend=True)
-    removed_text = ", ".join(f"{word(t)} ({p:.2f})" for t, p in bonus["removed"])
+    removed_text = ", ".join(f"{word(t)} ($p_V$ = {p:.2f})" for t, p in bonus["removed"])
     if bonus["greedy"]:
         text = (f"At T = 0 the bonus token is the target's argmax at the exit node: {word(verdict.bonus_token)}. There is no residual: "
                 f"nothing is drawn, so nothing needs removing. The argmax is never one of $V$'s children "
                 f"({removed_text or 'V is a leaf: it has none'}): had it been, the walk would have gone on.")
     else:
-        removal = (f"the children the tree already offered at $V$ are removed ({removed_text}), because the target did not go there"
-                   if removed_text else "$V$ is a leaf, so nothing is removed: the residual is $p_V$ itself")
+        if not bonus["removed"]:
+            removal = "$V$ is a leaf, so nothing is removed: the residual is $p_V$ itself"
+        elif removed:
+            removal = f"the children the tree already offered at $V$ are removed ({removed_text}), because the target did not go there"
+        else:  # every child was cut by the truncation: the residual is the row itself
+            removal = (f"$V$'s children ({removed_text}) already have probability 0 under the sampling law's truncation, so removing them "
+                       "changes nothing: the residual is $p_V$ itself")
         text = (f"The bonus token is drawn from the **residual** at the exit node, $p_V^{{res}}(a) \\propto p_V(a)\\,[a \\notin Ch(V)]$: "
                 f"{removal}. Drawn: {word(verdict.bonus_token)}, with $p_V^{{res}}$ = {bonus['bonus_residual_prob']:.3f}. This is what makes the "
                 "output exact: the path's probability times the residual is the target's own probability of the block.")
