@@ -197,6 +197,15 @@ def test_bonus_token_hangs_off_the_exit_node(small):
     assert (edge.x[0], edge.y[0]) == (nodes.x[1], nodes.y[1]) and edge.line.dash == "dash"
 
 
+def test_the_exit_label_sits_above_its_ring_clear_of_the_bonus_edge(small):
+    """The bonus edge runs right from the exit node (straight right when V is a leaf): a label to
+    the node's right was crossed by it."""
+    tree, flow, verdict = small
+    fig = tree_figure(tree, flow, verdict, token_text=token_text)
+    exit_trace, edge = trace(fig, "exit node"), trace(fig, "bonus edge")
+    assert edge.x[1] > edge.x[0] and exit_trace.textposition == "top center" and exit_trace.text[0]
+
+
 def test_accepted_path_trace_covers_exactly_the_path():
     tree, flow, verdict = ddtree(48, seed=4)
     assert len(verdict.path) >= 2  # a path with at least one accepted draft token
