@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import types
 from html.parser import HTMLParser
 
 import pytest
@@ -370,6 +371,28 @@ def test_timeline_has_one_point_per_round(records):
     histogram = trace(fig, "exit depth")
     assert sum(histogram.y) == 4
     assert histogram.y[0] == exit_depths.count(0) and histogram.y[1] == exit_depths.count(1)
+
+
+def test_timeline_at_auto_leaves_room_for_the_nodes_kept_axis(records):
+    """At budget auto the round panel's right axis ("nodes kept") and the histogram's axis overlapped:
+    the panels stand further apart and the histogram's count is named in its subplot title."""
+    fixed = timeline_figure(records)
+    auto = timeline_figure([dataclasses.replace(r, choice=object()) for r in records])  # timeline_figure reads only whether a choice was made
+    assert trace(auto, "tree size k (auto)") and auto.layout.yaxis2.title.text == "nodes kept"
+    histogram_axis = auto.layout[trace(auto, "exit depth").yaxis.replace("y", "yaxis")]
+    assert not histogram_axis.title.text and "rounds by exit depth" in str(auto.layout.annotations)
+    gap = lambda fig: fig.layout[trace(fig, "exit depth").xaxis.replace("x", "xaxis")].domain[0] - fig.layout.xaxis.domain[1]  # noqa: E731
+    assert gap(auto) >= 0.15 > gap(fixed)
+
+
+def test_budget_figure_margins_hold_its_axis_titles():
+    from visual.budget_view import budget_figure
+
+    record = types.SimpleNamespace(index=0, choice=types.SimpleNamespace(
+        rate=torch.tensor([10.0, 12.0, 11.0]), expected=torch.tensor([1.0, 1.5, 1.7]), cost=torch.tensor([0.1, 0.125, 0.155]),
+        size=1, going_rate=11.5, calibration=1.1, cap=2))
+    fig = budget_figure(record)
+    assert fig.layout.yaxis.automargin and fig.layout.xaxis.automargin and fig.layout.yaxis.title.text == "expected tokens per second"
 
 
 class TokenSpans(HTMLParser):
