@@ -465,6 +465,18 @@ def test_training_figure_skips_missing_heldout():
     assert list(trace(fig, "1 + C (train trees)").y)[0] == pytest.approx(1.55)
 
 
+def test_training_figure_keeps_its_legend_off_the_title_and_plots_the_held_out_after():
+    from ui.exittrain import with_heldout_after
+
+    history = [{"step": 0, "loss": math.nan, "loss_tok": math.nan, "loss_tree": math.nan, "tau_bound": 1.5, "heldout_tau_bound": 1.5}]
+    history += [{"step": s, "loss": 3.0, "loss_tok": 2.0, "loss_tree": 1.0, "tau_bound": 1.6, "heldout_tau_bound": None} for s in (1, 2, 3)]
+    fig = training_figure(with_heldout_after(history, 1.7))
+    heldout = trace(fig, "1 + C (held out)")
+    assert list(heldout.x) == [0, 3] and list(heldout.y) == pytest.approx([1.5, 1.7])  # the 'before' and the 'after'
+    assert fig.layout.legend.y < 0 and fig.layout.legend.yanchor == "top"  # under the panels, not over the title
+    assert history[-1]["heldout_tau_bound"] is None  # the run's own history is left as it was
+
+
 def test_before_after_grouped_bars_with_spread():
     rows = [
         {"drafter": "base", "temperature": 0.0, "tau": 2.0, "tau_q25": 1.5, "tau_q75": 2.5},

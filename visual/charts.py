@@ -209,8 +209,9 @@ def training_figure(history) -> go.Figure:
             line=dict(color=BONUS_COLOUR, width=3),
         ), row=1, col=2)
     fig.update_xaxes(title_text="step")
-    fig.update_layout(title="ExitTrain: L = L_tok + lambda L_exit", plot_bgcolor="white", height=420,
-                      legend=dict(orientation="h", yanchor="bottom", y=1.08, xanchor="right", x=1.0))
+    # the legend under the panels: above them it covered the title
+    fig.update_layout(title="ExitTrain: L = L_tok + lambda L_exit", plot_bgcolor="white", height=460, margin=dict(b=110),
+                      legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0.0))
     return fig
 
 
