@@ -296,6 +296,13 @@ def test_the_walkthrough_steps_through_rounds_back_and_forth_and_exports_them(ap
 
     page = _open(app_server, browser)
     page.get_by_role("tab", name="Walkthrough").click()
+    # the budget slider's end reads 64 in full (with four controls to a row it was cut to "6")
+    end = page.evaluate("""() => {
+        const max = document.querySelector('#walk-budget [data-testid=max-value]'), shown = max.getBoundingClientRect();
+        const slider = document.querySelector('#walk-budget').getBoundingClientRect();
+        return [max.innerText, shown.left >= slider.left && shown.right <= slider.right && max.scrollWidth <= max.clientWidth];
+    }""")
+    assert end == ["64", True]
     prompt = page.locator("#walk-prompt textarea")
     prompt.fill("")
     page.click("#walk-run")
