@@ -160,7 +160,7 @@ def test_step_7_draws_the_removed_children_it_names(pair):
     cut = dataclasses.replace(trace, bonus={**trace.bonus, "removed": [(outside, 0.0)]})
     step = walkthrough_step(cut, 6, str)
     assert "grey" not in step.figure.layout.title.text and str(outside) not in list(step.figure.data[0].y)
-    assert f"`{outside}` ($p_V$ = 0.00)" in step.text and "already have probability 0" in step.text
+    assert f"with their $p_V$: `{outside}` 0.00" in step.text and "already have probability 0" in step.text
 
 
 def test_the_export_writes_its_formulas_as_text(pair):

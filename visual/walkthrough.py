@@ -232,9 +232,9 @@ def _decision(trace, token_text, word):
 def _bonus(trace, token_text, word):
     bonus, verdict = trace.bonus, trace.verdict
     removed = {t for t, p in bonus["removed"] if p > 0}  # V's children the target could have drawn: grey bars
-    # the row's top tokens, and V's removed children where they are not among them (truncation's zeros left out)
-    row = [(t, p) for t, p in bonus["row"] if p > 0]
-    row += [(t, p) for t, p in bonus["removed"] if p > 0 and t not in {t for t, _ in row}]
+    row = [(t, p) for t, p in bonus["row"] if p > 0]  # the row's top tokens; truncation (top-p, top-k) zeroes the rest
+    if removed and not removed & {t for t, _ in row}:  # no child among them: the likeliest child joins them, so grey is shown
+        row.append(max(((t, p) for t, p in bonus["removed"] if p > 0), key=lambda pair: pair[1]))
     residual = [] if bonus["greedy"] else [(t, p) for t, p in bonus["residual"] if p > 0]
     fig = go.Figure()
     fig.add_trace(go.Bar(y=[html.unescape(token_label(t, token_text, 12)) for t, _ in row], x=[p for _, p in row], orientation="h",
@@ -248,7 +248,8 @@ def _bonus(trace, token_text, word):
     _plain(fig, shown + " (tokens of probability 0 left out)", xaxis="probability")
     fig.update_yaxes(autorange="reversed", visible=True)
     fig.update_layout(barmode="group", showlegend=True)
-    removed_text = ", ".join(f"{word(t)} ($p_V$ = {p:.2f})" for t, p in bonus["removed"])
+    # each child with its probability under p_V, said once ("(, (0.00))" read as punctuation)
+    removed_text = "with their $p_V$: " + ", ".join(f"{word(t)} {p:.2f}" for t, p in bonus["removed"]) if bonus["removed"] else ""
     if bonus["greedy"]:
         text = (f"At T = 0 the bonus token is the target's argmax at the exit node: {word(verdict.bonus_token)}. There is no residual: "
                 f"nothing is drawn, so nothing needs removing. The argmax is never one of $V$'s children "
