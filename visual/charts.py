@@ -143,7 +143,7 @@ def timeline_figure(records) -> go.Figure:
     # at auto the right axis ("nodes kept") needs room before the histogram, whose count the subplot title names
     # (an axis title of its own overlapped "nodes kept")
     fig = make_subplots(
-        rows=2, cols=2, column_widths=[0.7, 0.3], vertical_spacing=0.2, horizontal_spacing=0.16 if auto else 0.08,
+        rows=2, cols=2, column_widths=[0.7, 0.3], vertical_spacing=0.2, horizontal_spacing=0.2 if auto else 0.08,
         specs=[[{"secondary_y": True}, {}], [{"colspan": 2}, None]],
         subplot_titles=("block length L per round vs 1 + C(T)", "rounds by exit depth d(V)", "stage time per round (ms)"),
     )
@@ -177,7 +177,8 @@ def timeline_figure(records) -> go.Figure:
     fig.update_xaxes(title_text="depth", dtick=1, row=1, col=2)
     fig.update_xaxes(title_text="round", row=2, col=1)
     fig.update_yaxes(title_text="tokens", rangemode="tozero", row=1, col=1, secondary_y=False)
-    fig.update_yaxes(title_text="nodes kept", rangemode="tozero", showgrid=False, visible=auto, row=1, col=1, secondary_y=True)
+    fig.update_yaxes(title_text="nodes kept", rangemode="tozero", showgrid=False, visible=auto, row=1, col=1, secondary_y=True,
+                     color="#999999")  # the grey of its diamonds: it reads as theirs, not the histogram's
     fig.update_yaxes(title_text="ms", row=2, col=1)
     return fig
 
