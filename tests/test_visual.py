@@ -392,7 +392,7 @@ def test_budget_figure_margins_hold_its_axis_titles():
         rate=torch.tensor([10.0, 12.0, 11.0]), expected=torch.tensor([1.0, 1.5, 1.7]), cost=torch.tensor([0.1, 0.125, 0.155]),
         size=1, going_rate=11.5, calibration=1.1, cap=2))
     fig = budget_figure(record)
-    assert fig.layout.yaxis.automargin and fig.layout.xaxis.automargin and fig.layout.yaxis.title.text == "expected tokens per second"
+    assert fig.layout.yaxis.automargin and fig.layout.xaxis.automargin and fig.layout.yaxis.title.text == "expected tokens/s"
 
 
 class TokenSpans(HTMLParser):

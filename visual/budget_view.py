@@ -50,7 +50,7 @@ def budget_figure(record: RoundRecord) -> go.Figure:
         )),
         # automargin: the margins grow to hold the axis titles and ticks, which were cut off at the left
         xaxis=dict(title="tree size k (the drafter's best k nodes)", rangemode="tozero", automargin=True),
-        yaxis=dict(title="expected tokens per second", rangemode="tozero", automargin=True),
+        yaxis=dict(title="expected tokens/s", rangemode="tozero", automargin=True),  # short: it fits a short plot's height too
         plot_bgcolor="white",
         showlegend=False,
         margin=dict(t=110),
