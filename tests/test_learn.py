@@ -54,3 +54,5 @@ def test_the_worked_example_is_the_walkthrough_s_first_round():
     assert text(tree.tokens_list[verdict.exit_node]) == round_["exit"] and int(tree.depths[verdict.exit_node]) == round_["exit_depth"]
     assert text(verdict.bonus_token) == round_["bonus"] and verdict.block_length == round_["block_length"]
     assert sum(1 for p in reach[1:] if p > 5e-4) == len(round_["chain"]) + 1  # the other nodes hold no reach
+    exits = {v: float(w) for v, w in enumerate(flow.exit_weight) if w > 5e-4}  # the walk leaves at two nodes only
+    assert exits == {verdict.exit_node: pytest.approx(round_["first_reach"], abs=5e-4), other: pytest.approx(round_["other_reach"], abs=5e-4)}

@@ -43,9 +43,9 @@ def _worked_example(r: dict) -> str:
         f"(each edge 1.00). So the reach is $P$ = {r['first_reach']:.3f} at each of those {len(r['chain'])} nodes and "
         f"{r['other_reach']:.3f} at {_code(r['other'])}; top-p gives the other {r['budget'] - len(r['chain']) - 1} nodes 0. Coverage: "
         f"$C = {len(r['chain'])} \\times {r['first_reach']:.3f} + {r['other_reach']:.3f} \\approx$ **{r['coverage']:.3f}**, so "
-        f"TEV expects $1 + C$ = **{1 + r['coverage']:.3f}** tokens from this round. The walk leaves the tree at a leaf either way: "
-        f"at {_code(r['exit'])} (depth {r['exit_depth']}) with $w$ = {r['first_reach']:.3f}, or at {_code(r['other'])} with $w$ = "
-        f"{r['other_reach']:.3f}, and the two sum to 1. TEV drew the exit node {_code(r['exit'])}, so the round kept {accepted} draft "
+        f"TEV expects $1 + C$ = **{1 + r['coverage']:.3f}** tokens from this round. The walk leaves the tree at one of two nodes: "
+        f"at {_code(r['exit'])} (depth {r['exit_depth']}, the chain's end) with $w$ = {r['first_reach']:.3f}, or at {_code(r['other'])} with "
+        f"$w$ = {r['other_reach']:.3f}; every other node's $w$ is 0, and the two sum to 1. TEV drew the exit node {_code(r['exit'])}, so the round kept {accepted} draft "
         f"tokens plus the bonus {_code(r['bonus'])}: $L$ = **{r['block_length']}**, {'more' if r['block_length'] > 1 + r['coverage'] else 'less'} "
         f"than $1 + C$: one round's $L$ is a single draw, and may exceed the bound on the expected length. *Walkthrough: press Run one round and follow steps 5 to 8.*"
     )
