@@ -130,10 +130,13 @@ def _figures(page, *selectors) -> list[str]:
     }""", selector) for selector in selectors]
 
 
-def _refused_once(page, message: str) -> None:
-    """The refusal is said once, where it is visible, and no output is marked failed."""
+def _refused_once(page, message: str, line: str | None = None) -> None:
+    """The refusal is said once, where it is visible (and, with ``line``, once more in that line under
+    the button pressed), and no output is marked failed."""
     page.wait_for_selector(f"text={message}", timeout=30_000)
-    assert page.get_by_text(message).filter(visible=True).count() == 1
+    if line is not None:
+        page.wait_for_function("([line, message]) => document.querySelector(line).innerText.includes(message)", arg=[line, message], timeout=30_000)
+    assert page.get_by_text(message).filter(visible=True).count() == (1 if line is None else 2)
     assert _error_badges(page) == 0
 
 
@@ -149,18 +152,83 @@ def test_a_refused_input_says_why_once_and_leaves_the_figures(app_server, browse
     before = _figures(page, *figures)
     box.fill("x" * 4100)  # over the stated limit: refused, not cut
     page.click("#generate-button")
-    _refused_once(page, "shorten it to at most 4000")
+    _refused_once(page, "shorten it to at most 4000", REFUSAL_LINE)
     assert box.input_value() == "x" * 4100
     box.fill("   ")
     page.click("#generate-button")
-    _refused_once(page, "the prompt is empty")
+    _refused_once(page, "the prompt is empty", REFUSAL_LINE)
     seed = page.locator("#live-seed input")
     box.fill("def add(a, b):\n    ")
     seed.fill("")  # an empty number
     page.click("#generate-button")
-    _refused_once(page, "seed is missing")
+    _refused_once(page, "seed is missing", REFUSAL_LINE)
     page.wait_for_timeout(1000)
     assert _figures(page, *figures) == before  # every figure and the stats as the good run left them
+    page.close()
+
+
+REFUSAL_LINE = "#live-refusal"  # the line under Generate that says why a press was refused
+
+
+def _first_screen(app_server, browser):
+    """The page in a 1400x1000 window at its opening settings, its header loaded."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(app_server.url, wait_until="domcontentloaded")
+    page.wait_for_function("(document.querySelector('#device-info')?.innerText || '').includes('precision')", timeout=60_000)
+    return page
+
+
+def _stopped(page) -> None:
+    """Stop pressed, and the run's end shown (the next test starts on an idle server)."""
+    page.click("#stop-button")
+    page.wait_for_function("document.querySelector('#live-stats').innerText.includes('stopped')", timeout=120_000)
+
+
+def test_the_answer_streams_in_the_first_screen(app_server, browser):
+    """At the opening settings in a 1400x1000 window the answer streams in sight, under the prompt
+    (below the settings it started about 1,350 px down, out of sight)."""
+    page = _first_screen(app_server, browser)
+    page.click("#generate-button")
+    answer = page.wait_for_selector("#text-view [data-round]", timeout=60_000)  # the first round's tokens
+    box = answer.bounding_box()
+    assert page.evaluate("window.scrollY") == 0 and 0 <= box["y"] and box["y"] + box["height"] <= 1000, box
+    _stopped(page)
+    page.close()
+
+
+def test_a_typed_top_p_out_of_range_is_refused_by_name_not_clamped(app_server, browser):
+    page = _first_screen(app_server, browser)
+    top_p = page.get_by_role("spinbutton", name="number input for top-p (1: off)")
+    top_p.fill("1.7")
+    top_p.press("Tab")  # leaving the box clamped it to 1, and Generate then ran at top-p 1 without a word
+    assert top_p.input_value() == "1.7"
+    before = _figures(page, "#live-stats", "#text-view")
+    page.click("#generate-button")
+    page.wait_for_selector(REFUSAL_LINE, state="visible", timeout=30_000)
+    assert "top-p must be from 0.05 to 1.0, got 1.7" in page.inner_text(REFUSAL_LINE)
+    page.wait_for_timeout(1000)
+    assert _figures(page, "#live-stats", "#text-view") == before and _error_badges(page) == 0  # nothing ran
+    page.close()
+
+
+def test_a_refusal_is_said_under_generate(app_server, browser):
+    """Seed 1.5 is refused beside the seed box, far below Generate: the press's refusal is said right
+    under the button too, in the first screen; a good press then clears it."""
+    page = _first_screen(app_server, browser)
+    seed = page.locator("#live-seed input")
+    seed.fill("1.5")
+    page.evaluate("window.scrollTo(0, 0)")  # back at Generate, as a user who set the seed and scrolled up
+    page.click("#generate-button")
+    line = page.wait_for_selector(REFUSAL_LINE, state="visible", timeout=30_000)
+    assert "seed must be a whole number" in line.inner_text() and "got 1.5" in line.inner_text()
+    button, said = page.locator("#generate-button").bounding_box(), line.bounding_box()
+    assert page.evaluate("window.scrollY") == 0 and said["y"] + said["height"] <= 1000
+    assert abs(said["y"] - (button["y"] + button["height"])) < 40, (button, said)  # the next line under the button
+    seed.fill("0")
+    page.evaluate("window.scrollTo(0, 0)")
+    page.click("#generate-button")
+    page.wait_for_selector(REFUSAL_LINE, state="hidden", timeout=30_000)
+    _stopped(page)
     page.close()
 
 
@@ -228,6 +296,13 @@ def test_the_walkthrough_steps_through_rounds_back_and_forth_and_exports_them(ap
 
     page = _open(app_server, browser)
     page.get_by_role("tab", name="Walkthrough").click()
+    # the budget slider's end reads 64 in full (with four controls to a row it was cut to "6")
+    end = page.evaluate("""() => {
+        const max = document.querySelector('#walk-budget [data-testid=max-value]'), shown = max.getBoundingClientRect();
+        const slider = document.querySelector('#walk-budget').getBoundingClientRect();
+        return [max.innerText, shown.left >= slider.left && shown.right <= slider.right && max.scrollWidth <= max.clientWidth];
+    }""")
+    assert end == ["64", True]
     prompt = page.locator("#walk-prompt textarea")
     prompt.fill("")
     page.click("#walk-run")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import types
 from html.parser import HTMLParser
 
 import pytest
@@ -197,6 +198,15 @@ def test_bonus_token_hangs_off_the_exit_node(small):
     assert (edge.x[0], edge.y[0]) == (nodes.x[1], nodes.y[1]) and edge.line.dash == "dash"
 
 
+def test_the_exit_label_sits_above_its_ring_clear_of_the_bonus_edge(small):
+    """The bonus edge runs right from the exit node (straight right when V is a leaf): a label to
+    the node's right was crossed by it."""
+    tree, flow, verdict = small
+    fig = tree_figure(tree, flow, verdict, token_text=token_text)
+    exit_trace, edge = trace(fig, "exit node"), trace(fig, "bonus edge")
+    assert edge.x[1] > edge.x[0] and exit_trace.textposition == "top center" and exit_trace.text[0]
+
+
 def test_accepted_path_trace_covers_exactly_the_path():
     tree, flow, verdict = ddtree(48, seed=4)
     assert len(verdict.path) >= 2  # a path with at least one accepted draft token
@@ -363,6 +373,28 @@ def test_timeline_has_one_point_per_round(records):
     assert histogram.y[0] == exit_depths.count(0) and histogram.y[1] == exit_depths.count(1)
 
 
+def test_timeline_at_auto_leaves_room_for_the_nodes_kept_axis(records):
+    """At budget auto the round panel's right axis ("nodes kept") and the histogram's axis overlapped:
+    the panels stand further apart and the histogram's count is named in its subplot title."""
+    fixed = timeline_figure(records)
+    auto = timeline_figure([dataclasses.replace(r, choice=object()) for r in records])  # timeline_figure reads only whether a choice was made
+    assert trace(auto, "tree size k (auto)") and auto.layout.yaxis2.title.text == "nodes kept"
+    histogram_axis = auto.layout[trace(auto, "exit depth").yaxis.replace("y", "yaxis")]
+    assert not histogram_axis.title.text and "rounds by exit depth" in str(auto.layout.annotations)
+    gap = lambda fig: fig.layout[trace(fig, "exit depth").xaxis.replace("x", "xaxis")].domain[0] - fig.layout.xaxis.domain[1]  # noqa: E731
+    assert gap(auto) >= 0.18 > gap(fixed)
+
+
+def test_budget_figure_margins_hold_its_axis_titles():
+    from visual.budget_view import budget_figure
+
+    record = types.SimpleNamespace(index=0, choice=types.SimpleNamespace(
+        rate=torch.tensor([10.0, 12.0, 11.0]), expected=torch.tensor([1.0, 1.5, 1.7]), cost=torch.tensor([0.1, 0.125, 0.155]),
+        size=1, going_rate=11.5, calibration=1.1, cap=2))
+    fig = budget_figure(record)
+    assert fig.layout.yaxis.automargin and fig.layout.xaxis.automargin and fig.layout.yaxis.title.text == "expected tokens/s"
+
+
 class TokenSpans(HTMLParser):
     """Collects (round, class, background, title, text) of the token spans of a text view."""
 
@@ -431,6 +463,18 @@ def test_training_figure_skips_missing_heldout():
     heldout = trace(fig, "1 + C (held out)")
     assert list(heldout.x) == [5, 10] and list(heldout.y) == pytest.approx([1.65, 1.9])
     assert list(trace(fig, "1 + C (train trees)").y)[0] == pytest.approx(1.55)
+
+
+def test_training_figure_keeps_its_legend_off_the_title_and_plots_the_held_out_after():
+    from ui.exittrain import with_heldout_after
+
+    history = [{"step": 0, "loss": math.nan, "loss_tok": math.nan, "loss_tree": math.nan, "tau_bound": 1.5, "heldout_tau_bound": 1.5}]
+    history += [{"step": s, "loss": 3.0, "loss_tok": 2.0, "loss_tree": 1.0, "tau_bound": 1.6, "heldout_tau_bound": None} for s in (1, 2, 3)]
+    fig = training_figure(with_heldout_after(history, 1.7))
+    heldout = trace(fig, "1 + C (held out)")
+    assert list(heldout.x) == [0, 3] and list(heldout.y) == pytest.approx([1.5, 1.7])  # the 'before' and the 'after'
+    assert fig.layout.legend.y < 0 and fig.layout.legend.yanchor == "top"  # under the panels, not over the title
+    assert history[-1]["heldout_tau_bound"] is None  # the run's own history is left as it was
 
 
 def test_before_after_grouped_bars_with_spread():

@@ -100,8 +100,7 @@ def test_the_command_line_export_writes_the_steps(tmp_path, monkeypatch):
 
 
 def test_the_steps_say_what_this_round_shows(pair):
-    """Step 2's caption follows this round's marginals, step 7 leaves out tokens of probability 0,
-    step 8 calls 1 + C the expected block length, not a bound."""
+    """Step 2's caption follows this round's marginals, step 7 leaves out tokens of probability 0."""
     target, drafters = pair
     trace = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.7, top_k=2), "tev", 8, seed=2)
     tokens, probs = trace.marginals
@@ -117,7 +116,51 @@ def test_the_steps_say_what_this_round_shows(pair):
     assert any(p == 0 for _, p in trace.bonus["row"])  # top-k 2: four of the row's top six tokens have probability 0
     greedy = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.0), "greedy", 8, seed=2)
     assert "There is no residual" in walkthrough_step(greedy, 6, str).text and len(walkthrough_step(greedy, 6, str).figure.data) == 1
-    assert "**expected** $L$" in walkthrough_step(trace, 7, str).text and "bound" not in walkthrough_step(trace, 7, str).text.split("not a bound")[0]
+
+
+def test_steps_5_and_8_tell_one_story_about_1_plus_c(pair):
+    """Step 5 and step 8 say the same of 1 + C, with this round's numbers: it bounds the expected
+    block length, and one round's L may exceed it; a round with C = 0 is not told it might keep fewer."""
+    target, drafters = pair
+    for seed in range(4):
+        trace = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.7, top_p=0.9), "tev", 8, seed=seed)
+        five, eight = walkthrough_step(trace, 4, str).text, walkthrough_step(trace, 7, str).text
+        bound = f"$1 + C$ = **{trace.flow.tau_bound:.3f}** bounds the **expected** block length"
+        assert bound in five and bound in eight and "may exceed it" in five and "not a bound" not in eight
+        length = trace.verdict.block_length
+        said = "exceeds" if length > trace.flow.tau_bound else "falls short of"
+        assert f"this round's L = {length} {said} it" in eight
+    plain = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.7, top_p=0.9), "tev", 0, seed=0)  # B = 0: C = 0
+    assert "C = 0, so L = 1 (the bonus alone) is the only outcome" in walkthrough_step(plain, 7, str).text
+    greedy = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.0), "greedy", 8, seed=0)
+    assert "every draw keeps the same L" in walkthrough_step(greedy, 7, str).text
+
+
+def test_step_1_labels_alternate_above_and_below(pair):
+    """Neighbouring context tokens' labels alternate above and below, so two long ones never collide;
+    the root's sits above (its arrow comes from below)."""
+    target, drafters = pair
+    trace = trace_round(target, drafters["block"], PROMPT * 6, SamplingLaw(0.7, top_p=0.9), "tev", 8, seed=0)
+    scatter = walkthrough_step(trace, 0, str).figure.data[0]
+    positions = list(scatter.textposition)
+    assert len(positions) == 24 and positions[-1] == "top center"
+    assert all(a != b for a, b in zip(positions, positions[1:]))
+
+
+def test_step_7_draws_the_removed_children_it_names(pair):
+    """Step 7 promises grey removed children only where it draws them (a child outside the row's top
+    tokens included), and says so in words when truncation had already given them probability 0."""
+    target, drafters = pair
+    trace = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.7, top_p=0.9), "tev", 8, seed=1)
+    outside = next(t for t in range(VOCAB) if t not in {u for u, _ in trace.bonus["row"]})
+    kept = dataclasses.replace(trace, bonus={**trace.bonus, "removed": [(outside, 0.01)]})
+    step = walkthrough_step(kept, 6, str)
+    row = step.figure.data[0]
+    assert str(outside) in list(row.y) and "#bbbbbb" in list(row.marker.color) and "grey" in step.figure.layout.title.text
+    cut = dataclasses.replace(trace, bonus={**trace.bonus, "removed": [(outside, 0.0)]})
+    step = walkthrough_step(cut, 6, str)
+    assert "grey" not in step.figure.layout.title.text and str(outside) not in list(step.figure.data[0].y)
+    assert f"with their $p_V$: `{outside}` 0.00" in step.text and "already have probability 0" in step.text
 
 
 def test_the_export_writes_its_formulas_as_text(pair):

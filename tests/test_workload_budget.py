@@ -34,10 +34,12 @@ class FakeClock:
         return self.now
 
 
-def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: float | None = None, later_answer: float | None = None) -> dict:
+def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: float | None = None, later_answer: float | None = None,
+         phases: list | None = None) -> dict:
     """A whole adaptation in fake time: each piece of work moves the clock by its stubbed pace
     (the probe's held-out prompt by ``probe_heldout`` when given: a busy minute while it ran; the
-    answers after the probe's first ones by ``later_answer``: longer answers in bigger batches)."""
+    answers after the probe's first ones by ``later_answer``: longer answers in bigger batches).
+    ``phases``, when given, collects the run's named phases and their info, as the page reads them."""
     bundle, base, prompts = tiny
     clock = FakeClock()
     answer, score, train, decode = (workload_command.answer_prompts, workload_command.workload_train_set, workload_command.train,
@@ -82,10 +84,23 @@ def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: 
     monkeypatch.setattr(workload_command, "_decode_prompt", decoding)
     monkeypatch.setattr(workload_command, "EVAL_NEW_TOKENS", 6)
     settings = dataclasses.replace(workload_settings("exit"), batch=8, tree_batch=4)
-    result = result_of(workload_command.adaptation(bundle, prompts, base, MINUTES, settings, controls=("none",), progress=False, with_mass=with_mass, clock=clock))["result"]
+    events = workload_command.adaptation(bundle, prompts, base, MINUTES, settings, controls=("none",), progress=False, with_mass=with_mass, clock=clock)
+    result = result_of(_kept(events, phases) if phases is not None else events)["result"]
     assert clock.now == pytest.approx(result["minutes"] * 60)
     assert result["minutes"] <= 1.1 * MINUTES  # the minutes hold, whatever the pace
     return result
+
+
+def _kept(events, phases: list):
+    """``events`` passed on, each named phase (a ``(name, info)`` pair) also kept in ``phases``."""
+    while True:
+        try:
+            event = next(events)
+        except StopIteration as done:
+            return done.value
+        if isinstance(event, tuple) and len(event) == 2 and isinstance(event[0], str):
+            phases.append(event)
+        yield event
 
 
 ROUNDS = 12  # about the rounds of a tiny held-out prompt at the three laws (6 new tokens each)
@@ -124,6 +139,18 @@ def test_held_out_prompts_past_the_plan_fill_the_minutes_a_slow_probe_left(tiny,
     result = _run(tiny, monkeypatch, dataclasses.replace(QUIET, step=0.8), with_mass=True, probe_heldout=40.0)
     assert result["compared"] and result["eval_prompts"] > result["plan"]["heldout"]
     assert result["eval_prompts"] == 5 and result["heldout_mass"] is not None  # every held-out prompt, and the mass figure still fits
+
+
+def test_the_progress_of_held_out_decoding_counts_the_prompts_it_may_decode(tiny, monkeypatch):
+    """It said "up to 1 held-out prompts" and then decoded 2: the plan's count is not a ceiling."""
+    from ui.workload import PHASES
+
+    phases = []
+    result = _run(tiny, monkeypatch, dataclasses.replace(QUIET, step=0.8), probe_heldout=40.0, phases=phases)
+    info = next(info for name, info in phases if name == "evaluate")
+    assert info["prompts"] == result["plan"]["heldout"] < result["eval_prompts"] <= info["most"]
+    said = PHASES["evaluate"](info)
+    assert f"{info['prompts']} planned, up to {info['most']} while the minutes allow" in said and "up to 1 held-out" not in said
 
 
 def test_a_run_that_cannot_reach_the_minimum_steps_says_so_and_compares_nothing(tiny, monkeypatch):

@@ -22,7 +22,23 @@ import gradio as gr
 from tev.service.service import UserInputError, check_number
 from ui import shared
 
-__all__ = ["checked_event", "validator", "refusal", "once_per_click", "as_text"]
+__all__ = ["checked_event", "validator", "refusal", "refusal_line", "once_per_click", "as_text", "KEEP_TYPED", "KEEP_TYPED_NUMBERS_JS"]
+
+# Gradio's slider clamps a number typed into its box to the slider's range when the box loses focus
+# (top-p 1.7 became 1 and ran without a word). The page's own script (``launch(js=...)``) stops that
+# blur for an out-of-range number in a slider inside ``.tev-keep-typed``, so the value stays as typed
+# and the event's validator refuses it by name. Only where a refusal line says so (Gradio shows no
+# validator message under a slider): elsewhere the clamp stays.
+KEEP_TYPED = "tev-keep-typed"
+KEEP_TYPED_NUMBERS_JS = """() => {
+    window.addEventListener("blur", (event) => {
+        const box = event.target;
+        if (!(box instanceof HTMLInputElement) || box.type !== "number" || !box.closest(".%s")) return;
+        if (!(box.getAttribute("aria-label") || "").startsWith("number input for ")) return;  // a slider's number box
+        const value = box.valueAsNumber;
+        if (value < parseFloat(box.min) || value > parseFloat(box.max)) event.stopImmediatePropagation();
+    }, true);
+}""" % KEEP_TYPED
 
 
 def _short_label(component) -> str:
@@ -47,13 +63,10 @@ def refusal(component, value, also=None) -> str | None:
     return None
 
 
-def validator(inputs: list, check=None, also: dict | None = None):
-    """An event's validator (``validator=`` of a Gradio listener) for ``inputs``: each input's own
-    range or choices (:func:`refusal`; ``also`` maps a Radio to the values it may also pass), then
-    ``check(*values)``, a function with the handler's parameters that raises ``ValueError`` saying
-    what to change. The message goes under the input it names first (a parameter name, with ``_``
-    read as a space or a hyphen: ``top_p`` is "top-p"), else under the first visible input; the
-    handler then does not run and no output changes."""
+def _first_refusal(inputs: list, check=None, also: dict | None = None):
+    """``refused(*values)``: ``(index, message)`` of the first input of ``inputs`` refused (by its own range
+    or choices, then by ``check``), or None when none is; what :func:`validator` and :func:`refusal_line`
+    both say."""
     names = list(inspect.signature(check).parameters)[: len(inputs)] if check else []
     shown = next((i for i, component in enumerate(inputs) if getattr(component, "visible", True) is not False), 0)
     also = also or {}
@@ -62,21 +75,53 @@ def validator(inputs: list, check=None, also: dict | None = None):
         found = [(message.find(word), i) for i, name in enumerate(names) for word in (name.replace("_", " "), name.replace("_", "-")) if word in message]
         return min(found)[1] if found else shown
 
-    def validate(*values):
-        verdicts = [gr.validate(True, "") for _ in inputs]
+    def refused(*values):
         for i, (component, value) in enumerate(zip(inputs, values)):
             wrong = refusal(component, value, also.get(component))
             if wrong is not None:
-                verdicts[i] = gr.validate(False, wrong)
-                return verdicts
+                return i, wrong
         if check is not None:
             try:
                 check(*values)
             except ValueError as error:  # the user's input, or models that could not be loaded: said where to look
-                verdicts[named(str(error))] = gr.validate(False, str(error))
+                return named(str(error)), str(error)
+        return None
+
+    return refused
+
+
+def validator(inputs: list, check=None, also: dict | None = None):
+    """An event's validator (``validator=`` of a Gradio listener) for ``inputs``: each input's own
+    range or choices (:func:`refusal`; ``also`` maps a Radio to the values it may also pass), then
+    ``check(*values)``, a function with the handler's parameters that raises ``ValueError`` saying
+    what to change. The message goes under the input it names first (a parameter name, with ``_``
+    read as a space or a hyphen: ``top_p`` is "top-p"), else under the first visible input; the
+    handler then does not run and no output changes."""
+    refused = _first_refusal(inputs, check, also)
+
+    def validate(*values):
+        verdicts = [gr.validate(True, "") for _ in inputs]
+        found = refused(*values)
+        if found is not None:
+            verdicts[found[0]] = gr.validate(False, found[1])
         return verdicts
 
     return validate
+
+
+def refusal_line(inputs: list, check=None, also: dict | None = None):
+    """A handler chained before a checked event on the same press: the validator's message as one
+    line (a Markdown output) where the user pressed (the validator's message sits under the input it
+    names, maybe out of sight, and under a slider not at all), or the line hidden when nothing is
+    refused. Chained before, not beside: an event on the same inputs that ends after the validator's
+    refusal clears the validator's message."""
+    refused = _first_refusal(inputs, check, also)
+
+    def line(*values):
+        found = refused(*values)
+        return gr.update(value="", visible=False) if found is None else gr.update(value=f"**Not run:** {found[1]}", visible=True)
+
+    return line
 
 
 def as_text(value) -> str | None:

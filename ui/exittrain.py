@@ -161,7 +161,13 @@ def _measured(bundle, experiment, settings, history: list, tree_term: str, domai
     trained = experiment.drafter.served()  # in the precision the shipped drafters are served in
     base = BlockTreeDrafter(BlockDrafter.from_pretrained(bundle.shipped_folder("block"), bundle.target), name="base")
     trees = side_by_side(bundle, {"base": base, "ExitTrain (live)": BlockTreeDrafter(trained, name="live")}, evaluation_prompts(bundle.is_chat, 1, domain)[0])
-    return ExitTrainView(training_figure(history), "", bars, table, mass, *trees)
+    return ExitTrainView(training_figure(with_heldout_after(history, after.tau_bound)), "", bars, table, mass, *trees)
+
+
+def with_heldout_after(history: list, after: float) -> list:
+    """``history`` with the held-out 'after' (scored once training ended) at its last step, so the
+    curve's held-out line runs from the 'before' at step 0 to it."""
+    return history[:-1] + [{**history[-1], "heldout_tau_bound": after}]
 
 
 _NO_HEADROOM = ("\n\nWhy so little: the base drafter was distilled on these very conversations, so a fine-tune on them has no headroom "

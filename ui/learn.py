@@ -1,8 +1,55 @@
-"""The Learn tab's text: the quantities the other tabs show, in the paper's notation."""
+"""The Learn tab's text: the quantities the other tabs show, in the paper's notation, with the
+Walkthrough tab's first round as a worked example, and the practitioners' material under its own
+heading."""
+
+import html
+import re
 
 import gradio as gr
 
 from ui.shared import FORMULAS
+from visual.style import token_label
+
+# The Walkthrough tab's opening round on the default pair (its first prompt, the tab's opening
+# settings), as traced by tev.engine.walkthrough.trace_round; tests/test_learn.py traces it again
+# and checks these numbers.
+WORKED_ROUND = {
+    "prompt": "Write a Python function that checks whether a string is a palindrome.",
+    "drafter": "block", "verifier": "tev", "budget": 16, "temperature": 0.7, "top_p": 0.9, "seed": 0,
+    "first": "```", "first_reach": 0.811, "other": "Here", "other_reach": 0.189,  # the root's two children the target can draw
+    "chain": ("```", "python", "\n", "def"),  # the first guess and the path under it, each edge below it probability 1.00
+    "coverage": 3.434, "exit": "def", "exit_depth": 4, "bonus": " is", "block_length": 5,
+}
+
+
+def _code(text: str) -> str:
+    """A token as inline code, its whitespace made visible as on the page's figures; fenced by more
+    backticks than any run inside it, so a token like ``` stays code."""
+    shown = html.unescape(token_label(0, lambda _: text, None))
+    longest = max((len(run) for run in re.findall("`+", shown)), default=0)
+    fence = "`" * (longest + 1)
+    return f"{fence} {shown} {fence}" if longest else f"`{shown}`"
+
+
+def _worked_example(r: dict) -> str:
+    """The worked example's paragraph, every number from ``r`` (:data:`WORKED_ROUND`)."""
+    chain = ", ".join(_code(token) for token in r["chain"][1:])
+    accepted = r["block_length"] - 1
+    return (
+        f"**A worked example: the Walkthrough tab's first round.** On the default pair, with the tab's opening prompt "
+        f"(*{r['prompt']}*), $T = {r['temperature']}$, top-p ${r['top_p']}$, $B = {r['budget']}$ and seed {r['seed']}, the root is the "
+        f"newline that opens the answer. There the target draws the drafter's first guess {_code(r['first'])} with probability "
+        f"{r['first_reach']:.3f} and {_code(r['other'])} with {r['other_reach']:.3f}; below {_code(r['first'])} it is sure of {chain} "
+        f"(each edge 1.00). So the reach is $P$ = {r['first_reach']:.3f} at each of those {len(r['chain'])} nodes and "
+        f"{r['other_reach']:.3f} at {_code(r['other'])}; top-p gives the other {r['budget'] - len(r['chain']) - 1} nodes 0. Coverage: "
+        f"$C = {len(r['chain'])} \\times {r['first_reach']:.3f} + {r['other_reach']:.3f} \\approx$ **{r['coverage']:.3f}**, so "
+        f"TEV expects $1 + C$ = **{1 + r['coverage']:.3f}** tokens from this round. The walk leaves the tree at one of two nodes: "
+        f"at {_code(r['exit'])} (depth {r['exit_depth']}, the chain's end) with $w$ = {r['first_reach']:.3f}, or at {_code(r['other'])} with "
+        f"$w$ = {r['other_reach']:.3f}; every other node's $w$ is 0, and the two sum to 1. TEV drew the exit node {_code(r['exit'])}, so the round kept {accepted} draft "
+        f"tokens plus the bonus {_code(r['bonus'])}: $L$ = **{r['block_length']}**, {'more' if r['block_length'] > 1 + r['coverage'] else 'less'} "
+        f"than $1 + C$: one round's $L$ is a single draw, and may exceed the bound on the expected length. *Walkthrough: press Run one round and follow steps 5 to 8.*"
+    )
+
 
 LEARN = r"""
 ### Speculative decoding with a draft tree
@@ -17,11 +64,23 @@ depth $d(v)$ (the root has depth 0), its **parent** is $\mathrm{pa}(v)$ and its 
 target's next-token law after the path root $\to v$ (one row of the tree forward), $q_d$ the drafter's guess at depth $d$.
 *Walkthrough: steps 2-4.*
 
-**Reach.** With $p_v$ the target's next-token distribution at node $v$: $P(r) = 1$, $P(v) = P(\mathrm{pa}(v))\, p_{\mathrm{pa}(v)}(x_v)$,
-the probability that plain sampling from $p$ walks to $v$. *Live tab: node colour. Walkthrough: step 5.*
+**Reach.** Picture the target writing on its own from the root: at each node it samples its next token, and when that
+token is one of the node's children it walks on to that child. The reach of $v$ is the chance this walk arrives at $v$:
+$P(r) = 1$, $P(v) = P(\mathrm{pa}(v))\, p_{\mathrm{pa}(v)}(x_v)$. *Live tab: node colour. Walkthrough: step 5.*
 
-**Exit law (missing mass).** $\rho(v) = 1 - \sum_{u \in \mathrm{Ch}(v)} p_v(x_u)$ and $w(v) = P(v)\,\rho(v)$: the target mass that
-**leaves the tree at $v$**. The $w(v)$ sum to 1. Adding a child with token $a$ under $v$ raises coverage by $P(v)\,p_v(a)$. *Live tab: node size; mass-by-depth chart. Walkthrough: step 5.*
+**Coverage.** Every node the walk arrives at is a draft token the round keeps, so the number of draft tokens kept,
+on average, is the sum of the reaches: that sum is the tree's **coverage**, $C(T) = \sum_{v \ne r} P(v)$. A round also
+adds one bonus token, so $1 + C(T)$ bounds the expected **block length** (the tokens a round emits): every exact
+verifier has $E[L] \le 1 + C(T)$, and TEV attains it. One round's $L$ is a single draw and may exceed it.
+*Live tab: the timeline plots each round's $L$ against $1 + C$.*
+
+**The exit node.** The walk leaves the tree exactly once: at the node where the target's next token is none of the
+node's children (or the node is a leaf, with no children at all). That node is the **exit node**, and the chance of
+leaving at $v$ is the **exit law** (the missing mass at $v$): $\rho(v) = 1 - \sum_{u \in \mathrm{Ch}(v)} p_v(x_u)$ and
+$w(v) = P(v)\,\rho(v)$. The $w(v)$ sum to 1. Adding a child with token $a$ under $v$ raises coverage by $P(v)\,p_v(a)$.
+*Live tab: node size; mass-by-depth chart. Walkthrough: steps 5 and 6.*
+
+WORKED_EXAMPLE
 
 **Sampling settings.** $p_v$ is the law the target samples from: its logits divided by the temperature $T$, then
 truncated by top-k (keep the $k$ likeliest tokens), top-p (keep the likeliest tokens until their mass reaches $p$) and
@@ -29,16 +88,9 @@ min-p, in the order Hugging Face `generate` applies them, and renormalised. Ever
 whatever it is. At $T = 0$ the law is a point mass on the argmax: every reach is 0 or 1 and the tree shows no gradation;
 pure sampling at $T = 1$ from a 135M model writes word salad. The page opens at $T = 0.7$, top-p $0.9$: sense, and graded reach.
 
-**Coverage bound.** $C(T) = \sum_{v \ne r} P(v)$. Every exact verifier has expected block length $E[L] \le 1 + C(T)$.
-*Live tab: the timeline plots each round's $L$ against $1 + C$.*
-
-**tau, and other tools' acceptance figures.** $\tau$ is the mean **output-block length** per round: accepted draft
-tokens plus the one bonus token, so $\tau$ = tokens emitted per target forward. It is the same number as EAGLE's
-"average acceptance length" and SGLang's `spec_accept_length` (both count the bonus token) and the DFlash/DDTree "acceptance length".
-Without the bonus token, the mean accepted draft length is $\tau - 1$. An acceptance *rate* per drafted token (vLLM's
-`draft_acceptance_rate`) divides $\tau - 1$ by the tokens drafted per round (the chain length, or $B$ for a tree), so it falls
-as the tree grows while $\tau$ rises. The speedup over plain decoding is about $\tau$ divided by the cost of one round
-relative to one plain forward (tree forward + drafter + verifier). *Live tab: stats line and timeline.*
+**tau.** $\tau$ is the mean block length $L$ over a run's rounds: accepted draft tokens plus the one bonus token, so
+$\tau$ = tokens emitted per target forward; over many rounds it approaches the mean $1 + C$. *Live tab: stats line and
+timeline.*
 
 **TEV (Tree Exit Verification).** Draw the exit node $V \sim w$ in one step, then the bonus $Y$ from the residual
 $p_V^{\mathrm{res}}(a) \propto p_V(a)\,[a \notin \mathrm{Ch}(V)]$. It attains the bound, needs only the parent rows normalised, and one
@@ -58,16 +110,13 @@ the $B + 1$ tree tokens), *head* (the tree's rows through the output head, trunc
 normalisers), *verify* (the verifier's own choice of exit node and bonus token: milliseconds) and *commit* (the cache
 keeps the accepted path). It gains $L$ tokens ($\tau$ on average); plain decoding gains one token per target forward.
 On a GPU a forward over 17 tokens costs about as much as over one (the weights are read once either way), so the
-speedup is close to $\tau$. On a 2-core CPU a 17-token forward costs noticeably more than a one-token one, and at any
-temperature the head reads the whole 49,152-row output matrix once (greedy only needs each row's argmax, sampling each
-row's normaliser too), so a round can cost more steps than it yields tokens: the Live tab says so with this run's
-numbers when it happens. *Live tab: the speed line; Walkthrough: step 8.*
+speedup is close to $\tau$; on a small CPU a round can cost more steps than it yields tokens (see *For practitioners*),
+and the Live tab says so with this run's numbers when it happens. *Live tab: the speed line; Walkthrough: step 8.*
 
 **Budget auto: how big a tree this machine pays for.** Instead of a fixed $B$, each round can keep the best-first
 prefix of the drafter's tree, its best $k$ nodes by path probability $q(v)$, that pays here. The $k$ kept nodes are
-expected to add $c \sum_{i \le k} q(v_i)$ tokens, where $c$ scales the drafter's own estimate to the realised coverage
-$C(T)$ of the past rounds (a drafter's $q$ is not calibrated: the shipped block drafter's realised $C$ runs about 1.2x its
-$\sum q$), and cost the time of a forward over $k + 1$ tokens, measured on this machine when the server starts and
+expected to add $c \sum_{i \le k} q(v_i)$ tokens, where $c$ scales the drafter's own estimate to the coverage the past
+rounds realised, and cost the time of a forward over $k + 1$ tokens, measured on this machine when the server starts and
 followed as the rounds run. A node is kept while its expected tokens pay for its extra time at the rate the rounds
 before it achieved. Only the drafter and past rounds decide, never the round's own target rows, so every verifier
 stays exact. On a GPU a bigger tree costs almost nothing and auto keeps the cap; on a small CPU it keeps a few nodes or
@@ -88,7 +137,24 @@ token loss does all of it: on the four shipped packs no tree term (the paper's $
 floored reach or $w(v)\,d(v)$, or the target's law $p_v$ at every node as the label of the next depth)
 beat the token-only control. A tree term reweights tokens the trees already hold; the answers themselves
 are what the drafter had not seen. *ExitTrain tab: adapt the drafter to a workload.*
-"""
+
+### For practitioners
+
+**tau and other tools' acceptance figures.** $\tau$ counts the bonus token. It is the same number as EAGLE's
+"average acceptance length" and SGLang's `spec_accept_length` (both count the bonus token) and the DFlash/DDTree "acceptance length".
+Without the bonus token, the mean accepted draft length is $\tau - 1$. An acceptance *rate* per drafted token (vLLM's
+`draft_acceptance_rate`) divides $\tau - 1$ by the tokens drafted per round (the chain length, or $B$ for a tree), so it falls
+as the tree grows while $\tau$ rises. The speedup over plain decoding is about $\tau$ divided by the cost of one round
+relative to one plain forward (tree forward + drafter + verifier).
+
+**The head's cost on a CPU.** On a 2-core CPU a 17-token forward costs noticeably more than a one-token one, and at any
+temperature the head reads the whole 49,152-row output matrix once (greedy only needs each row's argmax, sampling each
+row's normaliser too), so a round can cost more steps than it yields tokens. *Live tab: the speed line.*
+
+**Calibration (budget auto).** A drafter's $q$ is not calibrated: the shipped block drafter's realised $C(T)$ runs about
+1.2x its $\sum q$. Budget auto's $c$ is that ratio, realised coverage over the drafter's estimate, followed over the
+past rounds of a browser session. *Live tab: the budget figure names each round's $c$.*
+""".replace("WORKED_EXAMPLE", _worked_example(WORKED_ROUND))
 
 
 def tab() -> None:

@@ -21,7 +21,7 @@ from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, check_
 from ui import gpu, shared
 from tev.util.compute_thread import result_of
 from tev.util.lru import LRU
-from ui.components import as_text, checked_event, once_per_click
+from ui.components import KEEP_TYPED, as_text, checked_event, once_per_click, refusal_line
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
 from ui.workload import chosen_drafter, remember_asked
 from visual import mass_by_depth_figure, text_view_html, timeline_figure, tree_figure
@@ -389,13 +389,19 @@ def tab(examples: list[str]) -> gr.Radio:
             with gr.Row():  # right under the prompt: in view without scrolling
                 generate = gr.Button("Generate", variant="primary", elem_id="generate-button")
                 stop = gr.Button("Stop", elem_id="stop-button")
+            # a refused press says why here, where the user pressed (the validator's message sits under the input, maybe out of sight)
+            refused = gr.Markdown(visible=False, elem_id="live-refusal")
             gr.Markdown(gpu.quota_note("generate"), visible=gpu.ZERO_GPU)
+            # the answer streams under the prompt, in the first screen (beneath the settings it started out of sight)
+            text_view = gr.HTML(elem_id="text-view", elem_classes="tev-text")
+            stats = gr.Markdown("Press **Generate**.", elem_id="live-stats")
+            run_summary = gr.JSON(visible="hidden", elem_id="live-summary")  # the run in numbers, for tools (the page shows the stats)
             chat = gr.Checkbox(value=shared.CHAT_DEFAULT, label="chat: send the prompt as a user message (chat template, stops at the end of the answer); untick to continue the raw text")
             gr.Examples(
                 examples=[[e] for e in examples], inputs=[prompt],
                 label="held-out chat prompts: dialogue, code, math" if shared.CHAT_DEFAULT else "held-out stdlib functions and HumanEval prompts",
             )
-        with gr.Column(scale=2):
+        with gr.Column(scale=2, elem_classes=KEEP_TYPED):  # a number typed out of a slider's range is refused under Generate, not clamped
             kinds = shared.SERVICE.drafter_kinds()
             drafter = gr.Radio(kinds, value=shared.SERVICE.default_drafter_kind(), label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in kinds)
                             + " · adapted: yours, from a workload run in the ExitTrain tab", elem_id="live-drafter")
@@ -413,9 +419,6 @@ def tab(examples: list[str]) -> gr.Radio:
             with gr.Row():
                 seed = gr.Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed", elem_id="live-seed")
                 compare_ar = gr.Checkbox(value=True, label="also time an autoregressive run (speedup)")
-    stats = gr.Markdown("Press **Generate**.", elem_id="live-stats")
-    run_summary = gr.JSON(visible="hidden", elem_id="live-summary")  # the run in numbers, for tools (the page shows the stats)
-    text_view = gr.HTML(elem_id="text-view", elem_classes="tev-text")
     with gr.Row():
         tree_plot = gr.Plot(label="draft tree of the round", elem_id="tree-plot")
     with gr.Row():
@@ -438,7 +441,9 @@ def tab(examples: list[str]) -> gr.Radio:
     # Stop is a flag the generation polls between rounds (not Gradio's cancel, which would
     # mark every output as failed and leave the figures of a half-drawn run)
     pressed = generate.click(arm_stop, None, None, queue=False, api_name=False)
-    checked_event(pressed.then, gpu.gpu_task("generate")(run_live), inputs, list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, run_summary, round_slider, budget_plot, run_state)),
+    # the line under Generate first, then the run (chained, not beside it: see refusal_line)
+    said = pressed.then(refusal_line(inputs, check_live, also={drafter: is_adapted}), inputs, refused, queue=False, preprocess=False, api_name=False)
+    checked_event(said.then, gpu.gpu_task("generate")(run_live), inputs, list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, run_summary, round_slider, budget_plot, run_state)),
                   check_live, also={drafter: is_adapted}, api_name="generate", **COMPUTE)
     stop.click(stop_live, None, None, queue=False, api_name=False)
     views = list(RoundView(round_slider, tree_plot, mass_plot, round_info, budget_plot))

@@ -147,9 +147,10 @@ def tab(prompt_text: str) -> gr.Radio:
         with gr.Column(scale=2):
             drafter = gr.Radio(shared.SERVICE.drafter_kinds(), value="block", label="drafter q", elem_id="walk-drafter")
             verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier")
-            with gr.Row():
-                budget = gr.Slider(0, LIMITS.max_lab_budget, value=16, step=1, label="budget B")
+            with gr.Row():  # two to a row: four in one cut the sliders' end labels (the budget's 64 read "6")
+                budget = gr.Slider(0, LIMITS.max_lab_budget, value=16, step=1, label="budget B", elem_id="walk-budget")
                 temperature = gr.Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T")
+            with gr.Row():
                 top_p = gr.Slider(LIMITS.min_top_p, 1.0, value=DEFAULT_SAMPLING.top_p, step=0.01, label="top-p")
                 seed = gr.Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed (same settings and seed: the same round)")
     run = gr.Button("Run one round", variant="primary", elem_id="walk-run")

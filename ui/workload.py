@@ -163,7 +163,8 @@ PHASES = {  # what each phase of the run says while it runs
     "answers done": lambda i: f"{i['answers']} answers ({i['tokens']} tokens); scoring the base drafter's trees on them…",
     "train": lambda i: f"fine-tuning {i['steps']} steps on {i['anchors']} anchors and {i['trees']} scored trees ({i['vocab_added']} new draft tokens)…",
     "step": lambda i: f"step {i['step']} · token loss {i['loss_tok']:.3f}",
-    "evaluate": lambda i: f"decoding up to {i['prompts']} held-out prompts with {', '.join(i['drafters'])} (T = 0, T = 0.7 top-p 0.9, T = 1)…",
+    "evaluate": lambda i: (f"decoding held-out prompts with {', '.join(i['drafters'])} (T = 0, T = 0.7 top-p 0.9, T = 1): {i['prompts']} planned"
+                           + (f", up to {i['most']} while the minutes allow…" if i["most"] > i["prompts"] else "…")),
     "evaluated": lambda i: f"held-out tau at {LAWS[PAGE_LAW].describe()}: base {i['base'][PAGE_LAW]['tau']:.3f}, adapted {i['exittrain'][PAGE_LAW]['tau']:.3f}",
     "mass": lambda i: "where the target's mass leaves each drafter's trees on the held-out answers…",
     "control": lambda i: f"control: {'token loss only' if i['tree_term'] == 'none' else 'token loss + ' + i['tree_term'] + ' term'} (same data, steps and seed)…",

@@ -48,8 +48,9 @@ def budget_figure(record: RoundRecord) -> go.Figure:
             f"(realised C / drafter's Σq in past rounds); cap {choice.cap}"
             f"<br>a node is kept while its expected tokens pay for its time at {choice.going_rate:.1f} tokens/s (dashed), the rate of the rounds before</sup>"
         )),
-        xaxis=dict(title="tree size k (the drafter's best k nodes)", rangemode="tozero"),
-        yaxis=dict(title="expected tokens per second", rangemode="tozero"),
+        # automargin: the margins grow to hold the axis titles and ticks, which were cut off at the left
+        xaxis=dict(title="tree size k (the drafter's best k nodes)", rangemode="tozero", automargin=True),
+        yaxis=dict(title="expected tokens/s", rangemode="tozero", automargin=True),  # short: it fits a short plot's height too
         plot_bgcolor="white",
         showlegend=False,
         margin=dict(t=110),

@@ -236,7 +236,8 @@ def _exit_and_bonus_traces(tree, flow, verdict, x, y, sizes, labelled, font, tok
     w = floats(flow.exit_weight)[v]
     exit_trace = go.Scatter(
         x=[x[v]], y=[y[v]], mode="markers+text", name="exit node", customdata=[[v, w]], cliponaxis=False,
-        text=[token_label(tree.tokens_list[v], token_text) if v in labelled else ""], textposition="middle right",
+        # above the ring: to its right runs the bonus edge (straight right when V is a leaf)
+        text=[token_label(tree.tokens_list[v], token_text) if v in labelled else ""], textposition="top center",
         textfont=dict(size=font, color=EXIT_COLOUR),
         marker=dict(symbol="circle-open", size=sizes[v] + 12, color=EXIT_COLOUR, line=dict(width=3)),
         hovertemplate=(

