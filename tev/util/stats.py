@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-__all__ = ["quantile", "median", "spread", "standard_error", "standard_error_of_mean", "change_in_words"]
+__all__ = ["quantile", "median", "spread", "standard_error", "ratio_standard_error", "standard_error_of_mean", "change_in_words"]
 
 
 def _floats(values) -> np.ndarray:
@@ -37,6 +37,17 @@ def standard_error(values) -> float:
     if data.size < 2:
         return 0.0
     return float(data.std(ddof=1) / math.sqrt(data.size))
+
+
+def ratio_standard_error(numerators, denominators) -> float:
+    """Standard error of ``sum(numerators) / sum(denominators)`` over independent units (one pair
+    per unit, e.g. a prompt's tokens and rounds), by the delta method:
+    ``sqrt(sum((y_i - R x_i)^2) / (n (n - 1))) / mean(x)``; 0 with fewer than two units."""
+    y, x = _floats(numerators), _floats(denominators)
+    if y.size < 2 or x.sum() <= 0:
+        return 0.0
+    ratio = y.sum() / x.sum()
+    return float(np.sqrt(np.sum((y - ratio * x) ** 2) / (y.size * (y.size - 1))) / x.mean())
 
 
 def standard_error_of_mean(errors) -> float:
