@@ -122,7 +122,9 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
             return
         label = shared.ADAPTED.keep(owner, _workload_name(pack), outcome["drafter"])
         kept = (f"the adapted drafter is kept for this browser session as **{label}**: choose it in the Live tab or the walkthrough, or download it "
-                f"below (loads with `--draft`); the server keeps the {CAPACITY} most recently used adapted drafters (15-30 MB each) and writes none to disk")
+                f"below (loads with `--draft`); through the API (a script is a session of its own) name it `{shared.ADAPTED.api_name(owner, label)}` "
+                f"(keep the key to yourself: it serves this drafter to whoever sends it); the server keeps the {CAPACITY} most recently used adapted "
+                "drafters (15-30 MB each) and writes none to disk")
         mass = result.get("heldout_mass")
         mass_figure = exit_mass_change_figure({"base": mass["base"], "adapted": mass["adapted"]}) if mass else None
         yield only(WorkloadView, status=f"finished in {result['minutes']:.1f} min; drawing both drafters' trees on a held-out prompt…", table=table, mass=mass_figure)
