@@ -32,11 +32,13 @@ pure sampling at $T = 1$ from a 135M model writes word salad. The page opens at 
 **Coverage bound.** $C(T) = \sum_{v \ne r} P(v)$. Every exact verifier has expected block length $E[L] \le 1 + C(T)$.
 *Live tab: the timeline plots each round's $L$ against $1 + C$.*
 
-**tau, and other tools' acceptance figures.** $\tau$ is the mean **output-block length** per round: accepted draft
-tokens plus the one bonus token, so $\tau$ = tokens emitted per target forward. It is the same number as EAGLE's
+**tau, and other tools' acceptance figures.** $\tau$ = tokens the answer got per target forward. A round's
+**output block** is its accepted draft tokens plus the one bonus token; the **mean block length** is what $1 + C$ bounds, and
+$\tau$ equals it except where a stop (the end of the answer, a stop string, the length limit) cuts a block: the tokens past it
+count in the block, not in $\tau$. The mean block length is the same number as EAGLE's
 "average acceptance length" and SGLang's `spec_accept_length` (both count the bonus token) and the DFlash/DDTree "acceptance length".
-Without the bonus token, the mean accepted draft length is $\tau - 1$. An acceptance *rate* per drafted token (vLLM's
-`draft_acceptance_rate`) divides $\tau - 1$ by the tokens drafted per round (the chain length, or $B$ for a tree), so it falls
+Without the bonus token, the mean accepted draft length is the mean block length $- 1$. An acceptance *rate* per drafted token (vLLM's
+`draft_acceptance_rate`) divides that by the tokens drafted per round (the chain length, or $B$ for a tree), so it falls
 as the tree grows while $\tau$ rises. The speedup over plain decoding is about $\tau$ divided by the cost of one round
 relative to one plain forward (tree forward + drafter + verifier). *Live tab: stats line and timeline.*
 
