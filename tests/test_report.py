@@ -209,6 +209,10 @@ def test_claim_5_reads_the_pooled_rows_and_shows_domains_errors_and_the_exit_mas
     lines = "\n".join(exittrain_section({"measurements": {"exittrain": data}, "plots": plots}))
     assert "2.100 +- 0.050" in lines and "math +10.0%" in lines and "| exit | 1.800 | 0.300 + 0.000" in lines
     assert "plots/exittrain_mass.png" in lines and (tmp_path / "plots" / "exittrain_mass.png").is_file()
+    # these rows predate tau as tokens emitted (no mean_block_length): named the mean block length they hold
+    assert "| B | T | mean block length base |" in lines and "Mean mean block length gain" not in lines
+    current = [{**row, "mean_block_length": row["tau"] + 0.1} for row in rows]
+    assert "| B | T | tau base |" in "\n".join(exittrain_section({"measurements": {"exittrain": exittrain_from_results({"rows": current})}, "plots": {}}))
 
 
 def _e2e_row(temperature, budget, method, speedup, tokens_per_second, vs_hf=float("nan")):
