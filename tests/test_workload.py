@@ -306,6 +306,7 @@ def test_the_tab_states_a_verdict_in_words():
     assert verdict({"gain": -0.004, "se": 0.006}).startswith("no measurable change (-0.4% +- 0.6%)")
     assert verdict({"gain": 0.18, "se": 0.04}) == "**+18.0% +- 4.0%** (a gain)"
     assert verdict({"gain": -0.10, "se": 0.02}).endswith("(a loss)")
+    assert verdict({"gain": 0.30, "se": float("nan")}) == "+30.0% (no standard error: too few prompts measured to tell a change from noise)"
     cell = lambda tau: {"tau": tau, "se": 0.05, "mean_block_length": tau + 0.2, "prompts": 10}  # noqa: E731
     gain = lambda g: {"gain": g, "se": 0.03}  # noqa: E731
     laws = {"T0": "T = 0 (greedy)", "T0.7": "T = 0.7, top-p 0.9", "T1": "T = 1"}
