@@ -43,6 +43,22 @@ def test_api_lists_the_documented_endpoints(client):
     assert {"/generate", "/browse_round", "/export", "/verifier_lab", "/exittrain", "/exittrain_cancel", "/compare_shipped"} <= endpoints
 
 
+def test_live_tau_counts_the_tokens_the_answer_got_not_the_blocks_past_its_end():
+    import types
+
+    from ui.live import _run_summary, _stats_markdown
+
+    def round_of(length, emitted):
+        return types.SimpleNamespace(block_length=length, emitted=list(range(emitted)), flow=types.SimpleNamespace(tau_bound=length + 0.5), choice=None, drafter="block")
+
+    # the case: the last round accepted <|im_end|>, a newline and <|im_end|>, and drew a bonus: 4 tokens, none emitted
+    records = [round_of(2, 2), round_of(1, 1), round_of(4, 0)]
+    summary = _run_summary(records, None)
+    assert summary["tau"] == pytest.approx(3 / 3) and summary["mean_block_length"] == pytest.approx(7 / 3)
+    stats = _stats_markdown(records, None)
+    assert "**tokens** 3 · **tau** 1.00 · **mean block length** 2.33 · **mean 1 + C** 2.83" in stats
+
+
 def test_generate_streams_rounds_and_is_reproducible(client):
     fixed = (False, 1.0, 0, False)  # chat, top-p, top-k, budget auto: a fixed budget, whose seeded text repeats
     job = client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 64, 7, True, *fixed, api_name="/generate")
@@ -55,7 +71,8 @@ def test_generate_streams_rounds_and_is_reproducible(client):
     assert re.search(r"→ \*\*\d+\.\d\dx\*\*", stats)  # the speedup of the quiet rerun over plain decoding
     assert "tev-" in final["text"] and "bonus" in final["text"]
     summary = final["summary"]  # the same run in numbers, for tools (they read this, never the sentences)
-    assert f"**tau** (mean block length) {summary['tau']:.2f}" in stats and f"**rounds** {summary['rounds']}" in stats
+    assert f"**tau** {summary['tau']:.2f}" in stats and f"**mean block length** {summary['mean_block_length']:.2f}" in stats and f"**rounds** {summary['rounds']}" in stats
+    assert summary["tau"] == pytest.approx(summary["tokens"] / summary["rounds"])
     assert f"→ **{summary['timing']['speedup']:.2f}x**" in stats and f"{summary['tokens_per_second']:.1f} tokens/s while the page drew" in stats
     assert summary["drafter"] == "block" and summary["stop_reason"] in ("eos", "max_new_tokens")
     assert "nodes" in traces(final["tree"]) and traces(final["mass"]) and traces(final["timeline"])

@@ -43,7 +43,7 @@ def test_page_generates_and_draws_the_tree(app_server, browser, tmp_path):
     stats = page.inner_text("#live-stats")
     assert "tau" in stats and "tokens/s" in stats
     summary = live_summary(page)  # the hidden run summary that the page tools read (python -m tev bench page-speed, workload-path)
-    assert summary["rounds"] >= 1 and f"tau (mean block length) {summary['tau']:.2f}" in stats
+    assert summary["rounds"] >= 1 and f"tau {summary['tau']:.2f} · mean block length {summary['mean_block_length']:.2f}" in stats
     traces = page.locator("#tree-plot .scatterlayer .trace").count()
     assert traces >= 3  # edges, nodes, exit node (and bonus token)
     legend = page.inner_text("#tree-plot")

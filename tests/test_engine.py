@@ -100,6 +100,11 @@ def test_eos_in_the_middle_of_a_block_stops_exactly_like_greedy_decoding():
     last = records[-1]
     assert eos in last.verdict.block_tokens(last.tree)[:-1] or last.bonus_token == eos
     assert len(last.emitted) < last.block_length  # the block was cut at EOS
+    # tau counts what the answer got; the raw blocks (what 1 + C bounds) also count EOS and what follows it
+    assert summary.tau == pytest.approx(len(summary.token_ids) / summary.rounds) == pytest.approx(sum(len(r.emitted) for r in records) / len(records))
+    assert summary.mean_block_length == pytest.approx(sum(r.block_length for r in records) / len(records))
+    assert summary.mean_block_length > summary.tau
+    assert summary.to_dict()["tau"] == summary.tau and summary.to_dict()["mean_block_length"] == summary.mean_block_length
 
 
 def test_max_new_tokens_is_never_overshot():
@@ -110,6 +115,7 @@ def test_max_new_tokens_is_never_overshot():
     for limit in (1, 2, 5, 7, 13):
         _, summary = run_to_end(speculative_generate(Request(target, oracle, prompt, DecodeConfig(budget=16, temperature=0.0, max_new_tokens=limit, stop_at_eos=False))))
         assert summary.token_ids == free_run[:limit]
+        assert summary.tau == pytest.approx(limit / summary.rounds) and summary.tau <= summary.mean_block_length  # the length limit cuts tau too
 
 
 # ------------------------------------------------------------------ lossless sampling
@@ -182,7 +188,7 @@ def test_sampling_is_lossless(small_target, method, monkeypatch):
     print(f"{method}: draws={draws} chi2={statistic:.1f} dof={dof} p={p_value:.3f}")
     assert p_value > ALPHA
     if lengths:
-        # first rounds only (all see the same tree): empirical tau vs 1 + C within 4 standard errors
+        # first rounds only (all see the same tree): mean block length (not tau, which stops cut) vs 1 + C within 4 standard errors
         mean = sum(lengths) / len(lengths)
         se = math.sqrt(sum((x - mean) ** 2 for x in lengths) / (len(lengths) - 1) / len(lengths))
         assert abs(mean - sum(bounds) / len(bounds)) < 4 * se + 1e-6
@@ -207,7 +213,7 @@ def test_sampling_with_top_k_and_top_p_is_lossless(small_target, method):
     assert p_value > ALPHA
 
 
-def test_tau_matches_mean_coverage_bound_over_many_rounds():
+def test_mean_block_length_matches_mean_coverage_bound_over_many_rounds():
     target = tiny_target(VOCAB, scale=2.0)
     drafter = tiny_block_drafter(target)
     lengths, bounds = [], []
@@ -215,13 +221,41 @@ def test_tau_matches_mean_coverage_bound_over_many_rounds():
         prompt = torch.randint(1, VOCAB, (6,), generator=torch.Generator().manual_seed(100 + seed)).tolist()
         config = DecodeConfig(budget=32, temperature=1.0, max_new_tokens=40, seed=seed, stop_at_eos=False)
         records, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config)))
-        lengths += summary.block_lengths
+        lengths += summary.block_lengths  # raw blocks: 1 + C bounds them, not the tokens emitted (tau)
         bounds += summary.tau_bounds
     n = len(lengths)
     mean = sum(lengths) / n
     # Var(L_i) summed over rounds bounds the error of the mean; bounds vary by round, so compare sums
     se = math.sqrt(sum((x - mean) ** 2 for x in lengths) / (n - 1) / n)
     assert abs(mean - sum(bounds) / n) < 4 * se
+
+
+def test_evaluation_rows_give_tau_per_forward_with_its_error_over_prompts():
+    from tev.engine.evaluation import evaluate_drafter, format_tau_table
+    from tev.util.stats import ratio_standard_error
+
+    target = tiny_target(VOCAB, scale=3.0)
+    drafter = tiny_block_drafter(target)
+    prompts = [{"ids": [1 + i, 5, 9 + 2 * i]} for i in range(4)]
+    row, = evaluate_drafter(target, None, drafter, prompts, budgets=(8,), temperatures=(0.0,), max_new_tokens=12, progress=False)
+    summaries = [run_to_end(speculative_generate(Request(target, drafter, p["ids"], DecodeConfig(budget=8, temperature=0.0, max_new_tokens=12, seed=i))))[1]
+                 for i, p in enumerate(prompts)]
+    tokens, rounds = [len(s.token_ids) for s in summaries], [s.rounds for s in summaries]
+    assert row["tau"] == pytest.approx(sum(tokens) / sum(rounds)) and row["tokens"] == sum(tokens) and row["prompts"] == 4
+    assert row["tau_se"] == pytest.approx(ratio_standard_error(tokens, rounds)) and row["tau_se"] > 0  # over prompts, not rounds
+    lengths = [x for s in summaries for x in s.block_lengths]
+    assert row["mean_block_length"] == pytest.approx(sum(lengths) / len(lengths))
+    assert "| 0 | 8 | " + f"{row['tau']:.3f} +- {row['tau_se']:.3f} | {row['mean_block_length']:.3f} |" in format_tau_table([row])
+    # a row written before tau counted only the tokens emitted: its "tau" was the mean block length, shown as such
+    old = {"temperature": 0.0, "budget": 16, "tau": 2.254, "tau_se": 0.038, "tau_bound": 2.254, "prompt_tau_q25": 1.9, "prompt_tau_q75": 2.6, "rounds": 680}
+    assert "| 0 | 16 | not measured | 2.254 +- 0.038 (s.e. over rounds) | 2.254 | - | 680 |" in format_tau_table([old])
+
+
+def test_ratio_standard_error_is_the_spread_over_units():
+    from tev.util.stats import ratio_standard_error
+
+    assert ratio_standard_error([2, 4], [1, 1]) == pytest.approx(1.0)  # equal denominators: the standard error of the ratios 2 and 4
+    assert ratio_standard_error([6, 6], [2, 3]) > 0 and math.isnan(ratio_standard_error([3], [1]))  # one prompt: no error over prompts
 
 
 # ------------------------------------------------------------------ context limit and bad input

@@ -65,14 +65,21 @@ CLAIM_IDS = [1, 2, 3, 4, 5, "5b", 6, 7]
 
 
 def _workload_result(base: float, adapted: float, control: float) -> dict:
-    cell = lambda tau: {"tau": tau, "se": 0.02}  # noqa: E731
+    cell = lambda tau: {"tau": tau, "se": 0.02, "mean_block_length": tau + 0.1, "prompts": 10}  # noqa: E731
     gain = lambda tau: {"gain": tau / base - 1, "se": 0.02}  # noqa: E731
-    by_t = {"base": cell(base), "exittrain": cell(adapted), "token_only": cell(control)}
-    return {"T0": by_t, "T0.7": by_t, "T1": by_t, "gain": {t: {"exittrain": gain(adapted), "token_only": gain(control)} for t in ("T0", "T0.7", "T1")},
+    by_t = {"base": cell(base), "adapted": cell(adapted), "token_only": cell(control)}
+    return {"T0": by_t, "T0.7": by_t, "T1": by_t, "gain": {t: {"adapted": gain(adapted), "token_only": gain(control)} for t in ("T0", "T0.7", "T1")},
             "minutes": 4.5, "settings": {"tree_term": "exit"}}
 
 
-WORKLOAD = {"sql": _workload_result(1.5, 2.5, 2.45), "json": _workload_result(1.6, 3.0, 3.0)}
+def _written_before(result: dict) -> dict:
+    """A result as files written before 2026-12-05 hold it: the kept drafter "exittrain", the mean block length under "tau"."""
+    old = lambda cells: {("exittrain" if name == "adapted" else name): {"tau": c["tau"], "se": c["se"]} for name, c in cells.items()}  # noqa: E731
+    return {**result, **{t: old(result[t]) for t in ("T0", "T0.7", "T1")},
+            "gain": {t: {("exittrain" if n == "adapted" else n): g for n, g in gains.items()} for t, gains in result["gain"].items()}}
+
+
+WORKLOAD = {"sql": _workload_result(1.5, 2.5, 2.45), "json": _written_before(_workload_result(1.6, 3.0, 3.0))}
 
 
 def check_report(out, expect_exittrain: bool, expect_workload: bool = False) -> dict:
@@ -103,7 +110,7 @@ def check_report(out, expect_exittrain: bool, expect_workload: bool = False) -> 
         assert claims[4]["holds"] == "n/a" and "not run (pass --exittrain-results)" in claims[4]["this_run"]
     if expect_workload:  # claim 5b: +66.7% and +87.5% at T = 0, both beyond one standard error
         assert claims[5]["holds"] == "yes" and claims[5]["value"] == pytest.approx((2.5 / 1.5 + 3.0 / 1.6) / 2 - 1)
-        assert "| sql | 1.500 +- 0.020 |" in markdown
+        assert "| sql | 1.500 +- 0.020 |" in markdown and "| json *(mean block length)* | 1.600 +- 0.020 |" in markdown  # an older file still reads
         assert "T = 0.7 top-p 0.9 (the page's law): +77.1% (control +75.4%), at least +15% on 2 of 2 packs" in claims[5]["this_run"]
         assert "**T = 0.7, top-p 0.9 (TEV; the page's law)**" in markdown
     else:
@@ -202,6 +209,10 @@ def test_claim_5_reads_the_pooled_rows_and_shows_domains_errors_and_the_exit_mas
     lines = "\n".join(exittrain_section({"measurements": {"exittrain": data}, "plots": plots}))
     assert "2.100 +- 0.050" in lines and "math +10.0%" in lines and "| exit | 1.800 | 0.300 + 0.000" in lines
     assert "plots/exittrain_mass.png" in lines and (tmp_path / "plots" / "exittrain_mass.png").is_file()
+    # these rows predate tau as tokens emitted (no mean_block_length): named the mean block length they hold
+    assert "| B | T | mean block length base |" in lines and "Mean mean block length gain" not in lines
+    current = [{**row, "mean_block_length": row["tau"] + 0.1} for row in rows]
+    assert "| B | T | tau base |" in "\n".join(exittrain_section({"measurements": {"exittrain": exittrain_from_results({"rows": current})}, "plots": {}}))
 
 
 def _e2e_row(temperature, budget, method, speedup, tokens_per_second, vs_hf=float("nan")):

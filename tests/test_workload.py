@@ -219,8 +219,10 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
     assert len(events) >= 5 * 3 * 4 + 3 * 4 + 15
     assert result["compared"] and result["eval_prompts"] == 5 and result["laws"]["T0.7"] == "T = 0.7, top-p 0.9"
     for key in ("T0", "T0.7", "T1"):
-        assert set(result[key]) == {"base", "exittrain", "token_only", "next-depth"}
-        assert all(math.isfinite(cell["tau"]) and cell["se"] >= 0 for cell in result[key].values())
+        assert set(result[key]) == {"base", "adapted", "token_only", "next-depth"}  # the kept drafter is "adapted", whatever trained it
+        assert all(math.isfinite(cell["tau"]) and cell["se"] >= 0 and cell["prompts"] == 5 for cell in result[key].values())
+        # tau counts the tokens emitted, the blocks also what ran past a stop: never fewer
+        assert all(cell["tau"] <= cell["mean_block_length"] for cell in result[key].values())
     assert result["heldout_prompts"] == 5 and result["train_prompts"] <= 15 and result["steps"] == 4
     # the held-out prompts never reach the trainer (which did see the training answers)
     assert len(seen) >= result["train_prompts"]  # every training answer reached the trainer
@@ -233,7 +235,7 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
     assert adapted.config.notes["workload_adaptation"]["steps"] == 4
     base_weights = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32).state_dict()
     assert any(not torch.equal(value, base_weights[name]) for name, value in adapted.state_dict().items() if name in base_weights and value.shape == base_weights[name].shape)
-    for name in ("base", "exittrain"):  # where the mass leaves each drafter's trees on the held-out answers: a distribution over depths
+    for name in ("base", "adapted"):  # where the mass leaves each drafter's trees on the held-out answers: a distribution over depths
         mass = result["heldout_mass"][name]
         assert sum(mass["internal"]) + sum(mass["leaf"]) == pytest.approx(1.0, abs=1e-5)
         # leaving at depth d accepts d tokens plus the bonus: E[tau] = sum_d (d + 1) * mass(d)
@@ -264,6 +266,29 @@ def test_sampled_training_answers_follow_the_chosen_law_and_are_recorded(tmp_pat
         next(workload_command.adaptation(bundle, prompts, base, answer_law="T2"))
 
 
+def test_the_command_and_the_tab_share_one_default_recipe(tmp_path, monkeypatch):
+    import types
+
+    import ui.workload
+    from tev.cli import main
+    from tev.pipelines import workload as workload_command
+
+    seen = {}
+
+    def adaptation(bundle, prompts, base, minutes, settings, controls, **kwargs):  # records what the command asks for, then stops
+        seen.update(term=settings.tree_term, lambda_tree=settings.lambda_tree, controls=controls)
+        raise ValueError("stop here")
+        yield
+
+    monkeypatch.setattr(workload_command, "adaptation", adaptation)
+    monkeypatch.setattr(workload_command, "load_bundle", lambda *a, **k: types.SimpleNamespace(pair="tiny"))
+    monkeypatch.setattr(workload_command, "shipped_drafter", lambda pair, kind: tmp_path)
+    assert main(["exittrain", "--workload", str(PACKS[0]), "--out", str(tmp_path / "out")]) == 2
+    term = ui.workload.RECIPES[ui.workload.DEFAULT_RECIPE]  # the tab's default
+    assert seen == {"term": term, "lambda_tree": workload_settings().lambda_tree, "controls": (workload_command.other_recipe(term),)}
+    assert term == "none" and seen["controls"] == ("exit",)  # the token loss alone, the exit term its control
+
+
 @pytest.mark.parametrize("flag", ["--out", "--json"])
 def test_the_command_refuses_to_write_into_assets(flag, capsys):
     from tev.cli import main
@@ -275,40 +300,49 @@ def test_the_command_refuses_to_write_into_assets(flag, capsys):
 
 # --------------------------------------------------------------------------- the tab's words
 def test_the_tab_states_a_verdict_in_words():
+    from tev.pipelines.workload_report import read_result
     from ui.workload import result_table, verdict
 
     assert verdict({"gain": -0.004, "se": 0.006}).startswith("no measurable change (-0.4% +- 0.6%)")
     assert verdict({"gain": 0.18, "se": 0.04}) == "**+18.0% +- 4.0%** (a gain)"
     assert verdict({"gain": -0.10, "se": 0.02}).endswith("(a loss)")
-    cell = lambda tau: {"tau": tau, "se": 0.05}  # noqa: E731
+    assert verdict({"gain": 0.30, "se": float("nan")}) == "+30.0% (no standard error: too few prompts measured to tell a change from noise)"
+    cell = lambda tau: {"tau": tau, "se": 0.05, "mean_block_length": tau + 0.2, "prompts": 10}  # noqa: E731
     gain = lambda g: {"gain": g, "se": 0.03}  # noqa: E731
     laws = {"T0": "T = 0 (greedy)", "T0.7": "T = 0.7, top-p 0.9", "T1": "T = 1"}
     result = {"heldout_prompts": 10, "budget": 16, "max_new_tokens": 64, "train_prompts": 30, "answer_tokens": 900, "vocab_added": 12,
               "steps": 160, "minutes": 4.2, "minutes_budget": 5, "settings": {"tree_term": "exit", "lambda_tree": 0.1}, "compared": True, "laws": laws,
-              "T0": {"base": cell(1.6), "exittrain": cell(2.9), "token_only": cell(2.88)},
-              "T0.7": {"base": cell(1.5), "exittrain": cell(1.9), "token_only": cell(1.9)},
-              "T1": {"base": cell(1.4), "exittrain": cell(1.6), "token_only": cell(1.62)},
-              "gain": {"T0": {"exittrain": gain(0.81), "token_only": gain(0.80)}, "T0.7": {"exittrain": gain(0.27), "token_only": gain(0.27)},
-                       "T1": {"exittrain": gain(0.14), "token_only": gain(0.16)}}}
+              "T0": {"base": cell(1.6), "adapted": cell(2.9), "token_only": cell(2.88)},
+              "T0.7": {"base": cell(1.5), "adapted": cell(1.9), "token_only": cell(1.9)},
+              "T1": {"base": cell(1.4), "adapted": cell(1.6), "token_only": cell(1.62)},
+              "gain": {"T0": {"adapted": gain(0.81), "token_only": gain(0.80)}, "T0.7": {"adapted": gain(0.27), "token_only": gain(0.27)},
+                       "T1": {"adapted": gain(0.14), "token_only": gain(0.16)}}}
     table = result_table(result)
+    assert "| law | drafter | tau | change against the base |" in table and "+- one standard error over prompts" in table
     assert "**+81.0% +- 3.0%** (a gain)" in table and "token-only control" in table and "| T = 0.7, top-p 0.9 | adapted" in table
     assert "the gain comes from the target's own answers" in table
     # no gain outside two standard errors: no sentence about where a gain comes from
-    flat = {**result, "gain": {key: {"exittrain": gain(0.02), "token_only": gain(0.0)} for key in laws}}
+    flat = {**result, "gain": {key: {"adapted": gain(0.02), "token_only": gain(0.0)} for key in laws}}
     table = result_table(flat)
     assert "comes from" not in table and "tree term adds" not in table and "No gain outside two standard errors" in table
     # the token loss alone as the recipe, the exit term its control: the same comparison, each drafter named for what it is
     settings = {"tree_term": "none", "lambda_tree": 0.1}
     swapped = {**result, "settings": settings,
-               **{key: {"base": result[key]["base"], "exittrain": result[key]["token_only"], "exit": result[key]["exittrain"]} for key in laws},
-               "gain": {key: {"exittrain": result["gain"][key]["token_only"], "exit": result["gain"][key]["exittrain"]} for key in laws}}
-    swapped["gain"]["T0.7"] = {"exittrain": gain(0.27), "exit": gain(0.05)}
+               **{key: {"base": result[key]["base"], "adapted": result[key]["token_only"], "exit": result[key]["adapted"]} for key in laws},
+               "gain": {key: {"adapted": result["gain"][key]["token_only"], "exit": result["gain"][key]["adapted"]} for key in laws}}
+    swapped["gain"]["T0.7"] = {"adapted": gain(0.27), "exit": gain(0.05)}
     table = result_table(swapped)
     assert "| adapted (token loss only) |" in table and "| control: token loss + exit term (lambda 0.1) |" in table
     assert "| T = 0 (greedy) | base (the shipped drafter) | 1.600 +- 0.050 |  |" in table and "base term" not in table
     assert "the exit-term control gained as much (within two standard errors)" in table  # T = 0
     assert "the tree term costs 22.0% +- 4.2% against the token loss alone" in table  # T = 0.7
-
+    # a result written before: the kept drafter named "exittrain", the mean block length under "tau" (+- over rounds)
+    old = {**result, **{key: {"base": {"tau": 1.6, "se": 0.05}, "exittrain": {"tau": 2.9, "se": 0.05}} for key in laws},
+           "gain": {key: {"exittrain": gain(0.81)} for key in laws}}
+    table = result_table(read_result(old))
+    assert "| law | drafter | mean block length | change against the base |" in table and "+- one standard error over rounds" in table
+    assert "| T = 0 (greedy) | adapted (token loss + exit term, lambda 0.1) | 2.900 +- 0.050 |" in table and "held-out mean block length" in table
+    assert "exittrain" not in json.dumps(read_result(old)) and "exittrain" in json.dumps(old)  # renamed in a copy
 
 def test_the_tab_refuses_too_few_prompts_and_cancel_shows_no_comparison(tmp_path, monkeypatch):
     import types
@@ -348,11 +382,17 @@ def test_the_model_card_shows_each_packs_measured_adaptation():
 
     cell = lambda tau: {"tau": tau, "se": 0.04}  # noqa: E731
     gain = lambda g: {"gain": g, "se": 0.08}  # noqa: E731
+    # as shipped (assets/models/smollm2/workload-results.json): the kept drafter named "exittrain", the mean block length under "tau"
     result = {"T0": {"base": cell(1.5), "exittrain": cell(2.5), "token_only": cell(2.5), "next-depth": cell(2.6)},
               "T1": {"base": cell(1.4), "exittrain": cell(1.5), "token_only": cell(1.4), "next-depth": cell(1.5)},
               "gain": {"T0": {"exittrain": gain(0.667), "token_only": gain(0.66), "next-depth": gain(0.7)},
                        "T1": {"exittrain": gain(0.054), "token_only": gain(0.016), "next-depth": gain(0.083)}}, "minutes": 4.6}
-    rows = card_rows({"sql-queries": {"task": "Write one SQL query", "command": "python -m tev exittrain --workload x.json", "result": result}})
+    now = {**{key: {"base": {**cell(1.2), "mean_block_length": 1.5}, "adapted": {**cell(1.8), "mean_block_length": 2.1}} for key in ("T0", "T1")},
+           "gain": {key: {"adapted": gain(0.5)} for key in ("T0", "T1")}, "minutes": 4.9}
+    rows = card_rows({"sql-queries": {"task": "Write one SQL query", "command": "python -m tev exittrain --workload x.json", "result": result},
+                      "emails": {"task": "Write an email", "command": "python -m tev exittrain --workload y.json", "result": now}})
     text = "\n".join("| " + " | ".join(row) + " |" for row in rows)  # as the card's table writes them
-    assert "| sql-queries | Write one SQL query | 0 | 1.500 +- 0.040 | 2.500 (+66.7% +- 8.0%) | 2.500 (+66.0% +- 8.0%) | next-depth +70.0% | 4.6 |" in text
-    assert "|  |  | 1 | 1.400 +- 0.040 | 1.500 (+5.4% +- 8.0%) | 1.400 (+1.6% +- 8.0%) | next-depth +8.3% |  |" in text
+    assert ("| sql-queries | Write one SQL query | mean block length (+- over rounds) | 0 | 1.500 +- 0.040 | 2.500 (+66.7% +- 8.0%) | "
+            "2.500 (+66.0% +- 8.0%) | next-depth +70.0% | 4.6 |") in text
+    assert "|  |  |  | 1 | 1.400 +- 0.040 | 1.500 (+5.4% +- 8.0%) | 1.400 (+1.6% +- 8.0%) | next-depth +8.3% |  |" in text
+    assert "| emails | Write an email | tau (+- over prompts) | 0 | 1.200 +- 0.040 | 1.800 (+50.0% +- 8.0%) | - | - | 4.9 |" in text

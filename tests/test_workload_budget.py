@@ -112,7 +112,7 @@ def test_a_quiet_run_answers_every_prompt_and_trains_the_steps_that_fit(tiny, mo
     assert result["compared"] and result["note"] is None
     assert result["train_prompts_answered"] == 15 and result["eval_prompts"] >= 2
     assert result["steps"] >= MIN_STEPS and result["pace"]["step"] == pytest.approx(QUIET.step)
-    assert set(result["T0.7"]) == {"base", "exittrain", "token_only"} and set(result["gain"]["T0.7"]) == {"exittrain", "token_only"}
+    assert set(result["T0.7"]) == {"base", "adapted", "token_only"} and set(result["gain"]["T0.7"]) == {"adapted", "token_only"}
 
 
 def test_slow_answers_cut_the_answers_not_the_training(tiny, monkeypatch):

@@ -49,9 +49,16 @@ def test_an_adapted_drafter_serves_only_its_session_in_live_and_the_walkthrough(
     for _ in range(8):  # through the first round's steps into the next round, drafted by the same adapted drafter
         walk = step_walkthrough(1, walk.state, request=visitor("alice"))
     assert len(walk.state["traces"]) == 2
-    # nobody else can use it: a clear refusal, not a crash
+    # nobody else can use it by its label: a clear refusal, not a crash
     with pytest.raises(gr.Error, match="not kept for this browser session"):
         _live(_prompt(3), "adapted: my prompts", "bob")
+    # a script (a session of its own) uses it by the API name alice was shown, and by no other key
+    api_name = chat_server.shared.ADAPTED.api_name("alice", "adapted: my prompts")
+    assert api_name.startswith("adapted: my prompts #") and f"name it `{api_name}`" in outputs[-1][0]
+    script = _live(_prompt(3), api_name, "a script")
+    assert all(record.drafter == "adapted: my prompts" for record in script[-1].state["records"])  # the key stays out of the rounds
+    with pytest.raises(gr.Error, match="not kept for this browser session"):
+        _live(_prompt(3), "adapted: my prompts #not-the-key", "a script")
     with pytest.raises(gr.Error, match="not kept for this browser session"):
         run_walkthrough(_prompt(2), "adapted: my prompts", "tev", 8, 0.7, 0.9, 0, request=visitor("bob"))
     # its download is the folder --draft loads
@@ -81,6 +88,15 @@ def test_the_store_drops_the_least_recently_used_and_states_its_memory(chat_serv
     assert store.memory_bytes() == pytest.approx(2 * one, rel=0.5)
     with pytest.raises(ValueError, match="not kept for this browser session"):
         store.drafter("bob", "adapted: email")
+    # by its API name from any session, while it is kept; each keep draws a new key
+    name = store.api_name("carol", "adapted: code")
+    assert store.drafter("dave", name) is store.drafter("carol", "adapted: code")
+    store.keep("carol", "code", model)
+    assert store.api_name("carol", "adapted: code") != name
+    with pytest.raises(ValueError, match="not kept for this browser session"):
+        store.drafter("dave", name)
+    with pytest.raises(ValueError, match="not kept for this browser session"):
+        store.api_name("bob", "adapted: email")
 
 
 def test_adapt_to_what_i_have_asked_takes_the_sessions_live_prompts(chat_server, monkeypatch):
@@ -127,3 +143,29 @@ def test_the_drafter_choices_pass_an_adapted_name_to_the_events_check(chat_serve
     # the events' checks take an adapted drafter as the block drafter it is (whose it is, the handler decides)
     check_live(_prompt(1), "adapted: sql", "tev", 8, 0.7, 6, 0, False, True, 0.9, 0)
     check_walkthrough(_prompt(1), "adapted: sql", "tev", 8, 0.7, 0.9, 0)
+
+
+def test_a_script_uses_a_browser_sessions_adapted_drafter_through_the_api_by_its_api_name(chat_server):
+    """The Live tab's /generate through gradio_client: a script is a session of its own, so the label
+    alone is refused (with why), and the API name the browser session was shown serves the drafter."""
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    import ui.live
+
+    bundle = chat_server.service.bundle()
+    store = chat_server.shared.ADAPTED
+    label = store.keep("browser tab", "my prompts", BlockDrafter.from_pretrained(chat_server.tmp / "base", bundle.target, dtype=torch.float32))
+    with gr.Blocks() as demo:
+        ui.live.tab([_prompt(1)])
+    demo.queue()
+    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(url, verbose=False)
+        ask = lambda drafter: client.predict(_prompt(2), drafter, "tev", 8, 0.0, 6, 0, False, True, 1.0, 0, False, api_name="/generate")  # noqa: E731
+        summary = ask(store.api_name("browser tab", label))[5]  # the run in numbers (LiveView.summary)
+        assert summary["drafter"] == label and summary["rounds"] >= 1
+        with pytest.raises(AppError, match="not kept for this browser session"):
+            ask(label)
+    finally:
+        demo.close()

@@ -29,7 +29,7 @@ from tev.pipelines.build import build_assets_command
 from tev.pipelines.exittrain import EXITTRAIN_FLAGS, EXITTRAIN_SETTINGS, exittrain_command
 from tev.pipelines.exittrain_data import exittrain_data_command
 from tev.pipelines.train_drafter import train_drafter_command
-from tev.pipelines.workload import DEFAULT_ANSWER_LAW, workload_command, workload_settings
+from tev.pipelines.workload import DEFAULT_ANSWER_LAW, DEFAULT_TREE_TERM, EXIT_LAMBDA, EXIT_TERM, workload_command, workload_settings
 from tev.pipelines.workload_report import LAWS
 from tev.service.live_exittrain import live_check_command
 from tev.train.data import DOMAINS
@@ -221,14 +221,16 @@ def _add_exittrain(commands) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.add_argument("--install", action="store_true", help="install the result as the pair's ExitTrain drafter")
     parser.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts for the before/after tau (0: skip)")
-    workload = parser.add_argument_group("workload adaptation (with --workload: of the options above only --tree-term, --lambda-tree, --seed, --base and --out apply)")
+    workload = parser.add_argument_group("workload adaptation (with --workload: of the options above only --tree-term, --lambda-tree, --seed, --base and --out apply; "
+                                         f"the default recipe is the ExitTrain tab's: --tree-term {DEFAULT_TREE_TERM} (the token loss alone), with the {EXIT_TERM} term at lambda {EXIT_LAMBDA:g} as the control)")
     workload.add_argument("--workload", help="JSON list of your own user messages (at least 16): adapt the drafter to them and measure the gain on a held-out quarter")
     workload.add_argument("--json", help="where to write the result (default: <out>/result.json)")
     workload.add_argument("--minutes", type=float, default=5.0, help="time budget of the whole run (answers, fine-tunes, controls and held-out measurement): it measures its pace and plans within it")
     workload.add_argument("--workload-steps", type=int, default=workload_settings().steps, help="fine-tune steps (fewer if the time budget ends first)")
     workload.add_argument("--answer-law", choices=list(LAWS), default=DEFAULT_ANSWER_LAW,
                           help="the law the target's training answers are drawn from: T0 greedy, T0.7 (top-p 0.9) or T1 sampled")
-    workload.add_argument("--controls", nargs="*", default=["none"], help="tree terms trained on the same data, steps and seed, for comparison, within the minutes when they fit (none: the token-only control)")
+    workload.add_argument("--controls", nargs="*", default=None, help="tree terms trained on the same data, steps and seed, for comparison, within the minutes when they fit "
+                          "(none: the token-only control; default: the other recipe, the exit term beside the token loss alone and the token loss alone beside a tree term)")
     add_model_arguments(parser)
     parser.set_defaults(func=_exittrain)
 

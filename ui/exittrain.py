@@ -193,7 +193,7 @@ def compare_shipped(progress=gr.Progress()):
     verdicts = []
     for temperature in sorted({r["temperature"] for r in rows}):
         base, shipped = (next(r for r in rows if r["drafter"] == name and r["temperature"] == temperature) for name in drafters)
-        se = math.hypot(base["tau_se"], shipped["tau_se"]) / base["tau"]  # independent rounds: the two drafters decode differently
+        se = math.hypot(base["tau_se"], shipped["tau_se"]) / base["tau"]  # combined as independent: the two drafters decode differently
         verdicts.append(f"T = {temperature:g}: {change_in_words(shipped['tau'] / base['tau'] - 1, se)}")
     table = "**Shipped ExitTrain drafter against the base, decoding tau:** " + "; ".join(verdicts) + ".\n\n" + table
     mass = _shipped_mass(bundle)
@@ -201,14 +201,14 @@ def compare_shipped(progress=gr.Progress()):
 
 
 def _compare(bundle, drafters: dict, prompts: list[dict], max_new_tokens: int):
-    rows, lines = [], ["| drafter | T | tau | 1 + C | per-prompt tau q25-q75 |", "|---|---|---|---|---|"]
+    rows, lines = [], ["| drafter | T | tau | mean block length | 1 + C | per-prompt tau q25-q75 |", "|---|---|---|---|---|---|"]
     for name, drafter in drafters.items():
         events = evaluation_rounds(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(32,), temperatures=(0.0, 1.0), max_new_tokens=max_new_tokens, progress=False)
         measured = result_of(shared.SERVICE.compute.steps(events))  # a step per round: other users take turns
         for row in measured:
             rows.append({"drafter": name, "temperature": row["temperature"], "tau": row["tau"], "tau_se": row["tau_se"], "tau_q25": row["prompt_tau_q25"], "tau_q75": row["prompt_tau_q75"]})
-            lines.append(f"| {name} | {row['temperature']:g} | {row['tau']:.3f} +- {row['tau_se']:.3f} | {row['tau_bound']:.3f} | {row['prompt_tau_q25']:.2f}-{row['prompt_tau_q75']:.2f} |")
-    return rows, "\n".join(lines) + f"\n\nDecoding: B = 32, {len(prompts)} held-out prompt(s), {max_new_tokens} new tokens each, TEV (greedy at T = 0); +- is the standard error over rounds."
+            lines.append(f"| {name} | {row['temperature']:g} | {row['tau']:.3f} +- {row['tau_se']:.3f} | {row['mean_block_length']:.3f} | {row['tau_bound']:.3f} | {row['prompt_tau_q25']:.2f}-{row['prompt_tau_q75']:.2f} |")
+    return rows, "\n".join(lines) + f"\n\nDecoding: B = 32, {len(prompts)} held-out prompt(s), {max_new_tokens} new tokens each, TEV (greedy at T = 0); tau = tokens emitted per target forward, +- its standard error over prompts."
 
 
 def side_by_side(bundle, drafters: dict, prompt: dict, budget: int = 32) -> list:

@@ -88,9 +88,10 @@ min-p, in the order Hugging Face `generate` applies them, and renormalised. Ever
 whatever it is. At $T = 0$ the law is a point mass on the argmax: every reach is 0 or 1 and the tree shows no gradation;
 pure sampling at $T = 1$ from a 135M model writes word salad. The page opens at $T = 0.7$, top-p $0.9$: sense, and graded reach.
 
-**tau.** $\tau$ is the mean block length $L$ over a run's rounds: accepted draft tokens plus the one bonus token, so
-$\tau$ = tokens emitted per target forward; over many rounds it approaches the mean $1 + C$. *Live tab: stats line and
-timeline.*
+**tau.** $\tau$ = tokens the answer got per target forward. A round's **output block** is its accepted draft tokens
+plus the one bonus token; the **mean block length** $L$ over a run's rounds is what $1 + C$ bounds, and $\tau$ equals it
+except where a stop (the end of the answer, a stop string, the length limit) cuts a block: the tokens past it count in
+the block, not in $\tau$. *Live tab: stats line and timeline.*
 
 **TEV (Tree Exit Verification).** Draw the exit node $V \sim w$ in one step, then the bonus $Y$ from the residual
 $p_V^{\mathrm{res}}(a) \propto p_V(a)\,[a \notin \mathrm{Ch}(V)]$. It attains the bound, needs only the parent rows normalised, and one
@@ -140,10 +141,10 @@ are what the drafter had not seen. *ExitTrain tab: adapt the drafter to a worklo
 
 ### For practitioners
 
-**tau and other tools' acceptance figures.** $\tau$ counts the bonus token. It is the same number as EAGLE's
+**tau and other tools' acceptance figures.** The mean block length counts the bonus token. It is the same number as EAGLE's
 "average acceptance length" and SGLang's `spec_accept_length` (both count the bonus token) and the DFlash/DDTree "acceptance length".
-Without the bonus token, the mean accepted draft length is $\tau - 1$. An acceptance *rate* per drafted token (vLLM's
-`draft_acceptance_rate`) divides $\tau - 1$ by the tokens drafted per round (the chain length, or $B$ for a tree), so it falls
+Without the bonus token, the mean accepted draft length is the mean block length $- 1$. An acceptance *rate* per drafted token (vLLM's
+`draft_acceptance_rate`) divides that by the tokens drafted per round (the chain length, or $B$ for a tree), so it falls
 as the tree grows while $\tau$ rises. The speedup over plain decoding is about $\tau$ divided by the cost of one round
 relative to one plain forward (tree forward + drafter + verifier).
 

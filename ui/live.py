@@ -72,9 +72,10 @@ def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeCo
     bounds = [r.flow.tau_bound for r in records]
     tokens = sum(len(r.emitted) for r in records)
     lines = [
-        f"**rounds** {len(records)} · **tokens** {tokens} · **tau** (mean block length) {sum(lengths) / len(lengths):.2f} · "
+        f"**rounds** {len(records)} · **tokens** {tokens} · **tau** {tokens / len(records):.2f} · **mean block length** {sum(lengths) / len(lengths):.2f} · "
         f"**mean 1 + C** {sum(bounds) / len(bounds):.2f}",
-        "tau = tokens emitted per target forward (accepted draft tokens + the bonus token); see the Learn tab for other tools' figures.",
+        "tau = tokens the answer got per target forward; a block (accepted draft tokens + the bonus token) can run past the answer's end, "
+        "and its mean length is what 1 + C bounds; see the Learn tab for other tools' figures.",
     ]
     if records[-1].choice is not None:
         lines.append(_auto_line(records))
@@ -93,10 +94,10 @@ def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeCo
 
 
 def _run_summary(records, summary: GenerationSummary | None, timing: dict | None = None) -> dict:
-    """The run in numbers, beside :func:`_stats_markdown`'s sentences: rounds, tokens, tau, mean
-    1 + C, the drafter, how it stopped and its speed; ``timing`` the quiet rerun against plain decoding."""
-    lengths = [r.block_length for r in records]
-    found = {"rounds": len(records), "tokens": sum(len(r.emitted) for r in records), "tau": sum(lengths) / len(lengths),
+    """The run in numbers, beside :func:`_stats_markdown`'s sentences: rounds, tokens, tau (tokens
+    emitted per target forward), mean block length, mean 1 + C, the drafter, how it stopped and its speed; ``timing`` the quiet rerun against plain decoding."""
+    tokens = sum(len(r.emitted) for r in records)
+    found = {"rounds": len(records), "tokens": tokens, "tau": tokens / len(records), "mean_block_length": sum(r.block_length for r in records) / len(records),
              "mean_tau_bound": sum(r.flow.tau_bound for r in records) / len(records), "drafter": records[-1].drafter,
              "stop_reason": None, "time_to_first_token_s": None, "tokens_per_second": None, "timing": None}
     if summary is not None:

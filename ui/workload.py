@@ -11,7 +11,7 @@ import gradio as gr
 
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import shipped_drafter
-from tev.pipelines.workload import DEFAULT_TREE_TERM, EVAL_BUDGET, MIN_STEPS, adaptation, other_recipe, workload_settings
+from tev.pipelines.workload import DEFAULT_TREE_TERM, EVAL_BUDGET, EXIT_LAMBDA, EXIT_TERM, MIN_STEPS, adaptation, workload_settings
 from tev.pipelines.workload_report import LAWS, PAGE_LAW, result_table
 from tev.pipelines.workload_data import check_workload, load_workload, split_workload
 from tev.service.adapted import ADAPTED_PREFIX, CAPACITY, MIN_ASKED, is_adapted
@@ -30,11 +30,9 @@ __all__ = ["OWN", "ASKED", "MIN_MINUTES", "MAX_MINUTES", "RECIPES", "DEFAULT_REC
 OWN = "my own prompts (below)"
 ASKED = "what I have asked in Live"
 MIN_MINUTES, MAX_MINUTES = 2.0, 10.0
-# The tab's default: the token loss alone. Over the four packs and an unseen workload the exit term did
-# not beat it outside two standard errors at any law (docs/exittrain.md, "The tree term, settled").
-DEFAULT_RECIPE = "the target's answers (token loss only)"
 # What the kept drafter is fine-tuned on (its tree term); the other is trained beside it as the control.
-RECIPES = {DEFAULT_RECIPE: "none", f"the answers + ExitTrain's exit term (lambda {DEFAULT_TREE_TERM[1]:g})": DEFAULT_TREE_TERM[0]}
+RECIPES = {"the target's answers (token loss only)": "none", f"the answers + ExitTrain's exit term (lambda {EXIT_LAMBDA:g})": EXIT_TERM}
+DEFAULT_RECIPE = next(label for label, term in RECIPES.items() if term == DEFAULT_TREE_TERM)  # the command's default recipe too
 
 
 def pack_names() -> list[str]:
@@ -106,8 +104,7 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
     try:
         start = time.monotonic()
         budget = minutes * 60
-        run = adaptation(bundle, prompts, shipped_drafter(bundle.pair, "block"), minutes, workload_settings(term, DEFAULT_TREE_TERM[1]),
-                         controls=(other_recipe(term),), progress=False)
+        run = adaptation(bundle, prompts, shipped_drafter(bundle.pair, "block"), minutes, workload_settings(term), progress=False)  # the control: the other recipe
         pieces = shared.SERVICE.compute.steps(run)  # a piece of work at a time: other users take turns
         try:
             outcome = yield from _phases(pieces, cancel, start, budget, progress)
@@ -125,9 +122,11 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
             return
         label = shared.ADAPTED.keep(owner, _workload_name(pack), outcome["drafter"])
         kept = (f"the adapted drafter is kept for this browser session as **{label}**: choose it in the Live tab or the walkthrough, or download it "
-                f"below (loads with `--draft`); the server keeps the {CAPACITY} most recently used adapted drafters (15-30 MB each) and writes none to disk")
+                f"below (loads with `--draft`); through the API (a script is a session of its own) name it `{shared.ADAPTED.api_name(owner, label)}` "
+                f"(keep the key to yourself: it serves this drafter to whoever sends it); the server keeps the {CAPACITY} most recently used adapted "
+                "drafters (15-30 MB each) and writes none to disk")
         mass = result.get("heldout_mass")
-        mass_figure = exit_mass_change_figure({"base": mass["base"], "adapted": mass["exittrain"]}) if mass else None
+        mass_figure = exit_mass_change_figure({"base": mass["base"], "adapted": mass["adapted"]}) if mass else None
         yield only(WorkloadView, status=f"finished in {result['minutes']:.1f} min; drawing both drafters' trees on a held-out prompt…", table=table, mass=mass_figure)
         _, heldout = split_workload(prompts)
         adapted = BlockTreeDrafter(outcome["drafter"].served(), name="adapted")
@@ -165,7 +164,7 @@ PHASES = {  # what each phase of the run says while it runs
     "step": lambda i: f"step {i['step']} · token loss {i['loss_tok']:.3f}",
     "evaluate": lambda i: (f"decoding held-out prompts with {', '.join(i['drafters'])} (T = 0, T = 0.7 top-p 0.9, T = 1): {i['prompts']} planned"
                            + (f", up to {i['most']} while the minutes allow…" if i["most"] > i["prompts"] else "…")),
-    "evaluated": lambda i: f"held-out tau at {LAWS[PAGE_LAW].describe()}: base {i['base'][PAGE_LAW]['tau']:.3f}, adapted {i['exittrain'][PAGE_LAW]['tau']:.3f}",
+    "evaluated": lambda i: f"held-out tau at {LAWS[PAGE_LAW].describe()}: base {i['base'][PAGE_LAW]['tau']:.3f}, adapted {i['adapted'][PAGE_LAW]['tau']:.3f} (tokens per target forward)",
     "mass": lambda i: "where the target's mass leaves each drafter's trees on the held-out answers…",
     "control": lambda i: f"control: {'token loss only' if i['tree_term'] == 'none' else 'token loss + ' + i['tree_term'] + ' term'} (same data, steps and seed)…",
 }

@@ -33,14 +33,17 @@ __all__ = ["run_ablation", "format_ablation", "install_from_ablation", "ablation
 
 
 def pooled_rows(parts: list[list[dict]]) -> list[dict]:
-    """One row per setting pooled over prompt groups (e.g. domains) evaluated apart: ``tau``
-    and ``tau_bound`` weighted by rounds, the standard error of the pooled mean."""
+    """One row per setting pooled over prompt groups (e.g. domains) evaluated apart: ``tau``,
+    ``mean_block_length`` and ``tau_bound`` weighted by rounds (``tau`` so stays tokens over
+    forwards), the groups' standard errors combined as independent."""
     pooled = []
     for rows in zip(*parts):
         rounds = sum(r["rounds"] for r in rows)
         row = {**rows[0], "rounds": rounds, "tokens": sum(r["tokens"] for r in rows)}
         row["tau"] = sum(r["tau"] * r["rounds"] for r in rows) / rounds
+        row["mean_block_length"] = sum(r["mean_block_length"] * r["rounds"] for r in rows) / rounds
         row["tau_bound"] = sum(r["tau_bound"] * r["rounds"] for r in rows) / rounds
+        row["prompts"] = sum(r["prompts"] for r in rows)
         row["tau_se"] = sum((r["tau_se"] * r["rounds"]) ** 2 for r in rows) ** 0.5 / rounds
         row.pop("domain", None)
         pooled.append(row)
@@ -114,14 +117,15 @@ def run_ablation(
 
 
 def format_ablation(result: dict) -> str:
-    """Markdown table of an ablation result: tau per (T, B, drafter), its change vs the base."""
+    """Markdown table of an ablation result: tau per (T, B, drafter), its change vs the base, the
+    mean block length and the mean ``1 + C`` that bounds it."""
     rows = [r for r in result["rows"] if "domain" not in r]
     base = {(r["budget"], r["temperature"]): r["tau"] for r in rows if r["drafter"] == "base"}
-    lines = ["| T | B | drafter | tau (+- s.e.) | vs base | mean 1 + C |", "|---|---|---|---|---|---|"]
+    lines = ["| T | B | drafter | tau (+- s.e. over prompts) | vs base | mean block length | mean 1 + C |", "|---|---|---|---|---|---|---|"]
     order = ("base", "none", "prefix", "exit")  # the controls first, the method last
     for r in sorted(rows, key=lambda r: (r["temperature"], r["budget"], order.index(r["drafter"]) if r["drafter"] in order else len(order))):
         change = r["tau"] / base[(r["budget"], r["temperature"])] - 1
-        lines.append(f"| {r['temperature']:g} | {r['budget']} | {r['drafter']} | {r['tau']:.3f} +- {r['tau_se']:.3f} | {100 * change:+.1f}% | {r['tau_bound']:.3f} |")
+        lines.append(f"| {r['temperature']:g} | {r['budget']} | {r['drafter']} | {r['tau']:.3f} +- {r['tau_se']:.3f} | {100 * change:+.1f}% | {r['mean_block_length']:.3f} | {r['tau_bound']:.3f} |")
     return "\n".join(lines)
 
 

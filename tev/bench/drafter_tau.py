@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         rows = chat_prompt_tau(target, tokenizer, BlockDrafter.from_pretrained(folder, target), prompts, DrafterRecipe())
         results[folder] = rows
         for row in rows:
-            print(f"{folder}: T={row['temperature']:g} B={row['budget']}: tau {row['tau']:.3f} +- {row['tau_se']:.3f} (1 + C {row['tau_bound']:.3f})", flush=True)
+            print(f"{folder}: T={row['temperature']:g} B={row['budget']}: tau {row['tau']:.3f} +- {row['tau_se']:.3f}, mean block length {row['mean_block_length']:.3f} (1 + C {row['tau_bound']:.3f})", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

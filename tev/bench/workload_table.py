@@ -16,7 +16,7 @@ from pathlib import Path
 from tev.bench.report.workload_gain import workload_data, workload_section
 from tev.engine.models import DEFAULT_PAIR
 from tev.pipelines.card import refresh_card
-from tev.pipelines.workload_report import LAWS
+from tev.pipelines.workload_report import LAWS, read_result
 from tev.util.files import write_text_atomic
 from tev.util.paths import assets_dir
 
@@ -35,7 +35,7 @@ def command_of(path: Path, result: dict) -> str:
     if result.get("command"):
         return result["command"]
     first_law = next(iter(LAWS))  # every result measured it, and its cells name every drafter
-    controls = ["none" if n == "token_only" else n for n in result[first_law] if n not in ("base", "exittrain")]
+    controls = ["none" if n == "token_only" else n for n in read_result(result)[first_law] if n not in ("base", "adapted")]
     stem = Path(result["workload"]).stem
     return shlex.join(["python", "-m", "tev", "exittrain", "--workload", result["workload"], "--json", f"runs/workload/{stem}.json", "--out", f"runs/workload/{stem}",
                        "--controls", *controls])
@@ -62,8 +62,9 @@ def run(args: argparse.Namespace) -> int:
         entries = {}
         for path in paths:
             result = json.loads(path.read_text())
-            keep = {k: result[k] for k in (*LAWS, "gain", "minutes", "train_prompts", "heldout_prompts", "answer_tokens", "vocab_added", "steps", "settings")
-                    if k in result}
+            current = read_result(result)
+            keep = {k: current[k] for k in (*LAWS, "gain", "minutes", "train_prompts", "heldout_prompts", "answer_tokens", "vocab_added", "steps", "settings")
+                    if k in current}
             entries[Path(result["workload"]).stem] = {"task": task_of(result["workload"]), "command": command_of(path, result), "result": keep}
         write_text_atomic(assets_dir() / "models" / DEFAULT_PAIR.home / "workload-results.json", json.dumps(entries, indent=1) + "\n")
         refresh_card(assets_dir())

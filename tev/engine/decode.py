@@ -115,7 +115,12 @@ class Request:
 
 @dataclass(eq=False)
 class GenerationSummary:
-    """The whole generation: tokens, text, and the statistics the UI and benchmarks read."""
+    """The whole generation: tokens, text, and the statistics the UI and benchmarks read.
+
+    ``tau`` is what the user gets per target forward (the emitted ``token_ids`` over ``rounds``);
+    ``block_lengths`` are the verifier's raw blocks (accepted + bonus), which also count tokens
+    past a stop (EOS, a stop string, the length limit): their mean is what ``1 + C`` bounds.
+    """
 
     prompt_ids: list[int]
     token_ids: list[int]
@@ -134,7 +139,13 @@ class GenerationSummary:
 
     @property
     def tau(self) -> float:
-        """Mean output-block length (accepted + bonus) over rounds."""
+        """Tokens emitted per target forward: ``len(token_ids) / rounds`` (nan without a round)."""
+        return len(self.token_ids) / self.rounds if self.rounds else float("nan")
+
+    @property
+    def mean_block_length(self) -> float:
+        """Mean output-block length (accepted + bonus) over rounds, stops ignored: the quantity
+        ``tau_bound`` bounds (nan without a round)."""
         return sum(self.block_lengths) / len(self.block_lengths) if self.block_lengths else float("nan")
 
     @property
@@ -163,6 +174,7 @@ class GenerationSummary:
             "rounds": self.rounds,
             "block_lengths": self.block_lengths,
             "tau": self.tau,
+            "mean_block_length": self.mean_block_length,
             "tau_bounds": self.tau_bounds,
             "tau_bound": self.tau_bound,
             "seconds": self.seconds,

@@ -63,7 +63,7 @@ def generate_command(args) -> None:
     print()
     print(
         f"[{summary.method}] {len(summary.token_ids)} tokens in {summary.seconds:.2f}s "
-        f"({summary.tokens_per_second:.1f} tok/s), rounds {summary.rounds}, tau {summary.tau:.2f}, "
-        f"mean 1+C {summary.tau_bound:.2f}, stop: {summary.stop_reason}",
+        f"({summary.tokens_per_second:.1f} tok/s), rounds {summary.rounds}, tau {summary.tau:.2f} (tokens emitted per forward), "
+        f"mean block length {summary.mean_block_length:.2f} against mean 1+C {summary.tau_bound:.2f}, stop: {summary.stop_reason}",
         file=sys.stderr,
     )

@@ -54,8 +54,14 @@ def _settings_of(entry: dict) -> dict:
     return {**old, "tree_term": old["weights"], "lambda_tree": old["lambda_exit"], "soft_top": old["soft_top"] if soft else 0}
 
 
+# An ablation table rendered before tau counted only the tokens emitted: its "tau" column held the mean block length.
+_OLD_ABLATION_HEADER, _ABLATION_HEADER_READ = "| tau (+- s.e.) |", "| mean block length (+- s.e. over rounds) |"
+
+
 def _exittrain(entry: dict, data: str) -> dict:
-    """The ExitTrain section's values; ``data`` names what a training sequence is."""
+    """The ExitTrain section's values; ``data`` names what a training sequence is. Rows measured
+    before ``tau`` counted only the tokens emitted (no ``mean_block_length``) are named for what
+    they held: the mean block length (``measure``)."""
     gains = {}
     taus = {(r["drafter"], r["domain"], r["budget"], r["temperature"]): r["tau"] for r in entry.get("domain_rows", [])}
     for (drafter, domain, budget, temperature), tau in taus.items():
@@ -66,9 +72,11 @@ def _exittrain(entry: dict, data: str) -> dict:
                     for drafter in ("none", "prefix", "exit") if any((drafter, d) in gains for d in domains)]
     trees = entry.get("heldout_trees", {})
     depths = 1 + max((d for t in trees.values() for d in range(len(t["internal"])) if t["internal"][d] + t["leaf"][d] >= 5e-4), default=-1)
+    rows = entry.get("domain_rows", []) + [r for part in entry.get("tau", {}).values() for r in part]
+    ablation = (entry.get("ablation") or "").replace(_OLD_ABLATION_HEADER, _ABLATION_HEADER_READ) or None
     return {"command": entry["command"], "s": _settings_of(entry), "data": data, "steps_done": entry["steps_done"], "seconds": entry["seconds"],
-            "before": entry["heldout_tau_bound_before"], "after": entry["heldout_tau_bound_after"], "ablation": entry.get("ablation"),
-            "tau": entry.get("tau", {}), "domain_gains": domain_gains, "trees": trees, "depths": depths,
+            "before": entry["heldout_tau_bound_before"], "after": entry["heldout_tau_bound_after"], "ablation": ablation,
+            "measure": "`tau`" if all("mean_block_length" in r for r in rows) else "mean block length", "tau": entry.get("tau", {}), "domain_gains": domain_gains, "trees": trees, "depths": depths,
             "base_note": entry.get("base_note")}  # which base it was fine-tuned from, when not the shipped one
 
 

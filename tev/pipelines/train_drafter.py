@@ -315,5 +315,5 @@ def train_drafter_command(args) -> None:
     print(f"drafter written to {out}: held-out loss {report['heldout']['loss']:.3f}, "
           f"top-1 by depth {report['heldout']['top1_by_depth'][:4]}, draft vocabulary covers {100 * report['data']['draft_vocab_coverage']:.1f}% of response tokens")
     for row in report["tau"]:
-        print(f"  T={row['temperature']:g} B={row['budget']}: tau {row['tau']:.3f} +- {row['tau_se']:.3f} (mean 1 + C {row['tau_bound']:.3f})")
+        print(f"  T={row['temperature']:g} B={row['budget']}: tau {row['tau']:.3f} +- {row['tau_se']:.3f}, mean block length {row['mean_block_length']:.3f} (mean 1 + C {row['tau_bound']:.3f})")
     print(f"{report['total_minutes']:.1f} min")

@@ -4,10 +4,14 @@ workload and measure the gain on held-out prompts of it.
 The run, within ``--minutes`` (every phase included, the controls too): split the prompts (a
 quarter held out, never trained on), let the target answer the training prompts, add the answers'
 tokens the draft vocabulary lacks, fine-tune a copy of the base drafter (the token loss on the
-answers plus the tree term of :data:`DEFAULT_TREE_TERM`), train the token-only control (same data,
-steps and seed) and any extra tree terms asked for, then decode held-out prompts with every
-drafter at each law of :data:`LAWS` (T = 0, the page's T = 0.7 top-p 0.9, T = 1), budget 16, 64 new
-tokens: the planned number of prompts, then more while the minutes allow.
+answers, by default the token loss alone: :data:`DEFAULT_TREE_TERM`, the same recipe as the
+ExitTrain tab's), train the other recipe as the control (same data, steps and seed) and any extra
+tree terms asked for, then decode held-out prompts with every drafter at each law of :data:`LAWS`
+(T = 0, the page's T = 0.7 top-p 0.9, T = 1), budget 16, 64 new tokens: the planned number of
+prompts, then more while the minutes allow. The result names the kept drafter ``adapted``
+(files written before named it ``exittrain``: :func:`~tev.pipelines.workload_report.read_result`
+reads both); its held-out ``tau`` is tokens emitted per target forward, with its standard error
+over prompts.
 
 The run measures its own pace first (:class:`Pace`: a first few answers, a held-out prompt, two
 answers scored, two steps) and plans the rest against the time left (:func:`plan_phases`): on a
@@ -44,12 +48,15 @@ from tev.train.teacher import answer_prompts, with_features
 from tev.train.trees import ScoredTrees, fixed_trees
 from tev.util.compute_thread import result_of
 from tev.util.paths import REPO_ROOT
-from tev.util.stats import standard_error
+from tev.util.stats import ratio_standard_error
 
-__all__ = ["DEFAULT_ANSWER_LAW", "DEFAULT_TREE_TERM", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "LAWS", "MIN_STEPS", "SOFT_TOP", "Pace", "Plan", "plan_phases",
+__all__ = ["DEFAULT_ANSWER_LAW", "DEFAULT_TREE_TERM", "EXIT_TERM", "EXIT_LAMBDA", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "LAWS", "MIN_STEPS", "SOFT_TOP", "Pace", "Plan", "plan_phases",
            "workload_settings", "workload_train_set", "adaptation", "heldout_mass", "relative_gain", "other_recipe", "workload_command"]
 
-DEFAULT_TREE_TERM = ("exit", 0.1)  # (tree term, lambda_tree) of the command's recipe; see docs/exittrain.md
+# The kept drafter's recipe by default, for the command and the tab alike: the token loss alone. Over the four packs
+# and an unseen workload the exit term did not beat it outside two standard errors at any law (docs/exittrain.md).
+DEFAULT_TREE_TERM = "none"
+EXIT_TERM, EXIT_LAMBDA = "exit", 0.1  # ExitTrain's exit term and its weight: the default recipe's control (or the recipe, when asked)
 EVAL_BUDGET = 16
 EVAL_NEW_TOKENS = 64
 EVAL_PROMPTS = 10  # held-out prompts decoded at most (the first of the held-out split)
@@ -129,7 +136,7 @@ def plan_phases(pace: Pace, seconds: float, answered: int, offered: int, steps: 
     return Plan(a, s, h, kept)
 
 
-def workload_settings(tree_term: str = "exit", lambda_tree: float = 0.1, steps: int = 160, seed: int = 0) -> TrainSettings:
+def workload_settings(tree_term: str = DEFAULT_TREE_TERM, lambda_tree: float = EXIT_LAMBDA, steps: int = 160, seed: int = 0) -> TrainSettings:
     """The workload fine-tune: 64 soft-labelled anchors and 16 fixed trees a step, lr 5e-4 (10
     warm-up steps, cosine to a tenth), no weight decay or short histories (a few minutes from a trained base)."""
     return TrainSettings(steps=steps, batch=64, lr=5e-4, warmup=10, seed=seed, weight_decay=0.0, short_history_share=0.0, soft_top=SOFT_TOP,
@@ -138,8 +145,8 @@ def workload_settings(tree_term: str = "exit", lambda_tree: float = 0.1, steps: 
 
 def other_recipe(tree_term: str) -> str:
     """The control a run trains beside its recipe: the token loss alone beside a tree term, the
-    default tree term beside the token loss alone."""
-    return DEFAULT_TREE_TERM[0] if tree_term == "none" else "none"
+    exit term beside the token loss alone."""
+    return EXIT_TERM if tree_term == "none" else "none"
 
 
 def workload_train_set(target, drafter: BlockDrafter, answers, seed: int = 0, progress: bool = True):
@@ -156,7 +163,8 @@ def workload_train_set(target, drafter: BlockDrafter, answers, seed: int = 0, pr
 
 def relative_gain(after: dict, before: dict) -> dict:
     """``after / before - 1`` of two ``{"tau", "se"}`` cells and its standard error (the two
-    measured on the same prompts and seeds but in different rounds: errors combined as independent)."""
+    measured on the same prompts and seeds, but each drafter's answers differ: errors over prompts
+    combined as independent)."""
     ratio = after["tau"] / before["tau"]
     se = ratio * math.sqrt((after["se"] / after["tau"]) ** 2 + (before["se"] / before["tau"]) ** 2)
     return {"gain": ratio - 1, "se": se}
@@ -164,23 +172,28 @@ def relative_gain(after: dict, before: dict) -> dict:
 
 def _decode_prompt(bundle, drafter, ids: list[int], seed: int, stop_by: float, clock):
     """One held-out prompt decoded by one drafter at every law of :data:`LAWS`: yields each round
-    and returns ``{law: (block lengths, 1 + C of each round)}``, or None when ``stop_by`` came first
-    (a part of a prompt is not measured)."""
+    and returns ``{law: {"tokens", "rounds", "lengths", "bounds"}}`` (tokens emitted, target
+    forwards, each round's block length and ``1 + C``), or None when ``stop_by`` came first (a part
+    of a prompt is not measured)."""
     out = {}
     for key, law in LAWS.items():
         config = DecodeConfig(budget=EVAL_BUDGET, temperature=law.temperature, top_k=law.top_k, top_p=law.top_p, max_new_tokens=EVAL_NEW_TOKENS, seed=seed)
         summary = yield from decode_rounds(bundle.target, bundle.tokenizer, drafter, ids, config, should_stop=lambda: clock() > stop_by)
         if summary is None:
             return None
-        out[key] = (summary.block_lengths, summary.tau_bounds)
+        out[key] = {"tokens": len(summary.token_ids), "rounds": summary.rounds, "lengths": summary.block_lengths, "bounds": summary.tau_bounds}
     return out
 
 
 def _cell(decoded: list[dict], key: str) -> dict:
-    """``tau`` (mean block length over every round of the prompts decoded), its standard error over rounds, mean ``1 + C``."""
-    lengths = [x for prompt in decoded for x in prompt[key][0]]
-    bounds = [x for prompt in decoded for x in prompt[key][1]]
-    return {"tau": sum(lengths) / len(lengths), "se": standard_error(lengths), "tau_bound": sum(bounds) / len(bounds), "rounds": len(lengths)}
+    """One drafter at law ``key`` over the prompts decoded: ``tau`` (tokens emitted over target
+    forwards, all prompts pooled) and ``se``, its standard error over prompts; the mean block
+    length and mean ``1 + C`` (which bounds it) over every round; prompts and rounds."""
+    tokens, rounds = [prompt[key]["tokens"] for prompt in decoded], [prompt[key]["rounds"] for prompt in decoded]
+    lengths = [x for prompt in decoded for x in prompt[key]["lengths"]]
+    bounds = [x for prompt in decoded for x in prompt[key]["bounds"]]
+    return {"tau": sum(tokens) / sum(rounds), "se": ratio_standard_error(tokens, rounds), "mean_block_length": sum(lengths) / len(lengths),
+            "tau_bound": sum(bounds) / len(bounds), "prompts": len(decoded), "rounds": sum(rounds)}
 
 
 def _work(pieces):
@@ -253,7 +266,7 @@ class WorkloadRun:
     history: list[dict] = field(default_factory=list)  # the adapted drafter's step records
     compare: bool = False  # whether the run still makes its comparison
     models: dict[str, BlockDrafter] = field(default_factory=dict)  # the adapted drafter and the controls, by result name
-    decoded: dict[str, list] = field(default_factory=lambda: {"base": []})  # per drafter, per held-out prompt: {law: (block lengths, 1 + C)}
+    decoded: dict[str, list] = field(default_factory=lambda: {"base": []})  # per drafter, per held-out prompt: {law: what _decode_prompt measured}
     mass: dict | None = None
     mass_note: str | None = None
 
@@ -279,7 +292,7 @@ def _start(bundle, prompts, base, minutes, settings, controls, seed, progress, w
     """The run's settings checked, its prompts split and the held-out ones encoded, the base loaded."""
     if answer_law not in LAWS:
         raise ValueError(f"answer law {answer_law!r}: choose from {', '.join(LAWS)}")
-    settings, start = replace(settings or workload_settings(*DEFAULT_TREE_TERM), seed=seed), clock()
+    settings, start = replace(settings, seed=seed), clock()
     train_prompts, heldout_prompts = split_workload(prompts, seed)
     context = max_positions(bundle.target)
     held = [fit_prompt(bundle.tokenizer, {"text": p, "chat": True}, context - EVAL_NEW_TOKENS) for p in heldout_prompts[:EVAL_PROMPTS]]
@@ -387,7 +400,7 @@ def _fine_tune(run: WorkloadRun):
 def _train_controls(run: WorkloadRun):
     """Each control: the same data, steps and seed from the same start, another tree term."""
     run.compare = run.compare and len(run.history) >= MIN_STEPS
-    run.models = {"exittrain": run.work}
+    run.models = {"adapted": run.work}
     if not run.compare:
         return
     for term in run.controls:
@@ -444,12 +457,12 @@ def _measure_mass(run: WorkloadRun, count: int):
         run.mass_note = f"where the mass leaves the trees was not measured: about {cost:.0f} s more than the minutes left"
         return
     yield "mass", {}
-    run.mass = yield from _work(heldout_mass(run.bundle, {"base": run.base, "exittrain": run.work}, run.heldout_prompts[:count], run.seed, run.progress))
+    run.mass = yield from _work(heldout_mass(run.bundle, {"base": run.base, "adapted": run.work}, run.heldout_prompts[:count], run.seed, run.progress))
 
 
 def _result(run: WorkloadRun, count: int, cells: dict) -> dict:
     """The run's result (JSON): per law each drafter's held-out tau and its gain, what the run did and measured."""
-    result = {key: {name: {"tau": row[key]["tau"], "se": row[key]["se"]} for name, row in cells.items()} for key in LAWS}
+    result = {key: {name: {k: row[key][k] for k in ("tau", "se", "mean_block_length", "prompts")} for name, row in cells.items()} for key in LAWS}
     result.update({
         "compared": run.compare,
         "note": None if run.compare else _no_comparison(len(run.history), run.pace, run.minutes),
@@ -481,7 +494,7 @@ def _result(run: WorkloadRun, count: int, cells: dict) -> dict:
     return result
 
 
-def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, settings: TrainSettings | None = None, controls: tuple[str, ...] = ("none",),
+def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, settings: TrainSettings | None = None, controls: tuple[str, ...] | None = None,
                seed: int = 0, progress: bool = True, with_mass: bool = True, clock=time.monotonic, answer_law: str = DEFAULT_ANSWER_LAW):
     """The whole adaptation as a generator of ``(phase, info)`` events, one after every piece of
     work (a batch of answers, an answer's scored trees, a training step, a decoding round: ``work``
@@ -493,14 +506,17 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     The run first measures its pace (:class:`Pace`), then plans the rest within ``minutes``
     (:func:`plan_phases`) and keeps to it: each phase stops before a piece of work that would end
     past the time left for what follows. ``controls`` are tree terms trained on the same data, steps
-    and seed (``none`` is the token-only control; the result names it ``token_only``). With
+    and seed (``none`` is the token-only control; the result names it ``token_only``); by default
+    the other recipe (:func:`other_recipe`). With
     ``with_mass``, where the target's mass leaves the base's and the adapted drafter's trees on the
     held-out answers, when the time left allows. When it compares nothing (below :data:`MIN_STEPS`
     steps, or no held-out prompt fits for both drafters) the result says why in one sentence
-    (``note``) and holds only what the base measured. ``answer_law`` (a key of :data:`LAWS`) is the
+    (``note``) and holds only what the base measured. The kept drafter is ``adapted`` in the result. ``answer_law`` (a key of :data:`LAWS`) is the
     law the target's training answers are drawn from: ``T0`` greedy, else sampled (seeded), so the
     drafter learns the law it will meet. ``clock`` (seconds) is for tests.
     """
+    settings = settings or workload_settings()
+    controls = (other_recipe(settings.tree_term),) if controls is None else controls
     run = _start(bundle, prompts, base, minutes, settings, controls, seed, progress, with_mass, clock, answer_law)
     # the pace: the first answers, the base on a held-out prompt, two answers scored and two steps on a copy
     for phase in (_first_answers, _probe_heldout, _probe_training, _plan, _more_answers, _fine_tune, _train_controls, _evaluate):
@@ -508,7 +524,7 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     count = min(len(rows) for rows in run.decoded.values()) if run.compare else len(run.decoded["base"])
     cells = {name: {key: _cell(rows[:count], key) for key in LAWS} for name, rows in run.decoded.items() if (run.compare or name == "base") and count}
     if run.compare:
-        yield "evaluated", {"base": cells["base"], "exittrain": cells["exittrain"]}
+        yield "evaluated", {"base": cells["base"], "adapted": cells["adapted"]}
     yield from _measure_mass(run, count)
     result = _result(run, count, cells)
     run.work.config.notes = {**run.work.config.notes, "workload_adaptation": {"steps": len(run.history), "settings": result["settings"],
@@ -538,7 +554,7 @@ def workload_command(args) -> None:
     """The command line's workload adaptation (``exittrain --workload``)."""
     if args.minutes is None or not math.isfinite(args.minutes) or args.minutes <= 0:
         raise ValueError(f"--minutes must be a positive number, got {args.minutes}")
-    for term in args.controls:
+    for term in args.controls or ():
         if term not in TREE_TERMS:
             raise ValueError(f"--controls: unknown tree term {term!r}; choose from {', '.join(TREE_TERMS)}")
     prompts = load_workload(args.workload)
@@ -553,9 +569,10 @@ def workload_command(args) -> None:
     if args.target and not args.base:
         raise ValueError("with --target, pass --base: the block drafter to adapt")
     base = Path(args.base) if args.base else shipped_drafter(bundle.pair, "block")
-    term = args.tree_term or DEFAULT_TREE_TERM[0]
-    lam = DEFAULT_TREE_TERM[1] if args.lambda_tree is None else args.lambda_tree
+    term = args.tree_term or DEFAULT_TREE_TERM
+    lam = EXIT_LAMBDA if args.lambda_tree is None else args.lambda_tree
     settings = workload_settings(term, lam, args.workload_steps, args.seed or 0)
+    controls = [other_recipe(term)] if args.controls is None else args.controls
     start = time.monotonic()
 
     def shown(event) -> None:
@@ -563,7 +580,7 @@ def workload_command(args) -> None:
         if phase not in ("work", "step"):  # where the minutes go, as they go
             print(f"[{time.monotonic() - start:4.0f} s] {phase}" + (f": {json.dumps(info)}" if phase in ("pace", "plan", "train") else ""), file=sys.stderr, flush=True)
 
-    outcome = result_of(adaptation(bundle, prompts, base, args.minutes, settings, tuple(args.controls), seed=settings.seed, answer_law=args.answer_law), shown)
+    outcome = result_of(adaptation(bundle, prompts, base, args.minutes, settings, tuple(controls), seed=settings.seed, answer_law=args.answer_law), shown)
     result, drafter = outcome["result"], outcome["drafter"]
     result["workload"] = str(args.workload)
     result["command"] = invoked_command()

@@ -3,8 +3,12 @@ their titles, each drafter's label, the verdict sentences, the command's summary
 table, the model card's rows and the claims report's section.
 
 A result (:func:`tev.pipelines.workload.adaptation`) holds, per law key of :data:`LAWS`, a cell
-``{"tau", "se"}`` per drafter (``base``, ``exittrain``: the run's recipe, and its controls named by
-tree term, ``token_only`` for none) and under ``gain`` each drafter's change against the base.
+``{"tau", "se", "mean_block_length", "prompts"}`` per drafter (``base``, ``adapted``: the kept
+drafter, trained by the run's recipe, and its controls named by tree term, ``token_only`` for
+none) and under ``gain`` each drafter's change against the base. ``tau`` is tokens emitted per
+target forward and ``se`` its standard error over prompts. Results written before 2026-12-05 name
+the kept drafter ``exittrain`` and hold the mean block length under ``tau``, its error over rounds
+(no ``mean_block_length``): :func:`read_result` renames the one, :func:`measured` names the other.
 """
 
 from __future__ import annotations
@@ -14,15 +18,37 @@ import math
 from tev.core.sampling import SamplingLaw
 from tev.util.stats import change_in_words
 
-__all__ = ["LAWS", "PAGE_LAW", "LAW_TITLES", "LAW_COLUMNS", "CARD_NAMES", "model_label", "verdict_lines", "summary_lines", "result_table", "card_rows",
-           "packs_section"]
+__all__ = ["LAWS", "PAGE_LAW", "LAW_TITLES", "LAW_COLUMNS", "CARD_NAMES", "read_result", "measured", "model_label", "verdict_lines", "summary_lines",
+           "result_table", "card_rows", "packs_section"]
 
 # The held-out laws: greedy, the law the page opens at, and plain sampling.
 LAWS = {"T0": SamplingLaw(0.0), "T0.7": SamplingLaw(0.7, top_p=0.9), "T1": SamplingLaw(1.0)}
 PAGE_LAW = "T0.7"  # the law the page opens at: the one the Workload tab reports as it runs
 LAW_TITLES = {"T0": "T = 0 (greedy)", "T0.7": "T = 0.7, top-p 0.9 (TEV; the page's law)", "T1": "T = 1 (TEV)"}  # the claims report's headings
 LAW_COLUMNS = {"T0": "0", "T0.7": "0.7, top-p 0.9", "T1": "1"}  # the model card's T column
-CARD_NAMES = {"exittrain": "adapted (token loss + tree term)", "token_only": "token-only control"}  # the card's own columns
+CARD_NAMES = {"adapted": "adapted (the pack's recipe, in its command)", "token_only": "token-only control"}  # the card's own columns
+_OLD_KEPT = "exittrain"  # the kept drafter's name in results written before 2026-12-05
+
+
+def read_result(result: dict) -> dict:
+    """A workload result in today's names: the kept drafter ``adapted`` (older files: ``exittrain``)
+    in every law's cells, gains, ``tau_bound`` and ``heldout_mass``; a copy, the file's dict untouched."""
+    def renamed(by_name):
+        return {("adapted" if name == _OLD_KEPT else name): value for name, value in by_name.items()} if isinstance(by_name, dict) else by_name
+
+    out = {**result, **{key: renamed(result[key]) for key in LAWS if key in result}}
+    for group in ("gain", "tau_bound"):
+        if isinstance(result.get(group), dict):
+            out[group] = {key: renamed(cells) for key, cells in result[group].items()}
+    out["heldout_mass"] = renamed(result.get("heldout_mass"))
+    return out
+
+
+def measured(result: dict) -> tuple[str, str]:
+    """(what a result's cells hold under ``tau``, what their ``+-`` is over): ``("tau", "prompts")``,
+    or for results written before tau counted only the tokens emitted ``("mean block length", "rounds")``."""
+    cells = [cell for key in LAWS for cell in (result.get(key) or {}).values()]
+    return ("tau", "prompts") if cells and all("mean_block_length" in cell for cell in cells) else ("mean block length", "rounds")
 
 
 def _pct(x: float) -> str:
@@ -35,12 +61,12 @@ def _change(cell: dict, gain: dict) -> str:
 
 
 def model_label(name: str, settings: dict) -> str:
-    """What a drafter of a workload result is, in words: ``exittrain`` is the run's recipe (its
-    tree term in ``settings``, possibly none), the others are controls named by their tree term."""
+    """What a drafter of a workload result is, in words: ``adapted`` is the kept drafter, trained by
+    the run's recipe (its tree term in ``settings``, possibly none), the others are controls named by their tree term."""
     lam = f"lambda {settings['lambda_tree']:g}"
     if name == "base":
         return "base (the shipped drafter)"
-    if name == "exittrain":
+    if name == "adapted":
         return "adapted (token loss only)" if settings["tree_term"] == "none" else f"adapted (token loss + {settings['tree_term']} term, {lam})"
     return "token-only control" if name == "token_only" else f"control: token loss + {name} term ({lam})"
 
@@ -50,9 +76,9 @@ def _tree_against_token(result: dict, key: str):
     None when the run did not train both (the recipe may be either of the two)."""
     gains = result["gain"][key]
     if result["settings"]["tree_term"] == "none":
-        tree = next((name for name in gains if name not in ("exittrain", "token_only")), None)
-        return (tree, gains[tree], gains["exittrain"]) if tree else None
-    return ("exittrain", gains["exittrain"], gains["token_only"]) if "token_only" in gains else None
+        tree = next((name for name in gains if name not in ("adapted", "token_only")), None)
+        return (tree, gains[tree], gains["adapted"]) if tree else None
+    return ("adapted", gains["adapted"], gains["token_only"]) if "token_only" in gains else None
 
 
 def _tree_term_words(result: dict, key: str) -> str:
@@ -62,7 +88,7 @@ def _tree_term_words(result: dict, key: str) -> str:
         return ""
     tree_name, tree, token = pair
     difference, se = tree["gain"] - token["gain"], math.hypot(tree["se"], token["se"])
-    other = "the token-only control" if tree_name == "exittrain" else f"the {tree_name}-term control"
+    other = "the token-only control" if tree_name == "adapted" else f"the {tree_name}-term control"
     if abs(difference) <= 2 * se:
         return (f"; {other} gained as much (within two standard errors): the gain comes from the target's own answers "
                 "(the token loss), and the tree term adds no measurable gain here")
@@ -77,14 +103,14 @@ def verdict_lines(result: dict) -> list[str]:
     its control are the two: token loss only, and token loss + a tree term)."""
     if not result["compared"]:
         return [result["note"]]
-    lines = []
+    lines, figure = [], measured(result)[0]
     for key in LAWS:
-        ours = result["gain"][key]["exittrain"]
-        line = f"At {result['laws'][key]} the adapted drafter's held-out tau: {change_in_words(ours['gain'], ours['se'])}"
+        ours = result["gain"][key]["adapted"]
+        line = f"At {result['laws'][key]} the adapted drafter's held-out {figure}: {change_in_words(ours['gain'], ours['se'])}"
         if ours["gain"] > 2 * ours["se"]:
             line += _tree_term_words(result, key)
         lines.append(line + ".")
-    if not any(result["gain"][key]["exittrain"]["gain"] > 2 * result["gain"][key]["exittrain"]["se"] for key in LAWS):
+    if not any(result["gain"][key]["adapted"]["gain"] > 2 * result["gain"][key]["adapted"]["se"] for key in LAWS):
         lines.append("No gain outside two standard errors at any law, so nothing here says where one would come from.")
     return lines
 
@@ -102,16 +128,19 @@ def summary_lines(result: dict) -> list[str]:
         parts += [f"{name} {cell['tau']:.3f} +- {cell['se']:.3f} ({_pct(result['gain'][key][name]['gain'])} +- {100 * result['gain'][key][name]['se']:.1f}%)"
                   for name, cell in result[key].items() if name != "base"]
         lines.append(f"{result['laws'][key]} (B = {result['budget']}, {result['max_new_tokens']} new tokens): " + "; ".join(parts))
-    return lines + verdict_lines(result)
+    figure, unit = measured(result)
+    return lines + [f"(held-out {figure}, +- one standard error over {unit}; the kept drafter is 'adapted')"] + verdict_lines(result)
 
 
 def result_table(result: dict) -> str:
     """The held-out comparison as markdown (the ExitTrain tab's), each change with its verdict in
     words, then the run's verdict sentences (:func:`verdict_lines`: they follow the numbers)."""
-    measured = result.get("eval_prompts", result["heldout_prompts"])
-    lines = [f"Held-out: {result['heldout_prompts']} prompts never trained on ({measured} of them decoded); B = {result['budget']}, {result['max_new_tokens']} new tokens, "
-             f"TEV when sampling, greedy at T = 0; +- is one standard error over rounds.", "",
-             "| law | drafter | tau | change against the base |", "|---|---|---|---|"]
+    decoded = result.get("eval_prompts", result["heldout_prompts"])
+    figure, unit = measured(result)
+    meaning = "tau = tokens the answers got per target forward" if figure == "tau" else "the mean block length (accepted + bonus)"
+    lines = [f"Held-out: {result['heldout_prompts']} prompts never trained on ({decoded} of them decoded); B = {result['budget']}, {result['max_new_tokens']} new tokens, "
+             f"TEV when sampling, greedy at T = 0; {meaning}, +- one standard error over {unit}.", "",
+             f"| law | drafter | {figure} | change against the base |", "|---|---|---|---|"]
     for key in LAWS:
         for name, cell in result[key].items():
             change = "" if name == "base" else change_in_words(result["gain"][key][name]["gain"], result["gain"][key][name]["se"])
@@ -122,16 +151,19 @@ def result_table(result: dict) -> str:
 
 
 def card_rows(workloads: dict) -> list[list[str]]:
-    """The model card's table: one row per pack and law, tau and its change for each of :data:`CARD_NAMES`."""
+    """The model card's table: one row per pack and law, what was measured (tau, or the mean block
+    length in results written before; :func:`measured`), the base's and each of :data:`CARD_NAMES`' figure with its change."""
     rows = []
     for pack, entry in sorted(workloads.items()):
-        result = entry["result"]
+        result = read_result(entry["result"])
+        figure, unit = measured(result)
         for key in (key for key in LAWS if key in result):  # runs before 2026-12-05 measured T = 0 and T = 1 only
             base, gain = result[key]["base"], result["gain"][key]
             cells = [_change(result[key][name], gain[name]) if name in gain else "-" for name in CARD_NAMES]
             others = ", ".join(f"{name} {_pct(g['gain'])}" for name, g in gain.items() if name not in CARD_NAMES) or "-"
             first = key == "T0"
-            rows.append([pack if first else "", entry["task"] if first else "", LAW_COLUMNS[key], f"{base['tau']:.3f} +- {base['se']:.3f}", *cells,
+            rows.append([pack if first else "", entry["task"] if first else "", f"{figure} (+- over {unit})" if first else "", LAW_COLUMNS[key],
+                         f"{base['tau']:.3f} +- {base['se']:.3f}", *cells,
                          others, f"{result['minutes']:.1f}" if first else ""])
     return rows
 
@@ -139,16 +171,19 @@ def card_rows(workloads: dict) -> list[list[str]]:
 def packs_section(data: dict) -> list[str]:
     """The claims report's markdown over packs (``{"packs", "mean_gain"}``): per law, tau of every
     drafter on each pack with its change, then the mean change over packs."""
-    lines = ["Held-out prompts (a quarter of each pack, never trained on), B = 16, 64 new tokens; +- is one standard error over rounds; "
-             "the change is against the base. `exittrain` is the run's recipe (token loss + its tree term); the others train on "
-             "the same answers and steps with another tree term (`token_only`: none).", ""]
+    lines = ["Held-out prompts (a quarter of each pack, never trained on), B = 16, 64 new tokens; tau = tokens emitted per target forward, "
+             "+- one standard error over prompts; a pack marked *(mean block length)* was measured before tau counted only the tokens "
+             "emitted: its figures are mean block lengths, +- over rounds. The change is against the base. `adapted` is the kept drafter, "
+             "trained by the run's recipe (its tree term, possibly none); the others train on the same answers and steps with another "
+             "tree term (`token_only`: none).", ""]
     for key, title in ((key, title) for key, title in LAW_TITLES.items() if key in data["mean_gain"]):
         present = set.union(*(set(p[key]["cells"]) for p in data["packs"].values())) - {"base"}
-        names = [n for n in ("exittrain", "token_only") if n in present] + sorted(present - {"exittrain", "token_only"})
+        names = [n for n in ("adapted", "token_only") if n in present] + sorted(present - {"adapted", "token_only"})
         lines += [f"**{title}**", "", "| pack | base | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
         for pack, p in data["packs"].items():
             cells = [_change(p[key]["cells"][n], p[key]["gain"][n]) if n in p[key]["cells"] else "-" for n in names]
             base = p[key]["cells"]["base"]
-            lines.append(f"| {pack} | {base['tau']:.3f} +- {base['se']:.3f} | " + " | ".join(cells) + " |")
+            label = pack if p.get("measured", "tau") == "tau" else f"{pack} *({p['measured']})*"
+            lines.append(f"| {label} | {base['tau']:.3f} +- {base['se']:.3f} | " + " | ".join(cells) + " |")
         lines += ["", "Mean change over packs: " + ", ".join(f"{n} {_pct(g)}" for n, g in data["mean_gain"][key].items()) + ".", ""]
     return lines

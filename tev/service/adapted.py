@@ -8,11 +8,17 @@ drafter of the default pair holds 14 MB where bfloat16 serves (measured: its own
 copy of the target's head rows for its 8,212-token draft vocabulary), about 29 MB where float32
 does; :meth:`AdaptedDrafters.memory_bytes` says what the kept ones take. Its download is the folder ``--draft`` loads, zipped in a fresh
 temporary folder.
+
+A script calling the page's API is a session of its own (its client's session hash), so it cannot
+name the browser's drafter by its label: the session that made it is also shown its API name,
+``"adapted: <workload> #<key>"`` (:meth:`AdaptedDrafters.api_name`), a random key that only that
+session is told, which serves it to whoever sends it while the server keeps the drafter.
 """
 
 from __future__ import annotations
 
 import copy
+import secrets
 import tempfile
 import threading
 import zipfile
@@ -22,9 +28,10 @@ from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
 from tev.util.lru import LRU
 
-__all__ = ["ADAPTED_PREFIX", "CAPACITY", "MIN_ASKED", "is_adapted", "drafter_kind", "AdaptedDrafters", "AskedPrompts"]
+__all__ = ["ADAPTED_PREFIX", "KEY_MARK", "CAPACITY", "MIN_ASKED", "is_adapted", "drafter_kind", "AdaptedDrafters", "AskedPrompts"]
 
 ADAPTED_PREFIX = "adapted: "
+KEY_MARK = " #"  # between a label and its key in an API name
 CAPACITY = 8  # adapted drafters the server keeps, all sessions together (at most about 230 MB in float32)
 MIN_ASKED = 8  # Live prompts a session needs before they make a workload
 ASKED_PER_SESSION = 64  # the most recent Live prompts kept per session
@@ -47,28 +54,40 @@ class AdaptedDrafters:
 
     def __init__(self, capacity: int = CAPACITY):
         self.capacity = capacity
-        self._kept: LRU[tuple[str, str], BlockTreeDrafter] = LRU(capacity)
+        self._kept: LRU[tuple[str, str], tuple[BlockTreeDrafter, str]] = LRU(capacity)  # (drafter, its API key)
 
     def keep(self, session: str, workload: str, model: BlockDrafter) -> str:
         """Keep a copy of ``model`` (served: eval mode, the serving precision) for ``session``
-        under ``"adapted: <workload>"`` (replacing one of the same name); returns the label."""
+        under ``"adapted: <workload>"`` (replacing one of the same name, and its key); returns the label."""
         label = ADAPTED_PREFIX + workload
         drafter = BlockTreeDrafter(copy.deepcopy(model).served(), name=label)
-        self._kept.put((session, label), drafter)
+        self._kept.put((session, label), (drafter, secrets.token_urlsafe(12)))
         return label
+
+    def api_name(self, session: str, label: str) -> str:
+        """The name that serves ``session``'s drafter ``label`` to an API call from any session:
+        ``"<label> #<key>"`` (``ValueError`` as :meth:`drafter` when none is kept)."""
+        kept = self._kept.peek((session, label))
+        if kept is None:
+            self.drafter(session, label)  # raises, saying why
+        return f"{label}{KEY_MARK}{kept[1]}"
 
     def labels(self, session: str) -> list[str]:
         """The labels kept for ``session``, oldest first."""
         return [label for owner, label in self._kept.keys() if owner == session]
 
     def drafter(self, session: str, label: str) -> BlockTreeDrafter:
-        """The drafter ``label`` of ``session`` (now the most recently used); ``ValueError``
-        saying why when this session has none of that name."""
-        drafter = self._kept.get((session, label))
-        if drafter is None:
+        """The drafter ``label`` of ``session``, or of any session when ``label`` is its API name
+        (:meth:`api_name`); now the most recently used. ``ValueError`` saying why when there is none."""
+        if KEY_MARK in label:
+            label, key = label.rsplit(KEY_MARK, 1)
+            session = next((owner for owner, kept in self._kept.keys() if kept == label and secrets.compare_digest(self._kept.peek((owner, kept))[1], key)), None)
+        kept = self._kept.get((session, label)) if session is not None else None
+        if kept is None:
             raise ValueError(f"drafter {label!r} is not kept for this browser session: adapted drafters are kept only for the session that "
-                             f"made them, the {self.capacity} most recently used on this server; run the workload adaptation again")
-        return drafter
+                             f"made them (or to a call that names it with the key that session was shown), the {self.capacity} most recently used on "
+                             "this server; run the workload adaptation again")
+        return kept[0]
 
     def export(self, session: str, label: str) -> Path:
         """The drafter's folder (``drafter_config.json``, ``drafter.safetensors``: what
@@ -85,7 +104,7 @@ class AdaptedDrafters:
 
     def memory_bytes(self) -> int:
         """Bytes the kept drafters hold: their weights and buffers, and their copies of the head rows."""
-        models = [drafter.model for drafter in self._kept.values()]
+        models = [drafter.model for drafter, _ in self._kept.values()]
         own = sum(t.numel() * t.element_size() for model in models for t in model.state_dict().values())
         return own + sum(t.numel() * t.element_size() for model in models for t in model._head_copies.values())
 

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-__all__ = ["quantile", "median", "spread", "standard_error", "standard_error_of_mean", "change_in_words"]
+__all__ = ["quantile", "median", "spread", "standard_error", "ratio_standard_error", "standard_error_of_mean", "change_in_words"]
 
 
 def _floats(values) -> np.ndarray:
@@ -39,6 +39,18 @@ def standard_error(values) -> float:
     return float(data.std(ddof=1) / math.sqrt(data.size))
 
 
+def ratio_standard_error(numerators, denominators) -> float:
+    """Standard error of ``sum(numerators) / sum(denominators)`` over independent units (one pair
+    per unit, e.g. a prompt's tokens and rounds), by the delta method:
+    ``sqrt(sum((y_i - R x_i)^2) / (n (n - 1))) / mean(x)``; nan with fewer than two units (one
+    prompt's rounds are not independent draws, so they give no error)."""
+    y, x = _floats(numerators), _floats(denominators)
+    if y.size < 2 or x.sum() <= 0:
+        return float("nan")
+    ratio = y.sum() / x.sum()
+    return float(np.sqrt(np.sum((y - ratio * x) ** 2) / (y.size * (y.size - 1))) / x.mean())
+
+
 def standard_error_of_mean(errors) -> float:
     """Standard error of the plain mean of independent estimates with standard errors ``errors``."""
     data = _floats(errors)
@@ -47,7 +59,10 @@ def standard_error_of_mean(errors) -> float:
 
 def change_in_words(change: float, se: float) -> str:
     """A relative change as a verdict: a gain or a loss when it lies outside two standard errors,
-    else "no measurable change"; markdown, e.g. ``**+18.0% +- 4.0%** (a gain)``."""
+    else "no measurable change"; markdown, e.g. ``**+18.0% +- 4.0%** (a gain)``. Without a
+    standard error (nan: one prompt measured) it gives the change and says that none is known."""
+    if not math.isfinite(se):
+        return f"{100 * change:+.1f}% (no standard error: too few prompts measured to tell a change from noise)"
     text = f"{100 * change:+.1f}% +- {100 * se:.1f}%"
     if abs(change) <= 2 * se:
         return f"no measurable change ({text})"

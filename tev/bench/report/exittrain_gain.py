@@ -19,7 +19,9 @@ NAME = "ExitTrain gain and ablation order, on the base drafter's own data (Table
 
 
 def exittrain_from_results(results: dict) -> dict:
-    """Per (budget, T): tau per ablation drafter, the exit-vs-base gain, and the mean order."""
+    """Per (budget, T): tau per ablation drafter, the exit-vs-base gain, and the mean order;
+    ``measure`` names the figure: files written before tau counted only the tokens emitted hold
+    the mean block length under ``tau``."""
     settings: dict[tuple, dict] = {}
     errors: dict[tuple, dict] = {}
     for row in results.get("rows", []):
@@ -38,7 +40,8 @@ def exittrain_from_results(results: dict) -> dict:
     for (drafter, budget, temperature, domain), tau in by_key.items():
         if drafter == "exit" and ("base", budget, temperature, domain) in by_key:
             domains.setdefault(domain, []).append(tau / by_key[("base", budget, temperature, domain)] - 1)
-    return {"source": "--exittrain-results", "settings": table, "mean_gain": sum(gains) / len(gains) if gains else float("nan"), "mean_tau": means,
+    current = all("mean_block_length" in row for row in results.get("rows", []))
+    return {"source": "--exittrain-results", "measure": "tau" if current else "mean block length", "settings": table, "mean_gain": sum(gains) / len(gains) if gains else float("nan"), "mean_tau": means,
             "domain_gains": {d: sum(v) / len(v) for d, v in domains.items()}, "heldout_trees": results.get("heldout_trees", {}), "command": results.get("command")}
 
 
@@ -98,13 +101,14 @@ def exittrain_section(report: dict) -> list[str]:
         return ["Not run: pass `--exittrain-results PATH` (written by `python -m tev bench exittrain`) or ship an `exittrain` drafter."]
     keys = [k for k in ABLATION if any(k in r for r in data["settings"])]
     source = f"`{data['command']}`" if data.get("command") else data["source"]
-    lines = [f"Source: {source}.", "", "| B | T | " + " | ".join(f"tau {k}" for k in keys) + " | exit / base - 1 |", "|---|---|" + "---|" * (len(keys) + 1)]
+    measure = data.get("measure", "tau")
+    lines = [f"Source: {source}.", "", "| B | T | " + " | ".join(f"{measure} {k}" for k in keys) + " | exit / base - 1 |", "|---|---|" + "---|" * (len(keys) + 1)]
     for r in data["settings"]:
         errors = r.get("se", {})
         cells = [(f"{r[k]:.3f} +- {errors[k]:.3f}" if finite(errors.get(k)) else f"{r[k]:.3f}") if k in r else "-" for k in keys]
         lines.append(f"| {r['budget']} | {r['temperature']:g} | " + " | ".join(cells) + f" | {pct(r['gain'])} |")
     if data.get("domain_gains"):
-        lines += ["", "Mean tau gain of exit over base by domain: " + ", ".join(f"{d} {pct(g)}" for d, g in data["domain_gains"].items()) + "."]
+        lines += ["", f"Mean gain of exit over base in {measure}, by domain: " + ", ".join(f"{d} {pct(g)}" for d, g in data["domain_gains"].items()) + "."]
     trees = data.get("heldout_trees") or {}
     if trees:
         lines += ["", "Held-out `1 + C` at the training temperature on the same held-out rounds, and where the target's mass leaves the trees "

@@ -84,8 +84,11 @@ def plot_tau_by_method(e2e: dict, plots_dir: Path) -> str:
         xs = [j + i * width for j, m in enumerate(methods) if (t, m) in tau]
         ax.bar(xs, [tau[(t, m)] for m in methods if (t, m) in tau], width, label=f"T = {t:g}")
     ax.set_xticks([j + width * (len(temps) - 1) / 2 for j in range(len(methods))], methods, rotation=20, ha="right")
-    ax.set_ylabel("tau (mean block length)")
-    ax.set_title(f"tau by method, B = {e2e['rows'][0]['budget']}")
+    # an e2e file written before tau counted only the tokens emitted holds the mean block length under "tau"
+    current = all("mean_block_length" in r for r in e2e["rows"])
+    figure = "tau" if current else "mean block length"
+    ax.set_ylabel("tau (tokens emitted per target forward)" if current else "mean block length (accepted + bonus)")
+    ax.set_title(f"{figure} by method, B = {e2e['rows'][0]['budget']}")
     ax.legend()
     return _save(plots_dir, "tau_by_method", fig)
 
