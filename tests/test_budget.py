@@ -13,7 +13,7 @@ from tests.test_engine import SMALL_VOCAB, exact_first_tokens_law, greedy_refere
 from tests.tiny import save_pair, tiny_ar_drafter, tiny_block_drafter, tiny_target
 from tev.core.budget import Calibration, RoundRate, choose_prefix
 from tev.core.tree import DraftTree
-from tev.engine.auto_budget import AutoBudget
+from tev.engine.auto_budget import KEPT_MEMORY, MIN_DRAFTED, AutoBudget
 from tev.engine.cost_curve import CostCurve, measure_forward_costs
 from tev.core.sampling import as_law
 from tev.engine.decode import DecodeConfig, Request, run_to_end, speculative_generate
@@ -273,10 +273,10 @@ def test_sampling_at_auto_is_lossless(small_target, verifier):
     assert p_value > ALPHA
 
 
-@pytest.mark.parametrize("kind", ["block", "ar"])
+@pytest.mark.parametrize("kind", ["block", "ar", "path"])
 def test_greedy_speculation_at_auto_equals_greedy_decoding(kind):
     target = tiny_target(VOCAB, scale=3.0)
-    drafter = tiny_block_drafter(target) if kind == "block" else tiny_ar_drafter(VOCAB)
+    drafter = {"block": lambda: tiny_block_drafter(target), "ar": lambda: tiny_ar_drafter(VOCAB), "path": lambda: tiny_block_drafter(target, conditioning="path")}[kind]()
     sizes = set()
     for seed, curve in enumerate((STEP, CURVE, {1: 1.0, 2: 1.6, 3: 3.0, 33: 40.0}, None)):  # None: this machine's measured curve
         prompt = torch.randint(1, VOCAB, (5 + seed,), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -368,3 +368,20 @@ def test_bench_e2e_methods_flag_names_drafter_and_verifier():
     assert parse_methods(["block+tev", "chain+tev"]) == (("block", "tev"), ("chain", "tev"))
     with pytest.raises(SystemExit, match="unknown method block\\+sequential: choose from chain\\+tev, block\\+predraw, block\\+tev"):
         parse_methods(["block+sequential"])
+
+
+def test_auto_drafts_twice_the_largest_recent_kept_tree_and_grows_when_a_round_keeps_all():
+    target = tiny_target(VOCAB, scale=2.0)
+    drafter = tiny_block_drafter(target)
+    drafted = []
+    propose = drafter.propose
+    drafter.propose = lambda context, budget, state, timer=None: drafted.append(budget) or propose(context, budget, state, timer)
+    config = DecodeConfig(budget="auto", budget_cap=32, temperature=1.0, max_new_tokens=40, seed=3, stop_at_eos=False)
+    auto = AutoBudget(CostCurve(STEP, frozen=True), cap=32)
+    records, summary = run_to_end(speculative_generate(Request(target, drafter, [3, 9, 27], config), auto=auto))
+    kept = summary.tree_sizes
+    assert drafted[0] == 32  # nothing kept yet: the cap
+    expected = [min(32, max(MIN_DRAFTED, 2 * max(kept[max(0, i - KEPT_MEMORY):i]))) for i in range(1, len(kept))]
+    assert drafted[1:] == expected
+    assert all(size <= budget for size, budget in zip(kept, drafted))
+    assert min(drafted) < 32  # the rule kept small trees here, so later rounds drafted fewer nodes

@@ -11,6 +11,8 @@ rows before the tree is fixed.
 
 from __future__ import annotations
 
+from collections import deque
+
 from tev.core.budget import BudgetChoice, Calibration, RoundRate, choose_prefix
 from tev.core.tree import DraftTree
 from tev.engine.cost_curve import CostCurve, machine_cost_curve
@@ -18,6 +20,8 @@ from tev.engine.cost_curve import CostCurve, machine_cost_curve
 __all__ = ["AutoBudget", "AUTO_CAP"]
 
 AUTO_CAP = 32
+MIN_DRAFTED = 8  # the smallest tree drafted for the rule to choose from
+KEPT_MEMORY = 16  # rounds whose kept sizes set the next draft's size
 
 
 class AutoBudget:
@@ -40,6 +44,19 @@ class AutoBudget:
         self.cap = cap
         self.calibration = calibration if calibration is not None else Calibration()
         self.rate = rate if rate is not None else RoundRate()
+        self.kept_sizes: deque[int] = deque(maxlen=KEPT_MEMORY)
+
+    def draft_size(self) -> int:
+        """Nodes to draft this round: twice the most any recent round kept (at least
+        :data:`MIN_DRAFTED`), at most the cap; the cap until a round was kept.
+
+        Nodes past that are rarely kept, and a drafter that pays per depth (the path drafter's
+        steps) or per node (the tree build) would draft them for nothing. A block drafter's
+        best-first tree keeps the same first ``k`` nodes however many more it drafts; a round that
+        keeps every drafted node doubles the next draft."""
+        if not self.kept_sizes:
+            return self.cap
+        return min(self.cap, max(MIN_DRAFTED, 2 * max(self.kept_sizes)))
 
     @classmethod
     def for_target(cls, target, cap: int = AUTO_CAP, calibration: Calibration | None = None, rate: RoundRate | None = None) -> "AutoBudget":
@@ -59,6 +76,7 @@ class AutoBudget:
         length. The rate is kept in the cost curve's own terms (the block over ``choice``'s cost
         of the kept size, which follows the rounds' times unless the curve is frozen), so a
         frozen curve's choices depend on no timing at all."""
+        self.kept_sizes.append(kept.num_nodes - 1)
         self.calibration.observe(coverage, kept.draft_coverage)
         self.rate.observe(block_length, float(choice.cost[choice.size]))
         self.curve.observe(kept.num_nodes, sized_seconds, round_seconds - sized_seconds)

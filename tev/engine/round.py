@@ -136,10 +136,10 @@ def draft_tree(
     session: CausalLMSession, drafter: Drafter, committed: list[int], budget: int | str, state: DraftState, timer: StageTimer, auto: AutoBudget | None = None
 ) -> tuple[DraftTree, BudgetChoice | None]:
     """Draft a tree of at most ``budget`` nodes under ``committed[-1]``; with ``auto`` (budget
-    ``"auto"``), draft ``auto.cap`` nodes and keep the best-first prefix the machine pays for
+    ``"auto"``), draft :meth:`AutoBudget.draft_size` nodes (at most its cap) and keep the best-first prefix the machine pays for
     (chosen from the drafter and past rounds only, before the target sees the tree)."""
     room = room_left(session)
-    drafted = budget if auto is None else auto.cap  # nodes drafted: the budget, or the cap the auto rule keeps a prefix of
+    drafted = budget if auto is None else auto.draft_size()  # nodes drafted: the budget, or what the auto rule may keep a prefix of
     tree = drafter.propose(DraftContext(committed, max_depth=room), drafted if room > 0 else 0, state, timer)
     if auto is None:
         return tree, None
