@@ -260,6 +260,8 @@ def tab() -> None:
         "actually builds, and the loss pushes draft probability toward nodes where target mass exits. Before and after, the same "
         "held-out rounds are scored, so the change in `1 + C` is paired, with its standard error; the bars below show at which "
         "depth the target's mass leaves each drafter's trees. One run at a time per server; generations take turns with it. "
+        "ExitTrain builds its training trees from the block drafter's per-depth marginals, so it fine-tunes the block drafter "
+        "(the paper's setting); the path drafter, which drafts each depth from the path above it, is not fine-tuned here. "
         + ("Pick a domain: the drafter fine-tunes on that domain's conversations (written by the target itself) and is judged on "
            "its held-out ones." if shared.EXITTRAIN_CHAT else "This tab runs on the **tiny code pair**, whose training data ships with the app.")
     )

@@ -232,12 +232,14 @@ def tab(drafters: list = ()) -> None:
         "### Adapt the drafter to your workload\n"
         "A drafter gains most where it meets text it has not learned: pick a workload pack, paste your own prompts (one per "
         f"line, at least 16), or take the chat prompts you sent in the Live tab (at least {MIN_ASKED}). The run first times this machine, "
-        "then plans within the minutes: the target answers three quarters of the prompts, the drafter is fine-tuned on those answers "
+        "then plans within the minutes: the target answers three quarters of the prompts, the block drafter is fine-tuned on those answers "
         "(the token loss alone, or with ExitTrain's exit term on the trees it builds there: the other is trained beside it as the "
         "control), and the last quarter, never trained on, measures `tau` before and after at T = 0, at the page's T = 0.7 top-p 0.9 "
         "and at T = 1. The token loss alone is the default: the exit term did not beat it on the measured workloads. "
         f"Below {MIN_STEPS} steps it says so and compares nothing. Cancel stops it at once. The adapted drafter is kept in the "
-        "server's memory for this browser session only (Live and walkthrough: \"adapted: …\"), with its weights to download.",
+        "server's memory for this browser session only (Live and walkthrough: \"adapted: …\"), with its weights to download. "
+        "It adapts the block drafter (the paper's setting), whose trees the exit term is written for; the path drafter is not "
+        "adapted here.",
         visible=shown,
     )
     with gr.Row(visible=shown):
