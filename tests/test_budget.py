@@ -385,3 +385,19 @@ def test_auto_drafts_twice_the_largest_recent_kept_tree_and_grows_when_a_round_k
     assert drafted[1:] == expected
     assert all(size <= budget for size, budget in zip(kept, drafted))
     assert min(drafted) < 32  # the rule kept small trees here, so later rounds drafted fewer nodes
+
+
+def test_auto_gives_the_drafter_half_the_least_probable_kept_nodes_path_probability_as_its_floor():
+    target = tiny_target(VOCAB, scale=2.0)
+    drafter = tiny_block_drafter(target, conditioning="path")
+    floors = []
+    propose = drafter.propose
+    drafter.propose = lambda context, budget, state, timer=None: floors.append(context.min_path_prob) or propose(context, budget, state, timer)
+    config = DecodeConfig(budget="auto", budget_cap=16, temperature=1.0, max_new_tokens=40, seed=3, stop_at_eos=False)
+    records, _ = run_to_end(speculative_generate(Request(target, drafter, [3, 9, 27], config), auto=AutoBudget(CostCurve(STEP, frozen=True), cap=16)))
+    least = [float(r.tree.path_logprob[1:].exp().min()) if r.tree.num_nodes > 1 else None for r in records]
+    assert floors[0] == 0.0  # nothing kept yet
+    for i in range(1, len(records)):
+        recent = [x for x in least[max(0, i - KEPT_MEMORY):i] if x is not None]
+        assert floors[i] == pytest.approx(0.5 * min(recent) if recent else 0.0)
+    assert max(floors) > 0

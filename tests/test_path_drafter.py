@@ -56,6 +56,17 @@ def test_the_tree_keeps_the_best_scored_nodes_and_is_a_tree(target, budget):
     assert chain.parents.tolist() == list(range(-1, chain.num_nodes - 1)) and chain.num_nodes - 1 == min(budget, 2)
 
 
+def test_no_node_below_the_contexts_floor_is_grown(target):
+    drafter = tiny_block_drafter(target, conditioning="path")
+    state = drafter.new_state()
+    state.add_features(torch.randn(5, drafter.model.config.feature_size))
+    free = drafter.propose(DraftContext([1, 2, 5], max_depth=10), 20, state)
+    floor = float(free.path_logprob[1:].exp().max()) * 1.01  # above every drafted node
+    floored = drafter.propose(DraftContext([1, 2, 5], max_depth=10, min_path_prob=floor), 20, state)
+    assert int(free.depths.max()) > 1
+    assert int(floored.depths.max()) == 1  # the root's children are proposed; none is worth growing
+
+
 def test_no_room_left_gives_the_root_alone(target):
     drafter = tiny_block_drafter(target, conditioning="path")
     tree = drafter.propose(DraftContext([1, 2], max_depth=0), 8, drafter.new_state())

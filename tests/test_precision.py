@@ -23,6 +23,26 @@ def test_measured_choice_follows_the_speedup(monkeypatch):
     assert precision.low_precision("cpu") == torch.bfloat16
 
 
+def test_a_caller_of_other_sized_products_is_measured_on_its_own_size(monkeypatch):
+    # bfloat16 can speed up a drafter's pass and slow down a path drafter's few-row step on one CPU
+    monkeypatch.delenv(precision.FORCE_ENV, raising=False)
+    monkeypatch.setattr(precision, "bf16_speedup", lambda shape=(16, 576, 4096): 2.0 if shape[0] >= 16 else 0.5)
+    assert precision.low_precision("cpu") == torch.bfloat16
+    assert precision.low_precision("cpu", (4, 256, 1536)) == torch.float32
+    monkeypatch.setattr(precision, "bf16_speedup", lambda shape=None: 2.0)
+    from tev.engine.path_drafter import PathDrafter
+    from tests.tiny import tiny_block_drafter, tiny_target
+
+    model = tiny_block_drafter(tiny_target(48), conditioning="path").model
+    assert isinstance(model, PathDrafter) and model.served().feature_proj.weight.dtype == torch.bfloat16
+    monkeypatch.setattr(precision, "bf16_speedup", lambda shape=None: 0.5 if shape == PathDrafter.PRECISION_SHAPE else 2.0)
+    assert model.served().feature_proj.weight.dtype == torch.float32  # measured on its own step's size
+
+
+def test_real_measurement_of_a_small_product_is_a_ratio():
+    assert precision.bf16_speedup((4, 64, 128)) > 0
+
+
 def test_cuda_is_bfloat16_whatever_the_cpu(monkeypatch):
     monkeypatch.setenv(precision.FORCE_ENV, "0")
     assert precision.low_precision("cuda") == torch.bfloat16

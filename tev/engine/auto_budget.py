@@ -45,6 +45,7 @@ class AutoBudget:
         self.calibration = calibration if calibration is not None else Calibration()
         self.rate = rate if rate is not None else RoundRate()
         self.kept_sizes: deque[int] = deque(maxlen=KEPT_MEMORY)
+        self.kept_floors: deque[float] = deque(maxlen=KEPT_MEMORY)  # the least probable node each round that kept one kept
 
     def draft_size(self) -> int:
         """Nodes to draft this round: twice the most any recent round kept (at least
@@ -57,6 +58,11 @@ class AutoBudget:
         if not self.kept_sizes:
             return self.cap
         return min(self.cap, max(MIN_DRAFTED, 2 * max(self.kept_sizes)))
+
+    def draft_floor(self) -> float:
+        """Half the path probability of the least probable node any recent round kept (0 until
+        one kept a node): a node below it is rarely kept, and it may fall by half a round."""
+        return 0.5 * min(self.kept_floors) if self.kept_floors else 0.0
 
     @classmethod
     def for_target(cls, target, cap: int = AUTO_CAP, calibration: Calibration | None = None, rate: RoundRate | None = None) -> "AutoBudget":
@@ -77,6 +83,8 @@ class AutoBudget:
         of the kept size, which follows the rounds' times unless the curve is frozen), so a
         frozen curve's choices depend on no timing at all."""
         self.kept_sizes.append(kept.num_nodes - 1)
+        if kept.num_nodes > 1:
+            self.kept_floors.append(float(kept.path_logprob[1:].exp().min()))
         self.calibration.observe(coverage, kept.draft_coverage)
         self.rate.observe(block_length, float(choice.cost[choice.size]))
         self.curve.observe(kept.num_nodes, sized_seconds, round_seconds - sized_seconds)

@@ -128,6 +128,7 @@ class BlockDrafter(nn.Module):
     """
 
     CONDITIONING = "marginal"  # the config's ``conditioning`` this class runs
+    PRECISION_SHAPE: tuple[int, int, int] | None = None  # the product its precision is measured on (None: the probe's, one pass's size)
 
     def __init__(self, config: BlockDrafterConfig, target_embedding: torch.Tensor, target_head: torch.Tensor):
         super().__init__()
@@ -286,7 +287,7 @@ class BlockDrafter(nn.Module):
     def served(self) -> "BlockDrafter":
         """This drafter (changed in place) in eval mode and the precision drafters are served in:
         :func:`~tev.util.precision.low_precision` of its device, as :meth:`from_pretrained` loads one."""
-        return self.eval().to(low_precision(next(self.parameters()).device))
+        return self.eval().to(low_precision(next(self.parameters()).device, self.PRECISION_SHAPE))
 
     def save_pretrained(self, folder: str | Path) -> None:
         """Write ``drafter_config.json`` and ``drafter.safetensors`` (own parameters only)."""
@@ -321,7 +322,7 @@ class BlockDrafter(nn.Module):
         except RuntimeError as error:
             raise ValueError(f"{weights_path} does not match the block drafter architecture: {str(error).splitlines()[-1].strip()}") from error
         device = next(target.parameters()).device
-        return drafter.to(device=device, dtype=dtype or low_precision(device)).eval()
+        return drafter.to(device=device, dtype=dtype or low_precision(device, cls.PRECISION_SHAPE)).eval()
 
     @classmethod
     def for_target(cls, config: BlockDrafterConfig, target) -> "BlockDrafter":

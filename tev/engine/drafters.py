@@ -42,10 +42,13 @@ class DraftContext:
     Attributes:
         token_ids: committed tokens (prompt and output so far); the last one is the root.
         max_depth: the deepest a node may go (room left in the target's context).
+        min_path_prob: nodes whose path probability under ``q`` falls below it will not be kept
+            (budget auto's floor): a drafter that pays per depth need not grow them.
     """
 
     token_ids: list[int]
     max_depth: int
+    min_path_prob: float = 0.0
 
 
 @dataclass(eq=False)

@@ -140,7 +140,8 @@ def draft_tree(
     (chosen from the drafter and past rounds only, before the target sees the tree)."""
     room = room_left(session)
     drafted = budget if auto is None else auto.draft_size()  # nodes drafted: the budget, or what the auto rule may keep a prefix of
-    tree = drafter.propose(DraftContext(committed, max_depth=room), drafted if room > 0 else 0, state, timer)
+    context = DraftContext(committed, max_depth=room, min_path_prob=0.0 if auto is None else auto.draft_floor())
+    tree = drafter.propose(context, drafted if room > 0 else 0, state, timer)
     if auto is None:
         return tree, None
     with timer.stage("build"):

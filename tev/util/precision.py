@@ -58,27 +58,31 @@ def _median_seconds(a: torch.Tensor, b: torch.Tensor, repeats: int, give_up: flo
 
 
 @functools.cache
-def bf16_speedup() -> float:
-    """float32 time / bfloat16 time of the probe product on this CPU (> 1: bfloat16 is faster).
-    A few milliseconds where bfloat16 is native; where it is emulated, the first slow run ends it."""
-    rows, inner, cols = _PROBE_SHAPE
+def bf16_speedup(shape: tuple[int, int, int] = _PROBE_SHAPE) -> float:
+    """float32 time / bfloat16 time of a ``(rows, inner, cols)`` product on this CPU (> 1:
+    bfloat16 is faster); by default the probe, a product the size of a drafter's pass. A few
+    milliseconds where bfloat16 is native; where it is emulated, the first slow run ends it."""
+    rows, inner, cols = shape
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(rows, inner, generator=generator)
     b = torch.randn(inner, cols, generator=generator)
-    full = _median_seconds(a, b, repeats=7, give_up=float("inf"))
-    half = _median_seconds(a.bfloat16(), b.bfloat16(), repeats=7, give_up=4 * full)
+    repeats = 7 if rows * inner * cols >= 2**24 else 31  # a small product is timed more often: its runs are noisier
+    full = _median_seconds(a, b, repeats=repeats, give_up=float("inf"))
+    half = _median_seconds(a.bfloat16(), b.bfloat16(), repeats=repeats, give_up=4 * full)
     return full / half
 
 
-def low_precision(device: torch.device | str = "cpu") -> torch.dtype:
-    """bfloat16 where it is faster on ``device``, float32 otherwise. On CUDA bfloat16;
-    on a CPU by measurement (:func:`bf16_speedup`) unless ``TEV_CPU_BF16`` forces it."""
+def low_precision(device: torch.device | str = "cpu", shape: tuple[int, int, int] | None = None) -> torch.dtype:
+    """bfloat16 where it is faster on ``device``, float32 otherwise. On CUDA bfloat16; on a
+    CPU by measurement (:func:`bf16_speedup`, of ``shape`` where the caller's products are of
+    another size than the probe's) unless ``TEV_CPU_BF16`` forces it."""
     if torch.device(device).type == "cuda":
         return torch.bfloat16
     forced = os.environ.get(FORCE_ENV, "").strip()
     if forced in ("0", "1"):
         return torch.bfloat16 if forced == "1" else torch.float32
-    return torch.bfloat16 if bf16_speedup() >= _WORTH_IT else torch.float32
+    speedup = bf16_speedup() if shape is None else bf16_speedup(shape)
+    return torch.bfloat16 if speedup >= _WORTH_IT else torch.float32
 
 
 def precision_record(device: torch.device | str = "cpu") -> dict:
