@@ -127,7 +127,7 @@ def test_verifier_lab_synthetic_and_prompt(client):
 
 def test_budget_zero_drafts_nothing_and_decodes_plainly(client):
     stats = generate(client, budget=0, max_new=6)["stats"]
-    assert "**tau** (mean block length) 1.00" in stats  # one token per target forward, not a silent budget of 1
+    assert "**tau** 1.00 · **mean block length** 1.00" in stats  # one token per target forward, not a silent budget of 1
 
 
 def test_tiny_exittrain_run(client):
@@ -220,7 +220,7 @@ def test_budget_auto_learns_within_a_browser_session_only(app_server):
 
 def test_budget_auto_with_a_cap_of_zero_decodes_plainly(client):
     final = generate_auto(client, cap=0, max_new=6)
-    assert "**tau** (mean block length) 1.00" in final["stats"] and "budget auto" not in final["stats"] and traces(final["budget"]) == []
+    assert "**tau** 1.00 · **mean block length** 1.00" in final["stats"] and "budget auto" not in final["stats"] and traces(final["budget"]) == []
 
 
 def test_a_slower_run_at_budget_auto_says_why_in_the_machines_terms():
