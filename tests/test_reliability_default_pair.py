@@ -112,3 +112,16 @@ def test_killing_the_server_mid_workload_run_leaves_every_asset_and_the_cache_in
     finally:
         restarted.stop()
     assert sha256_tree(folder) == before
+
+
+@pytest.mark.skipif(not (REPO / "assets" / "models" / "smollm2" / "drafter-path" / "drafter.safetensors").is_file(), reason="the path drafter is not shipped")
+def test_live_the_walkthrough_and_the_lab_run_the_path_drafter(smollm2_server):
+    """The page's default drafter through every tab that offers it (its q is conditional on the
+    path: the walkthrough and the lab have no per-depth marginals to show, and must say so, not fail)."""
+    client = new_client(smollm2_server.url)
+    outputs = client.predict(*chat(QUESTION, drafter="path", budget=8, max_new=8), api_name="/generate")
+    assert "rounds" in outputs[4]
+    walk = client.predict(QUESTION, "path", "tev", 8, 0.7, 0.9, 0, api_name="/walkthrough")
+    assert "round 1 · step 1 of 8" in walk[0] and "The context and the root" in walk[1]
+    figure, tree, table = client.predict("prompt", QUESTION, "path", 8, 1.0, 200, 0, api_name="/verifier_lab")
+    assert all(f"| {verifier} |" in table for verifier in ("tev", "predraw", "sequential")) and "200 draws per verifier" in table
