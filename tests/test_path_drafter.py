@@ -121,7 +121,7 @@ def test_a_session_starts_with_the_pairs_default_drafter_where_it_ships_it(tmp_p
 
     from tev.engine import models
 
-    pair = replace(models.PAIRS["smollm2"], name="copy")
+    pair = replace(models.PAIRS["smollm2"], name="copy", default_drafter="path")
     monkeypatch.setattr(models, "models_dir", lambda: tmp_path)
     block = pair.drafter_folder("block")
     block.mkdir(parents=True)
@@ -130,5 +130,5 @@ def test_a_session_starts_with_the_pairs_default_drafter_where_it_ships_it(tmp_p
     path = pair.drafter_folder("path")
     path.mkdir(parents=True)
     (path / "drafter.safetensors").write_bytes(b"")
-    assert pair.default_drafter == "path" and models.default_kind(pair) == "path"
+    assert models.default_kind(pair) == "path"
     assert models.default_kind(models.PAIRS["tiny"]) == "block"

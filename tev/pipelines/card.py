@@ -115,7 +115,9 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
     workload packs' measured adaptation, then the tiny pair's from its build report
     (``report["exittrain"]``: its ExitTrain drafter, when installed)."""
     cfg = report["config"]
-    trained = [_trained_drafter(entry, title) for entry, title in ((default_path, "Path drafter `q` (the page's default)"), (default_pair, "Block drafter `q`")) if entry]
+    default = DEFAULT_PAIR.default_drafter
+    trained = [_trained_drafter(entry, f"{title} drafter `q`" + (" (the page's default)" if kind == default else ""))
+               for entry, kind, title in ((default_pair, "block", "Block"), (default_path, "path", "Path")) if entry]
     values = {"report": report, "cfg": cfg, "tiny_shape": _shape_of(cfg, "drafter_"), "target": report["target"], "drafter": report["drafter"], "evaluation": report["evaluation"],
               # builds before the drafter's TrainSettings named its steps and batch at the top
               "tiny_training": cfg.get("drafter_training") or {"steps": cfg["drafter_steps"], "batch": cfg["drafter_batch"]},
