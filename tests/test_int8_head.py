@@ -55,3 +55,10 @@ def test_a_drafter_reads_int8_rows_at_inference_and_float_rows_in_training(monke
             monkeypatch.setenv(INT8_ENV, "1")
         assert not torch.equal(served, exact)  # the int8 rows were read
         assert (served - exact).abs().max() < 0.05 * exact.abs().max() + 1e-3
+
+
+def test_the_int8_rows_hold_a_quarter_of_the_float_bytes_and_say_so():
+    rows = torch.randn(300, 64)
+    head = Int8Head(rows)
+    assert head.nbytes == 300 * 64 + 300 * 8  # int8 rows and a float64 scale per row
+    assert head.nbytes < rows.numel() * rows.element_size() / 3

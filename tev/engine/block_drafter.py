@@ -160,30 +160,35 @@ class BlockDrafter(nn.Module):
         self._head_copies: dict[tuple, torch.Tensor] = {}
         self._int8_heads: dict[tuple, Int8Head] = {}
 
+    def _vocab_key(self) -> tuple | None:
+        """What a cached copy of the head rows depends on: the draft vocabulary's tensor and version."""
+        vocab = self.draft_vocab
+        return None if vocab is None else (vocab.data_ptr(), vocab._version)
+
+    def _head_rows(self) -> torch.Tensor:
+        """`[Vd, H]` the target's head rows of the draft vocabulary (all rows without one)."""
+        head, vocab = self._shared[1], self.draft_vocab
+        return head if vocab is None else head[vocab.to(head.device)]
+
     def _draft_head(self, dtype: torch.dtype) -> torch.Tensor:
         """The head rows the drafter reads, `[Vd, H]` in ``dtype`` (cached; rebuilt when the
         draft vocabulary changes, e.g. on ``load_state_dict``)."""
-        head = self._shared[1]
-        vocab = self.draft_vocab
-        key = (dtype, None if vocab is None else (vocab.data_ptr(), vocab._version))
-        if vocab is None and head.dtype == dtype:
-            return head
+        if self.draft_vocab is None and self._shared[1].dtype == dtype:
+            return self._shared[1]
+        key = (dtype, self._vocab_key())
         if key not in self._head_copies:
             self._head_copies.clear()
-            rows = head if vocab is None else head[vocab.to(head.device)]
-            self._head_copies[key] = rows.to(dtype).contiguous()
+            self._head_copies[key] = self._head_rows().to(dtype).contiguous()
         return self._head_copies[key]
 
     def _head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """`[..., Vd]` float32 logits of `[..., H]` read-out states over the draft head rows; at
         inference through int8 rows where :func:`~tev.util.int8_head.use_int8_head` measured them faster."""
         if not self.training and not torch.is_grad_enabled() and use_int8_head(hidden.device):
-            vocab = self.draft_vocab
-            key = (self._shared[1].data_ptr(), None if vocab is None else (vocab.data_ptr(), vocab._version))
+            key = (self._shared[1].data_ptr(), self._vocab_key())
             if key not in self._int8_heads:
                 self._int8_heads.clear()
-                head = self._shared[1]
-                self._int8_heads[key] = Int8Head(head if vocab is None else head[vocab.to(head.device)])
+                self._int8_heads[key] = Int8Head(self._head_rows())
             return self._int8_heads[key](hidden)
         head = self._draft_head(self.feature_proj.weight.dtype)  # a low-precision drafter reads a matching copy (half the bytes)
         return F.linear(hidden.to(head.dtype), head).float()

@@ -360,11 +360,15 @@ DRAFTERS: dict[str, DrafterKind] = {
 DRAFTER_KINDS = tuple(DRAFTERS)
 
 
+def _starting_kind(preferred: tuple[str, ...], present) -> str:
+    """The first of ``preferred`` that is ``present``, else ``block``, else the first present kind."""
+    return next((kind for kind in (*preferred, "block", *present) if kind in present), "block")
+
+
 def default_kind(pair: Pair) -> str:
     """The drafter kind a session starts with: the pair's ``default_drafter`` where it ships one,
     else ``block`` (or the first kind it offers)."""
-    offered = offered_kinds(pair)
-    return next((kind for kind in (pair.default_drafter, "block", *offered) if kind in offered), "block")
+    return _starting_kind((pair.default_drafter,), offered_kinds(pair))
 
 
 def offered_kinds(pair: Pair) -> list[str]:
@@ -462,5 +466,4 @@ def load_bundle(
             loading.drafters[kind] = drafter
     drafters = {kind: loading.drafters[kind] for kind in DRAFTERS if kind in loading.drafters}  # the registry's order
     preferred = (extra.name,) if draft is not None else ((shipped.default_drafter,) if shipped else ())
-    default = next((kind for kind in (*preferred, "block", *drafters) if kind in drafters), "block")
-    return ModelBundle(model, tokenizer, drafters, target_source, shipped.name if shipped else None, default)
+    return ModelBundle(model, tokenizer, drafters, target_source, shipped.name if shipped else None, _starting_kind(preferred, drafters))

@@ -103,10 +103,12 @@ class AdaptedDrafters:
         return path
 
     def memory_bytes(self) -> int:
-        """Bytes the kept drafters hold: their weights and buffers, and their copies of the head rows."""
+        """Bytes the kept drafters hold: their weights and buffers, and their copies of the head rows
+        (float or int8)."""
         models = [drafter.model for drafter, _ in self._kept.values()]
         own = sum(t.numel() * t.element_size() for model in models for t in model.state_dict().values())
-        return own + sum(t.numel() * t.element_size() for model in models for t in model._head_copies.values())
+        copies = sum(t.numel() * t.element_size() for model in models for t in model._head_copies.values())
+        return own + copies + sum(head.nbytes for model in models for head in model._int8_heads.values())
 
 
 class AskedPrompts:

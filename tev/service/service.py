@@ -22,7 +22,7 @@ from tev.engine.auto_budget import AutoBudget
 from tev.engine.cost_curve import CostCurve, machine_cost_curve
 from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, DecodeConfig, GenerationSummary, autoregressive_generate, Request, speculative_generate
 from tev.engine.round import RoundRecord
-from tev.engine.models import DRAFTER_KINDS, ModelBundle, default_kind, default_pair, load_bundle, offered_kinds, pair_record
+from tev.engine.models import DRAFTER_KINDS, ModelBundle, Pair, default_kind, default_pair, load_bundle, offered_kinds, pair_record
 from tev.util.compute_thread import ComputeThread
 from tev.engine.prompt_text import encode_chat, encode_prompt
 
@@ -126,18 +126,22 @@ class ModelService:
                     self._bundle = load_bundle(self.target_source, self.draft_source, device=self.device, dtype=self.dtype, pair=self.pair)
         return self._bundle
 
+    def _shipped_pair(self) -> Pair | None:
+        """The shipped pair this service serves (None for a target or drafter given by path)."""
+        if self.target_source is None and self.draft_source is None:
+            return pair_record(self.pair or default_pair())
+        return None
+
     def drafter_kinds(self) -> list[str]:
         """The drafter kinds the page offers, known before any model loads: a shipped pair's own
         (a kind it does not ship would only be refused); every kind for a target or drafter given by path."""
-        if self.target_source is None and self.draft_source is None:
-            return offered_kinds(pair_record(self.pair or default_pair()))
-        return list(DRAFTER_KINDS)
+        shipped = self._shipped_pair()
+        return offered_kinds(shipped) if shipped else list(DRAFTER_KINDS)
 
     def default_drafter_kind(self) -> str:
         """The drafter kind the page starts with: the shipped pair's default where it ships it, else ``block``."""
-        if self.target_source is None and self.draft_source is None:
-            return default_kind(pair_record(self.pair or default_pair()))
-        return "block"
+        shipped = self._shipped_pair()
+        return default_kind(shipped) if shipped else "block"
 
     def info(self) -> dict:
         bundle = self.bundle()

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import functools
 import os
-import time
 import warnings
 
 import torch
+
+from tev.util.timing import median_seconds
 
 __all__ = ["Int8Head", "int8_head_speedup", "use_int8_head", "INT8_ENV"]
 
@@ -33,7 +34,8 @@ _WORTH_IT = 1.5
 class Int8Head:
     """``hidden @ rows.T`` with ``rows`` (`[Vd, H]`) held as int8 per-row scaled.
 
-    Call with `Tensor[..., H]` (any float dtype); returns `Tensor[..., Vd]` float32.
+    Call with `Tensor[..., H]` (any float dtype); returns `Tensor[..., Vd]` float32. ``nbytes``:
+    the memory its rows hold.
     """
 
     def __init__(self, rows: torch.Tensor):
@@ -45,20 +47,11 @@ class Int8Head:
             scales = (rows.abs().amax(dim=1) / 127).clamp(min=1e-12).double()
             quantised = torch.quantize_per_channel(rows, scales, torch.zeros(size, dtype=torch.long), 0, torch.qint8)
             self._linear.set_weight_bias(quantised, None)
+        self.nbytes = quantised.numel() * quantised.element_size() + scales.numel() * scales.element_size()  # the int8 rows and their scales
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         shape = hidden.shape
         return self._linear(hidden.reshape(-1, shape[-1]).float()).reshape(*shape[:-1], -1)
-
-
-def _median_ms(product, repeats: int = 15) -> float:
-    product()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        product()
-        times.append(time.perf_counter() - start)
-    return 1000 * sorted(times)[len(times) // 2]
 
 
 @functools.cache
@@ -72,7 +65,7 @@ def int8_head_speedup() -> float:
         head = Int8Head(weight)
     except (RuntimeError, AttributeError):  # a torch built without fbgemm/onednn quantised kernels
         return 0.0
-    return _median_ms(lambda: torch.nn.functional.linear(x, weight)) / _median_ms(lambda: head(x))
+    return median_seconds(lambda: torch.nn.functional.linear(x, weight), 15) / median_seconds(lambda: head(x), 15)
 
 
 def use_int8_head(device: torch.device | str = "cpu") -> bool:

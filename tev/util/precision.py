@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import functools
 import os
-import time
 from pathlib import Path
 
 import torch
 
 from tev.util.int8_head import INT8_ENV, int8_head_speedup, use_int8_head
+from tev.util.timing import median_seconds
 
 __all__ = ["cpu_capability", "bf16_speedup", "low_precision", "precision_record", "part_dtype", "figure_precision", "precision_summary", "FORCE_ENV"]
 
@@ -43,20 +43,6 @@ def cpu_capability(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return capability
 
 
-def _median_seconds(a: torch.Tensor, b: torch.Tensor, repeats: int, give_up: float) -> float:
-    """Median time of ``a @ b`` over ``repeats`` (after one warm-up); stops at the first run
-    slower than ``give_up`` seconds and returns that run's time."""
-    a @ b
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - start)
-        if times[-1] > give_up:
-            return times[-1]
-    return sorted(times)[len(times) // 2]
-
-
 @functools.cache
 def bf16_speedup(shape: tuple[int, int, int] = _PROBE_SHAPE) -> float:
     """float32 time / bfloat16 time of a ``(rows, inner, cols)`` product on this CPU (> 1:
@@ -67,8 +53,9 @@ def bf16_speedup(shape: tuple[int, int, int] = _PROBE_SHAPE) -> float:
     a = torch.randn(rows, inner, generator=generator)
     b = torch.randn(inner, cols, generator=generator)
     repeats = 7 if rows * inner * cols >= 2**24 else 31  # a small product is timed more often: its runs are noisier
-    full = _median_seconds(a, b, repeats=repeats, give_up=float("inf"))
-    half = _median_seconds(a.bfloat16(), b.bfloat16(), repeats=repeats, give_up=4 * full)
+    full = median_seconds(lambda: a @ b, repeats)
+    a, b = a.bfloat16(), b.bfloat16()
+    half = median_seconds(lambda: a @ b, repeats, give_up=4 * full)
     return full / half
 
 

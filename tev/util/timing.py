@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["StageTimer", "cuda_event_time", "wall_time", "time_once", "machine_info", "machine_summary"]
+__all__ = ["StageTimer", "cuda_event_time", "wall_time", "median_seconds", "time_once", "machine_info", "machine_summary"]
 
 
 class StageTimer:
@@ -52,6 +52,18 @@ def wall_time(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def median_seconds(fn, repeats: int, give_up: float = float("inf")) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs after one warm-up; the first run slower
+    than ``give_up`` seconds ends it and is returned (an emulated kernel need not be timed long)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        times.append(wall_time(fn))
+        if times[-1] > give_up:
+            return times[-1]
+    return sorted(times)[len(times) // 2]
 
 
 def time_once(fn, device) -> float:
