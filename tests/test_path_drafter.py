@@ -38,6 +38,40 @@ def test_each_depth_grown_from_the_cache_equals_the_teacher_forced_pass(target, 
     assert not torch.allclose(first[1], forced[1])  # the sibling read its own token
 
 
+def _grown_and_forced(model: PathDrafter) -> tuple[torch.Tensor, torch.Tensor]:
+    """log q of depths 1 and 2 grown from the round's cache, and the same from the teacher-forced pass, each `[2, V]`."""
+    features = torch.randn(6, model.config.feature_size, generator=torch.Generator().manual_seed(1))
+    window, valid = model.window(features)
+    with torch.no_grad():
+        forced = model.draft_logits(window, valid, torch.tensor([5]), torch.tensor([[3]])).log_softmax(-1)[0]
+    cache = model.start_round(features)
+    grown = torch.cat([model.extend(cache, [5], [0], [[]]), model.extend(cache, [3], [1], [[0]])])
+    return grown, forced
+
+
+def test_every_product_read_as_int8_stays_close_to_the_float_pass(target, monkeypatch):
+    from tev.engine import path_drafter
+    monkeypatch.setenv(INT8_ENV, "1")
+    monkeypatch.setattr(path_drafter, "_INT8_LEAST_WEIGHTS", 0)  # the tiny drafter's products are all below the size rule
+    model: PathDrafter = tiny_block_drafter(target, conditioning="path").model
+    grown, forced = _grown_and_forced(model)
+    finite = forced.isfinite()
+    assert torch.equal(grown.isfinite(), finite)
+    assert not torch.allclose(grown[finite], forced[finite])  # int8 rows were read
+    probabilities = grown.exp(), forced.exp()
+    assert (probabilities[0] - probabilities[1]).abs().max() < 0.02
+
+
+def test_the_fused_step_follows_a_change_of_the_weights(target, monkeypatch):
+    monkeypatch.setenv(INT8_ENV, "0")
+    model: PathDrafter = tiny_block_drafter(target, conditioning="path").model
+    _grown_and_forced(model)  # builds the fused step
+    with torch.no_grad():
+        model.blocks[0].up.weight.mul_(3.0)  # in place: an optimiser's step
+    grown, forced = _grown_and_forced(model)
+    torch.testing.assert_close(grown, forced)
+
+
 @pytest.mark.parametrize("budget", [1, 3, 8, 20])
 def test_the_tree_keeps_the_best_scored_nodes_and_is_a_tree(target, budget):
     drafter = tiny_block_drafter(target, conditioning="path")

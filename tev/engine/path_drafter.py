@@ -21,10 +21,12 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from tev.core.tree import DraftTree
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter, DraftContext, DraftState, _check_shape
+from tev.util.int8_head import Int8Head, use_int8_head
 from tev.util.timing import StageTimer
 
 __all__ = ["PathDrafter", "PathTreeDrafter", "path_width", "drafter_model_class", "tree_drafter_of"]
@@ -97,43 +99,106 @@ class PathDrafter(BlockDrafter):
     @torch.no_grad()
     def start_round(self, features: torch.Tensor | None) -> "_RoundCache":
         """The round's key/value cache, holding the target features' keys and values per block."""
+        step = self._inference_step()
         window, valid = self.window(features)
-        dtype = self.feature_proj.weight.dtype
-        context = self._context(window, dtype)
-        memory = [block.kv(block.context_norm(context)).chunk(2, dim=-1) for block in self.blocks]  # per block ([1, W, D], [1, W, D])
-        return _RoundCache(memory, valid[0])
+        context = self._context(window, step.dtype)[0]  # [W, D]
+        memory = [step.context_kv(index, context) for index in range(len(self.blocks))]
+        return _RoundCache(step, memory, valid[0])
+
+    def _inference_step(self) -> "_FusedStep":
+        """The fused weights of one depth's step (built again when a parameter or the draft vocabulary changed)."""
+        key = (self.feature_proj.weight.dtype, use_int8_head(self.mask_embed.device), self._vocab_key(), self._shared[1].data_ptr(),
+               tuple((p.data_ptr(), p._version) for p in self.parameters()))
+        if getattr(self, "_step_key", None) != key:
+            self._step, self._step_key = _FusedStep(self), key
+        return self._step
 
     @torch.no_grad()
     def extend(self, cache: "_RoundCache", tokens: list[int], depths: list[int], ancestors: list[list[int]]) -> torch.Tensor:
         """Forward new slots (token ids at tree depths; ``ancestors[i]``: the cache slots each sees
         besides itself) and keep their keys and values; returns `Tensor[n, Vd]` log q of the next depth."""
-        dtype = self.feature_proj.weight.dtype
-        device = self.mask_embed.device
-        n, held = len(tokens), cache.slots
-        x = self._slot_inputs(torch.tensor([tokens], device=device), torch.tensor([depths], device=device), dtype)  # [1, n, D]
-        visible = torch.zeros(n, cache.valid.numel() + held + n, dtype=torch.bool, device=device)
-        visible[:, : cache.valid.numel()] = cache.valid
-        for row, seen in enumerate(ancestors):
-            visible[row, [cache.valid.numel() + s for s in seen]] = True
-            visible[row, cache.valid.numel() + held + row] = True
-        key_bias = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)[None, None]
-        for index, block in enumerate(self.blocks):
-            h = block.attn_norm(x)
-            keys, values = block.kv(h).chunk(2, dim=-1)
-            past_keys, past_values = cache.memory[index]
-            keys, values = torch.cat([past_keys, keys], dim=1), torch.cat([past_values, values], dim=1)
-            cache.memory[index] = (keys, values)
-            x = block.attend(x, h, keys, values, key_bias)
+        step, device = cache.step, self.mask_embed.device
+        n, held, width = len(tokens), cache.slots, cache.valid.numel()
+        x = self._slot_inputs(torch.tensor(tokens, device=device), torch.tensor(depths, device=device), step.dtype)  # [n, D]
+        columns = width + held + n
+        seen = [row * columns + c for row in range(n) for c in cache.context_columns]
+        seen += [row * columns + width + s for row, above in enumerate(ancestors) for s in above]
+        seen += [row * columns + width + held + row for row in range(n)]
+        bias = torch.full((n, columns), float("-inf"), dtype=step.dtype, device=device)  # [n, M]: 0 where a slot may look
+        bias.view(-1)[torch.tensor(seen, device=device)] = 0.0
         cache.slots += n
-        return torch.log_softmax(self._read_out(x)[0], dim=-1)
+        return step.forward(x, cache.memory, bias)
+
+_INT8_LEAST_WEIGHTS = 1 << 18  # below this an int8 product measured no faster than float32 (a fixed ~30 us a call)
+
+
+class _FusedStep:
+    """One depth's step with the module's products fused for inference (the same function, fewer
+    and smaller products: at a few rows a step is bound by per-call overhead, not arithmetic).
+
+    Each norm's gain is folded into the product after it; a block's query, key and value
+    projections are one product; the read-out norm's gain, ``out_proj`` and the head rows are one
+    `[Vd, D]` product (``out_proj`` is linear, so the head of its output is the product of the
+    two), held as int8 rows where :func:`~tev.util.int8_head.use_int8_head` says so.
+    """
+
+    def __init__(self, model: PathDrafter):
+        self.dtype = model.feature_proj.weight.dtype
+        self.heads, self.eps = model.config.num_heads, model.blocks[0].attn_norm.eps
+        self.scale = (model.config.hidden_size // self.heads) ** -0.5
+        int8 = use_int8_head(model.mask_embed.device)
+        self.blocks = []
+        for block in model.blocks:
+            qkv = torch.cat([block.q.weight, block.kv.weight]) * block.attn_norm.weight  # [3D, D]
+            self.blocks.append((self._product(qkv, int8), block.kv.weight.detach() * block.context_norm.weight, self._product(block.out.weight, int8),
+                                self._product(block.up.weight * block.mlp_norm.weight, int8), self._product(block.down.weight, int8)))
+        rows = model._head_rows().double() @ (model.out_proj.weight.double() * model.out_norm.weight.double())  # [Vd, D]
+        self.head = self._product(rows, int8)
+
+    def _product(self, weight: torch.Tensor, int8: bool):
+        """``x -> x @ weight.T`` (`weight`: `[out, in]`), through int8 rows where they are chosen and the
+        rows are many enough to outweigh the int8 kernel's per-call cost."""
+        weight = weight.detach()
+        if int8 and weight.numel() >= _INT8_LEAST_WEIGHTS:
+            return Int8Head(weight)
+        weight = weight.to(self.dtype)
+        return lambda x: F.linear(x, weight)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, x.shape[-1:], eps=self.eps)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(x.shape[0], self.heads, -1).transpose(0, 1)  # [heads, M, head]
+
+    def context_kv(self, index: int, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block ``index``'s keys and values of the projected context `[W, D]`, each `[heads, W, head]`."""
+        keys, values = F.linear(self._norm(context), self.blocks[index][1]).chunk(2, dim=-1)
+        return self._heads(keys), self._heads(values)
+
+    def forward(self, x: torch.Tensor, memory: list, bias: torch.Tensor) -> torch.Tensor:
+        """`[n, Vd]` log q of new slots `x` (`[n, D]`) that see the keys of ``memory`` and their own
+        where ``bias`` (`[n, M]`, 0 or -inf) is 0; appends their keys and values to ``memory``."""
+        for index, (qkv, _, out, up, down) in enumerate(self.blocks):
+            query, keys, values = qkv(self._norm(x)).chunk(3, dim=-1)
+            past_keys, past_values = memory[index]
+            keys, values = torch.cat([past_keys, self._heads(keys)], dim=1), torch.cat([past_values, self._heads(values)], dim=1)
+            memory[index] = (keys, values)
+            weights = torch.baddbmm(bias, self._heads(query), keys.transpose(1, 2), alpha=self.scale).softmax(-1)  # [heads, n, M]
+            attended = torch.bmm(weights, values)  # [heads, n, head]: at a few rows faster than SDPA's kernel
+            x = x + out(attended.transpose(0, 1).reshape(x.shape)).to(x.dtype)
+            gate, lift = up(self._norm(x)).to(x.dtype).chunk(2, dim=-1)
+            x = x + down(F.silu(gate) * lift).to(x.dtype)
+        return torch.log_softmax(self.head(self._norm(x)).float(), dim=-1)
 
 
 class _RoundCache:
-    """Keys and values per block of the context and of the slots forwarded so far this round."""
+    """Keys and values per block (`[heads, M, head]`) of the context and of the slots forwarded so far this round."""
 
-    def __init__(self, memory: list[tuple[torch.Tensor, torch.Tensor]], valid: torch.Tensor):
+    def __init__(self, step: _FusedStep, memory: list[tuple[torch.Tensor, torch.Tensor]], valid: torch.Tensor):
+        self.step = step
         self.memory = memory
         self.valid = valid  # [W], False on padding
+        self.context_columns = valid.nonzero()[:, 0].tolist()  # the context positions every slot sees
         self.slots = 0
 
 
