@@ -11,7 +11,8 @@ import torch
 
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.models import DRAFTER_KINDS, load_bundle
-from tev.service.adapted import MIN_ASKED, AdaptedDrafters
+from tev.core.sampling import SamplingLaw
+from tev.service.adapted import MIN_ASKED, AdaptedDrafters, measured_law
 from tests.tiny import CHAT_WORDS
 
 NO_PROGRESS = lambda *a, **k: None  # noqa: E731
@@ -44,7 +45,8 @@ def test_an_adapted_drafter_serves_only_its_session_in_live_and_the_walkthrough(
     assert ui.workload.offer_adapted(ui.workload.OWN, visitor("bob")) == ({"__type__": "update", "choices": kinds}, gr.skip())
     # alice's Live and walkthrough run with it; the rounds name it
     live = _live(_prompt(3), "adapted: my prompts", "alice")
-    assert all(record.drafter == "adapted: my prompts" for record in live[-1].state["records"])
+    served = "adapted: my prompts" if chat_server.shared.ADAPTED.gains("alice", "adapted: my prompts")["T0"]["gain"] >= 0 else "block"  # where it measured a loss: the shipped one
+    assert all(record.drafter == served for record in live[-1].state["records"])
     walk = run_walkthrough(_prompt(2), "adapted: my prompts", "tev", 8, 0.7, 0.9, 0, request=visitor("alice"))
     for _ in range(8):  # through the first round's steps into the next round, drafted by the same adapted drafter
         walk = step_walkthrough(1, walk.state, request=visitor("alice"))
@@ -56,7 +58,7 @@ def test_an_adapted_drafter_serves_only_its_session_in_live_and_the_walkthrough(
     api_name = chat_server.shared.ADAPTED.api_name("alice", "adapted: my prompts")
     assert api_name.startswith("adapted: my prompts #") and f"name it `{api_name}`" in outputs[-1][0]
     script = _live(_prompt(3), api_name, "a script")
-    assert all(record.drafter == "adapted: my prompts" for record in script[-1].state["records"])  # the key stays out of the rounds
+    assert all(record.drafter == served for record in script[-1].state["records"])  # the key stays out of the rounds
     with pytest.raises(gr.Error, match="not kept for this browser session"):
         _live(_prompt(3), "adapted: my prompts #not-the-key", "a script")
     with pytest.raises(gr.Error, match="not kept for this browser session"):
@@ -71,6 +73,36 @@ def test_an_adapted_drafter_serves_only_its_session_in_live_and_the_walkthrough(
     assert loaded.drafters["block"].model.config.draft_vocab_size == kept.config.draft_vocab_size
     assert torch.allclose(loaded.drafters["block"].model.out_proj.weight.float(), kept.out_proj.weight.float(), atol=1e-2)
     assert bundle.drafters["block"].name == "block"  # the shared drafter is untouched
+
+
+def test_live_serves_an_adapted_drafter_only_at_the_laws_where_it_measured_no_worse(chat_server):
+    from ui.live import run_live
+
+    bundle = chat_server.service.bundle()
+    model = BlockDrafter.from_pretrained(chat_server.tmp / "base", bundle.target, dtype=torch.float32)
+    gains = {"T0": {"gain": 0.25, "se": 0.1}, "T0.7": {"gain": 0.0, "se": 0.05}, "T1": {"gain": -0.12, "se": 0.04}}
+    label = chat_server.shared.ADAPTED.keep("erin", "sql", model, gains)
+
+    def live(temperature, top_p=1.0, who="erin", name=label):
+        views = list(run_live(_prompt(3), name, "tev", 8, temperature, 6, 0, False, True, top_p, 0, request=visitor(who)))
+        return {record.drafter for record in views[-1].state["records"]}, views[-1].stats
+
+    for temperature, top_p in ((0.0, 1.0), (0.7, 0.9), (0.6, 1.0)):  # greedy, and the sampled laws nearest T = 0.7
+        drafters, stats = live(temperature, top_p)
+        assert drafters == {label} and "measured" not in stats
+    for temperature in (1.0, 1.3, 0.9):  # nearest T = 1, where it measured a loss
+        drafters, stats = live(temperature)
+        assert drafters == {"block"}
+        assert stats.startswith("**adapted: sql** measured -12% ± 4% tokens per forward against the shipped drafter at T = 1")
+        assert "Live runs the shipped **block** drafter" in stats
+    drafters, stats = live(1.0, who="a script", name=chat_server.shared.ADAPTED.api_name("erin", label))  # the same rule through the API name
+    assert drafters == {"block"} and stats.startswith("**adapted: sql** measured")
+    import ui.workload
+    said = ui.workload._served_laws(gains)  # what the tab says when it keeps the drafter
+    assert said == ("; it measured a loss at T = 1 (-12%), so Live runs the shipped block drafter at the laws nearest to that and serves the "
+                    "adapted one at T = 0 (greedy), T = 0.7, top-p 0.9")
+    assert ui.workload._served_laws({key: {"gain": 0.1, "se": 0.1} for key in gains}).startswith("; Live serves it at every law")
+    assert measured_law(SamplingLaw(0.0)) == "T0" and measured_law(SamplingLaw(0.8, top_p=0.9)) == "T0.7" and measured_law(SamplingLaw(2.0)) == "T1"
 
 
 def test_the_store_drops_the_least_recently_used_and_states_its_memory(chat_server):

@@ -23,7 +23,7 @@ from tev.util.compute_thread import result_of
 from tev.util.lru import LRU
 from ui.components import KEEP_TYPED, as_text, checked_event, once_per_click, refusal_line
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
-from ui.workload import chosen_drafter, remember_asked
+from ui.workload import live_drafter, remember_asked
 from visual import mass_by_depth_figure, text_view_html, timeline_figure, tree_figure
 from visual.budget_view import budget_figure
 
@@ -234,7 +234,8 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
     try:
         prompt_ids, config = check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k, auto, memory)
         prompt = as_text(prompt)
-        speculation = shared.SERVICE.request(prompt_ids, chosen_drafter(shared.SERVICE.bundle(), drafter, request), config)
+        served, serving_note = live_drafter(shared.SERVICE.bundle(), drafter, request, config.law)
+        speculation = shared.SERVICE.request(prompt_ids, served, config)
         remember_asked(prompt, chat, request)
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
         raise _user_error(error) from None
@@ -243,7 +244,7 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
     records = []
     events = shared.SERVICE.generate(speculation, should_stop=stop.is_set, auto=sizing)
     try:  # Gradio closes this generator when the client leaves: stop generating then
-        summary = yield from _drawn(events, records, prompt)
+        summary = yield from _noted(_drawn(events, records, prompt), serving_note)
     finally:
         events.close()
     timing = None
@@ -261,7 +262,24 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
         if "cancelled" not in (quiet.stop_reason, ar.stop_reason):
             timing = {"speculative": quiet, "autoregressive": ar}
     state = {"records": records, "summary": summary, "settings": {"prompt": prompt, "drafter": drafter, **dataclasses.asdict(config)}}
-    yield _finished(records, summary, config, timing, prompt, state)
+    yield _with_note(_finished(records, summary, config, timing, prompt, state), serving_note)
+
+
+def _with_note(view: LiveView, note: str | None) -> LiveView:
+    """``view`` with ``note`` (why Live runs another drafter than the one chosen) above its stats."""
+    if not note or not isinstance(view.stats, str):
+        return view
+    return view._replace(stats=note + "\n\n" + view.stats)
+
+
+def _noted(views, note: str | None):
+    """The views of ``views`` with ``note`` above their stats; returns what it returned (PEP 380)."""
+    while True:
+        try:
+            view = next(views)
+        except StopIteration as end:
+            return end.value
+        yield _with_note(view, note)
 
 
 def _drawn(events, records: list, prompt: str):

@@ -24,7 +24,7 @@ from ui.exittrain import Cancel, cancel_exittrain, check_free, side_by_side
 from ui.shared import COMPUTE, _user_error, only
 from visual import exit_mass_change_figure
 
-__all__ = ["OWN", "ASKED", "MIN_MINUTES", "MAX_MINUTES", "RECIPES", "DEFAULT_RECIPE", "pack_names", "verdict", "result_table", "run_workload", "adapted_drafter", "chosen_drafter",
+__all__ = ["OWN", "ASKED", "MIN_MINUTES", "MAX_MINUTES", "RECIPES", "DEFAULT_RECIPE", "pack_names", "verdict", "result_table", "run_workload", "adapted_drafter", "chosen_drafter", "live_drafter",
            "remember_asked", "use_asked", "offer_adapted", "tab"]
 
 OWN = "my own prompts (below)"
@@ -120,11 +120,13 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
         if not result["compared"]:
             yield WorkloadView(f"finished in {result['minutes']:.1f} min: nothing compared, no adapted drafter kept", table, None, None, None)
             return
-        label = shared.ADAPTED.keep(owner, _workload_name(pack), outcome["drafter"])
+        gains = {key: result["gain"][key]["adapted"] for key in LAWS}
+        label = shared.ADAPTED.keep(owner, _workload_name(pack), outcome["drafter"], gains)
         kept = (f"the adapted drafter is kept for this browser session as **{label}**: choose it in the Live tab or the walkthrough, or download it "
                 f"below (loads with `--draft`); through the API (a script is a session of its own) name it `{shared.ADAPTED.api_name(owner, label)}` "
                 f"(keep the key to yourself: it serves this drafter to whoever sends it); the server keeps the {CAPACITY} most recently used adapted "
                 "drafters (15-30 MB each) and writes none to disk")
+        kept += _served_laws(gains)
         mass = result.get("heldout_mass")
         mass_figure = exit_mass_change_figure({"base": mass["base"], "adapted": mass["adapted"]}) if mass else None
         yield only(WorkloadView, status=f"finished in {result['minutes']:.1f} min; drawing both drafters' trees on a held-out prompt…", table=table, mass=mass_figure)
@@ -195,6 +197,27 @@ def adapted_drafter(label: str, request):
 def chosen_drafter(bundle, name: str, request):
     """The drafter a Live or walkthrough choice names: a kind of the bundle, or this session's adapted drafter."""
     return adapted_drafter(name, request) if is_adapted(name) else bundle.drafter(name)
+
+
+def live_drafter(bundle, name: str, request, law) -> tuple[object, str | None]:
+    """The drafter Live runs for a choice at ``law`` (a :class:`~tev.core.sampling.SamplingLaw`), and a
+    sentence when it is not the one chosen: an adapted drafter only where it measured no worse than
+    the shipped one (:meth:`~tev.service.adapted.AdaptedDrafters.serving`)."""
+    if not is_adapted(name):
+        return bundle.drafter(name), None
+    adapted_drafter(name, request)  # refused here, saying why, when it is not this session's
+    return shared.ADAPTED.serving(shared.session_of(request), name, law, bundle.drafter("block"))
+
+
+def _served_laws(gains: dict) -> str:
+    """Where Live serves the kept drafter, from its held-out gains per law."""
+    losses = [key for key, measured in gains.items() if measured["gain"] < 0]
+    if not losses:
+        return "; Live serves it at every law (it measured no worse than the shipped drafter at any)"
+    served = [LAWS[key].describe() for key in gains if key not in losses]
+    lost = ", ".join(f"{LAWS[key].describe()} ({100 * gains[key]['gain']:+.0f}%)" for key in losses)
+    return (f"; it measured a loss at {lost}, so Live runs the shipped block drafter at the laws nearest to "
+            f"{'that' if len(losses) == 1 else 'those'} and serves the adapted one " + (f"at {', '.join(served)}" if served else "at none"))
 
 
 def remember_asked(prompt: str, chat, request) -> None:

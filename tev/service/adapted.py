@@ -9,6 +9,11 @@ copy of the target's head rows for its 8,212-token draft vocabulary), about 29 M
 does; :meth:`AdaptedDrafters.memory_bytes` says what the kept ones take. Its download is the folder ``--draft`` loads, zipped in a fresh
 temporary folder.
 
+An adapted drafter is served in Live only at the laws where it measured no worse than the base on
+its held-out prompts (:meth:`AdaptedDrafters.serving`): fine-tuning on the target's answers sharpens
+``q`` towards what those answers chose, which greedy decoding wants and sampling at T = 1 often does
+not, so at a law where it measured a loss Live runs the shipped block drafter and says why.
+
 A script calling the page's API is a session of its own (its client's session hash), so it cannot
 name the browser's drafter by its label: the session that made it is also shown its API name,
 ``"adapted: <workload> #<key>"`` (:meth:`AdaptedDrafters.api_name`), a random key that only that
@@ -18,17 +23,20 @@ session is told, which serves it to whoever sends it while the server keeps the 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import secrets
 import tempfile
 import threading
 import zipfile
 from pathlib import Path
 
+from tev.core.sampling import SamplingLaw
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
+from tev.pipelines.workload_report import LAWS
 from tev.util.lru import LRU
 
-__all__ = ["ADAPTED_PREFIX", "KEY_MARK", "CAPACITY", "MIN_ASKED", "is_adapted", "drafter_kind", "AdaptedDrafters", "AskedPrompts"]
+__all__ = ["ADAPTED_PREFIX", "KEY_MARK", "CAPACITY", "MIN_ASKED", "is_adapted", "drafter_kind", "measured_law", "AdaptedDrafters", "AskedPrompts"]
 
 ADAPTED_PREFIX = "adapted: "
 KEY_MARK = " #"  # between a label and its key in an API name
@@ -49,20 +57,63 @@ def drafter_kind(name) -> str:
     return "block" if is_adapted(name) else name
 
 
+def measured_law(law: SamplingLaw) -> str:
+    """The key of the workload verdict's law (:data:`~tev.pipelines.workload_report.LAWS`) nearest to
+    ``law``: greedy for T = 0, else the sampled law of the nearest temperature (then top-p)."""
+    if law.temperature == 0:
+        return next(key for key, measured in LAWS.items() if measured.temperature == 0)
+    sampled = [key for key, measured in LAWS.items() if measured.temperature > 0]
+    return min(sampled, key=lambda key: (abs(LAWS[key].temperature - law.temperature), abs(LAWS[key].top_p - law.top_p)))
+
+
+@dataclasses.dataclass
+class _Kept:
+    drafter: BlockTreeDrafter
+    key: str  # its API key
+    gains: dict[str, dict]  # per law key of LAWS: {"gain", "se"} over the base on the held-out prompts ({} when not measured)
+
+
 class AdaptedDrafters:
     """The adapted drafters, keyed by (browser session, label); least recently used dropped first."""
 
     def __init__(self, capacity: int = CAPACITY):
         self.capacity = capacity
-        self._kept: LRU[tuple[str, str], tuple[BlockTreeDrafter, str]] = LRU(capacity)  # (drafter, its API key)
+        self._kept: LRU[tuple[str, str], _Kept] = LRU(capacity)
 
-    def keep(self, session: str, workload: str, model: BlockDrafter) -> str:
+    def keep(self, session: str, workload: str, model: BlockDrafter, gains: dict[str, dict] | None = None) -> str:
         """Keep a copy of ``model`` (served: eval mode, the serving precision) for ``session``
-        under ``"adapted: <workload>"`` (replacing one of the same name, and its key); returns the label."""
+        under ``"adapted: <workload>"`` (replacing one of the same name, and its key); returns the label.
+        ``gains``: its held-out gain over the base per law (a workload result's ``gain[law]["adapted"]``)."""
         label = ADAPTED_PREFIX + workload
         drafter = BlockTreeDrafter(copy.deepcopy(model).served(), name=label)
-        self._kept.put((session, label), (drafter, secrets.token_urlsafe(12)))
+        self._kept.put((session, label), _Kept(drafter, secrets.token_urlsafe(12), dict(gains or {})))
         return label
+
+    def serving(self, session: str, label: str, law: SamplingLaw, base) -> tuple[object, str | None]:
+        """The drafter Live runs for the choice ``label`` at ``law``, and why when it is not that one:
+        the adapted drafter where it measured no worse than the base at the nearest measured law
+        (:func:`measured_law`), else ``base`` (the shipped block drafter). ``ValueError`` as :meth:`drafter`."""
+        drafter = self.drafter(session, label)
+        kept = self._kept.peek(self._owner(session, label))
+        key = measured_law(law)
+        measured = kept.gains.get(key)
+        if measured is None or measured["gain"] >= 0:
+            return drafter, None
+        shown = label.split(KEY_MARK)[0]
+        return base, (f"**{shown}** measured {100 * measured['gain']:+.0f}% ± {100 * measured['se']:.0f}% tokens per forward against the shipped "
+                      f"drafter at {LAWS[key].describe()} on its held-out prompts, so at this law Live runs the shipped **{base.name}** drafter "
+                      "(an adapted drafter is served only at the laws where it measured no worse)")
+
+    def gains(self, session: str, label: str) -> dict[str, dict]:
+        """The held-out gains per law ``label`` was kept with."""
+        return dict(self._kept.peek((session, label)).gains)
+
+    def _owner(self, session: str, label: str) -> tuple[str, str]:
+        """The store's key of ``label`` for ``session`` (an API name resolves to its owner's)."""
+        if KEY_MARK in label:
+            label, key = label.rsplit(KEY_MARK, 1)
+            session = next((owner for owner, kept in self._kept.keys() if kept == label and secrets.compare_digest(self._kept.peek((owner, kept)).key, key)), None)
+        return session, label
 
     def api_name(self, session: str, label: str) -> str:
         """The name that serves ``session``'s drafter ``label`` to an API call from any session:
@@ -70,7 +121,7 @@ class AdaptedDrafters:
         kept = self._kept.peek((session, label))
         if kept is None:
             self.drafter(session, label)  # raises, saying why
-        return f"{label}{KEY_MARK}{kept[1]}"
+        return f"{label}{KEY_MARK}{kept.key}"
 
     def labels(self, session: str) -> list[str]:
         """The labels kept for ``session``, oldest first."""
@@ -79,15 +130,13 @@ class AdaptedDrafters:
     def drafter(self, session: str, label: str) -> BlockTreeDrafter:
         """The drafter ``label`` of ``session``, or of any session when ``label`` is its API name
         (:meth:`api_name`); now the most recently used. ``ValueError`` saying why when there is none."""
-        if KEY_MARK in label:
-            label, key = label.rsplit(KEY_MARK, 1)
-            session = next((owner for owner, kept in self._kept.keys() if kept == label and secrets.compare_digest(self._kept.peek((owner, kept))[1], key)), None)
+        session, label = self._owner(session, label)
         kept = self._kept.get((session, label)) if session is not None else None
         if kept is None:
             raise ValueError(f"drafter {label!r} is not kept for this browser session: adapted drafters are kept only for the session that "
                              f"made them (or to a call that names it with the key that session was shown), the {self.capacity} most recently used on "
                              "this server; run the workload adaptation again")
-        return kept[0]
+        return kept.drafter
 
     def export(self, session: str, label: str) -> Path:
         """The drafter's folder (``drafter_config.json``, ``drafter.safetensors``: what
@@ -105,7 +154,7 @@ class AdaptedDrafters:
     def memory_bytes(self) -> int:
         """Bytes the kept drafters hold: their weights and buffers, and their copies of the head rows
         (float or int8)."""
-        models = [drafter.model for drafter, _ in self._kept.values()]
+        models = [kept.drafter.model for kept in self._kept.values()]
         own = sum(t.numel() * t.element_size() for model in models for t in model.state_dict().values())
         copies = sum(t.numel() * t.element_size() for model in models for t in model._head_copies.values())
         return own + copies + sum(head.nbytes for model in models for head in model._int8_heads.values())
