@@ -50,9 +50,7 @@ def _grown_and_forced(model: PathDrafter) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_every_product_read_as_int8_stays_close_to_the_float_pass(target, monkeypatch):
-    from tev.engine import path_drafter
     monkeypatch.setenv(INT8_ENV, "1")
-    monkeypatch.setattr(path_drafter, "_INT8_LEAST_WEIGHTS", 0)  # the tiny drafter's products are all below the size rule
     model: PathDrafter = tiny_block_drafter(target, conditioning="path").model
     grown, forced = _grown_and_forced(model)
     finite = forced.isfinite()
@@ -69,6 +67,17 @@ def test_the_fused_step_follows_a_change_of_the_weights(target, monkeypatch):
     with torch.no_grad():
         model.blocks[0].up.weight.mul_(3.0)  # in place: an optimiser's step
     grown, forced = _grown_and_forced(model)
+    torch.testing.assert_close(grown, forced)
+
+
+def test_a_round_with_no_committed_features_yet_is_the_teacher_forced_pass_on_padding(target, monkeypatch):
+    monkeypatch.setenv(INT8_ENV, "0")
+    model: PathDrafter = tiny_block_drafter(target, conditioning="path").model
+    window, valid = model.window(None)  # a one-token prompt: nothing before the root
+    with torch.no_grad():
+        forced = model.draft_logits(window, valid, torch.tensor([5]), torch.tensor([[3]])).log_softmax(-1)[0]
+    cache = model.start_round(None)
+    grown = torch.cat([model.extend(cache, [5], [0], [[]]), model.extend(cache, [3], [1], [[0]])])
     torch.testing.assert_close(grown, forced)
 
 

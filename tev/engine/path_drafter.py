@@ -100,10 +100,10 @@ class PathDrafter(BlockDrafter):
     def start_round(self, features: torch.Tensor | None) -> "_RoundCache":
         """The round's key/value cache, holding the target features' keys and values per block."""
         step = self._inference_step()
-        window, valid = self.window(features)
-        context = self._context(window, step.dtype)[0]  # [W, D]
-        memory = [step.context_kv(index, context) for index in range(len(self.blocks))]
-        return _RoundCache(step, memory, valid[0])
+        width = self.config.context_window
+        recent = features[-width:] if features is not None else features
+        context = step.context(recent, width) if recent is not None and recent.shape[0] else None  # [w, D], w <= W rows, no padding
+        return _RoundCache(step, [step.context_kv(index, context) for index in range(len(self.blocks))])
 
     def _inference_step(self) -> "_FusedStep":
         """The fused weights of one depth's step (built again when a parameter or the draft vocabulary changed)."""
@@ -118,10 +118,10 @@ class PathDrafter(BlockDrafter):
         """Forward new slots (token ids at tree depths; ``ancestors[i]``: the cache slots each sees
         besides itself) and keep their keys and values; returns `Tensor[n, Vd]` log q of the next depth."""
         step, device = cache.step, self.mask_embed.device
-        n, held, width = len(tokens), cache.slots, cache.valid.numel()
-        x = self._slot_inputs(torch.tensor(tokens, device=device), torch.tensor(depths, device=device), step.dtype)  # [n, D]
+        n, held, width = len(tokens), cache.slots, cache.context_rows
+        x = step.slots(torch.tensor(tokens, device=device), torch.tensor(depths, device=device))  # [n, D]
         columns = width + held + n
-        seen = [row * columns + c for row in range(n) for c in cache.context_columns]
+        seen = [row * columns + c for row in range(n) for c in range(width)]
         seen += [row * columns + width + s for row, above in enumerate(ancestors) for s in above]
         seen += [row * columns + width + held + row for row in range(n)]
         bias = torch.full((n, columns), float("-inf"), dtype=step.dtype, device=device)  # [n, M]: 0 where a slot may look
@@ -129,40 +129,59 @@ class PathDrafter(BlockDrafter):
         cache.slots += n
         return step.forward(x, cache.memory, bias)
 
-_INT8_LEAST_WEIGHTS = 1 << 18  # below this an int8 product measured no faster than float32 (a fixed ~30 us a call)
-
-
 class _FusedStep:
     """One depth's step with the module's products fused for inference (the same function, fewer
-    and smaller products: at a few rows a step is bound by per-call overhead, not arithmetic).
+    and smaller products: at a few rows a step is bound by per-call overhead and by reading its
+    weights, which the target's forward evicts from the caches between rounds).
 
     Each norm's gain is folded into the product after it; a block's query, key and value
     projections are one product; the read-out norm's gain, ``out_proj`` and the head rows are one
     `[Vd, D]` product (``out_proj`` is linear, so the head of its output is the product of the
-    two), held as int8 rows where :func:`~tev.util.int8_head.use_int8_head` says so.
+    two). Where :func:`~tev.util.int8_head.use_int8_head` says so every product reads int8 rows:
+    a quarter of the bytes (measured in the decode loop: a depth's step 1.4 ms against 1.6-1.8 ms
+    with float rows for the small products). Dropout is off (inference).
     """
 
     def __init__(self, model: PathDrafter):
         self.dtype = model.feature_proj.weight.dtype
         self.heads, self.eps = model.config.num_heads, model.blocks[0].attn_norm.eps
-        self.scale = (model.config.hidden_size // self.heads) ** -0.5
-        int8 = use_int8_head(model.mask_embed.device)
+        self.scale_size = model.config.hidden_size // self.heads  # a head's width
+        self.scale = self.scale_size ** -0.5
+        self.int8 = use_int8_head(model.mask_embed.device)
+        width = model.config.context_window
+        norm = model.feature_norm
+        self.feature_layers = getattr(norm, "layers", 1)  # per-layer norm: each layer's slice on its own
+        self.feature = self._product(model.feature_proj.weight * norm.weight)
+        self.context_position = model.position_embed[:width].detach()  # [W, D]
+        self.embedding = model._shared[0]
+        self.root = self._product(model.root_proj.weight)
+        self.slot_bias = (model.mask_embed + model.position_embed[width : width + model.config.horizon]).detach().to(self.dtype)  # [K, D]: depth marker + position
         self.blocks = []
         for block in model.blocks:
             qkv = torch.cat([block.q.weight, block.kv.weight]) * block.attn_norm.weight  # [3D, D]
-            self.blocks.append((self._product(qkv, int8), block.kv.weight.detach() * block.context_norm.weight, self._product(block.out.weight, int8),
-                                self._product(block.up.weight * block.mlp_norm.weight, int8), self._product(block.down.weight, int8)))
+            self.blocks.append((self._product(qkv), self._product(block.kv.weight * block.context_norm.weight), self._product(block.out.weight),
+                                self._product(block.up.weight * block.mlp_norm.weight), self._product(block.down.weight)))
         rows = model._head_rows().double() @ (model.out_proj.weight.double() * model.out_norm.weight.double())  # [Vd, D]
-        self.head = self._product(rows, int8)
+        self.head = self._product(rows)
 
-    def _product(self, weight: torch.Tensor, int8: bool):
-        """``x -> x @ weight.T`` (`weight`: `[out, in]`), through int8 rows where they are chosen and the
-        rows are many enough to outweigh the int8 kernel's per-call cost."""
+    def _product(self, weight: torch.Tensor):
+        """``x -> x @ weight.T`` (`weight`: `[out, in]`) in the step's dtype, through int8 rows where chosen."""
         weight = weight.detach()
-        if int8 and weight.numel() >= _INT8_LEAST_WEIGHTS:
+        if self.int8:
             return Int8Head(weight)
         weight = weight.to(self.dtype)
         return lambda x: F.linear(x, weight)
+
+    def context(self, features: torch.Tensor, width: int) -> torch.Tensor:
+        """`[w, D]` projected target features of the last ``w <= W`` committed positions (`[w, F]`),
+        at the last ``w`` of the window's ``W`` positions."""
+        x = features.to(self.dtype).unflatten(-1, (self.feature_layers, -1))
+        x = F.rms_norm(x, x.shape[-1:], eps=self.eps).flatten(-2)
+        return self.feature(x).to(self.dtype) + self.context_position[width - features.shape[0]:]
+
+    def slots(self, tokens: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+        """`[n, D]` slot inputs of token ids `[n]` at tree depths `[n]` (root 0)."""
+        return self.root(self.embedding[tokens].to(self.dtype)).to(self.dtype) + self.slot_bias[depths]
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, x.shape[-1:], eps=self.eps)
@@ -170,16 +189,20 @@ class _FusedStep:
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(x.shape[0], self.heads, -1).transpose(0, 1)  # [heads, M, head]
 
-    def context_kv(self, index: int, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block ``index``'s keys and values of the projected context `[W, D]`, each `[heads, W, head]`."""
-        keys, values = F.linear(self._norm(context), self.blocks[index][1]).chunk(2, dim=-1)
+    def context_kv(self, index: int, context: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block ``index``'s keys and values of the projected context `[w, D]` (None: no context yet),
+        each `[heads, w, head]`."""
+        if context is None:
+            empty = torch.zeros(self.heads, 0, self.scale_size, dtype=self.dtype, device=self.slot_bias.device)
+            return empty, empty
+        keys, values = self.blocks[index][1](self._norm(context)).to(self.dtype).chunk(2, dim=-1)
         return self._heads(keys), self._heads(values)
 
     def forward(self, x: torch.Tensor, memory: list, bias: torch.Tensor) -> torch.Tensor:
         """`[n, Vd]` log q of new slots `x` (`[n, D]`) that see the keys of ``memory`` and their own
         where ``bias`` (`[n, M]`, 0 or -inf) is 0; appends their keys and values to ``memory``."""
         for index, (qkv, _, out, up, down) in enumerate(self.blocks):
-            query, keys, values = qkv(self._norm(x)).chunk(3, dim=-1)
+            query, keys, values = qkv(self._norm(x)).to(x.dtype).chunk(3, dim=-1)
             past_keys, past_values = memory[index]
             keys, values = torch.cat([past_keys, self._heads(keys)], dim=1), torch.cat([past_values, self._heads(values)], dim=1)
             memory[index] = (keys, values)
@@ -194,11 +217,10 @@ class _FusedStep:
 class _RoundCache:
     """Keys and values per block (`[heads, M, head]`) of the context and of the slots forwarded so far this round."""
 
-    def __init__(self, step: _FusedStep, memory: list[tuple[torch.Tensor, torch.Tensor]], valid: torch.Tensor):
+    def __init__(self, step: _FusedStep, memory: list[tuple[torch.Tensor, torch.Tensor]]):
         self.step = step
         self.memory = memory
-        self.valid = valid  # [W], False on padding
-        self.context_columns = valid.nonzero()[:, 0].tolist()  # the context positions every slot sees
+        self.context_rows = memory[0][0].shape[1]  # the committed positions every slot sees (no padding)
         self.slots = 0
 
 
