@@ -35,8 +35,13 @@ ASKED = AskedPrompts()  # each session's chat prompts sent in Live: a workload o
 CHAT_DEFAULT = SERVICE.target_source is None and PAIRS[default_pair()].chat  # a chat target: prompts are user messages
 
 
-# Every event that runs the models: two at a time, in one queue shared by every tab (a third waits).
+# Every interactive event that runs the models (Live, the walkthrough, the lab): two at a time, in one
+# queue shared by those tabs (a third waits).
 COMPUTE = {"concurrency_limit": 2, "concurrency_id": "compute"}
+# The ExitTrain tab's runs (a fine-tune, a workload adaptation, the shipped drafter's comparison), which
+# take minutes: a queue of their own, so a run never holds one of the interactive events' two places;
+# their model work is background work in the compute thread (interactive steps go first).
+BACKGROUND = {"concurrency_limit": 2, "concurrency_id": "background"}
 # $...$ in markdown is a formula (KaTeX in the page)
 FORMULAS = [{"left": "$", "right": "$", "display": False}]
 # How long a finished run's state (rounds, traces) stays browsable in a session.

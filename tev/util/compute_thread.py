@@ -107,6 +107,7 @@ class ComputeThread:
         self._condition = threading.Condition()
         self._turns: collections.deque[_Request] = collections.deque()  # requests waiting for a turn, next first
         self._open = 0  # requests whose reader has not finished (one may be stepping, outside the line)
+        self._open_background = 0  # those of them that are background work
         self._thread: threading.Thread | None = None
 
     def steps(self, work: Iterator[T], background: bool = False) -> Steps[T]:
@@ -121,6 +122,7 @@ class ComputeThread:
         with self._condition:
             self._turns.append(request)
             self._open += 1
+            self._open_background += background
             self._start()
             self._condition.notify_all()
         return Steps(self._read(request), request)
@@ -136,6 +138,11 @@ class ComputeThread:
         """How many requests share the thread now: submitted, and their readers not yet done."""
         with self._condition:
             return self._open
+
+    def active_background(self) -> int:
+        """How many of :meth:`active` are background work."""
+        with self._condition:
+            return self._open_background
 
     def _read(self, request: _Request) -> Iterator:
         try:
@@ -154,6 +161,7 @@ class ComputeThread:
         finally:
             with self._condition:
                 self._open -= 1
+                self._open_background -= request.background
                 if not request.done:
                     request.cancelled = True
                     self._condition.notify_all()
