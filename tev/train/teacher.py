@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from tev.core.sampling import SamplingLaw
 from tev.data.token_stream import encode_corpus
-from tev.engine.batch_generate import generate_batch
+from tev.engine.batch_generate import generate_batch, generate_batch_steps
 from tev.engine.prompt_text import ChatTemplate, encode_chat
 from tev.engine.session import max_positions
 from tev.train.data import SoftLabels, TrainData
@@ -36,7 +36,7 @@ from tev.util.files import atomic_file
 from tev.util.precision import low_precision
 
 __all__ = ["regenerate_sequences", "weights_fingerprint", "corpus_sequences", "target_features", "top_law", "with_features",
-           "answer_prompts", "DOMAIN_OPENINGS", "write_requests", "write_responses"]
+           "answer_prompts", "WRITING", "DOMAIN_OPENINGS", "write_requests", "write_responses"]
 
 
 def regenerate_sequences(target, stream: torch.Tensor, num_sequences: int, context_length: int, new_tokens: int, seed: int,
@@ -148,14 +148,21 @@ def with_features(target, data: TrainData, layers: list[int], soft_vocab: torch.
     return TrainData(data.token_ids, data.lengths, data.prompt_lengths, features, soft, data.domains, data.requests)
 
 
+# What :func:`answer_prompts` yields between a batch's forwards when asked for every one (``pieces``).
+WRITING = "writing"
+
+
 @torch.no_grad()
 def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 96, batch: int = 8, progress: bool = True,
-                   law: "SamplingLaw | float" = 0.0, seed: int = 0):
+                   law: "SamplingLaw | float" = 0.0, seed: int = 0, pieces: bool = False):
     """The target's answers to ``prompts`` (each a user message through the chat template),
     greedy, or sampled from ``law`` (seeded per batch), ``batch`` prompts at a time (left-padded,
     :func:`generate_batch`): yields the answers so far after every batch, each a prompt then its
     answer (:class:`TrainData`, None while there is none), so a caller may stop between batches at
-    its deadline, or take turns with other work. Answers under two tokens are left out.
+    its deadline, or take turns with other work. Answers under two tokens are left out. With
+    ``pieces`` it also yields :data:`WRITING` after each forward of a batch (a batch of 8 answers
+    is about a hundred forwards: a minute on a busy 2-core CPU), so a server's compute thread
+    can step a user's round between two forwards.
 
     Batched greedy decoding writes a workload's answers several times faster than answering one
     prompt at a time on a CPU (one weight read serves the whole batch)."""
@@ -167,7 +174,8 @@ def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 
     bar = tqdm(total=len(prompts), desc="target answers", unit="prompt", disable=not progress)
     for first in range(0, len(encoded), batch):
         group = encoded[first : first + batch]
-        written = generate_batch(target, group, max_new_tokens, law, eos, seed=seed * 100_003 + first, pad_id=pad)
+        args = (target, group, max_new_tokens, law, eos, seed * 100_003 + first, pad)
+        written = (yield from _each_forward(generate_batch_steps(*args))) if pieces else generate_batch(*args)
         for prompt_ids, answer in zip(group, written):
             if len(answer) >= 2:  # the end of turn stays: the drafter should predict it too
                 sequences.append(list(prompt_ids) + answer)
@@ -175,6 +183,16 @@ def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 
         bar.update(len(group))
         yield TrainData.from_lists(sequences, prompt_lengths) if sequences else None
     bar.close()
+
+
+def _each_forward(writing):
+    """:data:`WRITING` after each forward of ``writing`` (:func:`generate_batch_steps`); returns what it wrote."""
+    while True:
+        try:
+            next(writing)
+        except StopIteration as done:
+            return done.value
+        yield WRITING
 
 
 # Words that start a user turn, by domain ("" leaves the request entirely to the target).
