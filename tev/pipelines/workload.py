@@ -44,7 +44,7 @@ from tev.pipelines.workload_report import LAWS, summary_lines
 from tev.train.data import TrainData
 from tev.train.loop import TrainSettings, train
 from tev.train.losses import TREE_TERMS
-from tev.train.teacher import WRITING, answer_prompts, with_features
+from tev.train.teacher import WRITING, answer_prompts, with_features_steps
 from tev.train.trees import ScoredTrees, fixed_trees
 from tev.util.compute_thread import result_of
 from tev.util.paths import REPO_ROOT
@@ -151,12 +151,11 @@ def other_recipe(tree_term: str) -> str:
 
 def workload_train_set(target, drafter: BlockDrafter, answers, seed: int = 0, progress: bool = True):
     """The target's features and laws on the answers, then at a few seeded anchors of each answer
-    the tree ``drafter`` builds there, scored at T = 1: yields after the features and after each
-    answer's trees, and returns ``(TrainData, ScoredTrees)``."""
+    the tree ``drafter`` builds there, scored at T = 1: yields after each batch of the features and
+    after each answer's trees, and returns ``(TrainData, ScoredTrees)``."""
     if answers is None:
         raise ValueError("no answers to train on")
-    data = with_features(target, answers, list(drafter.config.feature_layers), drafter.draft_vocab, SOFT_TOP, progress)
-    yield "features"
+    data = yield from with_features_steps(target, answers, list(drafter.config.feature_layers), drafter.draft_vocab, SOFT_TOP, progress)
     trees = yield from fixed_trees(target, drafter, data, EVAL_BUDGET, TREES_PER_ANSWER, seed, soft_top=SOFT_TOP)
     return data, trees
 

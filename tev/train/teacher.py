@@ -32,11 +32,12 @@ from tev.engine.batch_generate import generate_batch, generate_batch_steps
 from tev.engine.prompt_text import ChatTemplate, encode_chat
 from tev.engine.session import max_positions
 from tev.train.data import SoftLabels, TrainData
+from tev.util.compute_thread import result_of
 from tev.util.files import atomic_file
 from tev.util.precision import low_precision
 
-__all__ = ["regenerate_sequences", "weights_fingerprint", "corpus_sequences", "target_features", "top_law", "with_features",
-           "answer_prompts", "WRITING", "DOMAIN_OPENINGS", "write_requests", "write_responses"]
+__all__ = ["regenerate_sequences", "weights_fingerprint", "corpus_sequences", "target_features", "target_features_steps", "top_law",
+           "with_features", "with_features_steps", "answer_prompts", "WRITING", "DOMAIN_OPENINGS", "write_requests", "write_responses"]
 
 
 def regenerate_sequences(target, stream: torch.Tensor, num_sequences: int, context_length: int, new_tokens: int, seed: int,
@@ -89,7 +90,6 @@ def corpus_sequences(target, tokenizer, split: str, count: int, context_length: 
     return sequences
 
 
-@torch.no_grad()
 def target_features(
     target, token_ids: torch.Tensor, lengths: torch.Tensor, layers: list[int], batch: int = 8, progress: bool = True,
     soft_vocab: torch.Tensor | None = None, soft_top: int = 0,
@@ -99,7 +99,19 @@ def target_features(
 
     With ``soft_top > 0`` also the target's next-token laws as :class:`SoftLabels`: at every
     position, :func:`top_law` over ``soft_vocab`` (the drafter's draft vocabulary) at T = 1.
+    (:func:`target_features_steps` run to its end.)
     """
+    return result_of(target_features_steps(target, token_ids, lengths, layers, batch, progress, soft_vocab, soft_top))
+
+
+@torch.no_grad()  # on a generator: grad mode is off only while it runs, not between its steps
+def target_features_steps(
+    target, token_ids: torch.Tensor, lengths: torch.Tensor, layers: list[int], batch: int = 8, progress: bool = True,
+    soft_vocab: torch.Tensor | None = None, soft_top: int = 0,
+):
+    """:func:`target_features` as a generator that yields after each batch's forward (a batch of 8
+    answers took seconds on a busy 2-core CPU: a server's compute thread steps users' rounds
+    between batches) and returns the features (PEP 380)."""
     device = next(target.parameters()).device
     body = target.get_decoder() if hasattr(target, "get_decoder") else target.base_model
     store = low_precision(device)  # the features' storage: half the memory where this machine computes in bfloat16
@@ -125,6 +137,7 @@ def target_features(
             positions, probs = top_law(result.last_hidden_state @ head_rows.T, soft_top)
             soft.positions[rows, :width] = positions.to(soft.positions.dtype).cpu()
             soft.probs[rows, :width] = probs.to(torch.float16).cpu()
+        yield start
     return out if soft is None else (out, soft)
 
 
@@ -143,7 +156,13 @@ def top_law(logits: torch.Tensor, top: int, vocab: torch.Tensor | None = None, t
 def with_features(target, data: TrainData, layers: list[int], soft_vocab: torch.Tensor | None = None, soft_top: int = 0,
                   progress: bool = True) -> TrainData:
     """``data`` with the target's features at ``layers`` (and with ``soft_top`` its top-k laws) at every position."""
-    out = target_features(target, data.token_ids, data.lengths, layers, progress=progress, soft_vocab=soft_vocab, soft_top=soft_top)
+    return result_of(with_features_steps(target, data, layers, soft_vocab, soft_top, progress))
+
+
+def with_features_steps(target, data: TrainData, layers: list[int], soft_vocab: torch.Tensor | None = None, soft_top: int = 0,
+                        progress: bool = True):
+    """:func:`with_features` as a generator that yields after each batch's forward and returns the data (PEP 380)."""
+    out = yield from target_features_steps(target, data.token_ids, data.lengths, layers, progress=progress, soft_vocab=soft_vocab, soft_top=soft_top)
     features, soft = out if soft_top > 0 else (out, None)
     return TrainData(data.token_ids, data.lengths, data.prompt_lengths, features, soft, data.domains, data.requests)
 
