@@ -4,8 +4,9 @@ A request is an iterator of steps (a speculation round, a training step, a scori
 generator yields its progress and returns its result (PEP 380). Handlers hand it to
 :meth:`ComputeThread.steps` and read what each step yields, and ``result = yield from
 compute.steps(work)`` (or :func:`result_of`) takes the result it returned; the thread
-steps the active requests one step each, first come first served. Torch work from many handler threads would also run
-on as many OpenMP thread teams, each started cold; one long-lived thread keeps one warm team
+steps the active requests one step each, in turn (interactive ones first: below). Torch work
+from many handler threads would also run on as many OpenMP thread teams, each started cold; one
+long-lived thread keeps one warm team
 (measured: speculation 32 tokens/s in a process's first thread, 23 in a fresh worker thread).
 
 Cancel is "stop stepping it": a reader that stops reading (Stop, a closed page) marks its
