@@ -97,7 +97,7 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
     """A short live fine-tune of the base drafter, within :data:`RUN_SECONDS` (:class:`ExitTrainView`);
     then base and trained drafter on the same held-out rounds (a paired change in words) and side by
     side. Cancel stops every phase (scoring, training, scoring again) and measures nothing. Each piece
-    of work (a held-out batch, a step) is a step of the server's compute thread, so other users take turns."""
+    of work (a held-out batch, a step) is a background step of the server's compute thread: users' rounds go first."""
     owner = shared.session_of(request)
     try:
         bundle, settings, data, domain = _checked(domain, tree_term, steps, lambda_tree)
@@ -274,7 +274,7 @@ def tab() -> None:
         "Fine-tune the base block drafter with **ExitTrain** (a run takes at most 3 minutes, scoring included; Cancel stops it at any point): the frozen target scores the trees the drafter "
         "actually builds, and the loss pushes draft probability toward nodes where target mass exits. Before and after, the same "
         "held-out rounds are scored, so the change in `1 + C` is paired, with its standard error; the bars below show at which "
-        "depth the target's mass leaves each drafter's trees. One run at a time per server; generations take turns with it. "
+        "depth the target's mass leaves each drafter's trees. One run at a time per server; users' generations go first, and the run keeps about a quarter of the machine's time while they run. "
         "ExitTrain builds its training trees from the block drafter's per-depth marginals, so it fine-tunes the block drafter "
         "(the paper's setting); the path drafter, which drafts each depth from the path above it, is not fine-tuned here. "
         + ("Pick a domain: the drafter fine-tunes on that domain's conversations (written by the target itself) and is judged on "

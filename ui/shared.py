@@ -24,7 +24,7 @@ SERVICE = ModelService(target=os.environ.get("TEV_TARGET") or None, draft=os.env
 # The live ExitTrain mode runs on the shipped pair (its data and base drafter ship in assets/models;
 # a custom TEV_TARGET has none, so the default pair is loaded beside it; ExitTrain was built and
 # measured on the float32 target, so another TEV_DTYPE loads that one beside it too); it shares
-# the compute thread, so a fine-tune's steps and a generation's rounds take turns.
+# the compute thread, where a generation's rounds go ahead of a fine-tune's steps (background work).
 SHARES_EXITTRAIN = SERVICE.target_source is None and DTYPE in ("auto", "float32")
 EXITTRAIN_SERVICE = SERVICE if SHARES_EXITTRAIN else ModelService(pair=default_pair(), device=DEVICE)
 EXITTRAIN_SERVICE.compute = SERVICE.compute
