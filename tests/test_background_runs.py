@@ -97,3 +97,10 @@ def test_the_exittrain_tab_runs_in_its_own_queue_group():
     groups = {fn.api_name: fn.concurrency_id for fn in app.build_app().fns.values()}
     assert {groups[name] for name in ("exittrain", "exittrain_workload", "compare_shipped")} == {"background"}
     assert {groups[name] for name in ("generate", "walkthrough", "walkthrough_next", "verifier_lab")} == {"compute"}
+
+
+def test_a_run_says_for_what_share_of_its_minutes_interactive_runs_had_priority():
+    from ui.exittrain import priority_note
+
+    assert priority_note(120.0, 300.0) == "; interactive runs (Live, walkthrough, lab) had priority for 40% of the minutes"
+    assert priority_note(0.0, 300.0) == priority_note(1.0, 300.0) == priority_note(5.0, 0.0) == ""  # alone (under 1%), or no time yet
