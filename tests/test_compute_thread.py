@@ -1,6 +1,7 @@
 """The server's one compute thread: requests step in turn, a cancelled request leaves the others
-as they would be alone, an exception reaches only its own reader, and a long request (a
-fine-tune) cannot starve a short one (a user's generation)."""
+as they would be alone, an exception reaches only its own reader, a long request cannot starve a
+short one, and interactive work (a user's rounds) steps ahead of background work (a fine-tune),
+which still gets its share of the time."""
 
 from __future__ import annotations
 
@@ -61,9 +62,10 @@ def _fails_at(step: int):
     raise ValueError("a bad step")
 
 
-def test_an_exception_reaches_its_own_reader_and_the_thread_serves_on():
+@pytest.mark.parametrize("background", [False, True])
+def test_an_exception_reaches_its_own_reader_and_the_thread_serves_on(background):
     compute = ComputeThread()
-    failing = compute.steps(_fails_at(2))
+    failing = compute.steps(_fails_at(2), background=background)
     healthy = compute.steps(iter(range(5)))
     assert next(failing) == 0 and next(failing) == 1
     with pytest.raises(ValueError, match="a bad step"):
@@ -100,12 +102,99 @@ def test_a_long_request_does_not_starve_a_short_one():
     assert between.count("round") == 5 and between.count("step") <= 4 and "step step" not in " ".join(between)
 
 
+class _StepClock:
+    """A clock the steps themselves move: a step of ``seconds`` adds them (read in the compute thread)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def steps(self, name: str, count: int, seconds: float, log: list):
+        for index in range(count):
+            self.now += seconds
+            log.append(f"{name}{index}")
+            yield index
+
+
+def _blocked_thread(**settings):
+    """A thread busy with a one-step request until the returned event is set, so the requests
+    submitted meanwhile all wait in line when it is free."""
+    compute, free = ComputeThread(lookahead=1000, **settings), threading.Event()
+    blocker = compute.steps(_waits_for(free))
+    return compute, free, blocker
+
+
+def _waits_for(event: threading.Event):
+    assert event.wait(5)
+    yield None
+
+
+def test_an_interactive_request_steps_ahead_of_a_background_one():
+    """A training run in line first and a user's rounds after it: the rounds go first, and the run
+    still takes a step each time it is owed its share (0.2 of the time: one 1 s step per 4 s of rounds)."""
+    clock, log = _StepClock(), []
+    compute, free, blocker = _blocked_thread(background_share=0.2, clock=clock)
+    training = compute.steps(clock.steps("b", 3, 1.0, log), background=True)
+    rounds = compute.steps(clock.steps("a", 9, 1.0, log))
+    free.set()
+    assert list(rounds) == list(range(9)) and list(training) == [0, 1, 2] and list(blocker) == [None]
+    # a0 leaves the run owed 0.25 s: it steps, paying 1 s, and is owed time again 4 rounds later
+    assert log == ["a0", "b0", "a1", "a2", "a3", "a4", "b1", "a5", "a6", "a7", "a8", "b2"]
+    assert training.held_seconds == 9.0 and rounds.held_seconds == 0.0  # every round ran while the run was ready to step
+
+
+def test_a_background_request_still_gets_its_share_under_endless_interactive_work():
+    """Rounds that never stop (0.5 s each) beside a run of 3 s steps: the run finishes, having had
+    about a quarter of the thread's time (the default share), and knows how long the rounds held it back."""
+    clock, log, stop = _StepClock(), [], threading.Event()
+    compute, free, blocker = _blocked_thread(clock=clock)
+
+    def endless():
+        while not stop.is_set():
+            clock.now += 0.5
+            log.append("round")
+            yield None
+
+    def run():
+        yield from clock.steps("step", 10, 3.0, log)
+        log.append("done")  # the run's last step (it returns): the held time counts up to it
+
+    training = compute.steps(run(), background=True)
+    rounds = compute.steps(endless())
+    reader = threading.Thread(target=lambda: [None for _ in rounds])
+    reader.start()
+    free.set()
+    try:
+        assert list(training) == list(range(10))
+    finally:
+        stop.set()
+        reader.join(5)
+    assert not reader.is_alive()
+    log = log[: log.index("done")]  # the rounds after the run are not part of its time
+    interactive, background = 0.5 * log.count("round"), 3.0 * (len(log) - log.count("round"))
+    assert 0.2 <= background / (background + interactive) <= 0.3, (interactive, background)
+    assert training.held_seconds == interactive
+    between = " ".join(log[log.index("step0"):])
+    assert "round round round round round round round" in between  # each 3 s step is paid back by about 9 s of rounds
+    assert "round " * 20 not in between  # and the run never waits much longer
+
+
+def test_a_background_request_alone_steps_without_waiting():
+    clock, log = _StepClock(), []
+    compute = ComputeThread(clock=clock)
+    training = compute.steps(clock.steps("b", 5, 2.0, log), background=True)
+    assert list(training) == [0, 1, 2, 3, 4] and training.held_seconds == 0.0
+
+
 def test_work_that_submits_work_runs_it_in_place():
     compute = ComputeThread()
     assert compute.call(lambda: compute.call(lambda: threading.current_thread().name)) == compute.name
 
 
-def test_a_reader_that_leaves_closes_its_request_in_the_compute_thread():
+@pytest.mark.parametrize("background", [False, True])
+def test_a_reader_that_leaves_closes_its_request_in_the_compute_thread(background):
     compute, closed_in = ComputeThread(lookahead=1), []
 
     def work():
@@ -115,7 +204,7 @@ def test_a_reader_that_leaves_closes_its_request_in_the_compute_thread():
         finally:
             closed_in.append(threading.current_thread().name)
 
-    reader = compute.steps(work())
+    reader = compute.steps(work(), background=background)
     assert next(reader) == 1
     reader.close()
     assert compute.call(lambda: "served") == "served"  # the close came before this turn

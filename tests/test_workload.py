@@ -191,6 +191,21 @@ def _chat_pair_and_workload(tmp_path):
     return bundle, base, [" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 5)) for k in range(20)]
 
 
+def test_answers_written_in_pieces_are_the_answers_written_at_once(tmp_path):
+    """A server steps a user's round between two forwards of a batch of answers (a batch is about a
+    hundred forwards): in pieces, the target writes the same answers, yielding after each forward."""
+    from tev.train.teacher import WRITING, answer_prompts
+
+    bundle, _, prompts = _chat_pair_and_workload(tmp_path)
+    at_once = list(answer_prompts(bundle.target, bundle.tokenizer, prompts[:6], max_new_tokens=5, batch=4, progress=False, law=1.0, seed=2))
+    pieces = list(answer_prompts(bundle.target, bundle.tokenizer, prompts[:6], max_new_tokens=5, batch=4, progress=False, law=1.0, seed=2, pieces=True))
+    batches = [p for p in pieces if p is not WRITING]
+    assert len(batches) == len(at_once) == 2
+    assert all(torch.equal(a.token_ids, b.token_ids) for a, b in zip(at_once, batches))
+    forwards = [len(run) for run in "".join("w" if p is WRITING else "|" for p in pieces).split("|")[:-1]]
+    assert len(forwards) == 2 and all(1 <= n <= 5 for n in forwards)  # the prefill, then a forward per token but the last (5 new tokens)
+
+
 def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch):
     from tev.pipelines import workload as workload_command
 

@@ -10,6 +10,7 @@ from tev.engine.models import load_bundle
 from tev.pipelines import workload as workload_command
 from tev.pipelines.workload import MIN_STEPS, Pace, plan_phases, workload_settings
 from tev.pipelines.workload_report import summary_lines
+from tev.train.teacher import WRITING
 from tev.util.compute_thread import result_of
 from tests.tiny import CHAT_WORDS, save_chat_target, tiny_vocab_drafter
 
@@ -50,8 +51,11 @@ def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: 
     def answering(target, tokenizer, asked, *args, batch=8, **kwargs):
         seconds = later_answer if later_answer is not None and calls else pace.answer
         calls.append(len(asked))
-        for i, so_far in enumerate(answer(target, tokenizer, asked, *args, batch=batch, **kwargs)):
-            clock.now += seconds * len(asked[i * batch : (i + 1) * batch])
+        batches = 0
+        for so_far in answer(target, tokenizer, asked, *args, batch=batch, **kwargs):
+            if so_far is not WRITING:  # a batch written (between its forwards the clock stands)
+                clock.now += seconds * len(asked[batches * batch : (batches + 1) * batch])
+                batches += 1
             yield so_far
 
     def scoring(target, drafter, answers, *args, **kwargs):

@@ -24,7 +24,7 @@ from tev.util.compute_thread import result_of
 from tev.util.stats import change_in_words
 from ui import gpu, shared
 from ui.components import checked_event
-from ui.shared import COMPUTE, _user_error, only
+from ui.shared import BACKGROUND, _user_error, only
 from visual import before_after_figure, exit_mass_change_figure, training_figure, tree_figure
 
 RUN_SECONDS = 180  # the whole live run, both held-out scorings included: training stops in time to keep it
@@ -54,6 +54,14 @@ class ShippedView(NamedTuple):
     mass: Any
     tree_base: Any
     tree_trained: Any
+
+
+def priority_note(held_seconds: float, seconds: float) -> str:
+    """"; interactive runs had priority for 40% of the minutes": how much of a background run's
+    time the compute thread gave interactive work first (Live, the walkthrough, the lab), so a run
+    that trained fewer steps under load says why; "" when under 1%."""
+    share = held_seconds / seconds if seconds > 0 else 0.0
+    return f"; interactive runs (Live, walkthrough, lab) had priority for {min(share, 1.0):.0%} of the minutes" if share >= 0.01 else ""
 
 
 def _cancelled(history, steps: int) -> ExitTrainView:
@@ -89,7 +97,7 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
     """A short live fine-tune of the base drafter, within :data:`RUN_SECONDS` (:class:`ExitTrainView`);
     then base and trained drafter on the same held-out rounds (a paired change in words) and side by
     side. Cancel stops every phase (scoring, training, scoring again) and measures nothing. Each piece
-    of work (a held-out batch, a step) is a step of the server's compute thread, so other users take turns."""
+    of work (a held-out batch, a step) is a background step of the server's compute thread: users' rounds go first."""
     owner = shared.session_of(request)
     try:
         bundle, settings, data, domain = _checked(domain, tree_term, steps, lambda_tree)
@@ -104,14 +112,15 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
         history = []
         progress(0, desc="scoring the base drafter's held-out trees…")
         yield only(ExitTrainView, curve=training_figure(history), status="scoring the base drafter's held-out trees (the 'before')…")
-        for _ in shared.SERVICE.compute.steps(experiment.measure_before()):
+        scoring = shared.SERVICE.compute.steps(experiment.measure_before(), background=True)
+        for _ in scoring:
             if cancel.cancelled:
                 yield _cancelled(history, 0)
                 return
         deadline = started + RUN_SECONDS - (time.monotonic() - started) - TREES_SECONDS  # the 'after' scoring costs what the 'before' did
         history.append({"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_tree": float("nan"), "tau_bound": experiment.before.tau_bound,
                         "heldout_tau_bound": experiment.before.tau_bound})
-        yield from _trained(experiment, settings, history, deadline, cancel, bundle.has_domains, progress)
+        held = scoring.held_seconds + (yield from _trained(experiment, settings, history, deadline, cancel, bundle.has_domains, progress))
         if cancel.cancelled:
             yield _cancelled(history, experiment.steps)
             return
@@ -119,9 +128,9 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
             yield ExitTrainView(training_figure(history), "no training step fit in the time", None, "Nothing was measured: the server was too busy to train within the run's time; try again.", None, None, None)
             return
         cut = f" (stopped at {experiment.steps} of {settings.steps} steps to keep within {RUN_SECONDS // 60} minutes)" if experiment.steps < settings.steps else ""
-        status = f"trained {experiment.steps} steps{cut}"
+        status = f"trained {experiment.steps} steps{cut}" + priority_note(held, time.monotonic() - started)
         yield only(ExitTrainView, curve=training_figure(history), status=f"{status}; scoring the held-out trees again…")
-        for _ in shared.SERVICE.compute.steps(experiment.measure_after()):
+        for _ in shared.SERVICE.compute.steps(experiment.measure_after(), background=True):
             if cancel.cancelled:
                 yield _cancelled(history, experiment.steps)
                 return
@@ -132,15 +141,21 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
 
 def _trained(experiment, settings, history: list, deadline: float, cancel: Cancel, every_step: bool, progress):
     """The fine-tune's steps until the last, the deadline or a cancel, each kept in ``history``;
-    yields the curve (every step, or every fifth when ``every_step`` is false)."""
-    for record in shared.SERVICE.compute.steps(experiment.train()):  # a step at a time: another user's generation takes turns
-        history.append(record)
-        left = max(0.0, deadline - time.monotonic())
-        progress(record["step"] / settings.steps, desc=f"step {record['step']}/{settings.steps} · loss {record['loss']:.3f} · {left:.0f} s of training left")
-        if every_step or record["step"] % 5 == 0 or record["step"] == settings.steps:
-            yield only(ExitTrainView, curve=training_figure(history), status=f"step {record['step']}/{settings.steps} · batch 1 + C {record['tau_bound']:.3f} · at most {left:.0f} s of training left")
-        if cancel.cancelled or time.monotonic() >= deadline:
-            return
+    yields the curve (every step, or every fifth when ``every_step`` is false); returns the seconds
+    interactive work went first (:attr:`Steps.held_seconds`)."""
+    steps = shared.SERVICE.compute.steps(experiment.train(), background=True)  # users' rounds go first; the run keeps its share
+    try:
+        for record in steps:
+            history.append(record)
+            left = max(0.0, deadline - time.monotonic())
+            progress(record["step"] / settings.steps, desc=f"step {record['step']}/{settings.steps} · loss {record['loss']:.3f} · {left:.0f} s of training left")
+            if every_step or record["step"] % 5 == 0 or record["step"] == settings.steps:
+                yield only(ExitTrainView, curve=training_figure(history), status=f"step {record['step']}/{settings.steps} · batch 1 + C {record['tau_bound']:.3f} · at most {left:.0f} s of training left")
+            if cancel.cancelled or time.monotonic() >= deadline:
+                break
+    finally:
+        steps.close()  # the compute thread closes the fine-tune before its next step
+    return steps.held_seconds
 
 
 def _measured(bundle, experiment, settings, history: list, tree_term: str, domain: str | None) -> ExitTrainView:
@@ -204,7 +219,7 @@ def _compare(bundle, drafters: dict, prompts: list[dict], max_new_tokens: int):
     rows, lines = [], ["| drafter | T | tau | mean block length | 1 + C | per-prompt tau q25-q75 |", "|---|---|---|---|---|---|"]
     for name, drafter in drafters.items():
         events = evaluation_rounds(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(32,), temperatures=(0.0, 1.0), max_new_tokens=max_new_tokens, progress=False)
-        measured = result_of(shared.SERVICE.compute.steps(events))  # a step per round: other users take turns
+        measured = result_of(shared.SERVICE.compute.steps(events, background=True))  # a step per round; users' rounds go first
         for row in measured:
             rows.append({"drafter": name, "temperature": row["temperature"], "tau": row["tau"], "tau_se": row["tau_se"], "tau_q25": row["prompt_tau_q25"], "tau_q75": row["prompt_tau_q75"]})
             lines.append(f"| {name} | {row['temperature']:g} | {row['tau']:.3f} +- {row['tau_se']:.3f} | {row['mean_block_length']:.3f} | {row['tau_bound']:.3f} | {row['prompt_tau_q25']:.2f}-{row['prompt_tau_q75']:.2f} |")
@@ -259,7 +274,7 @@ def tab() -> None:
         "Fine-tune the base block drafter with **ExitTrain** (a run takes at most 3 minutes, scoring included; Cancel stops it at any point): the frozen target scores the trees the drafter "
         "actually builds, and the loss pushes draft probability toward nodes where target mass exits. Before and after, the same "
         "held-out rounds are scored, so the change in `1 + C` is paired, with its standard error; the bars below show at which "
-        "depth the target's mass leaves each drafter's trees. One run at a time per server; generations take turns with it. "
+        "depth the target's mass leaves each drafter's trees. One run at a time per server; users' generations go first, and the run keeps about a quarter of the machine's time while they run. "
         "ExitTrain builds its training trees from the block drafter's per-depth marginals, so it fine-tunes the block drafter "
         "(the paper's setting); the path drafter, which drafts each depth from the path above it, is not fine-tuned here. "
         + ("Pick a domain: the drafter fine-tunes on that domain's conversations (written by the target itself) and is judged on "
@@ -281,6 +296,6 @@ def tab() -> None:
         ui["tree_base"] = gr.Plot(label="base drafter's tree")
         ui["tree_trained"] = gr.Plot(label="ExitTrain drafter's tree")
     inputs = [domain, tree_term, steps, lambda_tree]
-    checked_event(start.click, gpu.gpu_task("exittrain")(run_exittrain), inputs, [ui[name] for name in ExitTrainView._fields], check_free, api_name="exittrain", **COMPUTE)
+    checked_event(start.click, gpu.gpu_task("exittrain")(run_exittrain), inputs, [ui[name] for name in ExitTrainView._fields], check_free, api_name="exittrain", **BACKGROUND)
     cancel.click(cancel_exittrain, None, ui["status"], api_name="exittrain_cancel")
-    shipped.click(gpu.gpu_task("compare_shipped")(compare_shipped), None, [ui[name] for name in ShippedView._fields], api_name="compare_shipped", **COMPUTE)
+    shipped.click(gpu.gpu_task("compare_shipped")(compare_shipped), None, [ui[name] for name in ShippedView._fields], api_name="compare_shipped", **BACKGROUND)

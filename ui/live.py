@@ -19,7 +19,7 @@ from tev.engine.models import DRAFTERS
 from tev.service.adapted import drafter_kind, is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, check_settings, records_to_json
 from ui import gpu, shared
-from tev.util.compute_thread import result_of
+from tev.util.compute_thread import BACKGROUND_SHARE, result_of
 from tev.util.lru import LRU
 from ui.components import KEEP_TYPED, as_text, checked_event, once_per_click, refusal_line
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
@@ -121,13 +121,19 @@ def _auto_line(records) -> str:
             f"the drafter's path probabilities are scaled by c = {choice.calibration:.2f} (realised coverage over the drafter's estimate so far).")
 
 
-def _sharing_note(active: int) -> str:
-    """While a run streams: how many other requests the compute thread steps in turn with it."""
-    if active <= 1:
+def _sharing_note(active: int, background: int = 0) -> str:
+    """While a run streams: how many other requests the compute thread steps in turn with it
+    (``active`` in all, ``background`` of them fine-tunes or measuring runs, which step after your rounds)."""
+    others = active - 1 - background
+    notes = []
+    if others > 0:
+        notes.append(f"{others} other run{'s' if others > 1 else ''} share{'' if others > 1 else 's'} the machine now: each takes its turn between your rounds")
+    if background > 0:
+        notes.append(f"{'a' if background == 1 else background} background run{'s' * (background > 1)} (fine-tuning, measuring) share{'s' * (background == 1)} the "
+                     f"machine now: your rounds go first, and {'it gets' if background == 1 else 'they get'} about {BACKGROUND_SHARE:.0%} of its time")
+    if not notes:
         return ""
-    others = active - 1
-    return (f"\n\n{others} other run{'s' if others > 1 else ''} share{'' if others > 1 else 's'} the machine now: each takes its turn between "
-            "your rounds, so this run is slower than it would be alone (the speed figure is timed again with the page idle).")
+    return "\n\n" + "; ".join(notes) + ", so this run is slower than it would be alone (the speed figure is timed again with the page idle)."
 
 
 def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: DecodeConfig) -> str:
@@ -297,7 +303,7 @@ def _drawn(events, records: list, prompt: str):
             last_draw = now
             tree, mass, chosen = _round_figures(records, len(records) - 1)
             yield only(LiveView, text=text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), tree=tree, mass=mass, budget=chosen, summary=None,
-                       stats=_stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active()), state={"records": records, "summary": None})
+                       stats=_stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active(), shared.SERVICE.compute.active_background()), state={"records": records, "summary": None})
 
 
 def _finished(records, summary: GenerationSummary, config: DecodeConfig, timing: dict | None, prompt: str, state: dict) -> LiveView:

@@ -24,7 +24,7 @@ SERVICE = ModelService(target=os.environ.get("TEV_TARGET") or None, draft=os.env
 # The live ExitTrain mode runs on the shipped pair (its data and base drafter ship in assets/models;
 # a custom TEV_TARGET has none, so the default pair is loaded beside it; ExitTrain was built and
 # measured on the float32 target, so another TEV_DTYPE loads that one beside it too); it shares
-# the compute thread, so a fine-tune's steps and a generation's rounds take turns.
+# the compute thread, where a generation's rounds go ahead of a fine-tune's steps (background work).
 SHARES_EXITTRAIN = SERVICE.target_source is None and DTYPE in ("auto", "float32")
 EXITTRAIN_SERVICE = SERVICE if SHARES_EXITTRAIN else ModelService(pair=default_pair(), device=DEVICE)
 EXITTRAIN_SERVICE.compute = SERVICE.compute
@@ -35,8 +35,13 @@ ASKED = AskedPrompts()  # each session's chat prompts sent in Live: a workload o
 CHAT_DEFAULT = SERVICE.target_source is None and PAIRS[default_pair()].chat  # a chat target: prompts are user messages
 
 
-# Every event that runs the models: two at a time, in one queue shared by every tab (a third waits).
+# Every interactive event that runs the models (Live, the walkthrough, the lab): two at a time, in one
+# queue shared by those tabs (a third waits).
 COMPUTE = {"concurrency_limit": 2, "concurrency_id": "compute"}
+# The ExitTrain tab's runs (a fine-tune, a workload adaptation, the shipped drafter's comparison), which
+# take minutes: a queue of their own, so a run never holds one of the interactive events' two places;
+# their model work is background work in the compute thread (interactive steps go first).
+BACKGROUND = {"concurrency_limit": 2, "concurrency_id": "background"}
 # $...$ in markdown is a formula (KaTeX in the page)
 FORMULAS = [{"left": "$", "right": "$", "display": False}]
 # How long a finished run's state (rounds, traces) stays browsable in a session.

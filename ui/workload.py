@@ -20,8 +20,8 @@ from tev.util.paths import assets_dir
 from tev.util.stats import change_in_words
 from ui import gpu, shared
 from ui.components import as_text, checked_event
-from ui.exittrain import Cancel, cancel_exittrain, check_free, side_by_side
-from ui.shared import COMPUTE, _user_error, only
+from ui.exittrain import Cancel, cancel_exittrain, check_free, priority_note, side_by_side
+from ui.shared import BACKGROUND, _user_error, only
 from visual import exit_mass_change_figure
 
 __all__ = ["OWN", "ASKED", "MIN_MINUTES", "MAX_MINUTES", "RECIPES", "DEFAULT_RECIPE", "pack_names", "verdict", "result_table", "run_workload", "adapted_drafter", "chosen_drafter", "live_drafter",
@@ -105,7 +105,7 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
         start = time.monotonic()
         budget = minutes * 60
         run = adaptation(bundle, prompts, shipped_drafter(bundle.pair, "block"), minutes, workload_settings(term), progress=False)  # the control: the other recipe
-        pieces = shared.SERVICE.compute.steps(run)  # a piece of work at a time: other users take turns
+        pieces = shared.SERVICE.compute.steps(run, background=True)  # a piece of work at a time; users' rounds go first
         try:
             outcome = yield from _phases(pieces, cancel, start, budget, progress)
         except ValueError as error:
@@ -117,8 +117,9 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
             return
         result = outcome["result"]
         table = result_table(result)
+        done = f"finished in {result['minutes']:.1f} min (trained {result['steps']} steps{priority_note(pieces.held_seconds, time.monotonic() - start)})"
         if not result["compared"]:
-            yield WorkloadView(f"finished in {result['minutes']:.1f} min: nothing compared, no adapted drafter kept", table, None, None, None)
+            yield WorkloadView(f"{done}: nothing compared, no adapted drafter kept", table, None, None, None)
             return
         gains = {key: result["gain"][key]["adapted"] for key in LAWS}
         label = shared.ADAPTED.keep(owner, _workload_name(pack), outcome["drafter"], gains)
@@ -129,11 +130,11 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
         kept += _served_laws(gains)
         mass = result.get("heldout_mass")
         mass_figure = exit_mass_change_figure({"base": mass["base"], "adapted": mass["adapted"]}) if mass else None
-        yield only(WorkloadView, status=f"finished in {result['minutes']:.1f} min; drawing both drafters' trees on a held-out prompt…", table=table, mass=mass_figure)
+        yield only(WorkloadView, status=f"{done}; drawing both drafters' trees on a held-out prompt…", table=table, mass=mass_figure)
         _, heldout = split_workload(prompts)
         adapted = BlockTreeDrafter(outcome["drafter"].served(), name="adapted")
         trees = side_by_side(bundle, {"base": bundle.drafter("block"), "adapted": adapted}, {"text": heldout[0], "chat": True}, EVAL_BUDGET)
-        yield only(WorkloadView, status=f"finished in {result['minutes']:.1f} min; {kept}", table=table, tree_base=trees[0], tree_adapted=trees[1])
+        yield only(WorkloadView, status=f"{done}; {kept}", table=table, tree_base=trees[0], tree_adapted=trees[1])
     finally:
         shared.EXITTRAIN_SLOT.release()
 
@@ -150,7 +151,7 @@ def _phases(pieces, cancel: Cancel, start: float, budget: float, progress):
         if cancel.cancelled:
             return None
         elapsed = time.monotonic() - start
-        progress(min(0.99, elapsed / budget), desc=f"{name} · {elapsed:.0f} s of about {budget:.0f} s")
+        progress(min(0.99, elapsed / budget), desc=f"{name} · {elapsed:.0f} s of about {budget:.0f} s{priority_note(pieces.held_seconds, elapsed)}")
         if name == "work" or (name == "step" and info["step"] % 10):
             continue
         yield only(WorkloadView, status=_status(name, info, elapsed))
@@ -288,7 +289,7 @@ def tab(drafters: list = ()) -> None:
 
     inputs = [pack, text, minutes, recipe]
     started = checked_event(start.click, gpu.gpu_task("exittrain")(run_workload), inputs, [ui[name] for name in WorkloadView._fields], check_prompts,
-                            api_name="exittrain_workload", **COMPUTE)
+                            api_name="exittrain_workload", **BACKGROUND)
     started.then(offered, pack, [*drafters, download], api_name="exittrain_workload_offer")
     asked.click(use_asked, None, [pack, ui["status"]], api_name="exittrain_workload_asked")
     cancel.click(cancel_exittrain, None, ui["status"], api_name="exittrain_workload_cancel")

@@ -10,7 +10,8 @@ draw from the target's law (temperature T, or a whole :class:`~tev.core.sampling
 its top-k / top-p / min-p cut) by :func:`tev.core.sampling.sample_rows` (exact; greedy at T = 0).
 
 The text is what the target writes; padding and the batch's size may move a near-tie, as in
-any batched decoding.
+any batched decoding. :func:`generate_batch_steps` is the same loop as a generator of its
+forwards, so a server's compute thread can step a Live round between two of them.
 """
 
 from __future__ import annotations
@@ -19,15 +20,25 @@ import torch
 from transformers import DynamicCache
 
 from tev.core.sampling import SamplingLaw, as_law, sample_rows
+from tev.util.compute_thread import result_of
 
-__all__ = ["generate_batch"]
+__all__ = ["generate_batch", "generate_batch_steps"]
 
 
-@torch.no_grad()
 def generate_batch(
     target, prompts: list[list[int]], max_new_tokens: int, temperature: "float | SamplingLaw", stop_id: int | None, seed: int, pad_id: int = 0,
 ) -> list[list[int]]:
-    """The continuation of each prompt, until ``stop_id`` (kept) or ``max_new_tokens``.
+    """The continuation of each prompt, until ``stop_id`` (kept) or ``max_new_tokens``
+    (:func:`generate_batch_steps` run to its end)."""
+    return result_of(generate_batch_steps(target, prompts, max_new_tokens, temperature, stop_id, seed, pad_id))
+
+
+def generate_batch_steps(
+    target, prompts: list[list[int]], max_new_tokens: int, temperature: "float | SamplingLaw", stop_id: int | None, seed: int, pad_id: int = 0,
+):
+    """The continuation of each prompt, until ``stop_id`` (kept) or ``max_new_tokens``: a generator
+    that yields the rows still writing after each forward (the prefill, then one per new token) and
+    returns the continuations (PEP 380).
 
     Args:
         target: a Hugging Face causal LM with a ``.model`` body and an output head (Llama, Qwen).
@@ -45,6 +56,14 @@ def generate_batch(
     outputs: list[list[int]] = [[] for _ in range(rows)]
     if rows == 0 or max_new_tokens <= 0:
         return outputs
+    yield from _write(target, prompts, max_new_tokens, as_law(temperature), stop_id, seed, pad_id, outputs)
+    return outputs
+
+
+@torch.no_grad()  # on a generator: grad mode is off only while it runs, not between its steps
+def _write(target, prompts, max_new_tokens, law, stop_id, seed, pad_id, outputs):
+    """The loop of :func:`generate_batch_steps`, appending each row's tokens to ``outputs``."""
+    rows = len(prompts)
     device = next(target.parameters()).device
     width = max(len(p) for p in prompts)
     ids = torch.full((rows, width), pad_id, dtype=torch.long)
@@ -53,12 +72,12 @@ def generate_batch(
         ids[row, width - len(prompt) :] = torch.tensor(prompt)
         mask[row, width - len(prompt) :] = 1
     positions = (mask.cumsum(1) - 1).clamp(min=0)
-    law = as_law(temperature)
     generator = torch.Generator().manual_seed(seed)
     cache = DynamicCache()
     mask, positions = mask.to(device), positions.to(device)
     hidden = target.model(input_ids=ids.to(device), attention_mask=mask, position_ids=positions, cache=cache, use_cache=True).last_hidden_state[:, -1]
     writing = torch.arange(rows)  # the prompt index of each row still in the batch
+    yield rows
     position = positions[:, -1:]
     head = target.get_output_embeddings()
     for step in range(max_new_tokens):
@@ -83,4 +102,4 @@ def generate_batch(
         position = position + 1
         hidden = target.model(input_ids=chosen[:, None].to(device), attention_mask=mask, position_ids=position, cache=cache,
                               use_cache=True).last_hidden_state[:, -1]
-    return outputs
+        yield len(writing)

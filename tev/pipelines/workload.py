@@ -44,7 +44,7 @@ from tev.pipelines.workload_report import LAWS, summary_lines
 from tev.train.data import TrainData
 from tev.train.loop import TrainSettings, train
 from tev.train.losses import TREE_TERMS
-from tev.train.teacher import answer_prompts, with_features
+from tev.train.teacher import WRITING, answer_prompts, with_features_steps
 from tev.train.trees import ScoredTrees, fixed_trees
 from tev.util.compute_thread import result_of
 from tev.util.paths import REPO_ROOT
@@ -151,12 +151,11 @@ def other_recipe(tree_term: str) -> str:
 
 def workload_train_set(target, drafter: BlockDrafter, answers, seed: int = 0, progress: bool = True):
     """The target's features and laws on the answers, then at a few seeded anchors of each answer
-    the tree ``drafter`` builds there, scored at T = 1: yields after the features and after each
-    answer's trees, and returns ``(TrainData, ScoredTrees)``."""
+    the tree ``drafter`` builds there, scored at T = 1: yields after each batch of the features and
+    after each answer's trees, and returns ``(TrainData, ScoredTrees)``."""
     if answers is None:
         raise ValueError("no answers to train on")
-    data = with_features(target, answers, list(drafter.config.feature_layers), drafter.draft_vocab, SOFT_TOP, progress)
-    yield "features"
+    data = yield from with_features_steps(target, answers, list(drafter.config.feature_layers), drafter.draft_vocab, SOFT_TOP, progress)
     trees = yield from fixed_trees(target, drafter, data, EVAL_BUDGET, TREES_PER_ANSWER, seed, soft_top=SOFT_TOP)
     return data, trees
 
@@ -306,9 +305,12 @@ def _answer(run: WorkloadRun, prompts: list[str], stop_by: float, seed: int):
     from the run's answer law), stopping before a batch that would end after ``stop_by`` at the
     pace measured so far; returns the prompts answered."""
     start, begun, done, written, seconds = run.clock(), time.perf_counter(), 0, None, 0.0
-    for written in answer_prompts(run.bundle.target, run.bundle.tokenizer, prompts, batch=ANSWER_BATCH, progress=run.progress, law=LAWS[run.answer_law], seed=seed):
-        done, seconds = min(len(prompts), done + ANSWER_BATCH), time.perf_counter() - begun
-        yield "work", None
+    for so_far in answer_prompts(run.bundle.target, run.bundle.tokenizer, prompts, batch=ANSWER_BATCH, progress=run.progress, law=LAWS[run.answer_law], seed=seed,
+                                 pieces=True):
+        yield "work", None  # after each forward: a server's compute thread steps users' rounds between them
+        if so_far is WRITING:
+            continue
+        written, done, seconds = so_far, min(len(prompts), done + ANSWER_BATCH), time.perf_counter() - begun
         if done < len(prompts) and run.clock() + (run.clock() - start) / done * min(ANSWER_BATCH, len(prompts) - done) > stop_by:
             break
     if written is not None:
@@ -539,8 +541,9 @@ def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], 
     tree ended, :meth:`TreeBatch.exit_mass_by_depth`) and the mean ``1 + C``. Yields after each
     piece of work and returns the summaries (None when the target wrote no answer)."""
     answers = None
-    for answers in answer_prompts(bundle.target, bundle.tokenizer, prompts, progress=progress):
-        yield answers
+    for so_far in answer_prompts(bundle.target, bundle.tokenizer, prompts, progress=progress, pieces=True):
+        yield so_far
+        answers = answers if so_far is WRITING else so_far
     if answers is None:
         return None
     summaries = {}

@@ -106,7 +106,8 @@ class ModelService:
 
     Torch on a 2-core CPU gains nothing from two requests running matrix work at once, so every
     piece of model work is a step that ``compute`` (a :class:`ComputeThread`) runs in turn with
-    the others; Gradio's queue bounds how many wait.
+    the others, interactive work (a user's rounds) ahead of background work (a fine-tune);
+    Gradio's queue bounds how many wait.
     """
 
     def __init__(self, target: str | None = None, draft: str | None = None, device: str = "auto", pair: str | None = None, dtype: str = "auto"):
@@ -117,7 +118,7 @@ class ModelService:
         self.pair = pair  # a shipped pair when no target is given (None: $TEV_PAIR or the default)
         self._bundle: ModelBundle | None = None
         self._load_lock = threading.Lock()
-        self.compute = ComputeThread()  # first come, first served: a fine-tune's steps cannot starve users' rounds
+        self.compute = ComputeThread()  # users' rounds first; a fine-tune's steps (background) still get their share of the time
 
     def bundle(self) -> ModelBundle:
         if self._bundle is None:

@@ -28,15 +28,16 @@ from tqdm import tqdm
 
 from tev.core.sampling import SamplingLaw
 from tev.data.token_stream import encode_corpus
-from tev.engine.batch_generate import generate_batch
+from tev.engine.batch_generate import generate_batch, generate_batch_steps
 from tev.engine.prompt_text import ChatTemplate, encode_chat
 from tev.engine.session import max_positions
 from tev.train.data import SoftLabels, TrainData
+from tev.util.compute_thread import result_of
 from tev.util.files import atomic_file
 from tev.util.precision import low_precision
 
-__all__ = ["regenerate_sequences", "weights_fingerprint", "corpus_sequences", "target_features", "top_law", "with_features",
-           "answer_prompts", "DOMAIN_OPENINGS", "write_requests", "write_responses"]
+__all__ = ["regenerate_sequences", "weights_fingerprint", "corpus_sequences", "target_features", "target_features_steps", "top_law",
+           "with_features", "with_features_steps", "answer_prompts", "WRITING", "DOMAIN_OPENINGS", "write_requests", "write_responses"]
 
 
 def regenerate_sequences(target, stream: torch.Tensor, num_sequences: int, context_length: int, new_tokens: int, seed: int,
@@ -89,7 +90,6 @@ def corpus_sequences(target, tokenizer, split: str, count: int, context_length: 
     return sequences
 
 
-@torch.no_grad()
 def target_features(
     target, token_ids: torch.Tensor, lengths: torch.Tensor, layers: list[int], batch: int = 8, progress: bool = True,
     soft_vocab: torch.Tensor | None = None, soft_top: int = 0,
@@ -99,7 +99,19 @@ def target_features(
 
     With ``soft_top > 0`` also the target's next-token laws as :class:`SoftLabels`: at every
     position, :func:`top_law` over ``soft_vocab`` (the drafter's draft vocabulary) at T = 1.
+    (:func:`target_features_steps` run to its end.)
     """
+    return result_of(target_features_steps(target, token_ids, lengths, layers, batch, progress, soft_vocab, soft_top))
+
+
+@torch.no_grad()  # on a generator: grad mode is off only while it runs, not between its steps
+def target_features_steps(
+    target, token_ids: torch.Tensor, lengths: torch.Tensor, layers: list[int], batch: int = 8, progress: bool = True,
+    soft_vocab: torch.Tensor | None = None, soft_top: int = 0,
+):
+    """:func:`target_features` as a generator that yields after each batch's forward (a batch of 8
+    answers took seconds on a busy 2-core CPU: a server's compute thread steps users' rounds
+    between batches) and returns the features (PEP 380)."""
     device = next(target.parameters()).device
     body = target.get_decoder() if hasattr(target, "get_decoder") else target.base_model
     store = low_precision(device)  # the features' storage: half the memory where this machine computes in bfloat16
@@ -125,6 +137,7 @@ def target_features(
             positions, probs = top_law(result.last_hidden_state @ head_rows.T, soft_top)
             soft.positions[rows, :width] = positions.to(soft.positions.dtype).cpu()
             soft.probs[rows, :width] = probs.to(torch.float16).cpu()
+        yield start
     return out if soft is None else (out, soft)
 
 
@@ -143,19 +156,32 @@ def top_law(logits: torch.Tensor, top: int, vocab: torch.Tensor | None = None, t
 def with_features(target, data: TrainData, layers: list[int], soft_vocab: torch.Tensor | None = None, soft_top: int = 0,
                   progress: bool = True) -> TrainData:
     """``data`` with the target's features at ``layers`` (and with ``soft_top`` its top-k laws) at every position."""
-    out = target_features(target, data.token_ids, data.lengths, layers, progress=progress, soft_vocab=soft_vocab, soft_top=soft_top)
+    return result_of(with_features_steps(target, data, layers, soft_vocab, soft_top, progress))
+
+
+def with_features_steps(target, data: TrainData, layers: list[int], soft_vocab: torch.Tensor | None = None, soft_top: int = 0,
+                        progress: bool = True):
+    """:func:`with_features` as a generator that yields after each batch's forward and returns the data (PEP 380)."""
+    out = yield from target_features_steps(target, data.token_ids, data.lengths, layers, progress=progress, soft_vocab=soft_vocab, soft_top=soft_top)
     features, soft = out if soft_top > 0 else (out, None)
     return TrainData(data.token_ids, data.lengths, data.prompt_lengths, features, soft, data.domains, data.requests)
 
 
+# What :func:`answer_prompts` yields between a batch's forwards when asked for every one (``pieces``).
+WRITING = "writing"
+
+
 @torch.no_grad()
 def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 96, batch: int = 8, progress: bool = True,
-                   law: "SamplingLaw | float" = 0.0, seed: int = 0):
+                   law: "SamplingLaw | float" = 0.0, seed: int = 0, pieces: bool = False):
     """The target's answers to ``prompts`` (each a user message through the chat template),
     greedy, or sampled from ``law`` (seeded per batch), ``batch`` prompts at a time (left-padded,
     :func:`generate_batch`): yields the answers so far after every batch, each a prompt then its
     answer (:class:`TrainData`, None while there is none), so a caller may stop between batches at
-    its deadline, or take turns with other work. Answers under two tokens are left out.
+    its deadline, or take turns with other work. Answers under two tokens are left out. With
+    ``pieces`` it also yields :data:`WRITING` after each forward of a batch (a batch of 8 answers
+    is about a hundred forwards: a minute on a busy 2-core CPU), so a server's compute thread
+    can step a user's round between two forwards.
 
     Batched greedy decoding writes a workload's answers several times faster than answering one
     prompt at a time on a CPU (one weight read serves the whole batch)."""
@@ -167,7 +193,8 @@ def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 
     bar = tqdm(total=len(prompts), desc="target answers", unit="prompt", disable=not progress)
     for first in range(0, len(encoded), batch):
         group = encoded[first : first + batch]
-        written = generate_batch(target, group, max_new_tokens, law, eos, seed=seed * 100_003 + first, pad_id=pad)
+        args = (target, group, max_new_tokens, law, eos, seed * 100_003 + first, pad)
+        written = (yield from _each_forward(generate_batch_steps(*args))) if pieces else generate_batch(*args)
         for prompt_ids, answer in zip(group, written):
             if len(answer) >= 2:  # the end of turn stays: the drafter should predict it too
                 sequences.append(list(prompt_ids) + answer)
@@ -175,6 +202,16 @@ def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 
         bar.update(len(group))
         yield TrainData.from_lists(sequences, prompt_lengths) if sequences else None
     bar.close()
+
+
+def _each_forward(writing):
+    """:data:`WRITING` after each forward of ``writing`` (:func:`generate_batch_steps`); returns what it wrote."""
+    while True:
+        try:
+            next(writing)
+        except StopIteration as done:
+            return done.value
+        yield WRITING
 
 
 # Words that start a user turn, by domain ("" leaves the request entirely to the target).

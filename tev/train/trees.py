@@ -186,7 +186,9 @@ def fixed_trees(target, drafter, data: TrainData, budget: int, per_row: int, see
                 temperature: float = 1.0) -> Generator[int, None, ScoredTrees]:
     """The fixed trees: at ``per_row`` seeded anchors of each row, the tree of ``budget`` nodes
     ``drafter`` builds there (from ``data``'s features), scored by the target. Yields each row's
-    index after scoring it (a caller may take turns with other work between rows) and returns the :class:`ScoredTrees`.
+    index twice, after the target's pass over the row and after scoring its trees (a caller may
+    take turns with other work between them: each took seconds on a busy 2-core CPU), and returns
+    the :class:`ScoredTrees`.
 
     Scoring every anchor's tree costs a forward of ``anchors x budget`` nodes per row (about 9 s
     for a 90-token answer on a 2-core CPU); a few trees per row keep it near one second."""
@@ -204,6 +206,7 @@ def fixed_trees(target, drafter, data: TrainData, budget: int, per_row: int, see
         roots, tokens = _roots(data, index)
         trees = draft_trees(drafter, logits, roots, tokens, budget, max_positions(target))
         sequence = target_pass(target, data.token_ids[row, : int(data.lengths[row])])
+        yield row
         parts.append(score_trees(sequence, trees, roots, temperature, drafter.draft_vocab, soft_top))
         yield row
     drafter.train(was_training)

@@ -4,14 +4,26 @@ A request is an iterator of steps (a speculation round, a training step, a scori
 generator yields its progress and returns its result (PEP 380). Handlers hand it to
 :meth:`ComputeThread.steps` and read what each step yields, and ``result = yield from
 compute.steps(work)`` (or :func:`result_of`) takes the result it returned; the thread
-steps the active requests one step each, first come first served, so a fine-tune taking step
-after step cannot starve a user's rounds. Torch work from many handler threads would also run
-on as many OpenMP thread teams, each started cold; one long-lived thread keeps one warm team
+steps the active requests one step each, in turn (interactive ones first: below). Torch work
+from many handler threads would also run on as many OpenMP thread teams, each started cold; one
+long-lived thread keeps one warm team
 (measured: speculation 32 tokens/s in a process's first thread, 23 in a fresh worker thread).
 
 Cancel is "stop stepping it": a reader that stops reading (Stop, a closed page) marks its
 request, which is closed in the compute thread before its next step. An exception in a step
 reaches the reader of that request only; the thread goes on serving the others.
+
+Priority: a request is interactive (a Live round, a walkthrough step, the lab: someone waits for
+each step) or background (``steps(work, background=True)``: a fine-tune, a scoring or measuring
+run, which keeps to its own minutes). A background request steps when no interactive request is
+ready to step, or when it is owed time: while interactive requests keep the thread busy,
+background work still gets ``background_share`` of the thread's time (an interactive step adds
+``share / (1 - share)`` of its seconds to what background work is owed, a background step taken
+ahead of a ready interactive one pays its seconds back). So with the default 0.25 a background
+request waits at most about three times its last step's seconds (plus one interactive step), an
+interactive step waits at most one background step, and nothing is queued beyond each request's
+lookahead. Each background reader can say how long interactive work held it back
+(:attr:`Steps.held_seconds`), so a run that trained fewer steps under load says why.
 """
 
 from __future__ import annotations
@@ -19,9 +31,13 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Callable, Iterator, TypeVar
+import time
+from typing import Callable, Generic, Iterator, TypeVar
 
-__all__ = ["ComputeThread", "result_of"]
+__all__ = ["ComputeThread", "Steps", "result_of", "BACKGROUND_SHARE"]
+
+# While interactive requests keep the thread busy, the share of its time background work still gets.
+BACKGROUND_SHARE = 0.25
 
 T = TypeVar("T")
 
@@ -29,8 +45,10 @@ T = TypeVar("T")
 class _Request:
     """One submitted iterator and what it has yielded but nobody has read yet."""
 
-    def __init__(self, work: Iterator):
+    def __init__(self, work: Iterator, background: bool = False):
         self.work = work
+        self.background = background
+        self.held = 0.0  # seconds of interactive steps taken while this (background) request was ready to step
         self.ready: collections.deque = collections.deque()  # results not yet read, in order
         self.error: BaseException | None = None
         self.result = None  # what the work returned (PEP 380), once done
@@ -38,38 +56,77 @@ class _Request:
         self.cancelled = False
 
 
+class Steps(Generic[T]):
+    """What :meth:`ComputeThread.steps` returns: an iterator over the steps' yields that returns the
+    work's result (PEP 380, so ``yield from`` takes it) and cancels the work when closed early."""
+
+    def __init__(self, reader: Iterator[T], request: _Request | None = None):
+        self._reader = reader
+        self._request = request
+
+    def __iter__(self) -> "Steps[T]":
+        return self
+
+    def __next__(self) -> T:
+        return next(self._reader)
+
+    def close(self) -> None:
+        close = getattr(self._reader, "close", None)
+        if close is not None:
+            close()
+
+    @property
+    def held_seconds(self) -> float:
+        """Seconds interactive steps ran while this background request was ready to step (0 for
+        interactive work and for work run in place)."""
+        return self._request.held if self._request is not None else 0.0
+
+
 class ComputeThread:
-    """Steps submitted iterators in one daemon thread, one step each in turn.
+    """Steps submitted iterators in one daemon thread, one step each in turn, interactive work first.
 
     Args:
         lookahead: the most results a request may have waiting for its reader; a request that
             far ahead is skipped until its reader catches up (a slow page does not hold the others).
         name: the thread's name.
+        background_share: while interactive requests keep the thread busy, the share of its time
+            background requests still get (0 < share < 1).
+        clock: seconds, for the background share (tests pass their own).
     """
 
-    def __init__(self, lookahead: int = 2, name: str = "tev-compute"):
+    def __init__(self, lookahead: int = 2, name: str = "tev-compute", background_share: float = BACKGROUND_SHARE,
+                 clock: Callable[[], float] = time.monotonic):
         if lookahead < 1:
             raise ValueError(f"lookahead must be >= 1, got {lookahead}")
+        if not 0.0 < background_share < 1.0:
+            raise ValueError(f"background_share must be between 0 and 1, got {background_share}")
         self.lookahead = lookahead
         self.name = name
+        self.background_share = background_share
+        self._clock = clock
+        self._owed = 0.0  # seconds of thread time background work is owed (negative: it has taken more than its share)
         self._condition = threading.Condition()
         self._turns: collections.deque[_Request] = collections.deque()  # requests waiting for a turn, next first
         self._open = 0  # requests whose reader has not finished (one may be stepping, outside the line)
+        self._open_background = 0  # those of them that are background work
         self._thread: threading.Thread | None = None
 
-    def steps(self, work: Iterator[T]) -> Iterator[T]:
+    def steps(self, work: Iterator[T], background: bool = False) -> Steps[T]:
         """Submit ``work`` now; the returned iterator yields what each of its steps yields (each
         step computed in the compute thread), returns what ``work`` returned (``yield from`` takes
-        it) and re-raises a step's exception. Closing it before the end cancels ``work``."""
+        it) and re-raises a step's exception. Closing it before the end cancels ``work``.
+        ``background``: work nobody waits on step by step (training, scoring, measuring), which
+        steps when no interactive request is ready, or when it is owed its share of the time."""
         if self.in_compute_thread():  # work that submits work: run it here, in turn with nothing
-            return iter(work)
-        request = _Request(work)
+            return Steps(iter(work))
+        request = _Request(work, background)
         with self._condition:
             self._turns.append(request)
             self._open += 1
+            self._open_background += background
             self._start()
             self._condition.notify_all()
-        return self._read(request)
+        return Steps(self._read(request), request)
 
     def call(self, function: Callable[..., T], *args, **kwargs) -> T:
         """``function(*args, **kwargs)`` computed in the compute thread as one step."""
@@ -82,6 +139,11 @@ class ComputeThread:
         """How many requests share the thread now: submitted, and their readers not yet done."""
         with self._condition:
             return self._open
+
+    def active_background(self) -> int:
+        """How many of :meth:`active` are background work."""
+        with self._condition:
+            return self._open_background
 
     def _read(self, request: _Request) -> Iterator:
         try:
@@ -100,6 +162,7 @@ class ComputeThread:
         finally:
             with self._condition:
                 self._open -= 1
+                self._open_background -= request.background
                 if not request.done:
                     request.cancelled = True
                     self._condition.notify_all()
@@ -109,32 +172,55 @@ class ComputeThread:
             self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
             self._thread.start()
 
-    def _next_turn(self) -> _Request:
-        """The first request that may step (cancelled ones first go to be closed); waits for one."""
+    def _next_turn(self) -> tuple[_Request, list[_Request], bool]:
+        """The request to step next, the background requests ready to step that wait on it, and
+        whether an interactive request was ready. A cancelled request goes first (to be closed);
+        then the first interactive request that may step, unless a background one may and is owed
+        time (or no interactive one may). Waits for one."""
         with self._condition:
             while True:
-                for request in self._turns:
-                    if request.cancelled or len(request.ready) < self.lookahead:
-                        self._turns.remove(request)
-                        return request
+                ready = [r for r in self._turns if r.cancelled or len(r.ready) < self.lookahead]
+                cancelled = next((r for r in ready if r.cancelled), None)
+                interactive = next((r for r in ready if not r.background), None)
+                background = next((r for r in ready if r.background), None)
+                chosen = cancelled or (background if background is not None and (interactive is None or self._owed > 0) else interactive)
+                if chosen is not None:
+                    self._turns.remove(chosen)
+                    waiting = [r for r in ready if r.background and r is not chosen and not r.cancelled]
+                    return chosen, waiting, interactive is not None
                 self._condition.wait()
+
+    def _account(self, request: _Request, waiting: list[_Request], contended: bool, seconds: float) -> None:
+        """After a step of ``seconds``: an interactive step taken while background requests were
+        ready adds their share to what they are owed (and to each one's held time); a background
+        step taken while an interactive request was ready pays its seconds back."""
+        if not request.background:
+            if waiting:
+                self._owed += seconds * self.background_share / (1.0 - self.background_share)
+                for held in waiting:
+                    held.held += seconds
+        elif contended:
+            self._owed -= seconds
 
     def _serve(self) -> None:
         while True:
-            request = self._next_turn()
+            request, waiting, contended = self._next_turn()
             if request.cancelled:
                 _close(request.work)
                 with self._condition:
                     request.done = True
                     self._condition.notify_all()
                 continue
+            started = self._clock()
             try:
                 result, ended, error = next(request.work), False, None
             except StopIteration as end:
                 result, ended, error = end.value, True, None
             except BaseException as caught:  # noqa: BLE001 - it belongs to the request's reader
                 result, ended, error = None, True, caught
+            seconds = self._clock() - started
             with self._condition:
+                self._account(request, waiting, contended, seconds)
                 if ended:
                     request.done, request.error, request.result = True, error, result
                 else:
