@@ -241,7 +241,8 @@ def test_default_pair_is_smollm2_with_a_chat_template(smollm2):
     assert smollm2.pair == DEFAULT_PAIR.name and smollm2.is_chat and DEFAULT_PAIR.chat  # the record says what the tokenizer shows
     assert smollm2.target.config.num_hidden_layers == 30 and smollm2.target.config.vocab_size == 49152
     assert next(smollm2.target.parameters()).dtype == torch.float32  # exact greedy equality needs it (see below)
-    assert {"block", "chain"} <= set(smollm2.drafters)
+    assert {"block", "chain", "path"} <= set(smollm2.drafters)
+    assert smollm2.default_drafter == DEFAULT_PAIR.default_drafter == "path"  # the page and `generate` start with it
 
 
 def test_chat_answer_stops_at_end_of_turn(smollm2):
@@ -253,7 +254,7 @@ def test_chat_answer_stops_at_end_of_turn(smollm2):
     assert summary.stop_reason == "eos" and len(summary.token_ids) < 40
 
 
-@pytest.mark.parametrize("drafter", ["block", "chain", "exittrain"])
+@pytest.mark.parametrize("drafter", ["path", "block", "chain", "exittrain"])
 def test_greedy_speculation_equals_greedy_decoding_on_chat_prompts(smollm2, drafter):
     """In float32, the default. (In bfloat16 a 33-row tree forward and a 1-row forward round differently, and
     a near-tie between the top two logits can flip: the decoding is then exact for the rows the

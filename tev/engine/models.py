@@ -253,14 +253,14 @@ PAIRS: dict[str, Pair] = {
     for pair in (
         Pair(
             "smollm2",
-            "SmolLM2-135M-Instruct with this project's block and path drafters (the default)",
+            "SmolLM2-135M-Instruct with this project's path and block drafters (the default)",
             drafters={"block": "drafter-block", "exittrain": "drafter-exittrain", "path": "drafter-path"},
             chat=True,
             has_domains=True,
             exittrain_data="exittrain-data.safetensors",
             own_folder=True,
-            # the path drafter reaches further (tau +24% at the page's law) but is not yet faster: docs/drafter-reach.md
-            default_drafter="block",
+            # the path drafter reaches further (tau +16-32%) and, its step fused, is 5-10% faster at T = 0 and the page's law: docs/benchmarks.md
+            default_drafter="path",
         ),
         Pair(
             "tiny",
