@@ -3,8 +3,9 @@
 Starts ``python app.py`` on the default pair, drives Debian Chromium with Playwright through the
 same held-out chat prompts ``bench e2e --prompts chat --num-prompts N`` uses, at each temperature
 (the page's opening budget: auto with a cap of 16, or ``--budget B``; 64 new tokens, the page's
-top-p at T > 0), and records the speedup of the page's quiet rerun against plain decoding, from
-the run summary the page gives beside its stats (``--api``: through the API, no browser).
+top-p at T > 0, its opening drafter), and records the speedup of the page's quiet rerun against plain
+decoding, from the run summary the page gives beside its stats (``--api``: through the API, no browser;
+there ``--drafters path block`` times each prompt with each drafter in turn).
 ``--omp-wait-policy`` starts the server with that ``OMP_WAIT_POLICY`` (the thread setting's other
 half). Compare with the "vs own AR" column of
 
@@ -41,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="write the per-prompt figures here")
     parser.add_argument("--api", action="store_true", help="call the page's Generate through the API instead (no browser on this machine)")
     parser.add_argument("--budget", default="auto", help="auto (the page's opening setting, cap 16) or a fixed budget B")
+    parser.add_argument("--drafters", nargs="+", default=[DEFAULT_PAIR.default_drafter],
+                        help="drafters to time, each prompt with each in turn (--api only; default: the page's opening drafter)")
     parser.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE"], help="OMP_WAIT_POLICY for the server (unset: OpenMP's default)")
 
 
@@ -54,12 +57,16 @@ def run(args: argparse.Namespace) -> int:
     server = AppServer(assets_dir(), Path(tempfile.mkdtemp()) / "app.log", extra_env=env)
     try:
         print(f"app ready in {server.wait_ready():.1f}s", flush=True)
-        rows = (api_rows if args.api else browser_rows)(server.url, prompts, args.temperatures, budget, auto)
+        if args.api:
+            rows = api_rows(server.url, prompts, args.temperatures, budget, auto, args.drafters)
+        else:
+            rows = browser_rows(server.url, prompts, args.temperatures, budget, auto)
     finally:
         server.stop()
     for temperature in args.temperatures:
-        mine = [r["speedup"] for r in rows if r["temperature"] == temperature]
-        print(f"T={temperature:g}: median page speedup {statistics.median(mine):.2f}x over {len(mine)} prompts")
+        for drafter in sorted({r["drafter"] for r in rows}):
+            mine = [r["speedup"] for r in rows if r["temperature"] == temperature and r["drafter"] == drafter]
+            print(f"T={temperature:g}, drafter {drafter}: median page speedup {statistics.median(mine):.2f}x over {len(mine)} prompts")
     if args.json:
         Path(args.json).write_text(json.dumps({"threads": args.threads, "omp_wait_policy": args.omp_wait_policy, "budget": args.budget, "api": args.api, "rows": rows}, indent=1))
     return 0
@@ -69,18 +76,21 @@ def row(summary: dict, temperature: float, prompt: dict) -> dict:
     """One prompt's figures from the page's run summary."""
     timing = summary["timing"]
     speedup, live, quiet = timing["speedup"], summary["tokens_per_second"], timing["speculative_tokens_per_second"]
-    print(f"T={temperature:g} {prompt['id']}: page speedup {speedup:.2f}x (speculation {quiet:.1f} tok/s quiet, {live:.1f} while drawing)", flush=True)
-    return {"temperature": temperature, "prompt": prompt["id"], "domain": prompt.get("domain"), "speedup": speedup,
+    print(f"T={temperature:g} {prompt['id']} drafter {summary['drafter']}: page speedup {speedup:.2f}x (speculation {quiet:.1f} tok/s quiet, "
+          f"{live:.1f} while drawing)", flush=True)
+    return {"temperature": temperature, "prompt": prompt["id"], "domain": prompt.get("domain"), "drafter": summary["drafter"], "speedup": speedup,
             "tokens_per_second_live": live, "tokens_per_second_quiet": quiet}
 
 
-def api_rows(url: str, prompts: list[dict], temperatures, budget: int, auto: bool) -> list[dict]:
+def api_rows(url: str, prompts: list[dict], temperatures, budget: int, auto: bool, drafters: list[str]) -> list[dict]:
+    """Each prompt with each drafter in turn (the order alternating prompt by prompt), through ``/generate``."""
     client = new_client(url)
     rows = []
     for temperature in temperatures:
-        for prompt in prompts:
-            outputs = client.predict(prompt["text"], "block", "tev", budget, temperature, 64, 0, True, True, 0.9, 0, auto, api_name="/generate")
-            rows.append(row(outputs[SUMMARY_OUTPUT], temperature, prompt))
+        for index, prompt in enumerate(prompts):
+            for drafter in drafters if index % 2 == 0 else drafters[::-1]:
+                outputs = client.predict(prompt["text"], drafter, "tev", budget, temperature, 64, 0, True, True, 0.9, 0, auto, api_name="/generate")
+                rows.append(row(outputs[SUMMARY_OUTPUT], temperature, prompt))
     return rows
 
 
