@@ -387,3 +387,102 @@ def test_pasted_prompts_become_a_drafter_the_live_tab_runs(chat_server, browser,
         page.close()
     finally:
         demo.close()
+
+
+BUDGET_LABEL = "budget B (draft nodes per round; 0 drafts nothing: plain decoding); with budget auto, the most a round may keep"
+
+
+RETIMING_SAYS = "press Stop to skip it"  # the stats while the finished answer is timed again
+
+
+def _press_when_stats_say(page, words: str, button: str) -> None:
+    """The page itself presses ``button`` the moment the stats first say ``words`` (the tiny pair's re-timing
+    lasts about a second: a press from the test's side could land after it)."""
+    page.evaluate("""([words, button]) => {
+        const stats = document.querySelector('#live-stats');
+        const watcher = new MutationObserver(() => {
+            if (stats.innerText.includes(words)) {
+                watcher.disconnect();
+                document.querySelector(button).click();
+            }
+        });
+        watcher.observe(stats, {childList: true, subtree: true, characterData: true});
+    }""", [words, button])
+
+
+_RAN = """() => {
+    window.__ran = false;
+    const stats = document.querySelector('#live-stats');
+    const watcher = new MutationObserver(() => {
+        if (stats.innerText.includes('rounds') && !stats.innerText.includes('stopped')) { window.__ran = true; watcher.disconnect(); }
+    });
+    watcher.observe(stats, {childList: true, subtree: true, characterData: true});
+}"""
+
+
+def _run_to_end(page, press: str | None = None) -> str:
+    """Generate (with ``press``, a button the page presses as the re-timing starts); the stats once the run ended."""
+    if press:
+        _press_when_stats_say(page, RETIMING_SAYS, press)
+    page.evaluate(_RAN)
+    page.click("#generate-button")
+    try:
+        page.wait_for_function("""() => {
+            const text = document.querySelector('#live-stats').innerText;
+            return window.__ran && text.includes('stopped') && !text.includes('press Stop to skip it')
+                && (text.includes('speed, timed') || text.includes('speed not measured') || text.includes('No speed comparison'));
+        }""", timeout=120_000)
+    except Exception:
+        raise AssertionError(f"ran: {page.evaluate('window.__ran')}; stats: {page.inner_text('#live-stats')}") from None
+    page.wait_for_timeout(500)  # the event's end follows its last output: a press before it would be ignored
+    return page.inner_text("#live-stats")
+
+
+def _long_answers(page) -> None:
+    """Answers as long as the quick pair's context allows (about 117 tokens)."""
+    page.get_by_label("prompt (Python code to continue)").fill("def add(a, b):\n    ")
+    tokens = page.get_by_role("spinbutton", name="number input for max new tokens")
+    tokens.fill(str(LIMITS.max_new_tokens))
+    tokens.press("Enter")
+
+
+def test_the_speed_sentence_says_what_happened_to_the_re_timing(app_server, browser):
+    """Another visitor's ExitTrain run takes turns on the compute thread (which also makes the tiny pair's re-timing
+    last long enough to press a button in it). The speed sentence says the re-timing shared the machine, never that
+    the page was idle; the stats say a re-timing runs and how to skip it; a Stop or a Generate pressed then ends it
+    with a sentence saying why there is no speed (the speed line used to vanish without a word)."""
+    page, other = _open(app_server, browser), _open(app_server, browser)
+    other.get_by_role("tab", name="ExitTrain").click()
+    other.click("#exittrain-start")
+    other.wait_for_function("document.querySelector('#exittrain-status').innerText.trim().length > 0", timeout=60_000)
+    _long_answers(page)
+    budget = page.get_by_role("spinbutton", name=f"number input for {BUDGET_LABEL}")
+    budget.fill("64")  # the largest trees: the slowest re-timing the quick pair has
+    budget.press("Enter")
+    assert page.get_by_label("also time an autoregressive run (speedup)").is_checked()  # the page's default
+
+    def timed(press: str | None = None) -> str:
+        for _ in range(3):  # an answer too short to time (under 32 tokens) is not re-timed: run again
+            stats = _run_to_end(page, press)
+            if "No speed comparison" not in stats:
+                return stats
+        raise AssertionError(stats)
+
+    try:
+        stats = timed()
+        assert "other run shared the machine" in stats or "other runs shared the machine" in stats, stats
+        assert "page idle" not in stats and live_summary(page)["timing"]["others"] >= 1
+        for press, words in (("#stop-button", "you pressed Stop during the re-timing"), ("#generate-button", "you pressed Generate during the re-timing")):
+            for _ in range(4):  # a press that the busy page sent after the re-timing ended changes nothing: again
+                stats = timed(press)
+                if "speed, timed" not in stats:
+                    break
+            assert f"speed not measured: {words}" in stats, stats
+            assert "speed, timed" not in stats and _error_badges(page) == 0
+        # the press that cancelled the re-timing started no run (the page ignores a press while one is on): the next press does
+        assert "speed, timed" in timed()
+    finally:
+        other.click("#exittrain-cancel")  # (or its run already ended)
+        other.wait_for_function("document.querySelector('#exittrain-table').innerText.trim().length > 0", timeout=90_000)
+        other.close()
+    page.close()
