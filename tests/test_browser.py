@@ -486,3 +486,60 @@ def test_the_speed_sentence_says_what_happened_to_the_re_timing(app_server, brow
         other.wait_for_function("document.querySelector('#exittrain-table').innerText.trim().length > 0", timeout=90_000)
         other.close()
     page.close()
+
+
+_SAMPLE_PROGRESS = """() => {
+    window.__samples = [];
+    const t0 = performance.now();
+    window.__sampler = setInterval(() => {
+        const bar = [...document.querySelectorAll('.progress-level, .progress-bar')].some(e => e.offsetParent !== null);
+        window.__samples.push([Math.round(performance.now() - t0), bar, document.querySelector('#workload-status').innerText]);
+    }, 100);
+}"""
+
+
+def test_a_workload_run_shows_one_progress_bar_from_start_to_verdict(chat_server, browser):
+    """The workload run's progress bar stays from the press to the verdict (it vanished for seconds between
+    phases, so the run looked finished), its status line is said again as time passes (one stayed 133 s), and
+    the drafters have the result table's names everywhere (it said "exittrain" and "exit")."""
+    import re
+    import types
+
+    from app import build_app
+    from tev.bench.appserver import free_port
+    from tests.tiny import CHAT_WORDS
+
+    prompts = [" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 4)) for k in range(16)]
+    demo, port = build_app(), free_port()
+    demo.queue(max_size=32, default_concurrency_limit=2).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        page = _open(types.SimpleNamespace(url=f"http://127.0.0.1:{port}/"), browser)
+        page.get_by_role("tab", name="ExitTrain").click()
+        page.get_by_label("my own prompts (below)").check()
+        page.get_by_label("your prompts, one per line", exact=False).fill("\n".join(prompts))
+        page.evaluate(_SAMPLE_PROGRESS)
+        page.click("#workload-start")
+        page.wait_for_function("document.querySelector('#workload-status').innerText.includes('kept for this browser session as')", timeout=240_000)
+        samples = page.evaluate("clearInterval(window.__sampler), window.__samples")
+        table = page.inner_text("#workload-table")
+        page.close()
+    finally:
+        demo.close()
+    first = next(i for i, (_, bar, _) in enumerate(samples) if bar)
+    verdict = next(i for i, (_, _, status) in enumerate(samples) if "kept for this browser session" in status)
+    gaps, since = [], None  # stretches without the bar between the press and the verdict, in ms
+    for t, bar, _ in samples[first:verdict]:
+        if bar:
+            if since is not None:
+                gaps.append(t - since)
+            since = None
+        elif since is None:
+            since = t
+    # the page takes the bar down at each status line and it is back within a frame or two; it used to stay down
+    # for seconds, and from the table to the verdict (the trees drawn) it was gone
+    assert since is None and max(gaps, default=0) < 1000, (gaps, samples)
+    assert all(bar for _, bar, status in samples[first:verdict] if "drawing both drafters' trees" in status), samples
+    assert samples[first][0] < 5000  # from the press on
+    said = " ".join({status for _, _, status in samples})
+    assert "adapted (token loss only)" in table and "control: token loss + exit term" in table
+    assert "adapted (token loss only)" in said and not re.search(r"\b(exittrain|exit|token_only)\b(?! term)", said), said
