@@ -37,6 +37,9 @@ AUTO_DEFAULT = True
 # Long enough for most default-prompt answers to end on their own: on the default pair (T = 0.7, top-p 0.9, the 8
 # example prompts, seeds 0 and 1) 11 of 16 answers ended within 224 tokens (median 190), 2 of 16 within 96.
 DEFAULT_NEW_TOKENS = 224
+# While a run streams the page redraws its text at most this often and its figures (plotly, costly in the browser)
+# far less: at 4 redraws a second of both a 48 s run kept the browser's main thread busy 12 s.
+TEXT_SECONDS, FIGURE_SECONDS = 0.1, 1.0
 STOPPED = {"eos": "the answer ended", "stop_string": "a stop string", "cancelled": "you pressed Stop", "context_limit": "the target's context is full"}
 # While the finished answer is timed again; then, when that did not end, why there is no speed.
 RETIMING = ("\n\n**re-timing**: speculation and plain decoding run again on this prompt, timed, while the page draws nothing… "
@@ -302,9 +305,10 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
 
 
 def _drawn(events, records: list, prompt: str):
-    """Each round of ``events`` kept in ``records`` and drawn (at most 4 times a second); returns
-    the generation's summary (PEP 380)."""
-    last_draw = 0.0
+    """Each round of ``events`` kept in ``records`` and drawn: the text and stats at most
+    :data:`TEXT_SECONDS` apart, the figures at most :data:`FIGURE_SECONDS` apart (the first round
+    draws both); returns the generation's summary (PEP 380)."""
+    last_text = last_figures = float("-inf")
     while True:
         try:
             record = next(events)
@@ -312,11 +316,16 @@ def _drawn(events, records: list, prompt: str):
             return end.value
         records.append(record)
         now = time.perf_counter()
-        if len(records) == 1 or now - last_draw > 0.25:  # redraw at most 4 times a second
-            last_draw = now
+        if now - last_text < TEXT_SECONDS:
+            continue
+        last_text = now
+        words = {"text": text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), "summary": None,
+                 "stats": _stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active()), "state": {"records": records, "summary": None}}
+        if now - last_figures >= FIGURE_SECONDS:
+            last_figures = now
             tree, mass, chosen = _round_figures(records, len(records) - 1)
-            yield only(LiveView, text=text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), tree=tree, mass=mass, budget=chosen, summary=None,
-                       stats=_stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active()), state={"records": records, "summary": None})
+            words.update(tree=tree, mass=mass, budget=chosen)
+        yield only(LiveView, **words)
 
 
 def _finished(records, summary: GenerationSummary, config: DecodeConfig, timing: Retiming | None, prompt: str, state: dict,
