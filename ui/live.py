@@ -47,7 +47,7 @@ RETIMING = ("\n\n**re-timing**: speculation and plain decoding run again on this
 UNMEASURED = {
     "ended": "**speed not measured**: you pressed Stop as the answer ended, so it was not re-timed against plain decoding.",
     "stop": "**speed not measured**: you pressed Stop during the re-timing (speculation and plain decoding run again, timed), so there is no speedup to give.",
-    "generate": "**speed not measured**: you pressed Generate during the re-timing, which cancels it; press Generate again to start the new run.",
+    "generate": "**speed not measured**: you pressed Generate during the re-timing, which cancels it; press Generate again if no new run starts.",
 }
 
 
@@ -214,8 +214,8 @@ _RETIMING: LRU[str, threading.Event] = LRU(1024)
 
 def arm_stop(request: gr.Request):
     """Generate pressed: the session's re-timing, if one runs, is cancelled (the page ignores a press
-    while a run is on, so this press's run does not start: the stats say to press again); a Stop from
-    before this press does not stop the new run."""
+    while a run is on, so this press's run starts only when the old run ended first: else the stats
+    say to press again); a Stop from before this press does not stop the new run."""
     running = _RETIMING.peek(shared.session_of(request))
     if running is not None:
         running.set()
