@@ -239,3 +239,62 @@ def test_a_slower_run_at_budget_auto_says_why_in_the_machines_terms():
     fixed = _speed_verdict(spec, plain, DecodeConfig(budget=16, temperature=0.7, top_p=0.9))
     assert "a smaller budget" in fixed and "did not pay on this prompt" not in fixed
     assert "did not pay" not in _speed_verdict(plain, spec, DecodeConfig(budget="auto", budget_cap=16))  # faster: no excuse
+
+
+def test_a_retiming_counts_the_runs_that_shared_the_machine():
+    import types
+
+    from tev.engine.decode import GenerationSummary
+    from tev.service.service import ModelService
+
+    def summary(reason="max_new_tokens"):
+        return GenerationSummary([1], [2, 3], "", 2, [1, 1], [1.0, 1.0], 1.0, 0.0, 0.01, reason)
+
+    def service(active: list[int]):
+        """A service whose compute thread reports ``active`` requests at each poll (this request included)."""
+        counts = iter(active)
+        found = ModelService.__new__(ModelService)
+        found.compute = types.SimpleNamespace(active=lambda: next(counts, 1))
+
+        def generate(request, should_stop, auto=None):
+            for _ in range(3):
+                if should_stop():
+                    return summary("cancelled")
+                yield None
+            return summary()
+
+        found.generate = generate
+        found.autoregressive = lambda ids, config, should_stop: summary("cancelled" if should_stop() else "max_new_tokens")
+        return found
+
+    request = types.SimpleNamespace(prompt_ids=(1,), config=None)
+    alone = service([1, 1, 1, 1]).retime(request, lambda: False)
+    assert alone.measured and alone.others == 0
+    shared = service([1, 3, 2, 1]).retime(request, lambda: False)  # two other requests took turns during one round
+    assert shared.measured and shared.others == 2
+    stopped = service([2]).retime(request, lambda: True)  # stopped at its first poll, which saw one other request
+    assert not stopped.measured and stopped.autoregressive is None and stopped.others == 1
+
+
+def test_the_speed_sentence_says_how_it_was_timed_or_why_it_was_not():
+    import types
+
+    from tev.engine.decode import DecodeConfig, GenerationSummary
+    from tev.service.service import Retiming
+    from ui.live import _speed_verdict, _stats_markdown
+
+    def summary(tokens, seconds, rounds, reason="max_new_tokens"):
+        return GenerationSummary([1], list(range(tokens)), "", rounds, [2] * rounds, [1.0] * rounds, seconds, 0.0, 0.01, reason, stage_seconds={"forward": seconds})
+
+    spec, plain, config = summary(64, 3.0, 32), summary(64, 2.2, 64), DecodeConfig(budget=16, temperature=0.7, top_p=0.9, max_new_tokens=64)
+    alone = _speed_verdict(spec, plain, config)
+    assert "timed again with the page idle" in alone and "shared" not in alone
+    shared = _speed_verdict(spec, plain, config, others=2)  # never called idle when it was not
+    assert "timed again while 2 other runs shared the machine" in shared and "idle" not in shared and "lower than it gives one run alone" in shared
+    records = [types.SimpleNamespace(block_length=2, emitted=[1, 2], flow=types.SimpleNamespace(tau_bound=2.5), choice=None, drafter="block")] * 32
+    stats = _stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Retiming(spec, plain, 1))
+    assert "timed again while 1 other run shared the machine" in stats
+    for reason, words in (("stop", "you pressed Stop during the re-timing"), ("ended", "you pressed Stop as the answer ended"),
+                          ("generate", "you pressed Generate during the re-timing")):
+        stats = _stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Retiming(summary(10, 1.0, 5, "cancelled"), None, 0), reason)
+        assert f"**speed not measured**: {words}" in stats and "**speed, timed" not in stats

@@ -3,6 +3,7 @@ piece of work (an answer, a scored answer, a step, a held-out prompt) drives a w
 tiny chat pair, so the plan and its cuts are checked without waiting."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -153,8 +154,10 @@ def test_the_progress_of_held_out_decoding_counts_the_prompts_it_may_decode(tiny
     result = _run(tiny, monkeypatch, dataclasses.replace(QUIET, step=0.8), probe_heldout=40.0, phases=phases)
     info = next(info for name, info in phases if name == "evaluate")
     assert info["prompts"] == result["plan"]["heldout"] < result["eval_prompts"] <= info["most"]
-    said = PHASES["evaluate"](info)
+    said = PHASES["evaluate"](info, dataclasses.asdict(workload_command.workload_settings()))
     assert f"{info['prompts']} planned, up to {info['most']} while the minutes allow" in said and "up to 1 held-out" not in said
+    # the drafters by the result table's names (the page said "exit" and "exittrain" where the table said others)
+    assert "with base (the shipped drafter), adapted (token loss only), " in said and not re.search(r"\b(exittrain|exit|token_only)\b(?! term)", said)
 
 
 def test_a_run_that_cannot_reach_the_minimum_steps_says_so_and_compares_nothing(tiny, monkeypatch):
@@ -187,3 +190,36 @@ def test_a_held_out_prompt_longer_than_half_the_minutes_is_cut_and_nothing_is_co
 def test_the_plan_keeps_the_minimum_training_first(pace, expected):
     plan = plan_phases(pace, 300.0, answered=8, offered=15, steps=160, heldout=10, controls=1)
     assert (plan.answers, plan.steps, plan.heldout, plan.controls) == expected
+
+
+def test_the_workload_status_is_said_again_as_time_passes_and_the_bar_comes_back_after_each(monkeypatch):
+    """A held-out decoding once showed one status line for 133 s: a phase's line is said again every few
+    seconds with its time, and the progress bar (which the page takes down at each line) is reported right after."""
+    import itertools
+
+    import ui.workload
+    from ui.workload import STATUS_SECONDS, Cancel, _phases
+
+    clock = itertools.count(0.0, 1.0)  # a second a piece of work
+    monkeypatch.setattr(ui.workload.time, "monotonic", lambda: next(clock))
+    events = [("evaluate", {"prompts": 2, "most": 2, "drafters": ["base", "adapted"]})] + [("work", None)] * 20
+
+    def pieces():
+        yield from events
+        return "done"
+
+    reported = []
+    views = []
+    from tev.util.compute_thread import Steps
+
+    run = _phases(Steps(pieces()), Cancel(), 0.0, 300.0, lambda fraction, desc: reported.append(desc), dataclasses.asdict(workload_settings()))
+    while True:
+        try:
+            views.append((next(run).status, len(reported)))
+        except StopIteration as end:
+            assert end.value == "done"
+            break
+    assert 20 / STATUS_SECONDS - 1 <= len(views) <= 20 / STATUS_SECONDS + 1  # said again about every STATUS_SECONDS
+    assert all("decoding held-out prompts with base (the shipped drafter), adapted (token loss only)" in status for status, _ in views)
+    assert len({status.split(" · ")[0] for status, _ in views}) == len(views)  # each time with its own elapsed seconds
+    assert len(reported) == len(events) + len(views)  # a progress report for every event, and again after every line

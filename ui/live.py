@@ -17,9 +17,9 @@ from tev.core.verify import VERIFIERS
 from tev.engine.decode import DecodeConfig, GenerationSummary
 from tev.engine.models import DRAFTERS
 from tev.service.adapted import drafter_kind, is_adapted
-from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, check_settings, records_to_json
+from tev.service.service import DEFAULT_SAMPLING, LIMITS, Retiming, UserInputError, check_settings, records_to_json
 from ui import gpu, shared
-from tev.util.compute_thread import BACKGROUND_SHARE, result_of
+from tev.util.compute_thread import BACKGROUND_SHARE
 from tev.util.lru import LRU
 from ui.components import KEEP_TYPED, as_text, checked_event, once_per_click, refusal_line
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
@@ -38,7 +38,18 @@ AUTO_DEFAULT = True
 # Long enough for most default-prompt answers to end on their own: on the default pair (T = 0.7, top-p 0.9, the 8
 # example prompts, seeds 0 and 1) 11 of 16 answers ended within 224 tokens (median 190), 2 of 16 within 96.
 DEFAULT_NEW_TOKENS = 224
+# While a run streams the page redraws its text at most this often and its figures (plotly, costly in the browser)
+# far less: at 4 redraws a second of both a 48 s run kept the browser's main thread busy 12 s.
+TEXT_SECONDS, FIGURE_SECONDS = 0.1, 1.0
 STOPPED = {"eos": "the answer ended", "stop_string": "a stop string", "cancelled": "you pressed Stop", "context_limit": "the target's context is full"}
+# While the finished answer is timed again; then, when that did not end, why there is no speed.
+RETIMING = ("\n\n**re-timing**: speculation and plain decoding run again on this prompt, timed, while the page draws nothing… "
+            "press Stop to skip it, or Generate to cancel it")
+UNMEASURED = {
+    "ended": "**speed not measured**: you pressed Stop as the answer ended, so it was not re-timed against plain decoding.",
+    "stop": "**speed not measured**: you pressed Stop during the re-timing (speculation and plain decoding run again, timed), so there is no speedup to give.",
+    "generate": "**speed not measured**: you pressed Generate during the re-timing, which cancels it; press Generate again if no new run starts.",
+}
 
 
 class LiveView(NamedTuple):
@@ -65,7 +76,10 @@ class RoundView(NamedTuple):
     budget: Any  # budget auto's choice for that round
 
 
-def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeConfig | None = None, timing: dict | None = None) -> str:
+def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeConfig | None = None, timing: Retiming | None = None,
+                    unmeasured: str | None = None) -> str:
+    """The stats' sentences; ``timing`` the finished run timed again, else ``unmeasured`` (a key of
+    :data:`UNMEASURED`) says why its speed was not."""
     if not records:
         return "No rounds yet."
     lengths = [r.block_length for r in records]
@@ -85,27 +99,30 @@ def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeCo
             stopped = f"at the length limit ({config.max_new_tokens} new tokens): the answer may be cut short; raise max new tokens to let it finish"
         lines.append(f"stopped: {stopped} · time to first token {1e3 * summary.time_to_first_token:.0f} ms · "
                      f"{summary.tokens_per_second:.1f} tokens/s while the page drew each round")
-    if timing:
-        lines.append(_speed_verdict(timing["speculative"], timing["autoregressive"], config))
+    if timing is not None and timing.measured:
+        lines.append(_speed_verdict(timing.speculative, timing.autoregressive, config, timing.others))
+    elif unmeasured is not None:
+        lines.append(UNMEASURED[unmeasured])
     elif summary is not None and tokens < MIN_TIMED_TOKENS and config is not None and summary.stop_reason != "cancelled":
         lines.append(f"No speed comparison: {tokens} tokens are too few to time (it needs at least {MIN_TIMED_TOKENS}; over a few "
                      "steps the first step's warm-up and the machine's jitter would decide the ratio).")
     return "\n\n".join(lines)
 
 
-def _run_summary(records, summary: GenerationSummary | None, timing: dict | None = None) -> dict:
+def _run_summary(records, summary: GenerationSummary | None, timing: Retiming | None = None) -> dict:
     """The run in numbers, beside :func:`_stats_markdown`'s sentences: rounds, tokens, tau (tokens
-    emitted per target forward), mean block length, mean 1 + C, the drafter, how it stopped and its speed; ``timing`` the quiet rerun against plain decoding."""
+    emitted per target forward), mean block length, mean 1 + C, the drafter, how it stopped and its speed; ``timing`` the rerun
+    against plain decoding (``others``: the most other requests that shared the machine meanwhile)."""
     tokens = sum(len(r.emitted) for r in records)
     found = {"rounds": len(records), "tokens": tokens, "tau": tokens / len(records), "mean_block_length": sum(r.block_length for r in records) / len(records),
              "mean_tau_bound": sum(r.flow.tau_bound for r in records) / len(records), "drafter": records[-1].drafter,
              "stop_reason": None, "time_to_first_token_s": None, "tokens_per_second": None, "timing": None}
     if summary is not None:
         found.update(stop_reason=summary.stop_reason, time_to_first_token_s=summary.time_to_first_token, tokens_per_second=summary.tokens_per_second)
-    if timing:
-        spec, ar = timing["speculative"], timing["autoregressive"]
+    if timing is not None and timing.measured:
+        spec, ar = timing.speculative, timing.autoregressive
         found["timing"] = {"speculative_tokens_per_second": spec.tokens_per_second, "autoregressive_tokens_per_second": ar.tokens_per_second,
-                           "speedup": spec.tokens_per_second / max(ar.tokens_per_second, 1e-9), "tau": spec.tau}
+                           "speedup": spec.tokens_per_second / max(ar.tokens_per_second, 1e-9), "tau": spec.tau, "others": timing.others}
     return found
 
 
@@ -133,11 +150,21 @@ def _sharing_note(active: int, background: int = 0) -> str:
                      f"machine now: your rounds go first, and {'it gets' if background == 1 else 'they get'} about {BACKGROUND_SHARE:.0%} of its time")
     if not notes:
         return ""
-    return "\n\n" + "; ".join(notes) + ", so this run is slower than it would be alone (the speed figure is timed again with the page idle)."
+    return ("\n\n" + "; ".join(notes) + ", so this run is slower than it would be alone (the speed comparison is timed again after the answer, "
+            "and says whether the machine was shared then).")
 
 
-def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: DecodeConfig) -> str:
-    """The speed of a quiet rerun against plain decoding, and why, from the rerun's stage times."""
+def _timed_how(others: int) -> str:
+    """How the rerun was timed: alone, or beside ``others`` other requests (never called idle then)."""
+    if others <= 0:
+        return "timed again with the page idle"
+    return f"timed again while {others} other run{'s' if others > 1 else ''} shared the machine"
+
+
+def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: DecodeConfig, others: int = 0) -> str:
+    """The speed of a rerun against plain decoding, and why, from the rerun's stage times; ``others``
+    the most other requests that shared the machine during it (they took turns with its rounds)."""
+    timed = _timed_how(others)
     speedup = spec.tokens_per_second / max(ar.tokens_per_second, 1e-9)
     step_ms = 1e3 * (ar.seconds - ar.prefill_seconds) / max(1, len(ar.token_ids))  # one target step
     round_ms = 1e3 * (spec.seconds - spec.prefill_seconds) / max(1, spec.rounds)
@@ -146,10 +173,10 @@ def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: Decod
     same = "the same text" if config.temperature == 0 else "the same settings and seed (plain decoding samples its own text)"
     threads = f"{torch.get_num_threads()} torch thread(s) (TEV_THREADS)"
     if config.budget == 0:
-        return (f"**speed, timed again with the page idle** on {threads}, same prompt and {same}: budget 0 drafts nothing, so both runs are "
+        return (f"**speed, {timed}** on {threads}, same prompt and {same}: budget 0 drafts nothing, so both runs are "
                 f"plain decoding, one token per target forward: the round loop {spec.tokens_per_second:.1f} tokens/s, the plain loop "
                 f"{ar.tokens_per_second:.1f} tokens/s. A round cost {round_ms:.0f} ms ({stages}), a plain step {step_ms:.0f} ms.")
-    head = (f"**speed, timed again with the page idle** on {threads}, same prompt and {same}: speculation "
+    head = (f"**speed, {timed}** on {threads}, same prompt and {same}: speculation "
             f"{spec.tokens_per_second:.1f} tokens/s, plain decoding {ar.tokens_per_second:.1f} tokens/s → **{speedup:.2f}x**")
     why = (f"A round cost {round_ms:.0f} ms, the time of **{round_ms / max(step_ms, 1e-9):.1f} one-token steps** ({step_ms:.0f} ms each): "
            f"{stages}; it produced **tau = {spec.tau:.2f} tokens**.")
@@ -163,6 +190,9 @@ def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: Decod
         why += (" Speculation pays only when a round yields more tokens than it costs steps: here it does not. On a CPU a "
                 "forward over the B + 1 tree tokens costs more than a one-token step (on a GPU about the same); a smaller "
                 "budget, T = 0, or a prompt the drafter predicts well (code, lists) shifts the balance.")
+    if others > 0:
+        why += (f" {others} other run{'s' if others > 1 else ''} took turns with this rerun's rounds on the machine: the figures above are "
+                "lower than it gives one run alone; generate again on a quiet machine for that speed.")
     return head + "\n\n" + why
 
 
@@ -185,8 +215,17 @@ def _stop_flag(request) -> threading.Event:
     return _STOP_FLAGS.get_or_put(shared.session_of(request), threading.Event)
 
 
+# Each browser session's latest re-timing (run_live): a Generate pressed while it runs cancels it.
+_RETIMING: LRU[str, threading.Event] = LRU(1024)
+
+
 def arm_stop(request: gr.Request):
-    """Generate pressed: a Stop from before this press does not stop it."""
+    """Generate pressed: the session's re-timing, if one runs, is cancelled (the page ignores a press
+    while a run is on, so this press's run starts only when the old run ended first: else the stats
+    say to press again); a Stop from before this press does not stop the new run."""
+    running = _RETIMING.peek(shared.session_of(request))
+    if running is not None:
+        running.set()
     _stop_flag(request).clear()
 
 
@@ -253,22 +292,24 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
         summary = yield from _noted(_drawn(events, records, prompt), serving_note)
     finally:
         events.close()
-    timing = None
+    timing, unmeasured = None, None
     tokens = sum(len(r.emitted) for r in records)
     if compare_ar and summary.stop_reason != "cancelled" and tokens >= MIN_TIMED_TOKENS:
-        yield only(LiveView, stats=_stats_markdown(records, summary, config) + "\n\ntiming speculation and plain decoding again, with the page idle…")
+        if stop.is_set():  # a Stop that landed as the answer ended: nothing is timed
+            unmeasured = "ended"
+        else:
+            superseded = threading.Event()  # set by a Generate pressed during the re-timing
+            _RETIMING.put(shared.session_of(request), superseded)
+            yield only(LiveView, stats=_stats_markdown(records, summary, config) + RETIMING)
 
-        def quiet_runs(should_stop):
-            def halted():
-                return should_stop() or stop.is_set()
-            quiet = result_of(shared.SERVICE.generate(speculation, should_stop=halted, auto=quiet_sizing))
-            return quiet, shared.SERVICE.autoregressive(prompt_ids, config, should_stop=halted)
+            def again(should_stop):
+                return shared.SERVICE.retime(speculation, lambda: should_stop() or stop.is_set() or superseded.is_set(), quiet_sizing)
 
-        quiet, ar = yield from _in_worker(quiet_runs, tick=only(LiveView))
-        if "cancelled" not in (quiet.stop_reason, ar.stop_reason):
-            timing = {"speculative": quiet, "autoregressive": ar}
+            timing = yield from _in_worker(again, tick=only(LiveView))
+            if not timing.measured:
+                unmeasured = "generate" if superseded.is_set() else "stop"
     state = {"records": records, "summary": summary, "settings": {"prompt": prompt, "drafter": drafter, **dataclasses.asdict(config)}}
-    yield _with_note(_finished(records, summary, config, timing, prompt, state), serving_note)
+    yield _with_note(_finished(records, summary, config, timing, prompt, state, unmeasured), serving_note)
 
 
 def _with_note(view: LiveView, note: str | None) -> LiveView:
@@ -289,9 +330,10 @@ def _noted(views, note: str | None):
 
 
 def _drawn(events, records: list, prompt: str):
-    """Each round of ``events`` kept in ``records`` and drawn (at most 4 times a second); returns
-    the generation's summary (PEP 380)."""
-    last_draw = 0.0
+    """Each round of ``events`` kept in ``records`` and drawn: the text and stats at most
+    :data:`TEXT_SECONDS` apart, the figures at most :data:`FIGURE_SECONDS` apart (the first round
+    draws both); returns the generation's summary (PEP 380)."""
+    last_text = last_figures = float("-inf")
     while True:
         try:
             record = next(events)
@@ -299,14 +341,20 @@ def _drawn(events, records: list, prompt: str):
             return end.value
         records.append(record)
         now = time.perf_counter()
-        if len(records) == 1 or now - last_draw > 0.25:  # redraw at most 4 times a second
-            last_draw = now
+        if now - last_text < TEXT_SECONDS:
+            continue
+        last_text = now
+        words = {"text": text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), "summary": None,
+                 "stats": _stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active(), shared.SERVICE.compute.active_background()), "state": {"records": records, "summary": None}}
+        if now - last_figures >= FIGURE_SECONDS:
+            last_figures = now
             tree, mass, chosen = _round_figures(records, len(records) - 1)
-            yield only(LiveView, text=text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), tree=tree, mass=mass, budget=chosen, summary=None,
-                       stats=_stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active(), shared.SERVICE.compute.active_background()), state={"records": records, "summary": None})
+            words.update(tree=tree, mass=mass, budget=chosen)
+        yield only(LiveView, **words)
 
 
-def _finished(records, summary: GenerationSummary, config: DecodeConfig, timing: dict | None, prompt: str, state: dict) -> LiveView:
+def _finished(records, summary: GenerationSummary, config: DecodeConfig, timing: Retiming | None, prompt: str, state: dict,
+              unmeasured: str | None = None) -> LiveView:
     """The finished run's view: every figure, the stats and the summary, the round browser at its last round."""
     if not records:
         message = "Stopped before the first round." if summary.stop_reason == "cancelled" else "The generation produced no rounds."
@@ -317,7 +365,7 @@ def _finished(records, summary: GenerationSummary, config: DecodeConfig, timing:
         tree=tree,
         mass=mass,
         timeline=timeline_figure(records),
-        stats=_stats_markdown(records, summary, config, timing),
+        stats=_stats_markdown(records, summary, config, timing, unmeasured),
         summary=_run_summary(records, summary, timing),
         rounds=gr.update(minimum=1, maximum=max(2, len(records)), value=len(records), step=1, interactive=len(records) > 1),  # a slider needs min < max
         budget=chosen,

@@ -5,6 +5,7 @@ control, in words and numbers, and both drafters' trees on the same held-out pro
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import Any, NamedTuple
 
 import gradio as gr
@@ -12,7 +13,7 @@ import gradio as gr
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import shipped_drafter
 from tev.pipelines.workload import DEFAULT_TREE_TERM, EVAL_BUDGET, EXIT_LAMBDA, EXIT_TERM, MIN_STEPS, adaptation, workload_settings
-from tev.pipelines.workload_report import LAWS, PAGE_LAW, result_table
+from tev.pipelines.workload_report import LAWS, PAGE_LAW, model_label, result_table
 from tev.pipelines.workload_data import check_workload, load_workload, split_workload
 from tev.service.adapted import ADAPTED_PREFIX, CAPACITY, MIN_ASKED, is_adapted
 from tev.service.service import LIMITS
@@ -104,10 +105,11 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
     try:
         start = time.monotonic()
         budget = minutes * 60
-        run = adaptation(bundle, prompts, shipped_drafter(bundle.pair, "block"), minutes, workload_settings(term), progress=False)  # the control: the other recipe
+        settings = workload_settings(term)
+        run = adaptation(bundle, prompts, shipped_drafter(bundle.pair, "block"), minutes, settings, progress=False)  # the control: the other recipe
         pieces = shared.SERVICE.compute.steps(run, background=True)  # a piece of work at a time; users' rounds go first
         try:
-            outcome = yield from _phases(pieces, cancel, start, budget, progress)
+            outcome = yield from _phases(pieces, cancel, start, budget, progress, asdict(settings))
         except ValueError as error:
             raise _user_error(error) from None
         finally:
@@ -131,6 +133,7 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
         mass = result.get("heldout_mass")
         mass_figure = exit_mass_change_figure({"base": mass["base"], "adapted": mass["adapted"]}) if mass else None
         yield only(WorkloadView, status=f"{done}; drawing both drafters' trees on a held-out prompt…", table=table, mass=mass_figure)
+        progress(0.99, desc="drawing both drafters' trees on a held-out prompt")  # the yield took the bar down: it stays until the trees
         _, heldout = split_workload(prompts)
         adapted = BlockTreeDrafter(outcome["drafter"].served(), name="adapted")
         trees = side_by_side(bundle, {"base": bundle.drafter("block"), "adapted": adapted}, {"text": heldout[0], "chat": True}, EVAL_BUDGET)
@@ -139,10 +142,14 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
         shared.EXITTRAIN_SLOT.release()
 
 
-def _phases(pieces, cancel: Cancel, start: float, budget: float, progress):
+def _phases(pieces, cancel: Cancel, start: float, budget: float, progress, settings: dict):
     """A status view as each phase of the run ``pieces`` starts (a piece of work, and nine steps in
-    ten, show only on the progress bar); returns what the run returned (PEP 380), or None once
-    Cancel is pressed."""
+    ten, show only on the progress bar), and the phase's status again every :data:`STATUS_SECONDS`
+    with its time; returns what the run returned (PEP 380), or None once Cancel is pressed.
+    ``settings``: the run's training settings (the drafters' names, as the result table gives them).
+
+    The page takes the progress bar down at every status view: it is reported again right after each."""
+    shown, said = None, start
     while True:
         try:
             name, info = next(pieces)
@@ -150,31 +157,47 @@ def _phases(pieces, cancel: Cancel, start: float, budget: float, progress):
             return end.value
         if cancel.cancelled:
             return None
-        elapsed = time.monotonic() - start
-        progress(min(0.99, elapsed / budget), desc=f"{name} · {elapsed:.0f} s of about {budget:.0f} s{priority_note(pieces.held_seconds, elapsed)}")
-        if name == "work" or (name == "step" and info["step"] % 10):
+        now = time.monotonic()
+        elapsed = now - start
+        fraction, desc = min(0.99, elapsed / budget), f"{name} · {elapsed:.0f} s of about {budget:.0f} s{priority_note(pieces.held_seconds, elapsed)}"
+        progress(fraction, desc=desc)
+        if not (name == "work" or (name == "step" and info["step"] % 10)):
+            shown = (name, info)
+        elif shown is None or now - said < STATUS_SECONDS:
             continue
-        yield only(WorkloadView, status=_status(name, info, elapsed))
+        said = now
+        yield only(WorkloadView, status=_status(*shown, elapsed, settings))
+        progress(fraction, desc=desc)
 
 
-PHASES = {  # what each phase of the run says while it runs
-    "answers": lambda i: f"the target answers {i['prompts']} training prompts…",
-    "pace": lambda i: f"{i['answer']:.1f} s an answer; timing a held-out prompt, scoring and two training steps to plan the rest…",
-    "plan": lambda i: (f"plan: {i['plan']['answers']} training prompts answered, {i['plan']['steps']} steps, {i['plan']['heldout']} held-out prompts decoded"
+# A phase's status line is said again with its time at least this often (a held-out decoding once showed one line for 133 s).
+STATUS_SECONDS = 5.0
+
+
+def _drafters(names, settings: dict) -> str:
+    """The run's drafters as the result table names them."""
+    return ", ".join(model_label(name, settings) for name in names)
+
+
+PHASES = {  # what each phase of the run says while it runs (``i`` its info, ``s`` the run's settings, for the drafters' names)
+    "answers": lambda i, s: f"the target answers {i['prompts']} training prompts…",
+    "pace": lambda i, s: f"{i['answer']:.1f} s an answer; timing a held-out prompt, scoring and two training steps to plan the rest…",
+    "plan": lambda i, s: (f"plan: {i['plan']['answers']} training prompts answered, {i['plan']['steps']} steps, {i['plan']['heldout']} held-out prompts decoded"
                        + ("" if i["plan"]["heldout"] else f" (no comparison fits at this pace: {MIN_STEPS} steps and a held-out prompt for both drafters)")),
-    "answers done": lambda i: f"{i['answers']} answers ({i['tokens']} tokens); scoring the base drafter's trees on them…",
-    "train": lambda i: f"fine-tuning {i['steps']} steps on {i['anchors']} anchors and {i['trees']} scored trees ({i['vocab_added']} new draft tokens)…",
-    "step": lambda i: f"step {i['step']} · token loss {i['loss_tok']:.3f}",
-    "evaluate": lambda i: (f"decoding held-out prompts with {', '.join(i['drafters'])} (T = 0, T = 0.7 top-p 0.9, T = 1): {i['prompts']} planned"
+    "answers done": lambda i, s: f"{i['answers']} answers ({i['tokens']} tokens); scoring the base drafter's trees on them…",
+    "train": lambda i, s: f"fine-tuning {i['steps']} steps on {i['anchors']} anchors and {i['trees']} scored trees ({i['vocab_added']} new draft tokens)…",
+    "step": lambda i, s: f"step {i['step']} · token loss {i['loss_tok']:.3f}",
+    "evaluate": lambda i, s: (f"decoding held-out prompts with {_drafters(i['drafters'], s)} (T = 0, T = 0.7 top-p 0.9, T = 1): {i['prompts']} planned"
                            + (f", up to {i['most']} while the minutes allow…" if i["most"] > i["prompts"] else "…")),
-    "evaluated": lambda i: f"held-out tau at {LAWS[PAGE_LAW].describe()}: base {i['base'][PAGE_LAW]['tau']:.3f}, adapted {i['adapted'][PAGE_LAW]['tau']:.3f} (tokens per target forward)",
-    "mass": lambda i: "where the target's mass leaves each drafter's trees on the held-out answers…",
-    "control": lambda i: f"control: {'token loss only' if i['tree_term'] == 'none' else 'token loss + ' + i['tree_term'] + ' term'} (same data, steps and seed)…",
+    "evaluated": lambda i, s: (f"held-out tau at {LAWS[PAGE_LAW].describe()}: {model_label('base', s)} {i['base'][PAGE_LAW]['tau']:.3f}, "
+                               f"{model_label('adapted', s)} {i['adapted'][PAGE_LAW]['tau']:.3f} (tokens per target forward)"),
+    "mass": lambda i, s: "where the target's mass leaves each drafter's trees on the held-out answers…",
+    "control": lambda i, s: f"training {model_label('token_only' if i['tree_term'] == 'none' else i['tree_term'], s)} (same data, steps and seed)…",
 }
 
 
-def _status(name: str, info: dict, elapsed: float) -> str:
-    return f"{elapsed:.0f} s · " + (PHASES[name](info) if name in PHASES else name)
+def _status(name: str, info: dict, elapsed: float, settings: dict) -> str:
+    return f"{elapsed:.0f} s · " + (PHASES[name](info, settings) if name in PHASES else name)
 
 
 # ------------------------------------------------------------------------------ the tab

@@ -54,7 +54,8 @@ def live_screenshot(page, prompt: str, out: str) -> None:
     page.wait_for_timeout(1500)
     print("stats:", " | ".join(page.locator("#live-stats").inner_text().split("\n")))
     page.locator("#text-view").scroll_into_view_if_needed()
-    page.screenshot(path=out, clip={"x": 0, "y": 0, "width": 1400, "height": 2100}, full_page=True)
+    # down to the draft tree (the answer and the stats above it push it below 2,000 px since the answer streams under the prompt)
+    page.screenshot(path=out, clip={"x": 0, "y": 0, "width": 1400, "height": 2700}, full_page=True)
     print(f"saved {out}")
 
 

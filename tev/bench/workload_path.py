@@ -39,7 +39,7 @@ def live_tau(page, drafter: str, prompt: str) -> float:
     page.wait_for_function("""([before, start]) => {
         const text = document.querySelector('#live-stats').innerText;
         return text !== before && document.querySelector('#text-view').innerText.includes(start) && text.includes('stopped')
-            && (text.includes('timed again with the page idle') || text.includes('No speed comparison'));
+            && (text.includes('timed again') || text.includes('No speed comparison'));
     }""", arg=[before, prompt[:40]], timeout=600_000)
     summary = live_summary(page)
     if summary["drafter"] != drafter:

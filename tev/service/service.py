@@ -23,14 +23,30 @@ from tev.engine.cost_curve import CostCurve, machine_cost_curve
 from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, DecodeConfig, GenerationSummary, autoregressive_generate, Request, speculative_generate
 from tev.engine.round import RoundRecord
 from tev.engine.models import DRAFTER_KINDS, ModelBundle, Pair, default_kind, default_pair, load_bundle, offered_kinds, pair_record
-from tev.util.compute_thread import ComputeThread
+from tev.util.compute_thread import ComputeThread, result_of as _result
 from tev.engine.prompt_text import encode_chat, encode_prompt
 
-__all__ = ["Limits", "LIMITS", "DEFAULT_SAMPLING", "ModelService", "check_number", "finite_number", "check_settings", "records_to_json", "ExitTrainSlot", "UserInputError"]
+__all__ = ["Limits", "LIMITS", "DEFAULT_SAMPLING", "ModelService", "Retiming", "check_number", "finite_number", "check_settings", "records_to_json", "ExitTrainSlot", "UserInputError"]
 
 
 class UserInputError(ValueError):
     """Bad input from a user; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Retiming:
+    """A finished generation timed again (:meth:`ModelService.retime`): speculation, then plain
+    decoding (None when the first was stopped), and ``others``, the most other requests seen
+    sharing the compute thread while either ran (0: the machine was this request's alone)."""
+
+    speculative: GenerationSummary
+    autoregressive: GenerationSummary | None
+    others: int
+
+    @property
+    def measured(self) -> bool:
+        """Both runs went to their end (neither was stopped)."""
+        return self.autoregressive is not None and "cancelled" not in (self.speculative.stop_reason, self.autoregressive.stop_reason)
 
 
 @dataclass(frozen=True)
@@ -212,6 +228,20 @@ class ModelService:
         """The autoregressive baseline; ``should_stop`` is polled after every token."""
         bundle = self.bundle()  # the whole run is one step: nothing else runs while it is timed
         return self.compute.call(autoregressive_generate, bundle.target, prompt_ids, config, bundle.tokenizer, should_stop=should_stop)
+
+    def retime(self, request: Request, should_stop, auto: AutoBudget | None = None) -> Retiming:
+        """``request`` decoded again by speculation, then by plain decoding of the same prompt, both
+        timed (:class:`Retiming`); ``should_stop`` is polled between rounds and after every plain
+        token. Counts the other requests that shared the compute thread meanwhile, sampled at each poll."""
+        seen = {"others": 0}
+
+        def halted() -> bool:
+            seen["others"] = max(seen["others"], self.compute.active() - 1)  # this request is one of the active
+            return should_stop()
+
+        speculative = _result(self.generate(request, should_stop=halted, auto=auto))
+        plain = None if speculative.stop_reason == "cancelled" else self.autoregressive(list(request.prompt_ids), request.config, should_stop=halted)
+        return Retiming(speculative, plain, seen["others"])
 
     def token_text(self, token: int) -> str:
         return self.bundle().tokenizer.decode([token], clean_up_tokenization_spaces=False)
