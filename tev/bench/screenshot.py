@@ -1,6 +1,6 @@
 """Take the README screenshot from the real app: `python -m tev bench screenshot [--out assets/screenshot.png]`.
 
-Starts `python app.py` on the default pair (SmolLM2-135M-Instruct and its block drafter), drives
+Starts `python app.py` on the default pair (SmolLM2-135M-Instruct and its opening drafter), drives
 Debian Chromium with Playwright (Generate on a chat prompt at the page's default sampling, T = 0.7,
 top-p 0.9), and saves a PNG of the Live tab. `--all DIR` also saves the other tabs;
 `--workload PACK --out FILE` instead runs the ExitTrain tab's workload mode on a shipped pack and saves the page.
@@ -25,6 +25,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", help="instead: adapt the drafter to this shipped pack in the ExitTrain tab and save the result (e.g. json-records)")
     parser.add_argument("--walkthrough", type=int, help="instead: run one round in the Walkthrough tab and save this step (1-8) into --out")
     parser.add_argument("--walkthrough-all", help="instead: run one round in the Walkthrough tab and save every step into this folder (step1.png ..)")
+
+
+def _with_palette(path) -> None:
+    """Rewrite the PNG at ``path`` with a 256-colour palette: the page's flat colours survive, the
+    file shrinks by about two thirds (it is committed in ``assets/``)."""
+    from PIL import Image  # gradio's dependency
+
+    with Image.open(path) as image:
+        small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    small.save(path, optimize=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,6 +66,7 @@ def live_screenshot(page, prompt: str, out: str) -> None:
     page.locator("#text-view").scroll_into_view_if_needed()
     # down to the draft tree (the answer and the stats above it push it below 2,000 px since the answer streams under the prompt)
     page.screenshot(path=out, clip={"x": 0, "y": 0, "width": 1400, "height": 2700}, full_page=True)
+    _with_palette(out)
     print(f"saved {out}")
 
 
