@@ -618,6 +618,10 @@ def test_a_workload_run_shows_one_progress_bar_from_start_to_verdict(chat_server
         page.click("#workload-start")
         page.wait_for_function("document.querySelector('#workload-status').innerText.includes('kept for this browser session as')", timeout=240_000)
         samples = page.evaluate("clearInterval(window.__sampler), window.__samples")
+        # the verdict may have come after the last 100 ms sample: read the page once more, as the sampler does
+        now = page.evaluate("[[...document.querySelectorAll('.progress-level, .progress-bar')].some(e => e.offsetParent !== null), "
+                            "document.querySelector('#workload-status').innerText]")
+        samples.append([samples[-1][0] + 1 if samples else 0, *now])
         table = page.inner_text("#workload-table")
         page.close()
     finally:
@@ -634,8 +638,11 @@ def test_a_workload_run_shows_one_progress_bar_from_start_to_verdict(chat_server
             since = t
     # the page takes the bar down at each status line and it is back within a frame or two; it used to stay down
     # for seconds, and from the table to the verdict (the trees drawn) it was gone
-    assert since is None and max(gaps, default=0) < 1000, (gaps, samples)
-    assert all(bar for _, bar, status in samples[first:verdict] if "drawing both drafters' trees" in status), samples
+    if since is not None:  # down in the last frames before the verdict: the gap ends with the verdict
+        gaps.append(samples[verdict][0] - since)
+    assert max(gaps, default=0) < 1000, (gaps, samples)
+    drawing = [bar for _, bar, status in samples[first:verdict] if "drawing both drafters' trees" in status]
+    assert len(drawing) < 3 or any(drawing), samples  # back while the trees are drawn (a short drawing is covered by the gap rule)
     assert samples[first][0] < 5000  # from the press on
     said = " ".join({status for _, _, status in samples})
     assert "adapted (token loss only)" in table and "control: token loss + exit term" in table
