@@ -169,12 +169,12 @@ def test_leaving_during_the_autoregressive_comparison_stops_it(slow_server):
     generator stops. A client that vanishes there leaves the server idle, and a cancel there
     returns at once (before the fix: ~5 s more of CPU, and a /cancel that timed out)."""
     settings = Settings(**{**LONG.__dict__, "max_new_tokens": 192, "compare_ar": True})
-    gone = leave_after(slow_server.url, settings, until="timing speculation and plain decoding again")
+    gone = leave_after(slow_server.url, settings, until="**re-timing**")
     assert gone.wait(timeout=120) == 0, gone.stdout.read()
     time.sleep(0.5)
     assert busiest_thread(slow_server.pid) < BUSY
     job = new_client(slow_server.url).submit(*settings.args(), api_name="/generate")
-    while not (job.outputs() and "timing speculation and plain decoding again" in str(job.outputs()[-1][4])):
+    while not (job.outputs() and "**re-timing**" in str(job.outputs()[-1][4])):
         assert not job.done(), "the run ended before its autoregressive comparison"
         time.sleep(0.01)
     assert busiest_thread(slow_server.pid, 1.0) > BUSY  # the measure sees the worker computing

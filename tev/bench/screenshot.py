@@ -12,6 +12,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from PIL import Image  # gradio's dependency
+
 from tev.bench.appserver import AppServer
 from tev.bench.browser import open_page
 from tev.engine.models import DEFAULT_PAIR
@@ -30,8 +32,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _with_palette(path) -> None:
     """Rewrite the PNG at ``path`` with a 256-colour palette: the page's flat colours survive, the
     file shrinks by about two thirds (it is committed in ``assets/``)."""
-    from PIL import Image  # gradio's dependency
-
     with Image.open(path) as image:
         small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
     small.save(path, optimize=True)
