@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from tev.engine.decode import DecodeConfig, Request, speculative_generate
-from tev.util.compute_thread import ComputeThread, result_of
+from tev.util.compute_thread import ComputeThread, mapped, result_of
 from tests.tiny import tiny_block_drafter, tiny_target
 
 
@@ -280,3 +280,24 @@ def test_the_work_returns_its_result_through_the_thread():
     assert compute.call(lambda: 5) == 5
     nested = compute.call(lambda: result_of(compute.steps(_progress_then(7, 2))))  # work that submits work: in place
     assert nested == 7
+
+
+def test_mapped_maps_each_yield_returns_the_result_and_closes_an_unfinished_generator():
+    closed = []
+
+    def work():
+        try:
+            yield 1
+            yield 2
+            return "done"
+        finally:
+            closed.append(True)
+
+    seen = []
+    assert result_of(mapped(work(), lambda step: step * 10), seen.append) == "done"
+    assert seen == [10, 20] and closed == [True]
+    early = mapped(work(), lambda step: step)
+    assert next(early) == 1
+    closed.clear()
+    early.close()  # a reader that stops early closes the work, as yield from would
+    assert closed == [True]

@@ -19,7 +19,7 @@ from tev.engine.models import DRAFTERS
 from tev.service.adapted import drafter_kind, is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, Retiming, UserInputError, check_settings, records_to_json
 from ui import gpu, shared
-from tev.util.compute_thread import BACKGROUND_SHARE
+from tev.util.compute_thread import BACKGROUND_SHARE, mapped
 from tev.util.lru import LRU
 from ui.components import KEEP_TYPED, as_text, checked_event, once_per_click, refusal_line
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
@@ -289,7 +289,7 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
     records = []
     events = shared.SERVICE.generate(speculation, should_stop=stop.is_set, auto=sizing)
     try:  # Gradio closes this generator when the client leaves: stop generating then
-        summary = yield from _noted(_drawn(events, records, prompt), serving_note)
+        summary = yield from mapped(_drawn(events, records, prompt), lambda view: _with_note(view, serving_note))
     finally:
         events.close()
     timing, unmeasured = None, None
@@ -317,16 +317,6 @@ def _with_note(view: LiveView, note: str | None) -> LiveView:
     if not note or not isinstance(view.stats, str):
         return view
     return view._replace(stats=note + "\n\n" + view.stats)
-
-
-def _noted(views, note: str | None):
-    """The views of ``views`` with ``note`` above their stats; returns what it returned (PEP 380)."""
-    while True:
-        try:
-            view = next(views)
-        except StopIteration as end:
-            return end.value
-        yield _with_note(view, note)
 
 
 def _drawn(events, records: list, prompt: str):

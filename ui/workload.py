@@ -15,7 +15,7 @@ from tev.engine.models import shipped_drafter
 from tev.pipelines.workload import DEFAULT_TREE_TERM, EVAL_BUDGET, EXIT_LAMBDA, EXIT_TERM, MIN_STEPS, adaptation, workload_settings
 from tev.pipelines.workload_report import LAWS, PAGE_LAW, model_label, result_table
 from tev.pipelines.workload_data import check_workload, load_workload, split_workload
-from tev.service.adapted import ADAPTED_PREFIX, CAPACITY, MIN_ASKED, is_adapted
+from tev.service.adapted import ADAPTED_PREFIX, CAPACITY, MIN_ASKED, is_adapted, lost_laws
 from tev.service.service import LIMITS
 from tev.util.paths import assets_dir
 from tev.util.stats import change_in_words
@@ -211,11 +211,16 @@ def check_prompts(pack, prompts, minutes, recipe):
 
 
 # ------------------------------------------------------------------------------ the session's adapted drafters and Live prompts
-def adapted_drafter(label: str, request):
-    """This browser session's adapted drafter ``label`` for the Live tab's target; ``ValueError`` saying why not."""
+def _adapted_store():
+    """The server's adapted drafters, for the Live tab's target; ``ValueError`` when that target is another one."""
     if not shared.SHARES_EXITTRAIN:
         raise ValueError("adapted drafters are made for the default pair's target; this server's Live tab runs another target")
-    return shared.ADAPTED.drafter(shared.session_of(request), label)
+    return shared.ADAPTED
+
+
+def adapted_drafter(label: str, request):
+    """This browser session's adapted drafter ``label`` for the Live tab's target; ``ValueError`` saying why not."""
+    return _adapted_store().drafter(shared.session_of(request), label)
 
 
 def chosen_drafter(bundle, name: str, request):
@@ -229,13 +234,12 @@ def live_drafter(bundle, name: str, request, law) -> tuple[object, str | None]:
     the shipped one (:meth:`~tev.service.adapted.AdaptedDrafters.serving`)."""
     if not is_adapted(name):
         return bundle.drafter(name), None
-    adapted_drafter(name, request)  # refused here, saying why, when it is not this session's
-    return shared.ADAPTED.serving(shared.session_of(request), name, law, bundle.drafter("block"))
+    return _adapted_store().serving(shared.session_of(request), name, law, bundle.drafter("block"))
 
 
 def _served_laws(gains: dict) -> str:
     """Where Live serves the kept drafter, from its held-out gains per law."""
-    losses = [key for key, measured in gains.items() if measured["gain"] < 0]
+    losses = lost_laws(gains)
     if not losses:
         return "; Live serves it at every law (it measured no worse than the shipped drafter at any)"
     served = [LAWS[key].describe() for key in gains if key not in losses]

@@ -129,6 +129,7 @@ class PathDrafter(BlockDrafter):
         cache.slots += n
         return step.forward(x, cache.memory, bias)
 
+
 class _FusedStep:
     """One depth's step with the module's products fused for inference (the same function, fewer
     and smaller products: at a few rows a step is bound by per-call overhead and by reading its
@@ -145,8 +146,8 @@ class _FusedStep:
     def __init__(self, model: PathDrafter):
         self.dtype = model.feature_proj.weight.dtype
         self.heads, self.eps = model.config.num_heads, model.blocks[0].attn_norm.eps
-        self.scale_size = model.config.hidden_size // self.heads  # a head's width
-        self.scale = self.scale_size ** -0.5
+        self.head_size = model.config.hidden_size // self.heads
+        self.scale = self.head_size ** -0.5
         self.int8 = use_int8_head(model.mask_embed.device)
         width = model.config.context_window
         norm = model.feature_norm
@@ -193,7 +194,7 @@ class _FusedStep:
         """Block ``index``'s keys and values of the projected context `[w, D]` (None: no context yet),
         each `[heads, w, head]`."""
         if context is None:
-            empty = torch.zeros(self.heads, 0, self.scale_size, dtype=self.dtype, device=self.slot_bias.device)
+            empty = torch.zeros(self.heads, 0, self.head_size, dtype=self.dtype, device=self.slot_bias.device)
             return empty, empty
         keys, values = self.blocks[index][1](self._norm(context)).to(self.dtype).chunk(2, dim=-1)
         return self._heads(keys), self._heads(values)

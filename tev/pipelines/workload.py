@@ -46,7 +46,7 @@ from tev.train.loop import TrainSettings, train
 from tev.train.losses import TREE_TERMS
 from tev.train.teacher import WRITING, answer_prompts, with_features_steps
 from tev.train.trees import ScoredTrees, fixed_trees
-from tev.util.compute_thread import result_of
+from tev.util.compute_thread import mapped, result_of
 from tev.util.paths import REPO_ROOT
 from tev.util.stats import ratio_standard_error
 
@@ -197,15 +197,7 @@ def _cell(decoded: list[dict], key: str) -> dict:
 
 def _work(pieces):
     """``("work", None)`` for every progress event of the generator ``pieces``; returns its result."""
-    try:
-        while True:
-            try:
-                next(pieces)
-            except StopIteration as done:
-                return done.value
-            yield "work", None
-    finally:
-        pieces.close()
+    return mapped(pieces, lambda _: ("work", None))
 
 
 def _served(drafter: BlockDrafter, name: str) -> BlockTreeDrafter:

@@ -36,7 +36,7 @@ from tev.engine.drafters import BlockTreeDrafter
 from tev.pipelines.workload_report import LAWS
 from tev.util.lru import LRU
 
-__all__ = ["ADAPTED_PREFIX", "KEY_MARK", "CAPACITY", "MIN_ASKED", "is_adapted", "drafter_kind", "measured_law", "AdaptedDrafters", "AskedPrompts"]
+__all__ = ["ADAPTED_PREFIX", "KEY_MARK", "CAPACITY", "MIN_ASKED", "is_adapted", "drafter_kind", "measured_law", "lost_laws", "AdaptedDrafters", "AskedPrompts"]
 
 ADAPTED_PREFIX = "adapted: "
 KEY_MARK = " #"  # between a label and its key in an API name
@@ -66,6 +66,12 @@ def measured_law(law: SamplingLaw) -> str:
     return min(sampled, key=lambda key: (abs(LAWS[key].temperature - law.temperature), abs(LAWS[key].top_p - law.top_p)))
 
 
+def lost_laws(gains: dict[str, dict]) -> list[str]:
+    """The law keys where an adapted drafter measured a loss against the base (``gains``: per law
+    key ``{"gain", "se"}``): the laws Live does not serve it at."""
+    return [key for key, measured in gains.items() if measured["gain"] < 0]
+
+
 @dataclasses.dataclass
 class _Kept:
     drafter: BlockTreeDrafter
@@ -93,13 +99,11 @@ class AdaptedDrafters:
         """The drafter Live runs for the choice ``label`` at ``law``, and why when it is not that one:
         the adapted drafter where it measured no worse than the base at the nearest measured law
         (:func:`measured_law`), else ``base`` (the shipped block drafter). ``ValueError`` as :meth:`drafter`."""
-        drafter = self.drafter(session, label)
-        kept = self._kept.peek(self._owner(session, label))
+        kept = self._find(session, label)
         key = measured_law(law)
-        measured = kept.gains.get(key)
-        if measured is None or measured["gain"] >= 0:
-            return drafter, None
-        shown = label.split(KEY_MARK)[0]
+        if key not in lost_laws(kept.gains):
+            return kept.drafter, None
+        measured, shown = kept.gains[key], label.split(KEY_MARK)[0]
         return base, (f"**{shown}** measured {100 * measured['gain']:+.0f}% ± {100 * measured['se']:.0f}% tokens per forward against the shipped "
                       f"drafter at {LAWS[key].describe()} on its held-out prompts, so at this law Live runs the shipped **{base.name}** drafter "
                       "(an adapted drafter is served only at the laws where it measured no worse)")
@@ -130,13 +134,17 @@ class AdaptedDrafters:
     def drafter(self, session: str, label: str) -> BlockTreeDrafter:
         """The drafter ``label`` of ``session``, or of any session when ``label`` is its API name
         (:meth:`api_name`); now the most recently used. ``ValueError`` saying why when there is none."""
+        return self._find(session, label).drafter
+
+    def _find(self, session: str, label: str) -> _Kept:
+        """What is kept under ``label`` for ``session`` (or under its API name), now the most recently used."""
         session, label = self._owner(session, label)
         kept = self._kept.get((session, label)) if session is not None else None
         if kept is None:
             raise ValueError(f"drafter {label!r} is not kept for this browser session: adapted drafters are kept only for the session that "
                              f"made them (or to a call that names it with the key that session was shown), the {self.capacity} most recently used on "
                              "this server; run the workload adaptation again")
-        return kept.drafter
+        return kept
 
     def export(self, session: str, label: str) -> Path:
         """The drafter's folder (``drafter_config.json``, ``drafter.safetensors``: what

@@ -32,7 +32,7 @@ from tev.engine.batch_generate import generate_batch, generate_batch_steps
 from tev.engine.prompt_text import ChatTemplate, encode_chat
 from tev.engine.session import max_positions
 from tev.train.data import SoftLabels, TrainData
-from tev.util.compute_thread import result_of
+from tev.util.compute_thread import mapped, result_of
 from tev.util.files import atomic_file
 from tev.util.precision import low_precision
 
@@ -194,7 +194,7 @@ def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 
     for first in range(0, len(encoded), batch):
         group = encoded[first : first + batch]
         args = (target, group, max_new_tokens, law, eos, seed * 100_003 + first, pad)
-        written = (yield from _each_forward(generate_batch_steps(*args))) if pieces else generate_batch(*args)
+        written = (yield from mapped(generate_batch_steps(*args), lambda _: WRITING)) if pieces else generate_batch(*args)
         for prompt_ids, answer in zip(group, written):
             if len(answer) >= 2:  # the end of turn stays: the drafter should predict it too
                 sequences.append(list(prompt_ids) + answer)
@@ -202,16 +202,6 @@ def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 
         bar.update(len(group))
         yield TrainData.from_lists(sequences, prompt_lengths) if sequences else None
     bar.close()
-
-
-def _each_forward(writing):
-    """:data:`WRITING` after each forward of ``writing`` (:func:`generate_batch_steps`); returns what it wrote."""
-    while True:
-        try:
-            next(writing)
-        except StopIteration as done:
-            return done.value
-        yield WRITING
 
 
 # Words that start a user turn, by domain ("" leaves the request entirely to the target).
