@@ -7,6 +7,7 @@ killed, or that serve a broken or slow model, are this module's own.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -116,6 +117,17 @@ def test_short_load_test(app_server, tmp_path):
     assert queue["served_right_after"] and not queue["other_errors"]
     assert report["server_alive_at_end"] and report["passed"] and done.returncode == 0, done.stdout[-3000:]
     assert (tmp_path / "loadtest.md").read_text().count("| 4 |") == 1
+
+
+def test_visitors_at_the_page_defaults_get_chat_answers(app_server):
+    """``--page-defaults``: each request is a chat prompt at the page's opening law with budget auto
+    and the autoregressive re-timing; the app serves those settings (the quick pair offers the block
+    drafter and has no chat template, so here the prompt goes as text)."""
+    settings = loadtest.page_settings(random.Random(0), 3, "block", max_new_tokens=12)
+    assert settings.chat and settings.auto_budget and settings.compare_ar and settings.verifier == "tev"
+    assert (settings.temperature, settings.top_p) == (0.7, 0.9) and settings.prompt.startswith("# user 3\n")
+    outcome = run_one(new_client(app_server.url), dataclasses.replace(settings, chat=False), 3, timeout=120)
+    assert outcome.outcome == "ok" and outcome.tokens > 0, outcome.message
 
 
 # =============================================================================== faults: clients that leave

@@ -61,6 +61,8 @@ except ImportError:
 
 from tev.bench.appserver import AppServer
 from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS
+from tev.data.prompts import load_prompt_set
+from tev.pipelines.workload_report import LAWS, PAGE_LAW
 from tev.util.paths import assets_dir
 from tev.util.stats import quantile
 
@@ -77,6 +79,7 @@ PROMPTS = [
 # the drafters of the registry the served pair offers ($TEV_PAIR, as the server started here reads it)
 DRAFTERS = ("block", "chain")  # the base drafter and its top-1 chain: every bundle the app serves offers both
 TEMPERATURES = (0.0, 0.3, 0.7, 1.0, 1.5)
+PAGE_DRAFTER, PAGE_NEW_TOKENS = "path", 96  # --page-defaults: the default pair's opening drafter, and the answer length the load goals name
 STARTED = ("PROCESSING", "ITERATING", "PROGRESS", "FINISHED")
 MEMORY_GOAL = 0.10  # RSS growth after warm-up, as a fraction
 
@@ -192,6 +195,16 @@ def random_settings(rng: random.Random, user: int) -> Settings:
     )
 
 
+def page_settings(rng: random.Random, user: int, drafter: str = PAGE_DRAFTER, max_new_tokens: int = PAGE_NEW_TOKENS) -> Settings:
+    """A visitor asking Live at the page's opening settings (a chat prompt, TEV at T = 0.7 top-p 0.9,
+    budget auto, the autoregressive re-timing on) with ``max_new_tokens``; the prompt is one of the
+    held-out chat prompts, marked as this user's."""
+    prompt, law = rng.choice(load_prompt_set("chat")), LAWS[PAGE_LAW]  # the law the page opens at
+    return Settings(prompt=f"# user {user}\n" + prompt["text"], drafter=drafter, verifier="tev", budget=16, temperature=law.temperature,
+                    max_new_tokens=max_new_tokens, seed=rng.randrange(0, 2**31 - 1), compare_ar=True, chat=True, top_p=law.top_p,
+                    top_k=law.top_k, auto_budget=True)
+
+
 def classify(error: BaseException) -> tuple[str, str]:
     message = str(error).strip() or type(error).__name__
     if isinstance(error, QueueError):
@@ -283,10 +296,12 @@ def workload_outcome(job, started: float, timeout: float) -> dict:
 
 
 def run_level(url: str, pid: int | None, users: int, seconds: float, seed: int = 0, timeout: float = 180.0, poll: float = 0.02,
-              workload: str | None = None) -> tuple[dict, list[Result]]:
+              workload: str | None = None, page_defaults: str | None = None) -> tuple[dict, list[Result]]:
     """N users, each looping /generate for ``seconds`` after one warm-up request each; with
     ``workload`` (a shipped pack), a workload ExitTrain run starts with the loop and the level
-    waits for it to end. The server's peak memory is sampled throughout."""
+    waits for it to end. With ``page_defaults`` (a drafter) every request is a visitor at the page's
+    opening settings with that drafter (:func:`page_settings`), else random settings. The server's peak memory is sampled throughout."""
+    settings_of = (lambda rng, user: page_settings(rng, user, page_defaults)) if page_defaults else random_settings
     clients = [new_client(url) for _ in range(users)]
     rss_start = rss_kib(pid)
     peak = PeakMemory(pid)
@@ -309,7 +324,7 @@ def run_level(url: str, pid: int | None, users: int, seconds: float, seed: int =
     def loop(user: int):
         rng = random.Random(seed * 1000 + user)
         while time.perf_counter() < deadline:
-            outcome = run_one(clients[user], random_settings(rng, user), user, timeout, poll)
+            outcome = run_one(clients[user], settings_of(rng, user), user, timeout, poll)
             with lock:
                 results.append(outcome)
 
@@ -347,6 +362,7 @@ def run_level(url: str, pid: int | None, users: int, seconds: float, seed: int =
         "tokens_per_second": round(sum(r.tokens for r in ok) / elapsed, 1) if elapsed else None,
         "latency_p50_s": round(percentile([r.latency for r in ok], 0.5), 3),
         "latency_p95_s": round(percentile([r.latency for r in ok], 0.95), 3),
+        "latency_max_s": round(max((r.latency for r in ok), default=float("nan")), 3),
         "queue_wait_p50_s": round(percentile([r.queue_wait for r in ok], 0.5), 3),
         "queue_wait_p95_s": round(percentile([r.queue_wait for r in ok], 0.95), 3),
         "first_output_p50_s": round(percentile([r.first_output for r in ok], 0.5), 3),
@@ -473,8 +489,8 @@ def markdown(report: dict) -> str:
         f"Server: {report['url']} (pid {report.get('pid')}), assets {report.get('assets') or ('as the attached server has them' if report.get('attached') else 'the app default')}; "
         f"{report['seconds_per_level']} s per level; machine: {os.cpu_count()} CPUs. Command: `{report['command']}`",
         "",
-        "| users N | requests served | errors | p50 latency | p95 latency | queue wait p50 / p95 | first output p50 / p95 | tokens/s | RSS start | RSS after warm-up | RSS end | growth after warm-up | RSS peak |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| users N | requests served | errors | p50 latency | p95 latency | longest | queue wait p50 / p95 | first output p50 / p95 | tokens/s | RSS start | RSS after warm-up | RSS end | growth after warm-up | RSS peak |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level in report["levels"]:
         def mib(key):
@@ -482,7 +498,7 @@ def markdown(report: dict) -> str:
 
         growth = f"{100 * level['rss_growth_after_warmup']:+.1f}%" if level.get("rss_growth_after_warmup") is not None else "n/a"
         lines.append(
-            f"| {level['users']} | {level['served']} (+{level['warm_up_requests']} warm-up) | {level['errors']} | {level['latency_p50_s']:.2f} s | {level['latency_p95_s']:.2f} s | "
+            f"| {level['users']} | {level['served']} (+{level['warm_up_requests']} warm-up) | {level['errors']} | {level['latency_p50_s']:.2f} s | {level['latency_p95_s']:.2f} s | {level.get('latency_max_s', float('nan')):.2f} s | "
             f"{level['queue_wait_p50_s']:.2f} / {level['queue_wait_p95_s']:.2f} s | {level['first_output_p50_s']:.2f} / {level['first_output_p95_s']:.2f} s | {level['tokens_per_second']} | "
             f"{mib('rss_start_mib')} | {mib('rss_after_warmup_mib')} | {mib('rss_end_mib')} | {growth} | {mib('rss_peak_mib')} |"
         )
@@ -529,6 +545,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-queue-check", action="store_true", help="skip the queue-full check")
     parser.add_argument("--queue-extra", type=int, default=8, help="submits beyond the queue's max_size (32) in the queue-full check")
     parser.add_argument("--out", help="folder for loadtest.json and loadtest.md")
+    parser.add_argument("--page-defaults", nargs="?", const=PAGE_DRAFTER, default=None, metavar="DRAFTER",
+                        help=f"every request asks Live at the page's opening settings (TEV, T = 0.7 top-p 0.9, budget auto, a chat prompt, {PAGE_NEW_TOKENS} "
+                             f"new tokens, the autoregressive re-timing on) with DRAFTER (default: {PAGE_DRAFTER}, the default pair's) instead of random settings")
     parser.add_argument("--workload", default=None, help="a shipped workload pack: each level also runs one workload ExitTrain (5 minutes) beside the users")
 
 
@@ -547,7 +566,7 @@ def run(args: argparse.Namespace) -> int:
     all_results: list[Result] = []
     try:
         for users in args.users:
-            summary, results = run_level(url, pid, users, args.seconds, seed=args.seed + users, timeout=args.timeout, poll=args.poll, workload=args.workload)
+            summary, results = run_level(url, pid, users, args.seconds, seed=args.seed + users, timeout=args.timeout, poll=args.poll, workload=args.workload, page_defaults=args.page_defaults)
             report["levels"].append(summary)
             all_results += results
             print(json.dumps(summary), flush=True)
