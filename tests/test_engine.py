@@ -258,6 +258,26 @@ def test_ratio_standard_error_is_the_spread_over_units():
     assert ratio_standard_error([6, 6], [2, 3]) > 0 and math.isnan(ratio_standard_error([3], [1]))  # one prompt: no error over prompts
 
 
+def test_a_paired_change_cancels_what_makes_a_prompt_easy_for_both():
+    import random
+
+    from tev.util.stats import paired_ratio_change, ratio_standard_error
+
+    # prompts differ a lot in how easy they are; the second drafter is a steady 20% better on each
+    draw = random.Random(0)
+    before = [(draw.choice((60, 120, 200)), 64) for _ in range(8)]
+    after = [(int(tokens * 1.2), rounds) for tokens, rounds in before]
+    gain, se = paired_ratio_change(after, before)
+    assert gain == pytest.approx(1.2 * sum(t for t, _ in before) / sum(t for t, _ in before) - 1, abs=0.01)
+    assert se < 0.01  # a steady gain: no spread left once each prompt meets itself
+    unpaired = math.hypot(*(ratio_standard_error(*zip(*cells)) / (sum(t for t, _ in cells) / sum(r for _, r in cells)) for cells in (after, before)))
+    assert unpaired > 0.1  # the same figures taken as independent carry the prompts' spread
+    # with a gain that differs by prompt, the error is its spread over prompts (a one-prompt change has none)
+    noisy = [(tokens * (1.4 if i % 2 else 1.0), rounds) for i, (tokens, rounds) in enumerate(before)]
+    assert 0.05 < paired_ratio_change(noisy, before)[1] < 0.15 and math.isnan(paired_ratio_change(after[:1], before[:1])[1])
+    with pytest.raises(ValueError, match="paired units differ"):
+        paired_ratio_change(after, before[:3])
+
 # ------------------------------------------------------------------ context limit and bad input
 def test_prompt_near_the_context_limit_stops_cleanly():
     target = tiny_target(VOCAB, context=32)

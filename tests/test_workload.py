@@ -238,7 +238,8 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
         assert all(math.isfinite(cell["tau"]) and cell["se"] >= 0 and cell["prompts"] == 5 for cell in result[key].values())
         # tau counts the tokens emitted, the blocks also what ran past a stop: never fewer
         assert all(cell["tau"] <= cell["mean_block_length"] for cell in result[key].values())
-    assert result["heldout_prompts"] == 5 and result["train_prompts"] <= 15 and result["steps"] == 4
+    assert result["heldout_prompts"] == 5 and result["steps"] == 4
+    assert result["train_prompts_answered"] == 15 and result["answers_asked"] == 2 * 15 and result["train_prompts"] <= 2 * 15  # each at both default laws
     # the held-out prompts never reach the trainer (which did see the training answers)
     assert len(seen) >= result["train_prompts"]  # every training answer reached the trainer
     for prompt in heldout:
@@ -280,6 +281,19 @@ def test_sampled_training_answers_follow_the_chosen_law_and_are_recorded(tmp_pat
     with pytest.raises(ValueError, match="answer law 'T2': choose from T0, T0.7, T1"):
         next(workload_command.adaptation(bundle, prompts, base, answer_law="T2"))
 
+    # several laws: every training prompt answered at each, the first law's answers first
+    laws.clear()
+    run = workload_command.adaptation(bundle, prompts, base, minutes=5, settings=settings, controls=(), progress=False, with_mass=False, answer_law="T0+T1")
+    result = result_of(run)["result"]
+    train = result["train_prompts_offered"]
+    assert result["answer_law"] == "T0+T1" and result["answers_asked"] == 2 * train and result["train_prompts_answered"] == train
+    assert result["train_prompts"] > train  # answers under two tokens are left out; most are longer
+    used = [law for law, _ in laws]
+    assert set(used) == {workload_command.LAWS["T0"], workload_command.LAWS["T1"]} and used == sorted(used, key=lambda law: law != workload_command.LAWS["T0"])
+    assert len({seed for _, seed in laws}) == len(laws)
+    with pytest.raises(ValueError, match="each once"):
+        next(workload_command.adaptation(bundle, prompts, base, answer_law="T0+T0"))
+
 
 def test_the_command_and_the_tab_share_one_default_recipe(tmp_path, monkeypatch):
     import types
@@ -296,7 +310,7 @@ def test_the_command_and_the_tab_share_one_default_recipe(tmp_path, monkeypatch)
         yield
 
     monkeypatch.setattr(workload_command, "adaptation", adaptation)
-    monkeypatch.setattr(workload_command, "load_bundle", lambda *a, **k: types.SimpleNamespace(pair="tiny"))
+    monkeypatch.setattr(workload_command, "load_bundle", lambda *a, **k: types.SimpleNamespace(pair="tiny", default_drafter="block"))
     monkeypatch.setattr(workload_command, "shipped_drafter", lambda pair, kind: tmp_path)
     assert main(["exittrain", "--workload", str(PACKS[0]), "--out", str(tmp_path / "out")]) == 2
     term = ui.workload.RECIPES[ui.workload.DEFAULT_RECIPE]  # the tab's default

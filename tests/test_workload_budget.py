@@ -37,11 +37,12 @@ class FakeClock:
 
 
 def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: float | None = None, later_answer: float | None = None,
-         phases: list | None = None) -> dict:
+         phases: list | None = None, answer_law: str = "T0") -> dict:
     """A whole adaptation in fake time: each piece of work moves the clock by its stubbed pace
     (the probe's held-out prompt by ``probe_heldout`` when given: a busy minute while it ran; the
     answers after the probe's first ones by ``later_answer``: longer answers in bigger batches).
-    ``phases``, when given, collects the run's named phases and their info, as the page reads them."""
+    ``phases``, when given, collects the run's named phases and their info, as the page reads them.
+    Greedy answers only unless ``answer_law`` says otherwise: the plan's cuts are what most tests here check."""
     bundle, base, prompts = tiny
     clock = FakeClock()
     answer, score, train, decode = (workload_command.answer_prompts, workload_command.workload_train_set, workload_command.train,
@@ -89,7 +90,8 @@ def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: 
     monkeypatch.setattr(workload_command, "_decode_prompt", decoding)
     monkeypatch.setattr(workload_command, "EVAL_NEW_TOKENS", 6)
     settings = dataclasses.replace(workload_settings("exit"), batch=8, tree_batch=4)
-    events = workload_command.adaptation(bundle, prompts, base, MINUTES, settings, controls=("none",), progress=False, with_mass=with_mass, clock=clock)
+    events = workload_command.adaptation(bundle, prompts, base, MINUTES, settings, controls=("none",), progress=False, with_mass=with_mass, clock=clock,
+                                          answer_law=answer_law)
     result = result_of(_kept(events, phases) if phases is not None else events)["result"]
     assert clock.now == pytest.approx(result["minutes"] * 60)
     assert result["minutes"] <= 1.1 * MINUTES  # the minutes hold, whatever the pace
@@ -118,6 +120,13 @@ def test_a_quiet_run_answers_every_prompt_and_trains_the_steps_that_fit(tiny, mo
     assert result["train_prompts_answered"] == 15 and result["eval_prompts"] >= 2
     assert result["steps"] >= MIN_STEPS and result["pace"]["step"] == pytest.approx(QUIET.step)
     assert set(result["T0.7"]) == {"base", "adapted", "token_only"} and set(result["gain"]["T0.7"]) == {"adapted", "token_only"}
+
+
+def test_a_quiet_run_at_the_default_answer_laws_answers_every_prompt_at_each(tiny, monkeypatch):
+    result = _run(tiny, monkeypatch, QUIET, answer_law=workload_command.DEFAULT_ANSWER_LAW)
+    laws = workload_command.answer_laws(workload_command.DEFAULT_ANSWER_LAW)
+    assert len(laws) == 2 and result["answer_law"] == workload_command.DEFAULT_ANSWER_LAW
+    assert result["compared"] and result["answers_asked"] == 2 * 15 and result["train_prompts_answered"] == 15 and result["steps"] >= MIN_STEPS
 
 
 def test_slow_answers_cut_the_answers_not_the_training(tiny, monkeypatch):

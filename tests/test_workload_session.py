@@ -99,7 +99,7 @@ def test_live_serves_an_adapted_drafter_only_at_the_laws_where_it_measured_no_wo
     assert drafters == {"block"} and stats.startswith("**adapted: sql** measured")
     import ui.workload
     said = ui.workload._served_laws(gains)  # what the tab says when it keeps the drafter
-    assert said == ("; it measured a loss at T = 1 (-12%), so Live runs the shipped block drafter at the laws nearest to that and serves the "
+    assert said == ("; it measured a loss at T = 1 (-12%), so Live runs the shipped drafter at the laws nearest to that and serves the "
                     "adapted one at T = 0 (greedy), T = 0.7, top-p 0.9")
     assert ui.workload._served_laws({key: {"gain": 0.1, "se": 0.1} for key in gains}).startswith("; Live serves it at every law")
     assert measured_law(SamplingLaw(0.0)) == "T0" and measured_law(SamplingLaw(0.8, top_p=0.9)) == "T0.7" and measured_law(SamplingLaw(2.0)) == "T1"

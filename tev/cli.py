@@ -216,7 +216,7 @@ def _add_exittrain(commands) -> None:
     parser = commands.add_parser("exittrain", help="fine-tune the block drafter with ExitTrain (exit-weighted loss)")
     _add_training_arguments(parser)
     _add_data_arguments(parser)
-    parser.add_argument("--base", help="drafter folder to start from (default: the pair's block drafter)")
+    parser.add_argument("--base", help="drafter folder to start from (default: the pair's block drafter; with --workload, the drafter the page starts with: the path drafter on the default pair)")
     parser.add_argument("--out", help="output folder (default: runs/exittrain/<weights>-<time>); never assets/ unless --install")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.add_argument("--install", action="store_true", help="install the result as the pair's ExitTrain drafter")
@@ -227,8 +227,9 @@ def _add_exittrain(commands) -> None:
     workload.add_argument("--json", help="where to write the result (default: <out>/result.json)")
     workload.add_argument("--minutes", type=float, default=5.0, help="time budget of the whole run (answers, fine-tunes, controls and held-out measurement): it measures its pace and plans within it")
     workload.add_argument("--workload-steps", type=int, default=workload_settings().steps, help="fine-tune steps (fewer if the time budget ends first)")
-    workload.add_argument("--answer-law", choices=list(LAWS), default=DEFAULT_ANSWER_LAW,
-                          help="the law the target's training answers are drawn from: T0 greedy, T0.7 (top-p 0.9) or T1 sampled")
+    workload.add_argument("--answer-law", default=DEFAULT_ANSWER_LAW,
+                          help="the law the target's training answers are drawn from: T0 greedy, T0.7 (top-p 0.9) or T1 sampled, or several joined by '+' "
+                               "(T0+T0.7: each training prompt answered at each)")
     workload.add_argument("--controls", nargs="*", default=None, help="tree terms trained on the same data, steps and seed, for comparison, within the minutes when they fit "
                           "(none: the token-only control; default: the other recipe, the exit term beside the token loss alone and the token loss alone beside a tree term)")
     add_model_arguments(parser)

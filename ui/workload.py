@@ -10,9 +10,9 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
-from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import shipped_drafter
-from tev.pipelines.workload import DEFAULT_TREE_TERM, EVAL_BUDGET, EXIT_LAMBDA, EXIT_TERM, MIN_STEPS, adaptation, workload_settings
+from tev.engine.path_drafter import tree_drafter_of
+from tev.pipelines.workload import DEFAULT_ANSWER_LAW, DEFAULT_TREE_TERM, EVAL_BUDGET, EXIT_LAMBDA, EXIT_TERM, MIN_STEPS, adaptation, adapted_kind, answer_laws, workload_settings
 from tev.pipelines.workload_report import LAWS, PAGE_LAW, model_label, result_table
 from tev.pipelines.workload_data import check_workload, load_workload, split_workload
 from tev.service.adapted import ADAPTED_PREFIX, CAPACITY, MIN_ASKED, is_adapted, lost_laws
@@ -94,8 +94,9 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
         term = _recipe(recipe)
         prompts = _prompts(pack, own_text, owner)
         bundle = shared.EXITTRAIN_SERVICE.bundle()
-        if "block" not in bundle.drafters or not bundle.is_chat:
-            raise ValueError("workload adaptation needs a chat target and its block drafter (the default pair)")
+        kind = adapted_kind(bundle)
+        if kind not in bundle.drafters or not bundle.is_chat:
+            raise ValueError("workload adaptation needs a chat target and its shipped drafter (the default pair)")
     except (ValueError, FileNotFoundError) as error:
         raise _user_error(error) from None
     if not shared.EXITTRAIN_SLOT.acquire(owner):
@@ -106,7 +107,7 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
         start = time.monotonic()
         budget = minutes * 60
         settings = workload_settings(term)
-        run = adaptation(bundle, prompts, shipped_drafter(bundle.pair, "block"), minutes, settings, progress=False)  # the control: the other recipe
+        run = adaptation(bundle, prompts, shipped_drafter(bundle.pair, kind), minutes, settings, progress=False)  # the control: the other recipe
         pieces = shared.SERVICE.compute.steps(run, background=True)  # a piece of work at a time; users' rounds go first
         try:
             outcome = yield from _phases(pieces, cancel, start, budget, progress, asdict(settings))
@@ -135,8 +136,8 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
         yield only(WorkloadView, status=f"{done}; drawing both drafters' trees on a held-out prompt…", table=table, mass=mass_figure)
         progress(0.99, desc="drawing both drafters' trees on a held-out prompt")  # the yield took the bar down: it stays until the trees
         _, heldout = split_workload(prompts)
-        adapted = BlockTreeDrafter(outcome["drafter"].served(), name="adapted")
-        trees = side_by_side(bundle, {"base": bundle.drafter("block"), "adapted": adapted}, {"text": heldout[0], "chat": True}, EVAL_BUDGET)
+        adapted = tree_drafter_of(outcome["drafter"].served(), name="adapted")
+        trees = side_by_side(bundle, {"base": bundle.drafter(kind), "adapted": adapted}, {"text": heldout[0], "chat": True}, EVAL_BUDGET)
         yield only(WorkloadView, status=f"{done}; {kept}", table=table, tree_base=trees[0], tree_adapted=trees[1])
     finally:
         shared.EXITTRAIN_SLOT.release()
@@ -180,9 +181,9 @@ def _drafters(names, settings: dict) -> str:
 
 
 PHASES = {  # what each phase of the run says while it runs (``i`` its info, ``s`` the run's settings, for the drafters' names)
-    "answers": lambda i, s: f"the target answers {i['prompts']} training prompts…",
+    "answers": lambda i, s: f"the target writes {i.get('answers', i['prompts'])} answers to {i['prompts']} training prompts…",
     "pace": lambda i, s: f"{i['answer']:.1f} s an answer; timing a held-out prompt, scoring and two training steps to plan the rest…",
-    "plan": lambda i, s: (f"plan: {i['plan']['answers']} training prompts answered, {i['plan']['steps']} steps, {i['plan']['heldout']} held-out prompts decoded"
+    "plan": lambda i, s: (f"plan: {i['plan']['answers']} answers written, {i['plan']['steps']} steps, {i['plan']['heldout']} held-out prompts decoded"
                        + ("" if i["plan"]["heldout"] else f" (no comparison fits at this pace: {MIN_STEPS} steps and a held-out prompt for both drafters)")),
     "answers done": lambda i, s: f"{i['answers']} answers ({i['tokens']} tokens); scoring the base drafter's trees on them…",
     "train": lambda i, s: f"fine-tuning {i['steps']} steps on {i['anchors']} anchors and {i['trees']} scored trees ({i['vocab_added']} new draft tokens)…",
@@ -234,7 +235,7 @@ def live_drafter(bundle, name: str, request, law) -> tuple[object, str | None]:
     the shipped one (:meth:`~tev.service.adapted.AdaptedDrafters.serving`)."""
     if not is_adapted(name):
         return bundle.drafter(name), None
-    return _adapted_store().serving(shared.session_of(request), name, law, bundle.drafter("block"))
+    return _adapted_store().serving(shared.session_of(request), name, law, bundle.drafter(adapted_kind(bundle)))
 
 
 def _served_laws(gains: dict) -> str:
@@ -244,7 +245,7 @@ def _served_laws(gains: dict) -> str:
         return "; Live serves it at every law (it measured no worse than the shipped drafter at any)"
     served = [LAWS[key].describe() for key in gains if key not in losses]
     lost = ", ".join(f"{LAWS[key].describe()} ({100 * gains[key]['gain']:+.0f}%)" for key in losses)
-    return (f"; it measured a loss at {lost}, so Live runs the shipped block drafter at the laws nearest to "
+    return (f"; it measured a loss at {lost}, so Live runs the shipped drafter at the laws nearest to "
             f"{'that' if len(losses) == 1 else 'those'} and serves the adapted one " + (f"at {', '.join(served)}" if served else "at none"))
 
 
@@ -283,14 +284,17 @@ def tab(drafters: list = ()) -> None:
         "### Adapt the drafter to your workload\n"
         "A drafter gains most where it meets text it has not learned: pick a workload pack, paste your own prompts (one per "
         f"line, at least 16), or take the chat prompts you sent in the Live tab (at least {MIN_ASKED}). The run first times this machine, "
-        "then plans within the minutes: the target answers three quarters of the prompts, the block drafter is fine-tuned on those answers "
+        "then plans within the minutes: the target answers three quarters of the prompts (each at "
+        f"{' and at '.join(LAWS[key].describe() for key in answer_laws(DEFAULT_ANSWER_LAW))}), the drafter the page starts with (the path "
+        "drafter) is fine-tuned on those answers "
         "(the token loss alone, or with ExitTrain's exit term on the trees it builds there: the other is trained beside it as the "
         "control), and the last quarter, never trained on, measures `tau` before and after at T = 0, at the page's T = 0.7 top-p 0.9 "
         "and at T = 1. The token loss alone is the default: the exit term did not beat it on the measured workloads. "
         f"Below {MIN_STEPS} steps it says so and compares nothing. Cancel stops it at once. The adapted drafter is kept in the "
         "server's memory for this browser session only (Live and walkthrough: \"adapted: …\"), with its weights to download. "
-        "It adapts the block drafter (the paper's setting), whose trees the exit term is written for; the path drafter is not "
-        "adapted here.",
+        "The exit term and the figure of where the target's mass leaves the trees are written for trees of per-depth marginals "
+        "(the block drafter): for the path drafter their trees are built from each depth's law given the target's own tokens "
+        "above it, not the tree it grows while decoding.",
         visible=shown,
     )
     with gr.Row(visible=shown):

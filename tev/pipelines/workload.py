@@ -1,8 +1,10 @@
-"""``python -m tev exittrain --workload FILE.json``: adapt a pair's block drafter to a user's own
-workload and measure the gain on held-out prompts of it.
+"""``python -m tev exittrain --workload FILE.json``: adapt the drafter a pair's page starts with (the
+default pair's path drafter; else its block drafter) to a user's own workload and measure the gain
+on held-out prompts of it.
 
 The run, within ``--minutes`` (every phase included, the controls too): split the prompts (a
-quarter held out, never trained on), let the target answer the training prompts, add the answers'
+quarter held out, never trained on), let the target answer the training prompts (at each law of
+:data:`DEFAULT_ANSWER_LAW`: greedily, then sampled at T = 1), add the answers'
 tokens the draft vocabulary lacks, fine-tune a copy of the base drafter (the token loss on the
 answers, by default the token loss alone: :data:`DEFAULT_TREE_TERM`, the same recipe as the
 ExitTrain tab's), train the other recipe as the control (same data, steps and seed) and any extra
@@ -22,6 +24,7 @@ fewer steps. Below :data:`MIN_STEPS` steps it says so and compares nothing.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import sys
@@ -32,11 +35,11 @@ from typing import Callable
 
 import torch
 
-from tev.engine.block_drafter import BlockDrafter
+from tev.engine.block_drafter import BlockDrafter, read_drafter_config
 from tev.engine.decode import DecodeConfig
-from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import decode_rounds, fit_prompt
 from tev.engine.models import load_bundle, shipped_drafter
+from tev.engine.path_drafter import drafter_model_class, tree_drafter_of
 from tev.engine.session import max_positions
 from tev.pipelines.exittrain import invoked_command
 from tev.pipelines.workload_data import extend_draft_vocab, load_workload, split_workload
@@ -48,9 +51,9 @@ from tev.train.teacher import WRITING, answer_prompts, with_features_steps
 from tev.train.trees import ScoredTrees, fixed_trees
 from tev.util.compute_thread import mapped, result_of
 from tev.util.paths import REPO_ROOT
-from tev.util.stats import ratio_standard_error
+from tev.util.stats import paired_ratio_change, ratio_standard_error
 
-__all__ = ["DEFAULT_ANSWER_LAW", "DEFAULT_TREE_TERM", "EXIT_TERM", "EXIT_LAMBDA", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "LAWS", "MIN_STEPS", "SOFT_TOP", "Pace", "Plan", "plan_phases",
+__all__ = ["adapted_kind", "answer_laws", "DEFAULT_ANSWER_LAW", "DEFAULT_TREE_TERM", "EXIT_TERM", "EXIT_LAMBDA", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "LAWS", "MIN_STEPS", "SOFT_TOP", "Pace", "Plan", "plan_phases",
            "workload_settings", "workload_train_set", "adaptation", "heldout_mass", "relative_gain", "other_recipe", "workload_command"]
 
 # The kept drafter's recipe by default, for the command and the tab alike: the token loss alone. Over the four packs
@@ -63,7 +66,10 @@ EVAL_PROMPTS = 10  # held-out prompts decoded at most (the first of the held-out
 MIN_EVAL_PROMPTS = 1  # held-out prompts a comparison decodes at least (a busy 2-core machine took 196 s for one, per drafter)
 SOFT_TOP = 16  # the target's top tokens kept as soft labels (train-drafter's default)
 TREES_PER_ANSWER = 8
-DEFAULT_ANSWER_LAW = "T0"  # the target's training answers: greedy (see docs/exittrain.md for sampled answers against greedy)
+# The target's training answers: each training prompt answered greedily and sampled at T = 1. Against greedy answers
+# alone, on three workloads with the path drafter, it turned a T = 1 loss into a gain (shell -1.6% -> +5.6%, commit
+# messages -6.9% -> +0.8%; SQL +19% -> +22%) and kept T = 0 within the error (docs/exittrain.md).
+DEFAULT_ANSWER_LAW = "T0+T1"
 # Below this many fine-tune steps the run compares nothing: a token-only fine-tune of the shipped
 # drafter gained +17% and +31% held-out tau at T = 0 after 30 steps on two workloads.
 MIN_STEPS = 30
@@ -136,6 +142,13 @@ def plan_phases(pace: Pace, seconds: float, answered: int, offered: int, steps: 
     return Plan(a, s, h, kept)
 
 
+def adapted_kind(bundle) -> str:
+    """The drafter kind a workload run adapts and measures against: the one the page starts with
+    (the default pair's path drafter) where the pair ships it, else its block drafter."""
+    kind = bundle.default_drafter
+    return kind if kind in ("block", "path") and bundle.pair is not None and shipped_drafter(bundle.pair, kind).is_dir() else "block"
+
+
 def workload_settings(tree_term: str = DEFAULT_TREE_TERM, lambda_tree: float = EXIT_LAMBDA, steps: int = 160, seed: int = 0) -> TrainSettings:
     """The workload fine-tune: 64 soft-labelled anchors and 16 fixed trees a step, lr 5e-4 (10
     warm-up steps, cosine to a tenth), no weight decay or short histories (a few minutes from a trained base)."""
@@ -161,9 +174,13 @@ def workload_train_set(target, drafter: BlockDrafter, answers, seed: int = 0, pr
 
 
 def relative_gain(after: dict, before: dict) -> dict:
-    """``after / before - 1`` of two ``{"tau", "se"}`` cells and its standard error (the two
-    measured on the same prompts and seeds, but each drafter's answers differ: errors over prompts
-    combined as independent)."""
+    """``after / before - 1`` of two ``{"tau", "se"}`` cells and its standard error: paired over
+    prompts when both cells hold each prompt's tokens and forwards (``per_prompt``: the same
+    prompts and seeds, so what makes a prompt easy for both cancels), else the two errors over
+    prompts combined as independent (result files written before cells kept their prompts)."""
+    if len(after.get("per_prompt") or ()) == len(before.get("per_prompt") or ()) > 1:
+        gain, se = paired_ratio_change(after["per_prompt"], before["per_prompt"])
+        return {"gain": gain, "se": se}
     ratio = after["tau"] / before["tau"]
     se = ratio * math.sqrt((after["se"] / after["tau"]) ** 2 + (before["se"] / before["tau"]) ** 2)
     return {"gain": ratio - 1, "se": se}
@@ -192,7 +209,7 @@ def _cell(decoded: list[dict], key: str) -> dict:
     lengths = [x for prompt in decoded for x in prompt[key]["lengths"]]
     bounds = [x for prompt in decoded for x in prompt[key]["bounds"]]
     return {"tau": sum(tokens) / sum(rounds), "se": ratio_standard_error(tokens, rounds), "mean_block_length": sum(lengths) / len(lengths),
-            "tau_bound": sum(bounds) / len(bounds), "prompts": len(decoded), "rounds": sum(rounds)}
+            "tau_bound": sum(bounds) / len(bounds), "prompts": len(decoded), "rounds": sum(rounds), "per_prompt": [list(pair) for pair in zip(tokens, rounds)]}
 
 
 def _work(pieces):
@@ -200,9 +217,9 @@ def _work(pieces):
     return mapped(pieces, lambda _: ("work", None))
 
 
-def _served(drafter: BlockDrafter, name: str) -> BlockTreeDrafter:
-    """A copy of ``drafter`` served for decoding (the original keeps training or stays the base)."""
-    return BlockTreeDrafter(copy.deepcopy(drafter).served(), name=name)
+def _served(drafter: BlockDrafter, name: str):
+    """A copy of ``drafter`` (block or path) served for decoding (the original keeps training or stays the base)."""
+    return tree_drafter_of(copy.deepcopy(drafter).served(), name=name)
 
 
 def _no_comparison(steps: int, pace: Pace, minutes: float) -> str:
@@ -239,7 +256,7 @@ class WorkloadRun:
     progress: bool
     with_mass: bool
     clock: Callable[[], float]
-    answer_law: str
+    answer_law: str  # the laws the training answers are drawn from: keys of LAWS joined by "+", each prompt answered at each
     minutes: float
     start: float
     train_prompts: list[str]
@@ -247,7 +264,7 @@ class WorkloadRun:
     held: list[list[int]]  # the ids of the held-out prompts that may be decoded (at most EVAL_PROMPTS)
     answers: TrainData | None = None  # the target's answers to the training prompts (prompt, then answer)
     answer_seconds: float = 0.0  # the time the target took to write them
-    offered: int = 0  # training prompts offered to the target so far
+    offered: int = 0  # jobs (training prompt, answer law) offered to the target so far
     pace: Pace = field(default_factory=Pace)
     plan: Plan | None = None
     skipped: tuple[str, ...] = ()  # controls asked for that did not fit
@@ -260,6 +277,11 @@ class WorkloadRun:
     decoded: dict[str, list] = field(default_factory=lambda: {"base": []})  # per drafter, per held-out prompt: {law: what _decode_prompt measured}
     mass: dict | None = None
     mass_note: str | None = None
+
+    @property
+    def jobs(self) -> list[tuple[str, str]]:
+        """What the target answers: every training prompt at the first answer law, then at the next."""
+        return [(prompt, key) for key in answer_laws(self.answer_law) for prompt in self.train_prompts]
 
     @property
     def deadline(self) -> float:
@@ -279,43 +301,59 @@ class WorkloadRun:
         return prompts * (self.pace.answer + 2 * self.pace.score) if self.with_mass else 0.0
 
 
+def answer_laws(answer_law: str) -> list[str]:
+    """The keys of :data:`LAWS` in ``answer_law`` (one key, or several joined by ``+``: ``T0+T0.7``); ValueError names the choices."""
+    keys = answer_law.split("+")
+    unknown = [key for key in keys if key not in LAWS]
+    if unknown or len(set(keys)) != len(keys):
+        raise ValueError(f"answer law {answer_law!r}: choose from {', '.join(LAWS)}, or several joined by '+' (each once)")
+    return keys
+
+
 def _start(bundle, prompts, base, minutes, settings, controls, seed, progress, with_mass, clock, answer_law) -> WorkloadRun:
     """The run's settings checked, its prompts split and the held-out ones encoded, the base loaded."""
-    if answer_law not in LAWS:
-        raise ValueError(f"answer law {answer_law!r}: choose from {', '.join(LAWS)}")
+    answer_laws(answer_law)
     settings, start = replace(settings, seed=seed), clock()
     train_prompts, heldout_prompts = split_workload(prompts, seed)
     context = max_positions(bundle.target)
     held = [fit_prompt(bundle.tokenizer, {"text": p, "chat": True}, context - EVAL_NEW_TOKENS) for p in heldout_prompts[:EVAL_PROMPTS]]
-    return WorkloadRun(bundle=bundle, base=BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32), settings=settings,
+    return WorkloadRun(bundle=bundle, base=drafter_model_class(read_drafter_config(base)).from_pretrained(base, bundle.target, dtype=torch.float32), settings=settings,
                        controls=tuple(controls), seed=seed, progress=progress, with_mass=with_mass, clock=clock, answer_law=answer_law,
                        minutes=minutes, start=start, train_prompts=train_prompts, heldout_prompts=heldout_prompts, held=held)
 
 
-def _answer(run: WorkloadRun, prompts: list[str], stop_by: float, seed: int):
-    """The target answers ``prompts`` a batch at a time into ``run.answers`` (greedy, or sampled
-    from the run's answer law), stopping before a batch that would end after ``stop_by`` at the
-    pace measured so far; returns the prompts answered."""
-    start, begun, done, written, seconds = run.clock(), time.perf_counter(), 0, None, 0.0
-    for so_far in answer_prompts(run.bundle.target, run.bundle.tokenizer, prompts, batch=ANSWER_BATCH, progress=run.progress, law=LAWS[run.answer_law], seed=seed,
-                                 pieces=True):
-        yield "work", None  # after each forward: a server's compute thread steps users' rounds between them
-        if so_far is WRITING:
-            continue
-        written, done, seconds = so_far, min(len(prompts), done + ANSWER_BATCH), time.perf_counter() - begun
-        if done < len(prompts) and run.clock() + (run.clock() - start) / done * min(ANSWER_BATCH, len(prompts) - done) > stop_by:
+def _answer(run: WorkloadRun, jobs: list[tuple[str, str]], stop_by: float, seed: int):
+    """The target answers ``jobs`` (training prompt, answer law) a batch at a time into
+    ``run.answers`` (greedy, or sampled from the job's law; consecutive jobs of one law batched
+    together), stopping before a batch that would end after ``stop_by`` at the pace measured so
+    far; returns the jobs answered."""
+    start, begun, done, seconds, stopped = run.clock(), time.perf_counter(), 0, 0.0, False
+    for key, group in itertools.groupby(jobs, key=lambda job: job[1]):
+        prompts, written, answered = [prompt for prompt, _ in group], None, 0
+        for so_far in answer_prompts(run.bundle.target, run.bundle.tokenizer, prompts, batch=ANSWER_BATCH, progress=run.progress, law=LAWS[key], seed=seed + done,
+                                     pieces=True):
+            yield "work", None  # after each forward: a server's compute thread steps users' rounds between them
+            if so_far is WRITING:
+                continue
+            written, answered, seconds = so_far, min(len(prompts), answered + ANSWER_BATCH), time.perf_counter() - begun
+            left = len(jobs) - done - answered
+            if left and run.clock() + (run.clock() - start) / (done + answered) * min(ANSWER_BATCH, left) > stop_by:
+                stopped = True
+                break
+        if written is not None:
+            run.answers = written if run.answers is None else TrainData.concat([run.answers, written])
+        done += answered
+        if stopped:
             break
-    if written is not None:
-        run.answers = written if run.answers is None else TrainData.concat([run.answers, written])
     run.answer_seconds += seconds
     return done
 
 
 def _first_answers(run: WorkloadRun):
     """The first few answers, which time an answer."""
-    yield "answers", {"prompts": len(run.train_prompts)}
+    yield "answers", {"prompts": len(run.train_prompts), "answers": len(run.jobs)}
     now = run.clock()
-    run.offered = yield from _answer(run, run.train_prompts[:FIRST_ANSWERS], run.deadline, run.seed)
+    run.offered = yield from _answer(run, run.jobs[:FIRST_ANSWERS], run.deadline, run.seed)
     run.pace.answer = (run.clock() - now) / max(1, run.offered)
     if run.answers is None:
         raise ValueError("the target wrote no answer to the first training prompts; shorten them or raise --minutes")
@@ -346,7 +384,7 @@ def _probe_training(run: WorkloadRun):
 
 def _plan(run: WorkloadRun):
     """The plan for the time left at the pace measured; the controls that do not fit are skipped."""
-    run.plan = plan_phases(run.pace, PLAN_SHARE * (run.deadline - run.clock()), run.offered, len(run.train_prompts), run.settings.steps, len(run.held),
+    run.plan = plan_phases(run.pace, PLAN_SHARE * (run.deadline - run.clock()), run.offered, len(run.jobs), run.settings.steps, len(run.held),
                            len(run.controls), len(run.decoded["base"]))
     run.skipped, run.controls = run.controls[run.plan.controls :], run.controls[: run.plan.controls]
     yield "plan", {"pace": asdict(run.pace), "plan": asdict(run.plan)}
@@ -359,7 +397,7 @@ def _more_answers(run: WorkloadRun):
         # time for answers (ANSWER_SHARE) before the run gives up on the rest (the answers are what the drafter learns)
         now = run.clock()
         stop_by = now + max((run.plan.answers - run.offered) * run.pace.answer / PLAN_SHARE, ANSWER_SHARE * (run.deadline - now))
-        run.offered += yield from _answer(run, run.train_prompts[run.offered : run.plan.answers], stop_by, run.seed + run.offered)
+        run.offered += yield from _answer(run, run.jobs[run.offered : run.plan.answers], stop_by, run.seed + run.offered)
     yield "answers done", {"answers": len(run.answers), "tokens": run.answers.response_tokens, "seconds": run.answer_seconds}
 
 
@@ -456,7 +494,7 @@ def _measure_mass(run: WorkloadRun, count: int):
 
 def _result(run: WorkloadRun, count: int, cells: dict) -> dict:
     """The run's result (JSON): per law each drafter's held-out tau and its gain, what the run did and measured."""
-    result = {key: {name: {k: row[key][k] for k in ("tau", "se", "mean_block_length", "prompts")} for name, row in cells.items()} for key in LAWS}
+    result = {key: {name: {k: row[key][k] for k in ("tau", "se", "mean_block_length", "prompts", "per_prompt")} for name, row in cells.items()} for key in LAWS}
     result.update({
         "compared": run.compare,
         "note": None if run.compare else _no_comparison(len(run.history), run.pace, run.minutes),
@@ -467,9 +505,10 @@ def _result(run: WorkloadRun, count: int, cells: dict) -> dict:
         "minutes_budget": run.minutes,
         "pace": asdict(run.pace),
         "plan": asdict(run.plan),
-        "train_prompts": len(run.answers),
+        "train_prompts": len(run.answers),  # the answers kept (over two tokens): a prompt answered at each answer law counts once per law
         "train_prompts_offered": len(run.train_prompts),
-        "train_prompts_answered": run.offered,
+        "train_prompts_answered": min(run.offered, len(run.train_prompts)),
+        "answers_asked": run.offered,  # jobs: a training prompt at one answer law
         "heldout_prompts": len(run.heldout_prompts),
         "eval_prompts": count,
         "answer_tokens": run.answers.response_tokens,
@@ -505,9 +544,10 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     ``with_mass``, where the target's mass leaves the base's and the adapted drafter's trees on the
     held-out answers, when the time left allows. When it compares nothing (below :data:`MIN_STEPS`
     steps, or no held-out prompt fits for both drafters) the result says why in one sentence
-    (``note``) and holds only what the base measured. The kept drafter is ``adapted`` in the result. ``answer_law`` (a key of :data:`LAWS`) is the
-    law the target's training answers are drawn from: ``T0`` greedy, else sampled (seeded), so the
-    drafter learns the law it will meet. ``clock`` (seconds) is for tests.
+    (``note``) and holds only what the base measured. The kept drafter is ``adapted`` in the result. ``answer_law`` (a key of :data:`LAWS`, or
+    several joined by ``+``) is the law the target's training answers are drawn from: ``T0`` greedy,
+    else sampled (seeded), so the drafter learns the law it will meet; with several, each training
+    prompt is answered at each (all at the first law before any at the next). ``clock`` (seconds) is for tests.
     """
     settings = settings or workload_settings()
     controls = (other_recipe(settings.tree_term),) if controls is None else controls
@@ -562,8 +602,8 @@ def workload_command(args) -> None:
         raise ValueError(f"--json {json_path} is inside assets/; write it elsewhere")
     bundle = load_bundle(args.target, None, device=args.device, dtype="float32", allow_download=args.allow_download, pair=None if args.target else (args.pair or None))
     if args.target and not args.base:
-        raise ValueError("with --target, pass --base: the block drafter to adapt")
-    base = Path(args.base) if args.base else shipped_drafter(bundle.pair, "block")
+        raise ValueError("with --target, pass --base: the block or path drafter to adapt")
+    base = Path(args.base) if args.base else shipped_drafter(bundle.pair, adapted_kind(bundle))
     term = args.tree_term or DEFAULT_TREE_TERM
     lam = EXIT_LAMBDA if args.lambda_tree is None else args.lambda_tree
     settings = workload_settings(term, lam, args.workload_steps, args.seed or 0)

@@ -6,7 +6,9 @@ A result (:func:`tev.pipelines.workload.adaptation`) holds, per law key of :data
 ``{"tau", "se", "mean_block_length", "prompts"}`` per drafter (``base``, ``adapted``: the kept
 drafter, trained by the run's recipe, and its controls named by tree term, ``token_only`` for
 none) and under ``gain`` each drafter's change against the base. ``tau`` is tokens emitted per
-target forward and ``se`` its standard error over prompts. Results written before 2026-12-05 name
+target forward and ``se`` its standard error over prompts; cells of newer results also hold
+``per_prompt`` (each prompt's tokens and forwards), and their gains are paired over prompts (the
+same prompts and seeds for every drafter). Results written before 2026-12-05 name
 the kept drafter ``exittrain`` and hold the mean block length under ``tau``, its error over rounds
 (no ``mean_block_length``): :func:`read_result` renames the one, :func:`measured` names the other.
 """
@@ -115,10 +117,19 @@ def verdict_lines(result: dict) -> list[str]:
     return lines
 
 
+def _answered(result: dict) -> str:
+    """What the target wrote to train on, in words: answers (over two tokens), to how many of the
+    training prompts, at which laws."""
+    laws = result.get("answer_law", "T0").split("+")
+    at = " and ".join(result["laws"][key] for key in laws if key in result.get("laws", {})) or "T = 0 (greedy)"
+    offered = result.get("train_prompts_offered", result["train_prompts"])
+    return f"{result['train_prompts']} answers to {result.get('train_prompts_answered', offered)} of {offered} training prompts, at {at}"
+
+
 def summary_lines(result: dict) -> list[str]:
     """The command line's summary of a run: what it answered, decoded and trained, its pace, each
     measured law's cells with their changes, then :func:`verdict_lines`."""
-    lines = [f"{result['train_prompts']} training prompts answered ({result['answer_tokens']} tokens) of {result['train_prompts_offered']}, "
+    lines = [f"{_answered(result)} ({result['answer_tokens']} tokens), "
              f"{result['heldout_prompts']} held out ({result['eval_prompts']} decoded); {result['steps']} steps; "
              f"{result['minutes']:.1f} min (budget {result['minutes_budget']:g})",
              "pace: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in result["pace"].items())]
@@ -139,15 +150,21 @@ def result_table(result: dict) -> str:
     figure, unit = measured(result)
     meaning = "tau = tokens the answers got per target forward" if figure == "tau" else "the mean block length (accepted + bonus)"
     lines = [f"Held-out: {result['heldout_prompts']} prompts never trained on ({decoded} of them decoded); B = {result['budget']}, {result['max_new_tokens']} new tokens, "
-             f"TEV when sampling, greedy at T = 0; {meaning}, +- one standard error over {unit}.", "",
+             f"TEV when sampling, greedy at T = 0; {meaning}, +- one standard error over {unit}"
+             + ("; each change is paired prompt by prompt (the same prompts and seeds for every drafter)." if _paired(result) else "."), "",
              f"| law | drafter | {figure} | change against the base |", "|---|---|---|---|"]
     for key in LAWS:
         for name, cell in result[key].items():
             change = "" if name == "base" else change_in_words(result["gain"][key][name]["gain"], result["gain"][key][name]["se"])
             lines.append(f"| {result['laws'][key]} | {model_label(name, result['settings'])} | {cell['tau']:.3f} +- {cell['se']:.3f} | {change} |")
-    lines += ["", f"The target answered {result['train_prompts']} training prompts ({result['answer_tokens']} tokens); {result['vocab_added']} of their "
+    lines += ["", f"The target wrote {_answered(result)} ({result['answer_tokens']} tokens); {result['vocab_added']} of their "
               f"tokens joined the draft vocabulary; {result['steps']} fine-tune steps; {result['minutes']:.1f} min in all (of {result['minutes_budget']:g}).", ""]
     return "\n".join(lines + verdict_lines(result))
+
+
+def _paired(result: dict) -> bool:
+    """Whether a result's gains were paired over prompts (its cells keep each prompt's figures)."""
+    return all("per_prompt" in cell for key in LAWS for cell in (result.get(key) or {}).values())
 
 
 def card_rows(workloads: dict) -> list[list[str]]:

@@ -3,7 +3,7 @@ it, and the chat prompts it sent in Live (a workload of its own to adapt to).
 
 An adapted drafter is served only to the session that made it ("adapted: <workload>" among its
 drafters), kept in memory only (never written under ``assets/``), and at most
-:data:`CAPACITY` are kept on the server, the least recently used dropped first. One adapted block
+:data:`CAPACITY` are kept on the server, the least recently used dropped first. One adapted
 drafter of the default pair holds 14 MB where bfloat16 serves (measured: its own weights and its
 copy of the target's head rows for its 8,212-token draft vocabulary), about 29 MB where float32
 does; :meth:`AdaptedDrafters.memory_bytes` says what the kept ones take. Its download is the folder ``--draft`` loads, zipped in a fresh
@@ -12,7 +12,7 @@ temporary folder.
 An adapted drafter is served in Live only at the laws where it measured no worse than the base on
 its held-out prompts (:meth:`AdaptedDrafters.serving`): fine-tuning on the target's answers sharpens
 ``q`` towards what those answers chose, which greedy decoding wants and sampling at T = 1 often does
-not, so at a law where it measured a loss Live runs the shipped block drafter and says why.
+not, so at a law where it measured a loss Live runs the shipped drafter it was adapted from and says why.
 
 A script calling the page's API is a session of its own (its client's session hash), so it cannot
 name the browser's drafter by its label: the session that made it is also shown its API name,
@@ -33,6 +33,7 @@ from pathlib import Path
 from tev.core.sampling import SamplingLaw
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
+from tev.engine.path_drafter import PathTreeDrafter, tree_drafter_of
 from tev.pipelines.workload_report import LAWS
 from tev.util.lru import LRU
 
@@ -52,8 +53,8 @@ def is_adapted(name) -> bool:
 
 
 def drafter_kind(name) -> str:
-    """The drafter kind a choice names, for the checks that need one: an adapted drafter is a block
-    drafter (which session's it is, the handler decides)."""
+    """The drafter kind a choice names, for the checks that need one: an adapted drafter counts as a
+    block drafter, which every pair ships (which session's it is, and its kind, the handler decides)."""
     return "block" if is_adapted(name) else name
 
 
@@ -74,7 +75,7 @@ def lost_laws(gains: dict[str, dict]) -> list[str]:
 
 @dataclasses.dataclass
 class _Kept:
-    drafter: BlockTreeDrafter
+    drafter: BlockTreeDrafter | PathTreeDrafter
     key: str  # its API key
     gains: dict[str, dict]  # per law key of LAWS: {"gain", "se"} over the base on the held-out prompts ({} when not measured)
 
@@ -91,14 +92,14 @@ class AdaptedDrafters:
         under ``"adapted: <workload>"`` (replacing one of the same name, and its key); returns the label.
         ``gains``: its held-out gain over the base per law (a workload result's ``gain[law]["adapted"]``)."""
         label = ADAPTED_PREFIX + workload
-        drafter = BlockTreeDrafter(copy.deepcopy(model).served(), name=label)
+        drafter = tree_drafter_of(copy.deepcopy(model).served(), name=label)
         self._kept.put((session, label), _Kept(drafter, secrets.token_urlsafe(12), dict(gains or {})))
         return label
 
     def serving(self, session: str, label: str, law: SamplingLaw, base) -> tuple[object, str | None]:
         """The drafter Live runs for the choice ``label`` at ``law``, and why when it is not that one:
         the adapted drafter where it measured no worse than the base at the nearest measured law
-        (:func:`measured_law`), else ``base`` (the shipped block drafter). ``ValueError`` as :meth:`drafter`."""
+        (:func:`measured_law`), else ``base`` (the shipped drafter it was adapted from). ``ValueError`` as :meth:`drafter`."""
         kept = self._find(session, label)
         key = measured_law(law)
         if key not in lost_laws(kept.gains):
@@ -131,7 +132,7 @@ class AdaptedDrafters:
         """The labels kept for ``session``, oldest first."""
         return [label for owner, label in self._kept.keys() if owner == session]
 
-    def drafter(self, session: str, label: str) -> BlockTreeDrafter:
+    def drafter(self, session: str, label: str) -> BlockTreeDrafter | PathTreeDrafter:
         """The drafter ``label`` of ``session``, or of any session when ``label`` is its API name
         (:meth:`api_name`); now the most recently used. ``ValueError`` saying why when there is none."""
         return self._find(session, label).drafter

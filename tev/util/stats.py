@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-__all__ = ["quantile", "median", "spread", "standard_error", "ratio_standard_error", "standard_error_of_mean", "change_in_words"]
+__all__ = ["quantile", "median", "spread", "standard_error", "ratio_standard_error", "paired_ratio_change", "standard_error_of_mean", "change_in_words"]
 
 
 def _floats(values) -> np.ndarray:
@@ -49,6 +49,24 @@ def ratio_standard_error(numerators, denominators) -> float:
         return float("nan")
     ratio = y.sum() / x.sum()
     return float(np.sqrt(np.sum((y - ratio * x) ** 2) / (y.size * (y.size - 1))) / x.mean())
+
+
+def paired_ratio_change(after, before) -> tuple[float, float]:
+    """``R - 1`` and its standard error, where ``R = (sum y_a / sum x_a) / (sum y_b / sum x_b)`` over
+    the same independent units measured twice (``after`` and ``before``: one ``(y, x)`` pair per
+    unit, e.g. a prompt's tokens and rounds with two drafters on the same prompt and seed). Delta
+    method on ``log R``, whose influence of unit ``i`` is ``y_a/Y_a - x_a/X_a - y_b/Y_b + x_b/X_b``,
+    so a prompt that is easy for both drafters cancels out; nan error with fewer than two units."""
+    a, b = np.asarray(after, dtype=float).reshape(-1, 2), np.asarray(before, dtype=float).reshape(-1, 2)
+    if a.shape != b.shape:
+        raise ValueError(f"paired units differ: {a.shape[0]} after, {b.shape[0]} before")
+    totals_a, totals_b = a.sum(0), b.sum(0)
+    ratio = (totals_a[0] / totals_a[1]) / (totals_b[0] / totals_b[1])
+    n = a.shape[0]
+    if n < 2:
+        return float(ratio - 1), float("nan")
+    influence = a[:, 0] / totals_a[0] - a[:, 1] / totals_a[1] - b[:, 0] / totals_b[0] + b[:, 1] / totals_b[1]
+    return float(ratio - 1), float(ratio * np.sqrt(n / (n - 1) * np.sum(influence**2)))
 
 
 def standard_error_of_mean(errors) -> float:
