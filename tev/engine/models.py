@@ -23,6 +23,7 @@ from tev.engine.path_drafter import PathTreeDrafter, drafter_model_class, tree_d
 from tev.engine.default_target import DefaultTargetError, ensure_default_target
 from tev.engine.prompt_text import has_chat_template
 from tev.engine.session import max_positions
+from tev.engine.target_precision import TargetPrecision, choose_target_forward
 from tev.util.paths import models_dir
 
 __all__ = [
@@ -393,6 +394,7 @@ class ModelBundle:
     target_source: str
     pair: str | None = None
     default_drafter: str = "block"
+    precision: TargetPrecision | None = None  # the target's forward and precision here, and why
 
     @property
     def context_length(self) -> int:
@@ -453,6 +455,7 @@ def load_bundle(
     target_source = str(target)
     tokenizer = load_tokenizer(target_source, allow_download)
     model = load_causal_lm(target_source, device=device, dtype=dtype, device_map=device_map, allow_download=allow_download)
+    precision = choose_target_forward(model)  # checked and timed here: every session on the target runs the choice
     loading = Loading(model, tokenizer, shipped, device, dtype, {})
     for kind, entry in DRAFTERS.items():
         if not entry.derived and (drafter := entry.load(loading)) is not None:
@@ -466,4 +469,4 @@ def load_bundle(
             loading.drafters[kind] = drafter
     drafters = {kind: loading.drafters[kind] for kind in DRAFTERS if kind in loading.drafters}  # the registry's order
     preferred = (extra.name,) if draft is not None else ((shipped.default_drafter,) if shipped else ())
-    return ModelBundle(model, tokenizer, drafters, target_source, shipped.name if shipped else None, _starting_kind(preferred, drafters))
+    return ModelBundle(model, tokenizer, drafters, target_source, shipped.name if shipped else None, _starting_kind(preferred, drafters), precision)

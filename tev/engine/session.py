@@ -13,7 +13,9 @@ it (a pageable host tensor is staged before the call returns, so this is safe).
 
 from __future__ import annotations
 
+import functools
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +27,9 @@ from tev.core.head_screen import HeadScreen
 from tev.core.sampling import SamplingLaw, as_law
 from tev.core.tree import DraftTree
 from tev.core.verify import LogitRows, TargetRows
+from tev.engine.row_invariant import RowInvariantForward
+from tev.engine.row_products import MAX_ROWS
+from tev.engine.target_precision import target_forward
 from tev.util.precision import low_precision
 
 __all__ = ["CausalLMSession", "ForwardOutput", "HeadRows", "ALL_ROWS_AT_ONCE", "MIN_TRANSFORMERS", "check_transformers", "max_positions"]
@@ -50,6 +55,10 @@ def check_transformers(version: str | None = None) -> None:
     if Version(version) < Version(MIN_TRANSFORMERS):
         raise RuntimeError(f"transformers {version} is too old for this engine (needs >= {MIN_TRANSFORMERS}); "
                            f"install the versions of requirements.txt: python -m pip install -r requirements.txt")
+
+
+def _linear_logits(hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(hidden, head).float()
 
 
 # One head screen per model (its bfloat16 head copy is shared by every session on the model).
@@ -85,30 +94,34 @@ class HeadRows(LogitRows):
         head: `Tensor[V, H]` the output head (``logits = hidden @ head.T``).
         law: the target's sampling law.
         screen: the head's screen, used at ``T == 0`` only.
+        project: `Tensor[M, H]` -> `Tensor[M, V]` float32 logits, where the head is not a plain
+            ``linear`` (a row-invariant forward's own products); None: ``hidden @ head.T``.
     """
 
-    def __init__(self, hidden: torch.Tensor, head: torch.Tensor, law: SamplingLaw, screen: HeadScreen | None = None):
+    def __init__(self, hidden: torch.Tensor, head: torch.Tensor, law: SamplingLaw, screen: HeadScreen | None = None,
+                 project: Callable[[torch.Tensor], torch.Tensor] | None = None):
         if hidden.dim() != 2 or head.dim() != 2 or hidden.shape[1] != head.shape[1]:
             raise ValueError(f"hidden states [N, H] and head [V, H] must share H, got {tuple(hidden.shape)} and {tuple(head.shape)}")
         self.hidden = hidden
         self.head = head
+        self.project = project or functools.partial(_linear_logits, head=head)
         self._declare(law, hidden.shape[0], head.shape[0], hidden.device)
-        self.screen = screen if law.greedy else None
+        self.screen = screen if law.greedy and project is None else None
         self._every: torch.Tensor | None = None  # `[N, V]` every row's logits, once projected together
         self._every_argmax: torch.Tensor | None = None  # `[N]` every row's argmax, once the screen gave them
 
     def select(self, nodes: torch.Tensor) -> "HeadRows":
-        return HeadRows(self.hidden.index_select(0, nodes), self.head, self.law, self.screen)
+        return HeadRows(self.hidden.index_select(0, nodes), self.head, self.law, self.screen, self.project)
 
     def all_logits(self) -> torch.Tensor:
         if self._every is None:
-            self._every = torch.nn.functional.linear(self.hidden, self.head).float()
+            self._every = self.project(self.hidden)
         return self._every
 
     def logits_at(self, nodes: torch.Tensor) -> torch.Tensor:
         if self._every is not None or self.num_rows <= ALL_ROWS_AT_ONCE:
             return self.all_logits().index_select(0, nodes)
-        return torch.nn.functional.linear(self.hidden.index_select(0, nodes), self.head).float()
+        return self.project(self.hidden.index_select(0, nodes))
 
     def argmax_at(self, nodes: torch.Tensor) -> torch.Tensor:
         if self.screen is None:
@@ -129,6 +142,8 @@ class ForwardOutput:
         head: `Tensor[V, H]` the output head for ``hidden``.
         features: `Tensor[T, F]` the concatenated hidden states of the requested layers, or None.
         screen: the head's :class:`HeadScreen` for greedy rows, or None.
+        project: the head's products where they are not ``hidden @ head.T`` (a row-invariant
+            forward's, :class:`HeadRows`), or None.
     """
 
     hidden: torch.Tensor | None
@@ -136,18 +151,24 @@ class ForwardOutput:
     features: torch.Tensor | None
     _logits: torch.Tensor | None = None
     screen: HeadScreen | None = None
+    project: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def _project(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.project(hidden) if self.project is not None else _linear_logits(hidden, self.head)
 
     @property
     def logits(self) -> torch.Tensor:
         """`Tensor[T, V]` float32 logits of every token (computed once when lazy)."""
         if self._logits is None:
-            self._logits = torch.nn.functional.linear(self.hidden, self.head).float()
+            self._logits = self._project(self.hidden)
         return self._logits
 
     def last_logits(self) -> torch.Tensor:
         """`Tensor[V]` float32 logits of the last token only."""
         if self._logits is not None:
             return self._logits[-1]
+        if self.project is not None:
+            return self.project(self.hidden[-1:])[0]
         return torch.nn.functional.linear(self.hidden[-1], self.head).float()
 
     def rows(self, sampling: SamplingLaw | float) -> TargetRows:
@@ -156,7 +177,7 @@ class ForwardOutput:
         law = as_law(sampling)
         if self._logits is not None:
             return LogitRows(self._logits, law=law)
-        return HeadRows(self.hidden, self.head, law, self.screen)
+        return HeadRows(self.hidden, self.head, law, self.screen, self.project)
 
 
 class CausalLMSession:
@@ -167,9 +188,13 @@ class CausalLMSession:
             ``attention_mask`` with ``position_ids`` and a ``DynamicCache``).
         feature_layers: indices into ``hidden_states`` to return as features (concatenated),
             e.g. ``(-1,)`` for the last layer; empty for none.
+        row_invariant: run the model through the row-invariant forward chosen for it at load
+            (:func:`~tev.engine.target_precision.target_forward`), where there is one: a row then
+            comes out the same in a tree as alone. False for the transformers forward (training's
+            masks, where rows see part of the cache).
     """
 
-    def __init__(self, model, feature_layers: tuple[int, ...] = ()):
+    def __init__(self, model, feature_layers: tuple[int, ...] = (), row_invariant: bool = True):
         check_transformers()
         self.model = model
         self.feature_layers = tuple(feature_layers)
@@ -181,7 +206,15 @@ class CausalLMSession:
         head = model.get_output_embeddings()
         self.lazy_head = getattr(model.config, "model_type", None) in _PLAIN_HEAD and head is not None and getattr(head, "bias", None) is None
         self.head = head.weight.detach() if self.lazy_head else None  # inference only: projections keep no graph
-        self.screen = _head_screen(model, self.head)
+        # the row-invariant forward is a CPU one (a ZeroGPU Space moves the model to CUDA per call)
+        self.invariant: RowInvariantForward | None = target_forward(model) if row_invariant and self.device.type == "cpu" else None
+        self.screen = _head_screen(model, self.head) if self.invariant is None else None
+
+    def _forward_invariant(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor) -> ForwardOutput:
+        if not bool(visible[:, : self.length].all()):
+            raise ValueError("the row-invariant forward needs every new row to see the whole cache")
+        hidden, features = self.invariant.forward(ids, positions, visible[:, self.length :], self.cache, self.length, self.feature_layers)
+        return ForwardOutput(hidden, self.head, features, project=self.invariant.project)
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor) -> ForwardOutput:
         want_hidden = bool(self.feature_layers)
@@ -211,6 +244,10 @@ class CausalLMSession:
         if ids.numel() == 0:
             raise ValueError("extend needs at least one token")
         count = ids.numel()
+        if self.invariant is not None and count > MAX_ROWS:  # a long prompt in pieces: the window gathers stay small
+            pieces = [self.extend(piece) for piece in ids.split(MAX_ROWS)]
+            features = None if pieces[0].features is None else torch.cat([piece.features for piece in pieces])
+            return ForwardOutput(torch.cat([piece.hidden for piece in pieces]), self.head, features, project=self.invariant.project)
         visible = torch.ones(count, self.length + count, dtype=torch.bool)
         visible[:, self.length :] = torch.ones(count, count, dtype=torch.bool).tril()
         return self.forward_masked(ids, torch.arange(self.length, self.length + count), visible)
@@ -227,9 +264,12 @@ class CausalLMSession:
         positions = torch.as_tensor(positions, dtype=torch.long)
         if int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} is past the model's context of {self.max_positions}")
-        mask = torch.zeros(visible.shape, dtype=self.dtype)
-        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
-        out = self._forward(ids, positions, mask.to(self.device, non_blocking=True)[None, None])
+        if self.invariant is not None:
+            out = self._forward_invariant(ids, positions, visible)
+        else:
+            mask = torch.zeros(visible.shape, dtype=self.dtype)
+            mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+            out = self._forward(ids, positions, mask.to(self.device, non_blocking=True)[None, None])
         self.length += ids.numel()
         return out
 

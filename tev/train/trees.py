@@ -107,7 +107,7 @@ class TargetPass:
 @torch.no_grad()
 def target_pass(target, tokens: torch.Tensor, feature_layers=()) -> TargetPass:
     """The causal forward of ``tokens`` (`LongTensor[L]`) through a new session."""
-    session = CausalLMSession(target, tuple(feature_layers))
+    session = CausalLMSession(target, tuple(feature_layers), row_invariant=False)  # its trees see part of the cache
     out = session.extend(tokens)
     return TargetPass(session, out.logits, out.features)
 

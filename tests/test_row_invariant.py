@@ -1,0 +1,194 @@
+"""The row-invariant target forward: every node of any tree is bit for bit the row computed alone,
+in float32 and in bfloat16; greedy speculation equals greedy decoding and sampling stays lossless
+through it; the load-time check catches a forward whose rows move; the choice is recorded."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from tests.helpers import random_tree
+from tests.test_engine import SMALL_VOCAB, VOCAB, FullTreeDrafter, greedy_reference
+from tests.tiny import tiny_ar_drafter, tiny_block_drafter, tiny_target
+from tev.bench.exactness import ALPHA, chi_square_against
+from tev.engine.drafters import BlockTreeDrafter
+from tev.engine.decode import DecodeConfig, Request, autoregressive_generate, run_to_end, speculative_generate
+from tev.engine.row_invariant import BLOCK, RowInvariantForward
+from tev.engine.row_products import RowProducts, invariance_failures, packed_products_available
+from tev.engine.session import CausalLMSession
+from tev.engine.target_precision import FORWARD_ENV, choose_target_forward, target_forward, target_precision, tree_rows_differ
+
+DTYPES = [pytest.param(torch.float32, id="float32"), pytest.param(torch.bfloat16, id="bfloat16")]
+
+
+def _skip_without(dtype):
+    if not packed_products_available(dtype):
+        pytest.skip(f"oneDNN's prepacked {dtype} products do not run on this CPU")
+
+
+@contextlib.contextmanager
+def running(model, precision: str):
+    """``model``'s sessions run the forward ``precision`` names while inside."""
+    choose_target_forward(model, force=precision, measure=False)
+    try:
+        yield target_forward(model)
+    finally:
+        choose_target_forward(model, force="transformers")
+
+
+def rows_alone(session_of, context: list[int], tree) -> list[torch.Tensor]:
+    """Each node's logits computed by one-token steps along ``context`` (ending in the root's
+    token) and the node's path, a fresh session per node."""
+    rows = []
+    for node in range(tree.num_nodes):
+        session = session_of()
+        out = None
+        for token in context + tree.path_tokens(node):
+            out = session.extend([token])
+        rows.append(out.last_logits())
+    return rows
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_every_tree_row_equals_the_row_computed_alone(arch, dtype):
+    _skip_without(dtype)
+    target = tiny_target(VOCAB, arch=arch, context=256)
+    generator = torch.Generator().manual_seed(0)
+    with running(target, str(dtype).removeprefix("torch.")):
+        for context_length in (3, BLOCK - 2, BLOCK + 5, 3 * BLOCK + 1):  # the committed block ends at 0, 0/32, 32, 96/128
+            context = torch.randint(0, VOCAB, (context_length,), generator=generator).tolist()
+            tree = random_tree(generator, VOCAB, budget=12, horizon=6, root_token=context[-1])
+            session = CausalLMSession(target)
+            session.extend(context[:-1])
+            tree_logits = session.forward_tree(tree).rows(1.0).all_logits()
+            alone = rows_alone(lambda: CausalLMSession(target), context, tree)
+            differing = [v for v in range(tree.num_nodes) if not torch.equal(alone[v], tree_logits[v])]
+            assert not differing, (context_length, differing)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_forward_computes_the_model(dtype):
+    _skip_without(dtype)
+    target = tiny_target(VOCAB, context=256)
+    ids = torch.randint(0, VOCAB, (80,), generator=torch.Generator().manual_seed(1))
+    with running(target, str(dtype).removeprefix("torch.")):
+        ours = CausalLMSession(target).extend(ids).logits
+    with torch.no_grad():
+        theirs = target(input_ids=ids[None]).logits[0]
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2  # bfloat16 products: about 3 significant digits
+    assert (ours - theirs).abs().max() < tolerance * theirs.abs().max()
+
+
+def test_a_long_prompt_goes_through_in_pieces_with_the_same_rows():
+    _skip_without(torch.bfloat16)
+    target = tiny_target(VOCAB, context=256)
+    ids = torch.randint(0, VOCAB, (150,), generator=torch.Generator().manual_seed(2)).tolist()
+    with running(target, "bfloat16"):
+        whole = CausalLMSession(target).extend(ids).logits  # 64 + 64 + 22 rows
+        stepped = CausalLMSession(target)
+        last = [stepped.extend([token]).last_logits() for token in ids]
+    assert torch.equal(whole, torch.stack(last))
+
+
+def test_the_load_check_catches_rows_that_move():
+    _skip_without(torch.float32)
+    target = tiny_target(VOCAB, context=256)
+    forward = RowInvariantForward(target, torch.float32)
+    assert tree_rows_differ(forward, target.config) == 0
+    honest = forward.project
+    forward.project = lambda hidden: honest(hidden) + 1e-3 * hidden.shape[0]  # a row's logits depend on how many rows came along
+    assert tree_rows_differ(forward, target.config) > 0
+
+    class Shifty(RowProducts):  # a kernel whose row count changes a row's bits
+        def _kernel(self, x):
+            return super()._kernel(x) * (1 + 1e-6 * x.shape[0])
+
+    assert invariance_failures(Shifty(torch.randn(16, 32), torch.float32), range(1, 9)) == [3, 4, 5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["block", "path", "chain", "ar"])
+def test_greedy_speculation_equals_greedy_decoding_through_the_row_invariant_forward(kind, dtype):
+    _skip_without(dtype)
+    target = tiny_target(VOCAB, scale=3.0, context=256)
+    drafters = {"block": lambda: tiny_block_drafter(target), "path": lambda: tiny_block_drafter(target, conditioning="path"),
+                "chain": lambda: BlockTreeDrafter(tiny_block_drafter(target).model, shape="chain"), "ar": lambda: tiny_ar_drafter(VOCAB)}
+    drafter = drafters[kind]()
+    with running(target, str(dtype).removeprefix("torch.")):
+        for seed, budget in ((0, 4), (1, 16), (2, 32)):
+            prompt = torch.randint(1, VOCAB, (30 + 7 * seed,), generator=torch.Generator().manual_seed(seed)).tolist()  # crosses a block
+            reference = greedy_reference(target, prompt, 48, eos=False)
+            config = DecodeConfig(budget=budget, temperature=0.0, max_new_tokens=48, stop_at_eos=False)
+            _, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config)))
+            assert summary.token_ids == reference.token_ids, (kind, budget, seed)
+
+
+def _exact_law_through_the_session(target, prompt, length=3):
+    """p(x1..x3 | prompt) from the rows the session's forward computes (each sequence one chain)."""
+    import itertools
+    import math
+    law = {}
+    for sequence in itertools.product(range(SMALL_VOCAB), repeat=length):
+        logits = CausalLMSession(target).extend(prompt + list(sequence)).logits.double()
+        rows = torch.softmax(logits, dim=-1)
+        law[sequence] = math.prod(rows[len(prompt) - 1 + i, t].item() for i, t in enumerate(sequence))
+    return law
+
+
+@pytest.mark.parametrize("method", ["tev", "predraw", "sequential", "ar-baseline"])
+def test_sampling_through_the_bfloat16_row_invariant_forward_is_lossless(method):
+    _skip_without(torch.bfloat16)
+    torch.manual_seed(0)
+    target = tiny_target(SMALL_VOCAB, scale=0.5, eos_token_id=SMALL_VOCAB + 7)
+    prompt = [1, 2, 0]
+    with running(target, "bfloat16"):
+        law = _exact_law_through_the_session(target, prompt)
+        samples = []
+        for seed in range(2000):
+            config = DecodeConfig(budget=20, temperature=1.0, verifier="tev" if method == "ar-baseline" else method, max_new_tokens=3, seed=seed, stop_at_eos=False)
+            if method == "ar-baseline":
+                summary = autoregressive_generate(target, prompt, config)
+            else:
+                _, summary = run_to_end(speculative_generate(Request(target, FullTreeDrafter(), prompt, config)))
+            samples.append(tuple(summary.token_ids))
+    statistic, p_value, dof = chi_square_against(law, samples)
+    assert p_value > ALPHA, (method, statistic, dof)
+
+
+def test_the_choice_is_checked_timed_and_recorded(monkeypatch):
+    target = tiny_target(VOCAB, context=256)
+    precision = choose_target_forward(target)
+    assert precision.forward in ("row-invariant", "transformers") and precision.reason
+    assert set(precision.step_ms) >= {"transformers float32"} and all(set(ms) == {"1", "9"} for ms in precision.step_ms.values())
+    assert target_precision(target) is precision
+    assert (target_forward(target) is not None) == precision.invariant
+    assert CausalLMSession(target).invariant is target_forward(target)
+    monkeypatch.setenv(FORWARD_ENV, "transformers")
+    assert choose_target_forward(target).label == "transformers float32" and target_forward(target) is None
+    monkeypatch.setenv(FORWARD_ENV, "float16")
+    with pytest.raises(ValueError, match="TEV_TARGET_FORWARD"):
+        choose_target_forward(target)
+
+
+def test_a_model_it_cannot_run_keeps_transformers_forward_and_says_why():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
+    precision = choose_target_forward(model)
+    assert precision.forward == "transformers" and target_forward(model) is None
+    assert all("gpt2" in why for why in precision.refused.values())
+
+
+def test_a_mask_that_hides_part_of_the_cache_is_refused_by_the_row_invariant_session():
+    _skip_without(torch.float32)
+    target = tiny_target(VOCAB, context=256)
+    with running(target, "float32"):
+        session = CausalLMSession(target)
+        session.extend([1, 2, 3, 4])
+        visible = torch.ones(2, 6, dtype=torch.bool)
+        visible[:, 0] = False
+        with pytest.raises(ValueError, match="whole cache"):
+            session.forward_masked([5, 6], [4, 5], visible)
+        assert CausalLMSession(target, row_invariant=False).invariant is None  # training's masks take transformers' forward

@@ -1,0 +1,288 @@
+"""A target forward in which a row's numbers do not depend on the rows beside it.
+
+Greedy speculation equals greedy decoding only if a node's row inside a tree is bit for bit the
+row plain decoding computes alone at that position. :class:`RowInvariantForward` is a forward of a
+Llama-family model (Llama, Mistral without a sliding window, Qwen2, Qwen3) built so that this holds
+by construction, in float32 or in bfloat16:
+
+- **Products** (:class:`~tev.engine.row_products.RowProducts`): one prepacked kernel, always
+  handed 2 to 64 rows, checked row by row at start-up.
+- **Norms** reduce each row alone, in float32 (same length, same order for every row).
+- **Rotary positions** come from one table computed at build time: a position's angles are looked
+  up, never recomputed in a batch of another size.
+- **Transcendental element-wise functions** (``exp``, SiLU) run on widths that are multiples of 64,
+  so every element goes through the vector kernel and none through the scalar tail (whose ``exp``
+  may round differently).
+- **Attention**: row ``i`` at position ``p`` attends to the keys of its own path, positions
+  ``0..p``, in that order, whatever else is in the cache or the tree. The keys are split at
+  ``start(p)``, a multiple of 64 that depends on ``p`` alone: the committed block
+  ``[0, start(p))`` (read from the cache, queries in fixed chunks of 16 rows) and the recent window
+  ``[start(p), p]`` (gathered per row along its path into a fixed window of 128, padding masked).
+  The two softmax parts are merged element-wise. A plain step and a tree node at the same position
+  with the same path run the same operations on the same numbers.
+
+Keys and values are cached in float32 (the products' outputs widened exactly), in the session's
+``DynamicCache``; commit and rollback are unchanged. The residual stream is float32; only the
+products run in the chosen precision. The output head is a :class:`RowProducts` too
+(:meth:`RowInvariantForward.project`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tev.engine.row_products import RowProducts
+
+__all__ = ["RowInvariantForward", "SUPPORTED_TYPES", "unsupported_reason", "BLOCK", "WINDOW"]
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+BLOCK = 32  # the committed part of a row's keys ends at a multiple of this; a branching tree may be BLOCK - 1 deep
+WINDOW = 2 * BLOCK  # the recent part: at most 63 keys, padded to this (a row's gather, so kept small)
+QUERY_CHUNK = 16  # query rows per product over the committed block
+_LANES = 64  # widths of exp/SiLU inputs are padded to a multiple of this (no scalar tail)
+
+
+def unsupported_reason(model) -> str | None:
+    """Why ``model`` cannot run here (None when it can)."""
+    config = model.config
+    kind = getattr(config, "model_type", None)
+    if kind not in SUPPORTED_TYPES:
+        return f"architecture {kind!r} (supported: {', '.join(SUPPORTED_TYPES)})"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) and kind == "mistral":
+        return "a sliding attention window"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r}"
+    if getattr(model.get_output_embeddings(), "bias", None) is not None:
+        return "an output head with a bias"
+    if getattr(config, "tie_word_embeddings", False) is False and model.get_output_embeddings() is None:
+        return "no output head"
+    return None
+
+
+def _padded_exp(x: torch.Tensor) -> torch.Tensor:
+    """``exp`` of float32 ``x [..., w]`` with the last width padded to a multiple of 64 (every
+    element through the vector kernel)."""
+    width = x.shape[-1]
+    pad = (-width) % _LANES
+    if pad:
+        x = torch.nn.functional.pad(x, (0, pad))
+    return x.exp()[..., :width] if pad else x.exp()
+
+
+def _silu(x: torch.Tensor) -> torch.Tensor:
+    """SiLU of float32 ``x [M, w]``, ``w`` padded to a multiple of 64 (no scalar tail)."""
+    width = x.shape[-1]
+    pad = (-width) % _LANES
+    if pad:
+        return torch.nn.functional.silu(torch.nn.functional.pad(x, (0, pad)))[..., :width]
+    return torch.nn.functional.silu(x)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """float32 ``x [..., H]`` normalised over its last dimension, row by row."""
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _chunked(rows: torch.Tensor, product) -> torch.Tensor:
+    """``product`` of ``rows [kv, r, k]`` in chunks of exactly :data:`QUERY_CHUNK` rows (zero rows
+    pad the last), so every call has one shape however many rows there are: `[kv, r, out]`."""
+    count = rows.shape[1]
+    pad = (-count) % QUERY_CHUNK
+    if pad:
+        rows = torch.nn.functional.pad(rows, (0, 0, 0, pad))
+    if rows.shape[1] == QUERY_CHUNK:
+        return product(rows)[:, :count]
+    return torch.cat([product(chunk) for chunk in rows.split(QUERY_CHUNK, dim=1)], dim=1)[:, :count]
+
+
+class _Layer:
+    """One decoder layer's weights, packed for :class:`RowProducts` (norm gains float32)."""
+
+    def __init__(self, layer, dtype: torch.dtype):
+        attention, mlp = layer.self_attn, layer.mlp
+        projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+        biases = [p.bias for p in projections]
+        # query, key and value are one product, and so are gate and up: fewer, larger kernel calls
+        self.qkv = RowProducts(torch.cat([p.weight for p in projections]), dtype,
+                               None if biases[0] is None else torch.cat(biases))
+        self.qkv_sizes = [p.weight.shape[0] for p in projections]
+        self.o = RowProducts(attention.o_proj.weight, dtype, attention.o_proj.bias)
+        self.gate_up = RowProducts(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), dtype)
+        self.down = RowProducts(mlp.down_proj.weight, dtype)
+        self.input_norm = layer.input_layernorm.weight.detach().float()
+        self.post_norm = layer.post_attention_layernorm.weight.detach().float()
+        self.q_norm = getattr(attention, "q_norm", None)  # Qwen3: a norm over each head's dimension
+        self.k_norm = getattr(attention, "k_norm", None)
+        if self.q_norm is not None:
+            self.q_norm, self.k_norm = self.q_norm.weight.detach().float(), self.k_norm.weight.detach().float()
+
+
+class _Keys:
+    """Where each row's keys are, shared by every layer of one forward.
+
+    Args:
+        length: cached tokens before the forward (``L``).
+        positions: `LongTensor[n]` each new row's absolute position.
+        visible: `BoolTensor[n, n]` new row ``i`` sees new row ``j`` (its path, itself included).
+    """
+
+    def __init__(self, length: int, positions: torch.Tensor, visible: torch.Tensor):
+        n = positions.numel()
+        self.length, self.positions = length, positions
+        depth = positions - length  # [n]
+        if int(depth.min()) < 0:
+            raise ValueError("a new row sits before the cached tokens")
+        # along_path[i, d]: the new row on row i's path at position L + d (-1: none)
+        along_path = torch.full((n, int(depth.max()) + 1), -1, dtype=torch.long)
+        rows, cols = visible.nonzero(as_tuple=True)
+        along_path[rows, depth[cols]] = cols
+        on_path = torch.arange(along_path.shape[1]) <= depth[:, None]
+        if (not torch.equal(along_path >= 0, on_path) or int(visible.sum()) != int((depth + 1).sum())
+                or not torch.equal(along_path[torch.arange(n), depth], torch.arange(n))):
+            raise ValueError("each new row must see exactly one new row per position up to its own, itself last (a path)")
+        self.start = torch.clamp(positions + 1 - BLOCK, min=0) // BLOCK * BLOCK  # [n] committed block's end
+        # the recent window: positions start .. start + WINDOW - 1, index into [cache; new rows]
+        window_pos = self.start[:, None] + torch.arange(WINDOW)  # [n, WINDOW]
+        real = window_pos <= positions[:, None]
+        from_new = window_pos >= length
+        depth_in_window = (window_pos - length).clamp(min=0, max=along_path.shape[1] - 1)
+        index = torch.where(from_new, length + along_path.gather(1, depth_in_window), window_pos)
+        self.window_index = torch.where(real, index, torch.zeros_like(index))  # [n, WINDOW]
+        self.window_mask = torch.zeros(n, WINDOW).masked_fill_(~real, float("-inf"))  # [n, WINDOW]
+        # rows by committed-block end (0: none); the block must be the row's own path in cache order
+        self.groups: list[tuple[int, torch.Tensor]] = []
+        for start in sorted(set(self.start.tolist())):
+            members = (self.start == start).nonzero().flatten()
+            if start > length:  # the block reaches into the new rows: only a chain in order may
+                needed = along_path[members, : start - length]
+                if not torch.equal(needed, torch.arange(start - length).expand_as(needed)):
+                    raise ValueError(f"a tree deeper than {BLOCK - 1} below the cache is not supported")
+            self.groups.append((start, members))
+
+
+class RowInvariantForward:
+    """A row-invariant forward of ``model`` (see the module note) with products in ``dtype``.
+
+    Args:
+        model: a transformers causal LM of :data:`SUPPORTED_TYPES` (on the CPU).
+        dtype: the products' precision; the head's may differ (``head_dtype``, default the same).
+    """
+
+    def __init__(self, model, dtype: torch.dtype, head_dtype: torch.dtype | None = None):
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"no row-invariant forward for this target: {reason}")
+        config = model.config
+        body = model.model
+        self.dtype = dtype
+        self.head_dtype = head_dtype or dtype
+        self.embed = body.embed_tokens.weight.detach()
+        self.layers = [_Layer(layer, dtype) for layer in body.layers[: config.num_hidden_layers]]
+        self.norm = body.norm.weight.detach().float()
+        self.eps = float(config.rms_norm_eps)
+        self.head = RowProducts(model.get_output_embeddings().weight, self.head_dtype)
+        self.num_heads = config.num_attention_heads
+        self.num_kv = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.scale = self.head_dim ** -0.5
+        self.max_positions = int(getattr(config, "max_position_embeddings", 8192))
+        probe = torch.zeros(1, 1, self.head_dim)
+        cos, sin = body.rotary_emb(probe, position_ids=torch.arange(self.max_positions)[None])  # the model's own angles
+        half = self.head_dim // 2
+        # rotate_half(x) = x[..., half_turn] * sign: the sign goes into the sine table
+        self._half_turn = torch.cat([torch.arange(half, self.head_dim), torch.arange(half)])
+        sign = torch.cat([-torch.ones(half), torch.ones(half)])
+        self.cos, self.sin = cos[0].float(), sin[0].float() * sign  # [positions, head_dim]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`Tensor[M, H]` final hidden states -> `Tensor[M, V]` float32 logits."""
+        return self.head(hidden)
+
+    @torch.no_grad()
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, cache, length: int,
+                feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """New rows through every layer; their keys and values are appended to ``cache``.
+
+        Args:
+            token_ids, positions: `LongTensor[n]`.
+            visible: `BoolTensor[n, n]` which new rows each new row sees (its path, itself included;
+                every cached token is seen).
+            cache: the session's ``DynamicCache`` (float32 keys and values, ``length`` tokens).
+            feature_layers: hidden-state indices to return (0 the embeddings, ``k`` layer ``k``'s
+                output, the last one normed), as transformers numbers ``hidden_states``.
+        Returns:
+            `Tensor[n, H]` float32 final normed hidden states, and `Tensor[n, F]` features or None.
+        """
+        keys = _Keys(length, positions, visible)
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [n, 1, d]
+        rotary = (cos * self.scale, sin * self.scale, cos, sin)
+        x = self.embed[token_ids].float()  # [n, H]
+        wanted = {i % (self.num_layers + 1) for i in feature_layers}
+        features = {0: x} if 0 in wanted else {}
+        for index, layer in enumerate(self.layers):
+            x = x + self._attention(layer, _rms_norm(x, layer.input_norm, self.eps), keys, rotary, cache.layers[index])
+            h = _rms_norm(x, layer.post_norm, self.eps)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(_silu(gate) * up)
+            if index + 1 in wanted and index + 1 < self.num_layers:
+                features[index + 1] = x
+        x = _rms_norm(x, self.norm, self.eps)
+        if self.num_layers in wanted:
+            features[self.num_layers] = x
+        picked = torch.cat([features[i % (self.num_layers + 1)] for i in feature_layers], dim=-1) if feature_layers else None
+        return x, picked
+
+    def _attention(self, layer: _Layer, h: torch.Tensor, keys: _Keys, rotary, cached) -> torch.Tensor:
+        n, d = h.shape[0], self.head_dim
+        q, k, v = layer.qkv(h).split(layer.qkv_sizes, dim=-1)
+        q, k, v = q.view(n, self.num_heads, d), k.view(n, self.num_kv, d), v.view(n, self.num_kv, d)
+        if layer.q_norm is not None:
+            q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
+        cos_q, sin_q, cos_k, sin_k = rotary  # [n, 1, d] each; the queries' carry the 1/sqrt(d) scale
+        q = q * cos_q + q.index_select(-1, self._half_turn) * sin_q
+        k = k * cos_k + k.index_select(-1, self._half_turn) * sin_k
+        all_keys, all_values = cached.update(k.transpose(0, 1)[None], v.transpose(0, 1)[None])  # [1, kv, L + n, d]
+        queries = q.view(n, self.num_kv, -1, d).transpose(0, 1)  # [kv, n, rep, d]
+        if len(keys.groups) == 1:  # every row's committed block ends at the same place (a step, most trees)
+            start, _ = keys.groups[0]
+            out = self._attend(queries, all_keys[0], all_values[0], keys.window_index, keys.window_mask, start)
+        else:
+            out = torch.empty_like(queries)
+            for start, members in keys.groups:
+                out[:, members] = self._attend(queries[:, members], all_keys[0], all_values[0], keys.window_index[members], keys.window_mask[members], start)
+        return layer.o(out.transpose(0, 1).reshape(n, self.num_heads * d))
+
+    def _attend(self, queries, all_keys, all_values, window_index, window_mask, start: int) -> torch.Tensor:
+        """Softmax attention of ``m`` rows whose committed block is ``[0, start)``.
+
+        Args:
+            queries: `[kv, m, rep, d]` (scaled, rotated); all_keys, all_values: `[kv, L + n, d]`.
+            window_index: `LongTensor[m, 64]` each row's recent keys; window_mask: `[m, 64]`.
+        Returns:
+            `[kv, m, rep, d]`. The recent window's products batch over (kv head, row), ``rep``
+            query rows each; the committed block's over kv heads, query rows in chunks of exactly 16.
+        """
+        kv, m, rep, d = queries.shape
+        index = window_index.flatten()
+        window_k = all_keys.index_select(1, index).view(kv, m, WINDOW, d)
+        window_v = all_values.index_select(1, index).view(kv, m, WINDOW, d)
+        recent = torch.matmul(queries, window_k.transpose(-1, -2)) + window_mask[:, None, :]  # [kv, m, rep, 64]
+        top = recent.amax(-1, keepdim=True)  # max over both parts: exact in any order
+        if start:
+            block_k, block_v = all_keys[:, :start], all_values[:, :start]  # [kv, start, d]
+            committed = _chunked(queries.reshape(kv, m * rep, d), lambda chunk: torch.matmul(chunk, block_k.transpose(-1, -2)))
+            committed = committed.view(kv, m, rep, start)
+            top = torch.maximum(top, committed.amax(-1, keepdim=True))
+            weights = _padded_exp(committed - top)
+            total = weights.sum(-1)
+            weighted = _chunked(weights.view(kv, m * rep, start), lambda chunk: torch.matmul(chunk, block_v)).view(kv, m, rep, d)
+        recent_weights = _padded_exp(recent - top)
+        recent_total = recent_weights.sum(-1)
+        recent_weighted = torch.matmul(recent_weights, window_v)
+        if start:
+            return (recent_weighted + weighted) / (recent_total + total)[..., None]
+        return recent_weighted / recent_total[..., None]

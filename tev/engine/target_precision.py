@@ -1,0 +1,263 @@
+"""Which forward the target runs on this machine, and in which precision: checked and measured at load.
+
+Candidates on a CPU: the row-invariant forward (:mod:`tev.engine.row_invariant`) with its products
+in bfloat16 or in float32, and transformers' own float32 forward (today's path, whose rows differ in
+their last bits between a tree and a one-token step). A row-invariant candidate is kept only if
+
+1. its products give every row the same bits for every row count the engine uses
+   (:func:`~tev.engine.row_products.invariance_failures` on one layer's products and the head), and
+2. every node of a random tree, after a context that crosses an attention block, equals the same
+   row computed alone, one token at a time (:func:`tree_rows_differ`);
+
+then the candidates are timed on this machine (a forward and its head over 1 and over 9 new tokens
+after 128 cached ones, interleaved, the fastest of five passes). The choice: among the row-invariant
+candidates whose one-token step is within 5% of transformers' float32 one (plain decoding must not
+get slower), the one fastest at 9 tokens (a tree); where none qualifies, transformers' float32.
+
+``TEV_TARGET_FORWARD`` forces a candidate: ``bfloat16`` or ``float32`` (row-invariant, still
+checked), or ``transformers``. On CUDA the target runs through transformers as loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+import weakref
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from tev.engine.row_invariant import BLOCK, RowInvariantForward, unsupported_reason
+from tev.engine.row_products import MAX_ROWS, invariance_failures, packed_products_available
+
+__all__ = ["TargetPrecision", "choose_target_forward", "target_forward", "target_precision", "tree_rows_differ", "FORWARD_ENV"]
+
+FORWARD_ENV = "TEV_TARGET_FORWARD"
+_PLAIN_SLACK = 1.05  # a row-invariant one-token step may be measured this much slower than transformers' (noise)
+_TIMED_SIZES = (1, 9)
+_CONTEXT = 128
+_HEAD_ROWS = 33  # a tree's rows are projected at most this many at once (session.ALL_ROWS_AT_ONCE)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class TargetPrecision:
+    """The target's forward on this machine, and why.
+
+    Attributes:
+        forward: ``"row-invariant"`` or ``"transformers"``.
+        dtype: the precision of its matrix products (``"float32"`` or ``"bfloat16"``).
+        reason: one sentence: why this one.
+        step_ms: measured milliseconds of a forward and its head, per candidate
+            (``"row-invariant bfloat16"``, ...), per new-token count (``"1"``, ``"9"``).
+        refused: candidates left out, with why.
+    """
+
+    forward: str
+    dtype: str
+    reason: str
+    step_ms: dict = field(default_factory=dict)
+    refused: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.forward} {self.dtype}"
+
+    @property
+    def invariant(self) -> bool:
+        return self.forward == "row-invariant"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "label": self.label}
+
+
+_CHOSEN: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[TargetPrecision, RowInvariantForward | None]]" = weakref.WeakKeyDictionary()
+
+
+def target_forward(model) -> RowInvariantForward | None:
+    """The row-invariant forward chosen for ``model`` (None: transformers' forward, or never chosen)."""
+    chosen = _CHOSEN.get(model)
+    return None if chosen is None else chosen[1]
+
+
+def target_precision(model) -> TargetPrecision | None:
+    """What :func:`choose_target_forward` chose for ``model`` (None before)."""
+    chosen = _CHOSEN.get(model)
+    return None if chosen is None else chosen[0]
+
+
+def _random_tree(size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(depths [n], ancestors [n, n])` of a random tree of ``size`` nodes, node 0 the root."""
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, size)]
+    ancestors = torch.eye(size, dtype=torch.bool)
+    depths = torch.zeros(size, dtype=torch.long)
+    for i in range(1, size):
+        ancestors[i] |= ancestors[parents[i]]
+        depths[i] = depths[parents[i]] + 1
+    return depths, ancestors
+
+
+def _chain(count: int) -> torch.Tensor:
+    return torch.ones(count, count, dtype=torch.bool).tril()
+
+
+def tree_rows_differ(forward: RowInvariantForward, config, context: int = BLOCK + 6, size: int = 12, seed: int = 0) -> int:
+    """How many nodes of a random ``size``-node tree, after ``context`` random tokens, are not bit
+    for bit the row computed alone by one-token steps along the node's path (hidden state and
+    logits); 0 is the property. The nodes are stepped in depth-first order, so the cache always
+    holds the path to the node's parent: one step per node."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = forward.head.out_features
+    context = min(context, forward.max_positions - size - 1)
+    prompt = torch.randint(0, vocab, (context,), generator=generator)
+    depths, ancestors = _random_tree(size, generator)
+    tokens = torch.randint(0, vocab, (size,), generator=generator)
+    cache = DynamicCache(config=config)
+    forward.forward(prompt, torch.arange(context), _chain(context), cache, 0)
+    tree_hidden, _ = forward.forward(tokens, context + depths, ancestors, cache, context)
+    tree_logits = forward.project(tree_hidden)
+    cache.crop(-size)
+    children = {node: [] for node in range(size)}
+    for node in range(1, size):
+        children[int(ancestors[node, :node].nonzero().flatten()[-1])].append(node)  # the deepest ancestor is the parent
+    differ, stack = 0, [0]
+    while stack:
+        node = stack.pop()
+        depth = int(depths[node])
+        if cache.get_seq_length() > context + depth:
+            cache.crop(context + depth - cache.get_seq_length())
+        hidden, _ = forward.forward(tokens[node:node + 1], torch.tensor([context + depth]), _chain(1), cache, context + depth)
+        differ += not (torch.equal(hidden[0], tree_hidden[node]) and torch.equal(forward.project(hidden)[0], tree_logits[node]))
+        stack.extend(reversed(children[node]))
+    return differ
+
+
+def _refusal(forward: RowInvariantForward, config) -> str | None:
+    """Why ``forward``'s rows are not invariant on this machine (None: they are). One product of
+    each shape is checked: the library picks its kernel by shape and precision."""
+    layer = forward.layers[0]
+    for name, products, largest in (("query/key/value", layer.qkv, MAX_ROWS), ("output", layer.o, MAX_ROWS), ("gate/up", layer.gate_up, MAX_ROWS),
+                                    ("down", layer.down, MAX_ROWS), ("head", forward.head, _HEAD_ROWS)):
+        failed = invariance_failures(products, list(range(1, largest + 1)))
+        if failed:
+            return f"its {name} product gives a row other bits among {failed[0]} rows than alone"
+    differ = tree_rows_differ(forward, config)
+    return f"{differ} of 12 tree rows differ from the same rows computed alone" if differ else None
+
+
+def _step_seconds(model, forward: RowInvariantForward | None, count: int, cache: DynamicCache, vocab: int) -> float:
+    """One forward of ``count`` new tokens (a chain) after the cache's tokens, and its head."""
+    cached = cache.get_seq_length()
+    tokens = torch.randint(0, vocab, (count,))
+    positions = torch.arange(cached, cached + count)
+    start = time.perf_counter()
+    with torch.no_grad():
+        if forward is None:
+            mask = torch.zeros(1, 1, count, cached + count)
+            mask[..., cached:] = torch.full((count, count), torch.finfo(torch.float32).min).triu(1)
+            hidden = model.model(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask, cache=cache, use_cache=True).last_hidden_state[0]
+            torch.nn.functional.linear(hidden, model.get_output_embeddings().weight)
+        else:
+            hidden, _ = forward.forward(tokens, positions, _chain(count), cache, cached)
+            forward.project(hidden)
+    seconds = time.perf_counter() - start
+    cache.crop(-count)
+    return seconds
+
+
+def _measure(model, candidates: dict[str, RowInvariantForward | None], passes: int = 5) -> dict[str, dict[str, float]]:
+    """Milliseconds per candidate and size: the fastest of ``passes`` interleaved, shuffled passes."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    room = int(getattr(model.config, "max_position_embeddings", 1 << 30)) - max(_TIMED_SIZES) - 1
+    length = max(1, min(_CONTEXT, room))
+    context = torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(0))
+    caches = {}
+    for name, forward in candidates.items():
+        caches[name] = DynamicCache(config=model.config)
+        with torch.no_grad():
+            if forward is None:
+                model.model(input_ids=context[None], cache=caches[name], use_cache=True)
+            else:
+                forward.forward(context, torch.arange(length), _chain(length), caches[name], 0)
+    cells = [(name, count) for name in candidates for count in _TIMED_SIZES]
+    times: dict[tuple[str, int], list[float]] = {cell: [] for cell in cells}
+    order = random.Random(0)
+    for repeat in range(passes + 1):
+        for name, count in order.sample(cells, len(cells)):
+            seconds = _step_seconds(model, candidates[name], count, caches[name], vocab)
+            if repeat:  # the first pass warms the kernels
+                times[(name, count)].append(seconds)
+    return {name: {str(count): round(1e3 * min(times[(name, count)]), 2) for count in _TIMED_SIZES} for name in candidates}
+
+
+def _decide(step_ms: dict) -> tuple[str, str]:
+    """(the chosen candidate's name, why) from the measured step times."""
+    plain = step_ms["transformers float32"]
+    ready = {name: ms for name, ms in step_ms.items() if name.startswith("row-invariant")}
+    fast_enough = {name: ms for name, ms in ready.items() if ms["1"] <= _PLAIN_SLACK * plain["1"]}
+    if fast_enough:
+        name = min(fast_enough, key=lambda n: fast_enough[n]["9"])
+        ms = fast_enough[name]
+        return name, (f"rows equal alone by construction; a one-token step {ms['1']:.0f} ms and 9 tokens {ms['9']:.0f} ms "
+                      f"(transformers float32: {plain['1']:.0f} and {plain['9']:.0f} ms)")
+    best = min(ready, key=lambda n: ready[n]["1"])
+    return "transformers float32", (f"the row-invariant forward's one-token step ({best}, {ready[best]['1']:.0f} ms) is slower than "
+                                    f"transformers' float32 one ({plain['1']:.0f} ms) on this machine")
+
+
+def choose_target_forward(model, force: str | None = None, measure: bool = True) -> TargetPrecision:
+    """Check, time and choose the forward of ``model`` (see the module note); remembered for the
+    model, so every session on it runs the choice (:func:`target_forward`).
+
+    Args:
+        force: ``"bfloat16"``, ``"float32"``, ``"transformers"`` or None (``TEV_TARGET_FORWARD``,
+            else measured).
+        measure: time the candidates (False: take the first that passes, bfloat16 first; for tests).
+    """
+    force = force or os.environ.get(FORWARD_ENV, "").strip().lower() or None
+    if force not in (None, "auto", "transformers", *_DTYPES):
+        raise ValueError(f"{FORWARD_ENV}={force!r}: choose auto, bfloat16, float32 or transformers")
+    device = next(model.parameters()).device
+    own = str(next(model.parameters()).dtype).removeprefix("torch.")
+    refused: dict[str, str] = {}
+    if device.type != "cpu" or force == "transformers":
+        why = f"{FORWARD_ENV}=transformers" if force == "transformers" else f"on {device.type} the products of a tree cost about one token's"
+        return _remember(model, TargetPrecision("transformers", own, why), None)
+    unsupported = unsupported_reason(model)
+    wanted = [force] if force in _DTYPES else ["bfloat16", "float32"]
+    candidates: dict[str, RowInvariantForward | None] = {}
+    for name in wanted:
+        if unsupported:
+            refused[f"row-invariant {name}"] = unsupported
+        elif not packed_products_available(_DTYPES[name]):
+            refused[f"row-invariant {name}"] = "oneDNN's prepacked products do not run in it here"
+        else:
+            forward = RowInvariantForward(model, _DTYPES[name])
+            problem = _refusal(forward, model.config)
+            if problem:
+                refused[f"row-invariant {name}"] = problem
+            else:
+                candidates[f"row-invariant {name}"] = forward
+    if force in _DTYPES and candidates:
+        name = next(iter(candidates))
+        return _remember(model, TargetPrecision("row-invariant", force, f"{FORWARD_ENV}={force}; rows checked equal alone"), candidates[name])
+    if not candidates:
+        why = "no row-invariant forward runs here: " + "; ".join(f"{n}: {why}" for n, why in refused.items())
+        return _remember(model, TargetPrecision("transformers", own, why, refused=refused), None)
+    if not measure:
+        name = next(iter(candidates))
+        return _remember(model, TargetPrecision("row-invariant", name.split()[-1], "the first candidate whose rows equal alone (not timed)",
+                                                refused=refused), candidates[name])
+    if own != "float32":
+        return _remember(model, TargetPrecision("transformers", own, f"the target was loaded in {own} (TEV_DTYPE)", refused=refused), None)
+    step_ms = _measure(model, {**candidates, "transformers float32": None})
+    name, why = _decide(step_ms)
+    forward, dtype = name.split()
+    return _remember(model, TargetPrecision(forward, dtype, why, step_ms, refused), candidates.get(name))
+
+
+def _remember(model, precision: TargetPrecision, forward: RowInvariantForward | None) -> TargetPrecision:
+    _CHOSEN[model] = (precision, forward)
+    return precision
