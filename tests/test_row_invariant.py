@@ -4,10 +4,12 @@ through it; the load-time check catches a forward whose rows move; the choice is
 
 from __future__ import annotations
 
-import contextlib
+import itertools
+import math
 
 import pytest
 import torch
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from tests.helpers import random_tree
 from tests.test_engine import SMALL_VOCAB, VOCAB, FullTreeDrafter, greedy_reference
@@ -18,7 +20,7 @@ from tev.engine.decode import DecodeConfig, Request, autoregressive_generate, ru
 from tev.engine.row_invariant import BLOCK, RowInvariantForward
 from tev.engine.row_products import RowProducts, invariance_failures, packed_products_available
 from tev.engine.session import CausalLMSession
-from tev.engine.target_precision import FORWARD_ENV, choose_target_forward, target_forward, target_precision, tree_rows_differ
+from tev.engine.target_precision import FORWARD_ENV, choose_target_forward, forced_target_forward, target_forward, target_precision, tree_rows_differ
 
 DTYPES = [pytest.param(torch.float32, id="float32"), pytest.param(torch.bfloat16, id="bfloat16")]
 
@@ -28,14 +30,9 @@ def _skip_without(dtype):
         pytest.skip(f"oneDNN's prepacked {dtype} products do not run on this CPU")
 
 
-@contextlib.contextmanager
 def running(model, precision: str):
-    """``model``'s sessions run the forward ``precision`` names while inside."""
-    choose_target_forward(model, force=precision, measure=False)
-    try:
-        yield target_forward(model)
-    finally:
-        choose_target_forward(model, force="transformers")
+    """``model``'s sessions run the row-invariant forward in ``precision`` while inside."""
+    return forced_target_forward(model, precision)
 
 
 def rows_alone(session_of, context: list[int], tree) -> list[torch.Tensor]:
@@ -128,8 +125,6 @@ def test_greedy_speculation_equals_greedy_decoding_through_the_row_invariant_for
 
 def _exact_law_through_the_session(target, prompt, length=3):
     """p(x1..x3 | prompt) from the rows the session's forward computes (each sequence one chain)."""
-    import itertools
-    import math
     law = {}
     for sequence in itertools.product(range(SMALL_VOCAB), repeat=length):
         logits = CausalLMSession(target).extend(prompt + list(sequence)).logits.double()
@@ -174,11 +169,10 @@ def test_the_choice_is_checked_timed_and_recorded(monkeypatch):
 
 
 def test_a_model_it_cannot_run_keeps_transformers_forward_and_says_why():
-    from transformers import GPT2Config, GPT2LMHeadModel
     model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
     precision = choose_target_forward(model)
     assert precision.forward == "transformers" and target_forward(model) is None
-    assert all("gpt2" in why for why in precision.refused.values())
+    assert "gpt2" in precision.refused["row-invariant float32"] and "gpt2" in precision.reason
 
 
 def test_a_mask_that_hides_part_of_the_cache_is_refused_by_the_row_invariant_session():

@@ -118,6 +118,10 @@ def _add_bench_e2e(kinds) -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-memory", action="store_true", help="skip the peak-memory measurement")
+    parser.add_argument("--forwards", nargs="+", default=["chosen"], choices=["chosen", "transformers", "float32", "bfloat16"],
+                        help="target forwards to run the methods and the autoregressive loop in, interleaved (chosen: the one chosen at load; float32/bfloat16: row-invariant)")
+    parser.add_argument("--peers", nargs="+", default=["hf-generate", "hf-prompt-lookup"], choices=["hf-generate", "hf-prompt-lookup", "hf-generate-bf16"],
+                        help="Hugging Face generate peers (hf-generate-bf16: on a bfloat16 copy of the target)")
     parser.add_argument("--json", help="also write the full result to this JSON file")
     add_model_arguments(parser)
     parser.set_defaults(func=e2e_command)

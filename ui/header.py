@@ -17,6 +17,21 @@ INTRO = (
 )
 
 
+def target_precision_words(info: dict) -> str:
+    """How the target computes here, and what that means for exactness."""
+    chosen = info.get("target_forward")
+    if chosen and chosen["forward"] == "row-invariant":
+        return (f"**row-invariant {chosen['dtype']}** (chosen by measurement on this machine: {chosen['reason']}): its matrix products run in "
+                f"{chosen['dtype']}, norms, attention and the residual stream in float32, and a row comes out bit for bit the same inside "
+                "a tree as alone, so greedy speculation equals greedy decoding by construction (`TEV_TARGET_FORWARD` forces another)")
+    why = f" ({chosen['reason']})" if chosen else ""
+    if info["dtype"] == "float32":
+        return (f"float32 through transformers{why}: exact in law; a tree's rows differ from one-token steps in their last bits, so greedy "
+                "speculation equals greedy decoding wherever those bits flip no near-tie (every prompt tested), not by construction")
+    return (f"{info['dtype']} through transformers (TEV_DTYPE){why}: a tree forward and a one-token forward round differently, so greedy "
+            "speculation can part from greedy decoding where the model's two best tokens nearly tie (see the README)")
+
+
 def device_markdown() -> str:
     """The models, the machine, and which precision each part runs in and why."""
     try:
@@ -27,9 +42,7 @@ def device_markdown() -> str:
     sizes = ", ".join(f"{name} {count / 1e6:.2f}M" for name, count in info["parameters"].items())
     pair = PAIRS[info["pair"]].description if info["pair"] in PAIRS else info["target_source"]
     machine = precision_record(info["device"].split(" ")[0])
-    target = ("float32 (TEV_DTYPE): exact, greedy speculation equals greedy decoding token for token" if info["dtype"] == "float32" else
-              f"{info['dtype']} (TEV_DTYPE): faster here, but a tree forward and a one-token forward round differently, so greedy "
-              "speculation can part from greedy decoding where the model's two best tokens nearly tie (see the README)")
+    target = target_precision_words(info)
     speed = f", bfloat16 products {machine['bf16_matmul_speedup']:.2f}x float32's speed" if "bf16_matmul_speedup" in machine else ""
     return (
         f"**models** {pair} · **device** {info['device']} · **threads** {info['threads']} · **context** {info['context']} tokens · "

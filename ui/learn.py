@@ -11,8 +11,8 @@ from ui.shared import FORMULAS
 from visual.style import token_label
 
 # The Walkthrough tab's opening round on the default pair (its first prompt, the tab's opening
-# settings), as traced by tev.engine.walkthrough.trace_round; tests/test_learn.py traces it again
-# and checks these numbers.
+# settings), as traced by tev.engine.walkthrough.trace_round through transformers' float32 forward;
+# tests/test_learn.py traces it again and checks these numbers.
 WORKED_ROUND = {
     "prompt": "Write a Python function that checks whether a string is a palindrome.",
     "drafter": "block", "verifier": "tev", "budget": 16, "temperature": 0.7, "top_p": 0.9, "seed": 0,
@@ -47,7 +47,8 @@ def _worked_example(r: dict) -> str:
         f"at {_code(r['exit'])} (depth {r['exit_depth']}, the chain's end) with $w$ = {r['first_reach']:.3f}, or at {_code(r['other'])} with "
         f"$w$ = {r['other_reach']:.3f}; every other node's $w$ is 0, and the two sum to 1. TEV drew the exit node {_code(r['exit'])}, so the round kept {accepted} draft "
         f"tokens plus the bonus {_code(r['bonus'])}: $L$ = **{r['block_length']}**, {'more' if r['block_length'] > 1 + r['coverage'] else 'less'} "
-        f"than $1 + C$: one round's $L$ is a single draw, and may exceed the bound on the expected length. *Walkthrough: press Run one round and follow steps 5 to 8.*"
+        f"than $1 + C$: one round's $L$ is a single draw, and may exceed the bound on the expected length. (Traced in float32; where the "
+        f"target runs in bfloat16, see the header, the reaches differ in the third decimal.) *Walkthrough: press Run one round and follow steps 5 to 8.*"
     )
 
 
@@ -151,6 +152,20 @@ relative to one plain forward (tree forward + drafter + verifier).
 **The head's cost on a CPU.** On a 2-core CPU a 17-token forward costs noticeably more than a one-token one, and at any
 temperature the head reads the whole 49,152-row output matrix once (greedy only needs each row's argmax, sampling each
 row's normaliser too), so a round can cost more steps than it yields tokens. *Live tab: the speed line.*
+
+**What a row costs, and why a tree's row is the row plain decoding computes.** On a GPU the rows of a tree cost
+about one token's. On a CPU each row is arithmetic on a core; in bfloat16, on CPUs whose instructions multiply
+bfloat16 (AMX, AVX512_BF16), a product of a few rows costs little more than one, so bigger trees pay. But a matrix
+library sums a row's terms in an order it picks by the number of rows, and in bfloat16 two tokens often nearly tie:
+a row rounded one way inside a tree and another way alone would make greedy speculation part from greedy decoding.
+The target's **row-invariant forward** rules that out by construction: every product goes through one prepacked
+kernel at 2 to 64 rows (checked row by row when the server starts), norms reduce each row alone, rotary angles come
+from one table, and attention splits a row's keys at a place that depends on its own position only, so a row adds its
+terms in the same order alone, in a tree, or in a long prompt. Which precision runs is measured when the server starts
+(the header says which, and why): bfloat16 where it is no slower for one token and faster for a tree, float32 where
+bfloat16 is emulated (AVX2-only CPUs), transformers' own float32 forward where the row-invariant one is slower for one
+token (its rows then agree with one-token steps to the last bits only where no near-tie flips). *Header: the target's
+precision; Live tab: the speed line's one-token steps.*
 
 **Calibration (budget auto).** A drafter's $q$ is not calibrated: the shipped block drafter's realised $C(T)$ runs about
 1.2x its $\sum q$. Budget auto's $c$ is that ratio, realised coverage over the drafter's estimate, followed over the

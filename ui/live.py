@@ -44,11 +44,11 @@ TEXT_SECONDS, FIGURE_SECONDS = 0.1, 1.0
 STOPPED = {"eos": "the answer ended", "stop_string": "a stop string", "cancelled": "you pressed Stop", "context_limit": "the target's context is full"}
 # While the finished answer is timed again; then, when that did not end, why there is no speed.
 RETIMING = ("\n\n**re-timing**: speculation and plain decoding run again on this prompt, timed, while the page draws nothing… "
-            "press Stop to skip it, or Generate to cancel it")
+            "press Stop to skip it, or Generate to cancel it and start a new run")
 UNMEASURED = {
     "ended": "**speed not measured**: you pressed Stop as the answer ended, so it was not re-timed against plain decoding.",
     "stop": "**speed not measured**: you pressed Stop during the re-timing (speculation and plain decoding run again, timed), so there is no speedup to give.",
-    "generate": "**speed not measured**: you pressed Generate during the re-timing, which cancels it; press Generate again if no new run starts.",
+    "generate": "**speed not measured**: you pressed Generate during the re-timing, which cancels it; your new run starts now.",
 }
 
 
@@ -171,7 +171,8 @@ def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: Decod
     ran = [key for key in STAGE_LABELS if key in spec.stage_seconds and not (config.budget == 0 and key in UNDRAFTED)]
     stages = " · ".join(f"{STAGE_LABELS[key]} {1e3 * spec.stage_seconds[key] / max(1, spec.rounds):.0f} ms" for key in ran)
     same = "the same text" if config.temperature == 0 else "the same settings and seed (plain decoding samples its own text)"
-    threads = f"{torch.get_num_threads()} torch thread(s) (TEV_THREADS)"
+    precision = shared.SERVICE.target_precision()
+    threads = f"{torch.get_num_threads()} torch thread(s) (TEV_THREADS)" + (f", the target's {precision.label} forward" if precision else "")
     if config.budget == 0:
         return (f"**speed, {timed}** on {threads}, same prompt and {same}: budget 0 drafts nothing, so both runs are "
                 f"plain decoding, one token per target forward: the round loop {spec.tokens_per_second:.1f} tokens/s, the plain loop "
@@ -220,9 +221,9 @@ _RETIMING: LRU[str, threading.Event] = LRU(1024)
 
 
 def arm_stop(request: gr.Request):
-    """Generate pressed: the session's re-timing, if one runs, is cancelled (the page ignores a press
-    while a run is on, so this press's run starts only when the old run ended first: else the stats
-    say to press again); a Stop from before this press does not stop the new run."""
+    """Generate pressed: the session's re-timing, if one runs, is cancelled, and this press's run starts
+    as the old one ends (the event runs its last press after the current one: ``always_last``); a Stop
+    from before this press does not stop the new run."""
     running = _RETIMING.peek(shared.session_of(request))
     if running is not None:
         running.set()
@@ -506,8 +507,9 @@ def tab(examples: list[str]) -> gr.Radio:
     pressed = generate.click(arm_stop, None, None, queue=False, api_name=False)
     # the line under Generate first, then the run (chained, not beside it: see refusal_line)
     said = pressed.then(refusal_line(inputs, check_live, also={drafter: is_adapted}), inputs, refused, queue=False, preprocess=False, api_name=False)
+    # always_last: a press while a run (or its re-timing) is on starts one run as soon as it ends
     checked_event(said.then, gpu.gpu_task("generate")(run_live), inputs, list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, run_summary, round_slider, budget_plot, run_state)),
-                  check_live, also={drafter: is_adapted}, api_name="generate", **COMPUTE)
+                  check_live, also={drafter: is_adapted}, api_name="generate", trigger_mode="always_last", **COMPUTE)
     stop.click(stop_live, None, None, queue=False, api_name=False)
     views = list(RoundView(round_slider, tree_plot, mass_plot, round_info, budget_plot))
     # release: the slider dragged; input: a round number typed into its box

@@ -6,6 +6,7 @@ machine's drift hits all alike, and reports medians with the interquartile range
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import resource
@@ -21,8 +22,9 @@ from tev.engine.auto_budget import AUTO_CAP, AutoBudget
 from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate
 from tev.engine.round import STAGES
 from tev.engine.evaluation import fit_prompt
-from tev.bench.hf_peers import PEERS, hf_generate
-from tev.engine.models import load_bundle
+from tev.bench.hf_peers import BF16_PEER, PEERS, hf_generate
+from tev.engine.models import load_bundle, load_causal_lm
+from tev.engine.target_precision import forced_target_forward
 from tev.pipelines.exittrain import invoked_command
 from tev.util.stats import spread
 from tev.util.precision import figure_precision, precision_summary
@@ -52,6 +54,7 @@ def bench_e2e(
     progress: bool = True,
     truncation: dict | None = None,
     budget_cap: int = AUTO_CAP,
+    forwards: tuple[str | None, ...] = (None,),
 ) -> dict:
     """End-to-end decoding speed, all methods and budgets interleaved per (prompt, repeat).
 
@@ -69,15 +72,24 @@ def bench_e2e(
     prompt to prompt as one user's answers do on the page; ``auto_vs_fixed`` then compares it
     with each fixed budget (:func:`_auto_against_fixed`). Every speculative row gives its
     ``mean_tree_size`` and ``q_calibration`` (realised coverage over the drafter's estimate).
+    ``forwards`` names the target forwards to run the project's methods and its autoregressive
+    loop in (``"transformers"``, ``"float32"``, ``"bfloat16"``: see
+    :func:`~tev.engine.target_precision.forced_target_forward`; None: the one chosen at load);
+    with more than one, each method's name ends in ``@forward`` and its ``speedup`` is over the
+    autoregressive loop in the same forward. The peer ``hf-generate-bf16`` runs ``generate`` on a
+    bfloat16 copy of the target.
     """
     device = next(bundle.target.parameters()).device
     reference = weight_read_reference(bundle.target)
     encoded = [fit_prompt(bundle.tokenizer, p, bundle.context_length - max_new_tokens) for p in prompts]
     domains = [p.get("domain", "all") for p in prompts]
-    baselines = [("autoregressive", None, None)] + [(peer, None, None) for peer in peers]
+    suffixes = {forward: ("" if len(forwards) == 1 else f"@{forward or 'chosen'}") for forward in forwards}
+    baselines = [(f"autoregressive{suffix}", None, None) for suffix in suffixes.values()] + [(peer, None, None) for peer in peers]
+    peer_models = _peer_models(bundle, peers)
     order_rng = random.Random(seed)
     results, comparisons = [], []
-    jobs = [(temperature, _method_names(bundle, methods, temperature)) for temperature in temperatures]
+    jobs = [(temperature, [(name + suffix, drafter, verifier) for suffix in suffixes.values() for name, drafter, verifier in _method_names(bundle, methods, temperature)])
+            for temperature in temperatures]
     total = sum(len(names) * len(budgets) + len(baselines) for _, names in jobs) * len(encoded) * repeats
     bar = tqdm(total=total, desc="bench e2e", disable=not progress)
     for temperature, names in jobs:
@@ -92,15 +104,19 @@ def bench_e2e(
                 order_rng.shuffle(order)
                 paired = {}
                 for name, drafter, verifier, budget in order:
-                    auto = AutoBudget.for_target(bundle.target, budget_cap, *memory[name]) if budget == "auto" else None
-                    paired[(name, budget)] = _one_run(bundle, name, drafter, verifier, budget, ids, config, auto)
+                    forward = next((f for f, suffix in suffixes.items() if suffix and name.endswith(suffix)), forwards[0])
+                    with contextlib.nullcontext() if forward is None else forced_target_forward(bundle.target, forward):
+                        auto = AutoBudget.for_target(bundle.target, budget_cap, *memory[name]) if budget == "auto" else None  # the curve of the forward in force
+                        paired[(name, budget)] = _one_run(bundle, name.split("@")[0], drafter, verifier, budget, ids, config, auto, peer_models)
                     bar.update(1)
                 for (name, budget), summary in paired.items():
-                    (base_runs[name] if budget is None else runs[(name, budget)]).append(_run_record(summary, paired, domains[i]))
+                    own_loop = "autoregressive" + (name[name.index("@"):] if "@" in name else "")
+                    (base_runs[name] if budget is None else runs[(name, budget)]).append(_run_record(summary, paired, domains[i], own_loop))
         results += _rows(temperature, budgets, runs, base_runs, reference, domains)
         comparisons += _auto_against_fixed(temperature, budgets, runs)
     bar.close()
-    return {"machine": machine_info(device), "precision": figure_precision(device, bundle.target, bundle.drafters), "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(encoded), "truncation": dict(truncation or {}),
+    return {"machine": machine_info(device), "precision": figure_precision(device, bundle.target, bundle.drafters, bundle.precision.label if bundle.precision else None),
+            "target_forward": bundle.precision.to_dict() if bundle.precision else None, "forwards": [f or "chosen" for f in forwards], "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(encoded), "truncation": dict(truncation or {}),
             "weight_read": reference, "rows": results, "auto_vs_fixed": comparisons}
 
 
@@ -117,18 +133,29 @@ def _method_names(bundle, methods, temperature: float) -> list[tuple[str, str, s
     return names
 
 
-def _one_run(bundle, name: str, drafter, verifier, budget, ids, config: DecodeConfig, auto):
+def _peer_models(bundle, peers) -> dict:
+    """The model each peer runs: the target, or for ``hf-generate-bf16`` a bfloat16 copy loaded
+    from the same source (``dtype=`` at load keeps the rotary buffers in float32)."""
+    models = {peer: bundle.target for peer in peers if peer != "hf-generate-bf16"}
+    if "hf-generate-bf16" in peers:
+        device = next(bundle.target.parameters()).device
+        models["hf-generate-bf16"] = load_causal_lm(bundle.target_source, device=device, dtype="bfloat16").eval()
+    return models
+
+
+def _one_run(bundle, name: str, drafter, verifier, budget, ids, config: DecodeConfig, auto, peer_models: dict):
     """One generation's summary: the project's autoregressive loop, a peer, or a speculative method."""
     if name == "autoregressive":
         return autoregressive_generate(bundle.target, ids, config, bundle.tokenizer)
-    if name in PEERS:
-        return hf_generate(bundle.target, ids, config, bundle.tokenizer, method=name)
+    if name in peer_models:
+        return hf_generate(peer_models[name], ids, config, bundle.tokenizer, method=name)
     run_config = replace(config, verifier=verifier, budget=budget)
     return run_to_end(speculative_generate(Request(bundle.target, bundle.drafter(drafter), ids, run_config), bundle.tokenizer, auto=auto))[1]
 
 
-def _run_record(summary, paired: dict, domain: str) -> dict:
-    """One run's figures, its speedups over the same prompt's baselines (``paired``)."""
+def _run_record(summary, paired: dict, domain: str, own_loop: str = "autoregressive") -> dict:
+    """One run's figures, its speedups over the same prompt's baselines (``paired``; ``own_loop``
+    the autoregressive loop in the run's own forward)."""
     def over(baseline: str) -> float:
         return summary.tokens_per_second / paired[(baseline, None)].tokens_per_second if (baseline, None) in paired else float("nan")
 
@@ -144,7 +171,8 @@ def _run_record(summary, paired: dict, domain: str) -> dict:
         "tau_bounds": summary.tau_bounds,
         "stage_seconds": summary.stage_seconds,
         "seconds": summary.seconds,
-        "speedup": summary.tokens_per_second / paired[("autoregressive", None)].tokens_per_second,
+        "speedup": summary.tokens_per_second / paired[(own_loop, None)].tokens_per_second,
+        "speedup_vs_hf_bf16": over("hf-generate-bf16"),
         "speedup_vs_hf": over("hf-generate"),
         "speedup_vs_lookup": over("hf-prompt-lookup"),
         "domain": domain,
@@ -177,6 +205,7 @@ def _rows(temperature, budgets, runs: dict, base_runs: dict, reference: dict, do
                 "speedup_q25": speedup["q25"],
                 "speedup_q75": speedup["q75"],
                 "speedup_vs_hf": spread(x["speedup_vs_hf"] for x in items)["median"],
+                "speedup_vs_hf_bf16": spread(x.get("speedup_vs_hf_bf16", float("nan")) for x in items)["median"],
                 "speedup_vs_lookup": spread(x["speedup_vs_lookup"] for x in items)["median"],
                 "by_domain": {
                     domain: {key: spread(x[key] for x in items if x["domain"] == domain)["median"] for key in ("tokens_per_second", "speedup_vs_hf", "speedup_vs_lookup")}
@@ -246,19 +275,24 @@ def format_e2e_table(result: dict) -> str:
     """The rows of :func:`bench_e2e` as a markdown table."""
     names = stage_names(result)
     lines = [
-        "| T | B | method | tau | mean L | 1 + C | tok/s (IQR) | ms/token (weight reads) | vs own AR (IQR) | vs HF generate | vs HF prompt lookup | " + " / ".join(names) + " ms per round |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| T | B | method | tau | mean L | 1 + C | tok/s (IQR) | ms/token (weight reads) | vs own AR (IQR) | vs HF generate | vs HF generate bf16 | vs HF prompt lookup | " + " / ".join(names) + " ms per round |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        speculative = r["method"] not in ("autoregressive", *PEERS)
+        speculative = _speculative(r["method"])
         stages = " / ".join(f"{r['stage_ms_per_round'][k]:.2f}" for k in names) if speculative else ""
         tau = _tau_cells(r) if speculative else "1.00 | 1.00 | 1.00"
         lines.append(
             f"| {r['temperature']:g} | {r['budget']} | {r['method']} | {tau} | "
             f"{r['tokens_per_second']:.1f} ({r['tokens_per_second_q25']:.1f}-{r['tokens_per_second_q75']:.1f}) | {_per_token(r)} | "
-            f"{r['speedup']:.2f}x ({r['speedup_q25']:.2f}-{r['speedup_q75']:.2f}) | {r['speedup_vs_hf']:.2f}x | {r['speedup_vs_lookup']:.2f}x | {stages} |"
+            f"{r['speedup']:.2f}x ({r['speedup_q25']:.2f}-{r['speedup_q75']:.2f}) | {r['speedup_vs_hf']:.2f}x | {r.get('speedup_vs_hf_bf16', float('nan')):.2f}x | "
+            f"{r['speedup_vs_lookup']:.2f}x | {stages} |"
         )
     return "\n".join(lines)
+
+
+def _speculative(method: str) -> bool:
+    return not method.startswith("autoregressive") and method not in (*PEERS, BF16_PEER)
 
 
 def _tau_cells(row: dict) -> str:
@@ -289,7 +323,7 @@ def format_domain_table(result: dict) -> str:
     """Median speedups of each speculative method over the peers, per prompt domain."""
     lines = ["| T | B | method | domain | tok/s | vs HF generate | vs HF prompt lookup |", "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        if r["method"] in ("autoregressive", *PEERS):
+        if not _speculative(r["method"]):
             continue
         for domain, m in r["by_domain"].items():
             lines.append(f"| {r['temperature']:g} | {r['budget']} | {r['method']} | {domain} | {m['tokens_per_second']:.1f} | {m['speedup_vs_hf']:.2f}x | {m['speedup_vs_lookup']:.2f}x |")
@@ -321,10 +355,14 @@ def e2e_command(args) -> None:
     bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
     prompts = load_prompt_set(args.prompts or ("chat" if bundle.is_chat else "heldout"))
     prompts = spread_evenly(prompts, args.num_prompts)  # each domain its share
-    result = bench_e2e(bundle, prompts, budgets=args.budgets, methods=methods, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed, truncation=truncation, budget_cap=args.budget_cap)
+    forwards = tuple(None if f == "chosen" else f for f in args.forwards)
+    result = bench_e2e(bundle, prompts, budgets=args.budgets, methods=methods, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed,
+                       truncation=truncation, budget_cap=args.budget_cap, peers=tuple(args.peers), forwards=forwards)
     print(f"end-to-end decoding, {len(prompts)} prompts x {args.repeats} repeats, {args.max_new_tokens} new tokens, methods interleaved; median (IQR)")
     print(f"machine: {machine_summary(result['machine'])}")
     print(f"precision: {precision_summary(result['precision'])}")
+    if result["target_forward"]:
+        print(f"target forward chosen at load: {result['target_forward']['label']} ({result['target_forward']['reason']})")
     print(weight_read_line(result))
     if law.truncates:
         print(f"at T > 0 every method and peer samples with {law.describe().split(', ', 1)[1]}")

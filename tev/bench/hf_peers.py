@@ -15,17 +15,18 @@ import torch
 
 from tev.engine.decode import DecodeConfig, GenerationSummary, eos_token_id
 
-__all__ = ["PEERS", "hf_generate"]
+__all__ = ["PEERS", "BF16_PEER", "hf_generate"]
 
 PEERS = ("hf-generate", "hf-prompt-lookup")
+BF16_PEER = "hf-generate-bf16"  # plain ``generate`` on a bfloat16 copy of the target (the bench loads it)
 PROMPT_LOOKUP_TOKENS = 10  # transformers' documented default for prompt lookup
 
 
 @torch.no_grad()
 def hf_generate(target, prompt_ids: list[int], config: DecodeConfig, tokenizer=None, method: str = "hf-generate") -> GenerationSummary:
     """One ``target.generate`` run; ``method`` is ``hf-generate`` or ``hf-prompt-lookup``."""
-    if method not in PEERS:
-        raise ValueError(f"method must be one of {PEERS}, got {method!r}")
+    if method not in (*PEERS, BF16_PEER):
+        raise ValueError(f"method must be one of {PEERS + (BF16_PEER,)}, got {method!r}")
     device = next(target.parameters()).device
     eos = eos_token_id(target, tokenizer)
     kwargs = {"max_new_tokens": config.max_new_tokens, "eos_token_id": eos, "pad_token_id": eos}

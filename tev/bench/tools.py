@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from tev.bench import drafter_tau, gpu_check, loadtest, page_speed, screenshot, workload_path, workload_table
+from tev.bench import drafter_tau, gpu_check, loadtest, page_speed, row_cost, screenshot, workload_path, workload_table
 
 __all__ = ["TOOLS", "add_tools"]
 
@@ -20,6 +20,7 @@ TOOLS = {
     "workload-path": (workload_path, "a visitor's workload path in a real browser: paste, adapt, generate in Live"),
     "drafter-tau": (drafter_tau, "tau of block drafters on the held-out chat prompts, as train-drafter measures it"),
     "workload-table": (workload_table, "the workload ablation tables from result files; --install writes the model card's table"),
+    "row-cost": (row_cost, "what a row of the target costs per forward and precision, and which operations keep a row's bits"),
     "screenshot": (screenshot, "the README screenshot (and the other tabs, the walkthrough steps) from the real app"),
 }
 

@@ -27,6 +27,7 @@ import torch
 
 from tev.core.tree import DraftTree
 from tev.engine.session import CausalLMSession
+from tev.engine.target_precision import target_precision
 from tev.util.timing import time_once
 
 __all__ = ["CostCurve", "measure_forward_costs", "machine_cost_curve", "MEASURED_SIZES"]
@@ -147,10 +148,13 @@ _CURVES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def machine_cost_curve(target) -> CostCurve:
-    """The process's cost curve for ``target`` at torch's current thread count: measured on the
-    first call (a few seconds), then the same object, which the rounds keep up to date."""
-    by_threads = _CURVES.setdefault(target, {})
-    threads = torch.get_num_threads()
-    if threads not in by_threads:
-        by_threads[threads] = CostCurve(measure_forward_costs(target))
-    return by_threads[threads]
+    """The process's cost curve for ``target`` at torch's current thread count and in the forward
+    its sessions run (:func:`~tev.engine.target_precision.target_precision`: a bfloat16 row costs
+    another price than a float32 one): measured on the first call (a few seconds), then the same
+    object, which the rounds keep up to date."""
+    curves = _CURVES.setdefault(target, {})
+    precision = target_precision(target)
+    key = (torch.get_num_threads(), precision.label if precision is not None else "transformers")
+    if key not in curves:
+        curves[key] = CostCurve(measure_forward_costs(target))
+    return curves[key]

@@ -53,7 +53,8 @@ def generate_command(args) -> None:
         bar.close()
     if args.json:
         payload = summary.to_dict()
-        payload["precision"] = figure_precision(next(bundle.target.parameters()).device, bundle.target, {} if args.ar else {kind: bundle.drafter(kind)})
+        payload["precision"] = figure_precision(next(bundle.target.parameters()).device, bundle.target, {} if args.ar else {kind: bundle.drafter(kind)},
+                                                 bundle.precision.label if bundle.precision else None)
         text = lambda token: bundle.tokenizer.decode([token], clean_up_tokenization_spaces=False)  # noqa: E731
         payload["rounds_detail"] = [record.to_dict(text) for record in records]
         print(json.dumps(payload, indent=2))

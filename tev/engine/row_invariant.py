@@ -15,11 +15,12 @@ by construction, in float32 or in bfloat16:
   may round differently).
 - **Attention**: row ``i`` at position ``p`` attends to the keys of its own path, positions
   ``0..p``, in that order, whatever else is in the cache or the tree. The keys are split at
-  ``start(p)``, a multiple of 64 that depends on ``p`` alone: the committed block
-  ``[0, start(p))`` (read from the cache, queries in fixed chunks of 16 rows) and the recent window
-  ``[start(p), p]`` (gathered per row along its path into a fixed window of 128, padding masked).
-  The two softmax parts are merged element-wise. A plain step and a tree node at the same position
-  with the same path run the same operations on the same numbers.
+  ``start(p)``, a multiple of 32 that depends on ``p`` alone: the committed block
+  ``[0, start(p))`` (read from the cache; query rows in chunks of exactly 16 per product) and the
+  recent window ``[start(p), p]`` (gathered per row along its path into a fixed window of 64,
+  padding masked). Both parts' exponentials use the row's one maximum, so the two sums simply add.
+  A plain step and a tree node at the same position with the same path run the same operations on
+  the same numbers.
 
 Keys and values are cached in float32 (the products' outputs widened exactly), in the session's
 ``DynamicCache``; commit and rollback are unchanged. The residual stream is float32; only the
@@ -52,6 +53,8 @@ def unsupported_reason(model) -> str | None:
         return "a sliding attention window"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"activation {config.hidden_act!r}"
+    if getattr(config, "mlp_bias", False):
+        return "biases in the MLP"
     if getattr(model.get_output_embeddings(), "bias", None) is not None:
         return "an output head with a bias"
     if getattr(config, "tie_word_embeddings", False) is False and model.get_output_embeddings() is None:

@@ -104,6 +104,7 @@ class HeadRows(LogitRows):
             raise ValueError(f"hidden states [N, H] and head [V, H] must share H, got {tuple(hidden.shape)} and {tuple(head.shape)}")
         self.hidden = hidden
         self.head = head
+        self.own_project = project  # passed on to selected rows
         self.project = project or functools.partial(_linear_logits, head=head)
         self._declare(law, hidden.shape[0], head.shape[0], hidden.device)
         self.screen = screen if law.greedy and project is None else None
@@ -111,7 +112,7 @@ class HeadRows(LogitRows):
         self._every_argmax: torch.Tensor | None = None  # `[N]` every row's argmax, once the screen gave them
 
     def select(self, nodes: torch.Tensor) -> "HeadRows":
-        return HeadRows(self.hidden.index_select(0, nodes), self.head, self.law, self.screen, self.project)
+        return HeadRows(self.hidden.index_select(0, nodes), self.head, self.law, self.screen, self.own_project)
 
     def all_logits(self) -> torch.Tensor:
         if self._every is None:

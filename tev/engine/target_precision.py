@@ -14,12 +14,14 @@ after 128 cached ones, interleaved, the fastest of five passes). The choice: amo
 candidates whose one-token step is within 5% of transformers' float32 one (plain decoding must not
 get slower), the one fastest at 9 tokens (a tree); where none qualifies, transformers' float32.
 
-``TEV_TARGET_FORWARD`` forces a candidate: ``bfloat16`` or ``float32`` (row-invariant, still
+Where bfloat16 is emulated (:func:`~tev.util.precision.bf16_speedup` measures it far below float32's
+speed: AVX2-only CPUs) the bfloat16 candidate is not built at all. ``TEV_TARGET_FORWARD`` forces a candidate: ``bfloat16`` or ``float32`` (row-invariant, still
 checked), or ``transformers``. On CUDA the target runs through transformers as loaded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -31,10 +33,12 @@ from transformers import DynamicCache
 
 from tev.engine.row_invariant import BLOCK, RowInvariantForward, unsupported_reason
 from tev.engine.row_products import MAX_ROWS, invariance_failures, packed_products_available
+from tev.util.precision import bf16_speedup
 
-__all__ = ["TargetPrecision", "choose_target_forward", "target_forward", "target_precision", "tree_rows_differ", "FORWARD_ENV"]
+__all__ = ["TargetPrecision", "choose_target_forward", "forced_target_forward", "target_forward", "target_precision", "tree_rows_differ", "FORWARD_ENV"]
 
 FORWARD_ENV = "TEV_TARGET_FORWARD"
+_EMULATED = 0.5  # a bfloat16 probe product slower than this many times float32's is emulated (about 0.01x on AVX2)
 _PLAIN_SLACK = 1.05  # a row-invariant one-token step may be measured this much slower than transformers' (noise)
 _TIMED_SIZES = (1, 9)
 _CONTEXT = 128
@@ -227,9 +231,12 @@ def choose_target_forward(model, force: str | None = None, measure: bool = True)
         return _remember(model, TargetPrecision("transformers", own, why), None)
     unsupported = unsupported_reason(model)
     wanted = [force] if force in _DTYPES else ["bfloat16", "float32"]
+    emulated = force != "bfloat16" and bf16_speedup() < _EMULATED  # bfloat16 without the instructions: far slower
     candidates: dict[str, RowInvariantForward | None] = {}
     for name in wanted:
-        if unsupported:
+        if name == "bfloat16" and emulated:
+            refused[f"row-invariant {name}"] = f"bfloat16 products run {bf16_speedup():.2g}x float32's speed on this CPU (emulated: no bfloat16 instructions)"
+        elif unsupported:
             refused[f"row-invariant {name}"] = unsupported
         elif not packed_products_available(_DTYPES[name]):
             refused[f"row-invariant {name}"] = "oneDNN's prepacked products do not run in it here"
@@ -256,6 +263,21 @@ def choose_target_forward(model, force: str | None = None, measure: bool = True)
     name, why = _decide(step_ms)
     forward, dtype = name.split()
     return _remember(model, TargetPrecision(forward, dtype, why, step_ms, refused), candidates.get(name))
+
+
+@contextlib.contextmanager
+def forced_target_forward(model, force: str):
+    """Inside, ``model``'s sessions run the forward ``force`` names (``"bfloat16"``, ``"float32"``:
+    row-invariant and checked; ``"transformers"``); the earlier choice comes back after. Yields
+    the :class:`TargetPrecision` in force (row-invariant where the check passed, else transformers')."""
+    before = _CHOSEN.get(model)
+    try:
+        yield choose_target_forward(model, force=force, measure=False)
+    finally:
+        if before is None:
+            _CHOSEN.pop(model, None)
+        else:
+            _CHOSEN[model] = before
 
 
 def _remember(model, precision: TargetPrecision, forward: RowInvariantForward | None) -> TargetPrecision:

@@ -160,6 +160,11 @@ class ModelService:
         shipped = self._shipped_pair()
         return default_kind(shipped) if shipped else "block"
 
+    def target_precision(self):
+        """The target's forward and precision (:class:`~tev.engine.target_precision.TargetPrecision`)
+        once the models are loaded; None before."""
+        return self._bundle.precision if self._bundle is not None else None
+
     def info(self) -> dict:
         bundle = self.bundle()
         target = bundle.target
@@ -172,6 +177,7 @@ class ModelService:
         return {
             "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
             "dtype": str(next(target.parameters()).dtype).replace("torch.", ""),
+            "target_forward": bundle.precision.to_dict() if bundle.precision is not None else None,
             "threads": torch.get_num_threads(),
             "context": bundle.context_length,
             "vocab": len(bundle.tokenizer),

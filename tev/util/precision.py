@@ -102,11 +102,15 @@ def part_dtype(part) -> str:
     return "unknown"
 
 
-def figure_precision(device: torch.device | str, target, drafters: dict | None = None) -> dict:
-    """:func:`precision_record` plus the precision each part ran in: ``target_dtype`` and
-    ``drafter_dtypes`` (``{name: dtype}``), for a figure's JSON."""
-    return {**precision_record(device), "target_dtype": part_dtype(target),
-            "drafter_dtypes": {name: part_dtype(drafter) for name, drafter in (drafters or {}).items()}}
+def figure_precision(device: torch.device | str, target, drafters: dict | None = None, target_forward: str | None = None) -> dict:
+    """:func:`precision_record` plus the precision each part ran in: ``target_dtype`` (the loaded
+    weights'), ``target_forward`` (the forward its sessions ran, e.g. ``row-invariant bfloat16``,
+    when one was chosen) and ``drafter_dtypes`` (``{name: dtype}``), for a figure's JSON."""
+    record = {**precision_record(device), "target_dtype": part_dtype(target),
+              "drafter_dtypes": {name: part_dtype(drafter) for name, drafter in (drafters or {}).items()}}
+    if target_forward:
+        record["target_forward"] = target_forward
+    return record
 
 
 def precision_summary(record: dict) -> str:
@@ -114,7 +118,8 @@ def precision_summary(record: dict) -> str:
     (and why), each part's dtype."""
     speedup = f", bf16 matmul {record['bf16_matmul_speedup']:g}x float32" if "bf16_matmul_speedup" in record else ""
     chosen = f"low precision {record['low_precision']}" + (f" ({record['forced_by']})" if "forced_by" in record else speedup)
-    parts = ", ".join([f"target {record['target_dtype']}", *(f"{name} {dtype}" for name, dtype in record["drafter_dtypes"].items())])
+    target = f"target {record['target_dtype']}" + (f" (its forward: {record['target_forward']})" if record.get("target_forward") else "")
+    parts = ", ".join([target, *(f"{name} {dtype}" for name, dtype in record["drafter_dtypes"].items())])
     if "draft_head" in record:
         speed = f", {record['int8_head_speedup']:g}x float32" if "int8_head_speedup" in record else ""
         parts += f"; drafters' head rows {record['draft_head']}{speed}"

@@ -137,7 +137,7 @@ def build_report(
         "seed": seed,
         "quick": quick,
         "machine": machine_info(next(bundle.target.parameters()).device),
-        "precision": figure_precision(next(bundle.target.parameters()).device, bundle.target, bundle.drafters),
+        "precision": figure_precision(next(bundle.target.parameters()).device, bundle.target, bundle.drafters, bundle.precision.label if bundle.precision else None),
         "target": _shown_source(bundle.target_source),
         "drafters": list(bundle.drafters),
         "tree_drafter": base,
