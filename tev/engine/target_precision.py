@@ -151,6 +151,23 @@ def _refusal(forward: RowInvariantForward, config) -> str | None:
     return f"{differ} of 12 tree rows differ from the same rows computed alone" if differ else None
 
 
+_CHECKED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, tuple[RowInvariantForward | None, str | None]]]" = weakref.WeakKeyDictionary()
+
+
+def _checked(model, dtype: str) -> tuple[RowInvariantForward | None, str | None]:
+    """``model``'s row-invariant forward in ``dtype`` and why it may not run (None: it may), built
+    and checked once per model and precision (a comparison switches forwards many times)."""
+    built = _CHECKED.setdefault(model, {})
+    if dtype not in built:
+        if not packed_products_available(_DTYPES[dtype]):
+            built[dtype] = (None, "oneDNN's prepacked products do not run in it here")
+        else:
+            forward = RowInvariantForward(model, _DTYPES[dtype])
+            problem = _refusal(forward, model.config)
+            built[dtype] = (None if problem else forward, problem)
+    return built[dtype]
+
+
 def _step_seconds(model, forward: RowInvariantForward | None, count: int, cache: DynamicCache, vocab: int) -> float:
     """One forward of ``count`` new tokens (a chain) after the cache's tokens, and its head."""
     cached = cache.get_seq_length()
@@ -227,7 +244,7 @@ def choose_target_forward(model, force: str | None = None, measure: bool = True)
     own = str(next(model.parameters()).dtype).removeprefix("torch.")
     refused: dict[str, str] = {}
     if device.type != "cpu" or force == "transformers":
-        why = f"{FORWARD_ENV}=transformers" if force == "transformers" else f"on {device.type} the products of a tree cost about one token's"
+        why = "forced (TEV_TARGET_FORWARD or a comparison)" if force == "transformers" else f"on {device.type} the products of a tree cost about one token's"
         return _remember(model, TargetPrecision("transformers", own, why), None)
     unsupported = unsupported_reason(model)
     wanted = [force] if force in _DTYPES else ["bfloat16", "float32"]
@@ -238,18 +255,15 @@ def choose_target_forward(model, force: str | None = None, measure: bool = True)
             refused[f"row-invariant {name}"] = f"bfloat16 products run {bf16_speedup():.2g}x float32's speed on this CPU (emulated: no bfloat16 instructions)"
         elif unsupported:
             refused[f"row-invariant {name}"] = unsupported
-        elif not packed_products_available(_DTYPES[name]):
-            refused[f"row-invariant {name}"] = "oneDNN's prepacked products do not run in it here"
         else:
-            forward = RowInvariantForward(model, _DTYPES[name])
-            problem = _refusal(forward, model.config)
+            forward, problem = _checked(model, name)
             if problem:
                 refused[f"row-invariant {name}"] = problem
             else:
                 candidates[f"row-invariant {name}"] = forward
     if force in _DTYPES and candidates:
         name = next(iter(candidates))
-        return _remember(model, TargetPrecision("row-invariant", force, f"{FORWARD_ENV}={force}; rows checked equal alone"), candidates[name])
+        return _remember(model, TargetPrecision("row-invariant", force, "forced (TEV_TARGET_FORWARD or a comparison); rows checked equal alone"), candidates[name])
     if not candidates:
         why = "no row-invariant forward runs here: " + "; ".join(f"{n}: {why}" for n, why in refused.items())
         return _remember(model, TargetPrecision("transformers", own, why, refused=refused), None)
@@ -262,6 +276,8 @@ def choose_target_forward(model, force: str | None = None, measure: bool = True)
     step_ms = _measure(model, {**candidates, "transformers float32": None})
     name, why = _decide(step_ms)
     forward, dtype = name.split()
+    for other in [d for d in _CHECKED.get(model, {}) if f"row-invariant {d}" != name]:  # the losers' packed weights go (rebuilt if forced)
+        del _CHECKED[model][other]
     return _remember(model, TargetPrecision(forward, dtype, why, step_ms, refused), candidates.get(name))
 
 
