@@ -362,6 +362,26 @@ def test_bench_e2e_interleaves_auto_with_each_fixed_budget(tmp_path):
     assert "B = 4" in format_auto_table(result)
 
 
+def test_bench_e2e_runs_each_method_in_each_forward_beside_both_generate_peers(tmp_path):
+    from tev.bench.e2e import bench_e2e, format_e2e_table
+    from tev.engine.models import load_bundle
+    from tev.engine.target_precision import target_precision
+
+    paths = save_pair(tmp_path)
+    bundle = load_bundle(paths["target"], paths["block"], device="cpu")
+    chosen = target_precision(bundle.target)
+    prompts = [{"ids": [1, 5, 9, 13]}, {"ids": [2, 4, 8, 16, 3]}]
+    result = bench_e2e(bundle, prompts, budgets=("auto",), temperatures=(0.0,), methods=(("block", "tev"),), max_new_tokens=6,
+                       peers=("hf-generate", "hf-generate-bf16"), forwards=("transformers", "float32"), progress=False)
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"autoregressive@transformers", "autoregressive@float32", "hf-generate", "hf-generate-bf16",
+                         "block+greedy@transformers", "block+greedy@float32"}
+    # greedy: the same tokens in every forward, and each speculative row is over its own forward's loop
+    assert all(r["runs"] == 2 for r in rows.values()) and rows["block+greedy@float32"]["speedup_vs_hf_bf16"] > 0
+    assert result["forwards"] == ["transformers", "float32"] and target_precision(bundle.target) is chosen  # the choice comes back
+    assert "vs HF generate bf16" in format_e2e_table(result)
+
+
 def test_bench_e2e_methods_flag_names_drafter_and_verifier():
     from tev.bench.e2e import parse_methods
 

@@ -15,6 +15,7 @@ from tests.helpers import random_tree
 from tests.test_engine import SMALL_VOCAB, VOCAB, FullTreeDrafter, greedy_reference
 from tests.tiny import tiny_ar_drafter, tiny_block_drafter, tiny_target
 from tev.bench.exactness import ALPHA, chi_square_against
+from tev.bench.row_cost import forward_rows_differ, operation_invariance, time_forwards
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.decode import DecodeConfig, Request, autoregressive_generate, run_to_end, speculative_generate
 from tev.engine.row_invariant import BLOCK, RowInvariantForward
@@ -186,3 +187,15 @@ def test_a_mask_that_hides_part_of_the_cache_is_refused_by_the_row_invariant_ses
         with pytest.raises(ValueError, match="whole cache"):
             session.forward_masked([5, 6], [4, 5], visible)
         assert CausalLMSession(target, row_invariant=False).invariant is None  # training's masks take transformers' forward
+
+
+def test_the_row_cost_tool_times_every_forward_and_finds_which_rows_move():
+    target = tiny_target(VOCAB, context=256)
+    models = {"float32": target, "bfloat16": tiny_target(VOCAB, context=256).to(torch.bfloat16)}
+    names = ["transformers float32", "row-invariant float32"]
+    timing = time_forwards(models, names, sizes=[1, 3], passes=1, progress=False)
+    assert set(timing) == set(names) and all(cells[n]["min_ms"] > 0 for cells in timing.values() for n in ("1", "3"))
+    assert forward_rows_differ(target, "float32", size=9, context=40) == 0  # by construction
+    checks = operation_invariance(target)
+    assert checks["prepacked, 2-64 rows, head"] == [] and isinstance(checks["attention over a cache plus a masked tree (SDPA)"], bool)
+    assert target_forward(target) is None  # the tool's switches leave no forward behind

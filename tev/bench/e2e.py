@@ -110,7 +110,7 @@ def bench_e2e(
                         paired[(name, budget)] = _one_run(bundle, name.split("@")[0], drafter, verifier, budget, ids, config, auto, peer_models)
                     bar.update(1)
                 for (name, budget), summary in paired.items():
-                    own_loop = "autoregressive" + (name[name.index("@"):] if "@" in name else "")
+                    own_loop = "autoregressive" + (name[name.index("@"):] if "@" in name else suffixes[forwards[0]])  # a peer: the first forward's loop
                     (base_runs[name] if budget is None else runs[(name, budget)]).append(_run_record(summary, paired, domains[i], own_loop))
         results += _rows(temperature, budgets, runs, base_runs, reference, domains)
         comparisons += _auto_against_fixed(temperature, budgets, runs)
