@@ -176,6 +176,18 @@ def test_a_model_it_cannot_run_keeps_transformers_forward_and_says_why():
     assert "gpt2" in precision.refused["row-invariant float32"] and "gpt2" in precision.reason
 
 
+def test_a_forward_that_fails_while_checked_is_refused_and_the_load_goes_on(monkeypatch):
+    target = tiny_target(VOCAB, context=256)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this shape\nmore detail")
+
+    monkeypatch.setattr("tev.engine.target_precision.tree_rows_differ", broken)
+    precision = choose_target_forward(target)
+    assert precision.label == "transformers float32" and target_forward(target) is None
+    assert precision.refused["row-invariant float32"] == "it failed on this model: no kernel for this shape"  # (bfloat16's: the same, or emulated)
+
+
 def test_a_mask_that_hides_part_of_the_cache_is_refused_by_the_row_invariant_session():
     _skip_without(torch.float32)
     target = tiny_target(VOCAB, context=256)

@@ -21,7 +21,8 @@ def target_precision_words(info: dict) -> str:
     """How the target computes here, and what that means for exactness."""
     chosen = info.get("target_forward")
     if chosen and chosen["forward"] == "row-invariant":
-        return (f"**row-invariant {chosen['dtype']}** (chosen by measurement on this machine: {chosen['reason']}): its matrix products run in "
+        how = "forced with TEV_TARGET_FORWARD" if chosen["reason"].startswith("forced") else f"chosen by measurement on this machine: {chosen['reason']}"
+        return (f"**row-invariant {chosen['dtype']}** ({how}): its matrix products run in "
                 f"{chosen['dtype']}, norms, attention and the residual stream in float32, and a row comes out bit for bit the same inside "
                 "a tree as alone, so greedy speculation equals greedy decoding by construction (`TEV_TARGET_FORWARD` forces another)")
     why = f" ({chosen['reason']})" if chosen else ""

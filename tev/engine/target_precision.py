@@ -168,8 +168,11 @@ def _checked(model, dtype: str) -> tuple[RowInvariantForward | None, str | None]
         if not packed_products_available(_DTYPES[dtype]):
             built[dtype] = (None, "oneDNN's prepacked products do not run in it here")
         else:
-            forward = RowInvariantForward(model, _DTYPES[dtype])
-            problem = _refusal(forward, model.config)
+            try:
+                forward = RowInvariantForward(model, _DTYPES[dtype])
+                problem = _refusal(forward, model.config)
+            except Exception as error:  # noqa: BLE001 - a forward that cannot run here is refused with why, never a failed load
+                forward, problem = None, f"it failed on this model: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
             built[dtype] = (None if problem else forward, problem)
     return built[dtype]
 
