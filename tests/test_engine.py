@@ -122,14 +122,15 @@ def test_max_new_tokens_is_never_overshot():
 SMALL_VOCAB = 4
 
 
-def exact_first_tokens_law(target, prompt, length=3, truncation=None):
+def exact_first_tokens_law(target, prompt, length=3, truncation=None, logits_of=None):
     """Enumerate p(x1, x2, x3 | prompt) exactly from the target (under ``truncation``, a
-    :class:`SamplingLaw`, when given: its rows come from the reference ``truncated_law``)."""
+    :class:`SamplingLaw`, when given: its rows come from the reference ``truncated_law``).
+    ``logits_of(ids)`` gives a sequence's `[L, V]` logits (default: transformers' forward)."""
     law = {}
     for sequence in itertools.product(range(SMALL_VOCAB), repeat=length):
         ids = torch.tensor(prompt + list(sequence))
         with torch.no_grad():
-            logits = target(input_ids=ids[None]).logits[0].double()
+            logits = (target(input_ids=ids[None]).logits[0] if logits_of is None else logits_of(ids)).double()
         if truncation is None:
             rows = torch.softmax(logits, dim=-1)
         else:

@@ -4,15 +4,12 @@ through it; the load-time check catches a forward whose rows move; the choice is
 
 from __future__ import annotations
 
-import itertools
-import math
-
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from tests.helpers import random_tree
-from tests.test_engine import SMALL_VOCAB, VOCAB, FullTreeDrafter, greedy_reference
+from tests.test_engine import SMALL_VOCAB, VOCAB, FullTreeDrafter, exact_first_tokens_law, greedy_reference
 from tests.tiny import tiny_ar_drafter, tiny_block_drafter, tiny_target
 from tev.bench.exactness import ALPHA, chi_square_against
 from tev.bench.row_cost import forward_rows_differ, operation_invariance, time_forwards
@@ -124,16 +121,6 @@ def test_greedy_speculation_equals_greedy_decoding_through_the_row_invariant_for
             assert summary.token_ids == reference.token_ids, (kind, budget, seed)
 
 
-def _exact_law_through_the_session(target, prompt, length=3):
-    """p(x1..x3 | prompt) from the rows the session's forward computes (each sequence one chain)."""
-    law = {}
-    for sequence in itertools.product(range(SMALL_VOCAB), repeat=length):
-        logits = CausalLMSession(target).extend(prompt + list(sequence)).logits.double()
-        rows = torch.softmax(logits, dim=-1)
-        law[sequence] = math.prod(rows[len(prompt) - 1 + i, t].item() for i, t in enumerate(sequence))
-    return law
-
-
 @pytest.mark.parametrize("method", ["tev", "predraw", "sequential", "ar-baseline"])
 def test_sampling_through_the_bfloat16_row_invariant_forward_is_lossless(method):
     _skip_without(torch.bfloat16)
@@ -141,7 +128,7 @@ def test_sampling_through_the_bfloat16_row_invariant_forward_is_lossless(method)
     target = tiny_target(SMALL_VOCAB, scale=0.5, eos_token_id=SMALL_VOCAB + 7)
     prompt = [1, 2, 0]
     with running(target, "bfloat16"):
-        law = _exact_law_through_the_session(target, prompt)
+        law = exact_first_tokens_law(target, prompt, logits_of=lambda ids: CausalLMSession(target).extend(ids).logits)  # the forward's own rows
         samples = []
         for seed in range(2000):
             config = DecodeConfig(budget=20, temperature=1.0, verifier="tev" if method == "ar-baseline" else method, max_new_tokens=3, seed=seed, stop_at_eos=False)
