@@ -28,6 +28,7 @@ from tev.engine.models import DEFAULT_PAIR, DRAFTERS, PAIRS
 from tev.pipelines.build import build_assets_command
 from tev.pipelines.exittrain import EXITTRAIN_FLAGS, EXITTRAIN_SETTINGS, exittrain_command
 from tev.pipelines.exittrain_data import exittrain_data_command
+from tev.pipelines.migrate import migrate_command
 from tev.pipelines.train_drafter import train_drafter_command
 from tev.pipelines.workload import DEFAULT_ANSWER_LAW, DEFAULT_TREE_TERM, EXIT_LAMBDA, EXIT_TERM, workload_command, workload_settings
 from tev.pipelines.workload_report import LAWS
@@ -35,6 +36,7 @@ from tev.service.live_exittrain import live_check_command
 from tev.train.data import DOMAINS
 from tev.train.loop import TrainSettings
 from tev.train.losses import TREE_TERMS
+from tev.util.stored import VERSIONS
 
 __all__ = ["build_parser", "main"]
 
@@ -278,6 +280,14 @@ def _add_train_drafter(commands) -> None:
     parser.set_defaults(func=train_drafter_command)
 
 
+def _add_migrate(commands) -> None:
+    parser = commands.add_parser("migrate", help="rewrite stored results written before they carried a schema into today's names, once")
+    parser.add_argument("paths", nargs="+", help="result files, or folders (every *.json under them), e.g. assets docs runs")
+    parser.add_argument("--kind", choices=tuple(VERSIONS), default=None, help="the files' kind (default: read from each file)")
+    parser.add_argument("--dry-run", action="store_true", help="say what would change; write nothing")
+    parser.set_defaults(func=migrate_command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tev", description="TEV Explorer: exact tree speculative decoding, made visible.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -287,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_exittrain(commands)
     _add_exittrain_data(commands)
     _add_train_drafter(commands)
+    _add_migrate(commands)
     return parser
 
 
