@@ -247,8 +247,9 @@ def test_evaluation_rows_give_tau_per_forward_with_its_error_over_prompts():
     lengths = [x for s in summaries for x in s.block_lengths]
     assert row["mean_block_length"] == pytest.approx(sum(lengths) / len(lengths))
     assert "| 0 | 8 | " + f"{row['tau']:.3f} +- {row['tau_se']:.3f} | {row['mean_block_length']:.3f} |" in format_tau_table([row])
-    # a row written before tau counted only the tokens emitted: its "tau" was the mean block length, shown as such
-    old = {"temperature": 0.0, "budget": 16, "tau": 2.254, "tau_se": 0.038, "tau_bound": 2.254, "prompt_tau_q25": 1.9, "prompt_tau_q75": 2.6, "rounds": 680}
+    # a row measured before tau counted tokens per forward holds only the mean block length, shown as such
+    old = {"temperature": 0.0, "budget": 16, "mean_block_length": 2.254, "mean_block_length_se": 0.038, "tau_bound": 2.254,
+           "prompt_mean_block_length_q25": 1.9, "prompt_mean_block_length_q75": 2.6, "rounds": 680}
     assert "| 0 | 16 | not measured | 2.254 +- 0.038 (s.e. over rounds) | 2.254 | - | 680 |" in format_tau_table([old])
 
 

@@ -17,7 +17,7 @@ from tev.core.flow import target_flow
 from tev.core.tree import DraftTree
 from tev.data.prompts import load_prompt_set
 from tev.engine.models import DEFAULT_PAIR, load_bundle, shipped_drafter
-from tev.pipelines.card import load_report, refresh_card
+from tev.pipelines.card import refresh_card
 from tev.train.data import TrainData
 from tev.train.experiment import Experiment
 from tev.pipelines.exittrain import EXITTRAIN_SETTINGS
@@ -26,6 +26,7 @@ from tev.train.losses import exit_loss_terms, node_weights
 from tev.train.teacher import corpus_sequences, regenerate_sequences
 from tev.train.trees import score_trees, target_pass
 from tev.util.paths import assets_dir
+from tev.util.stored import read_result
 from tests.tiny import tiny_block_drafter, tiny_target
 
 VOCAB = 48
@@ -240,17 +241,8 @@ def test_ablation_trains_each_mode_and_installs_the_measured_exit_drafter(quick_
     assert card.count("## ExitTrain drafter") == 2 and "Where the target's mass leaves each drafter's trees" in card
 
 
-def test_reports_written_when_1_plus_c_was_expected_tau_read_as_tau_bound(tmp_path):
-    old = {"heldout_expected_tau_before": 2.0, "heldout_expected_tau_after": 2.1, "base_heldout_expected_tau": 2.0,
-           "heldout_trees": {"base": {"expected_tau": 2.0, "internal": [0.5]}}, "history": [{"step": 1, "expected_tau": 1.9, "heldout_expected_tau": None}]}
-    (tmp_path / "old.json").write_text(json.dumps(old))
-    assert load_report(tmp_path / "old.json") == {
-        "heldout_tau_bound_before": 2.0, "heldout_tau_bound_after": 2.1, "base_heldout_tau_bound": 2.0,
-        "heldout_trees": {"base": {"tau_bound": 2.0, "internal": [0.5]}}, "history": [{"step": 1, "tau_bound": 1.9, "heldout_tau_bound": None}]}
-
-
 def test_the_card_renders_from_the_shipped_reports(tmp_path):
-    """Every report the card reads, as shipped (older ones with older key names), renders; each
+    """Every report the card reads, as shipped (rows measured before tau counted tokens per forward among them), renders; each
     pair's ExitTrain section shows its held-out 1 + C before and after and its trees' table."""
     shipped = assets_dir() / "models"
     names = ["build.json", "drafter-exittrain/exittrain.json", f"{DEFAULT_PAIR.home}/drafter-block/training.json",
@@ -261,7 +253,7 @@ def test_the_card_renders_from_the_shipped_reports(tmp_path):
     refresh_card(tmp_path)
     card = (tmp_path / "README.md").read_text()
     for name in names[1:4:2]:
-        entry = load_report(shipped / name)
+        entry = read_result(shipped / name, "exittrain")
         assert f"{entry['heldout_tau_bound_before']:.3f} before, {entry['heldout_tau_bound_after']:.3f} after" in card
         for drafter, trees in entry.get("heldout_trees", {}).items():
             assert f"| {drafter} | {trees['tau_bound']:.3f} |" in card

@@ -73,10 +73,9 @@ def _workload_result(base: float, adapted: float, control: float) -> dict:
 
 
 def _written_before(result: dict) -> dict:
-    """A result as files written before 2026-12-05 hold it: the kept drafter "exittrain", the mean block length under "tau"."""
-    old = lambda cells: {("exittrain" if name == "adapted" else name): {"tau": c["tau"], "se": c["se"]} for name, c in cells.items()}  # noqa: E731
-    return {**result, **{t: old(result[t]) for t in ("T0", "T0.7", "T1")},
-            "gain": {t: {("exittrain" if n == "adapted" else n): g for n, g in gains.items()} for t, gains in result["gain"].items()}}
+    """A result measured before tau counted tokens per forward (as migrated): its cells hold only the mean block length."""
+    old = lambda cells: {name: {"mean_block_length": c["tau"], "mean_block_length_se": c["se"]} for name, c in cells.items()}  # noqa: E731
+    return {**result, **{t: old(result[t]) for t in ("T0", "T0.7", "T1")}}
 
 
 WORKLOAD = {"sql": _workload_result(1.5, 2.5, 2.45), "json": _written_before(_workload_result(1.6, 3.0, 3.0))}
@@ -209,14 +208,15 @@ def test_claim_5_reads_the_pooled_rows_and_shows_domains_errors_and_the_exit_mas
     lines = "\n".join(exittrain_section({"measurements": {"exittrain": data}, "plots": plots}))
     assert "2.100 +- 0.050" in lines and "math +10.0%" in lines and "| exit | 1.800 | 0.300 + 0.000" in lines
     assert "plots/exittrain_mass.png" in lines and (tmp_path / "plots" / "exittrain_mass.png").is_file()
-    # these rows predate tau as tokens emitted (no mean_block_length): named the mean block length they hold
-    assert "| B | T | mean block length base |" in lines and "Mean mean block length gain" not in lines
-    current = [{**row, "mean_block_length": row["tau"] + 0.1} for row in rows]
-    assert "| B | T | tau base |" in "\n".join(exittrain_section({"measurements": {"exittrain": exittrain_from_results({"rows": current})}, "plots": {}}))
+    assert "| B | T | tau base |" in lines
+    # rows measured before tau counted tokens per forward hold only the mean block length: named so
+    old = [{("mean_block_length" + key[3:] if key.startswith("tau") else key): value for key, value in row.items()} for row in rows]
+    old_lines = "\n".join(exittrain_section({"measurements": {"exittrain": exittrain_from_results({"rows": old})}, "plots": {}}))
+    assert "| B | T | mean block length base |" in old_lines and "2.100 +- 0.050" in old_lines and "Mean mean block length gain" not in old_lines
 
 
 def _e2e_row(temperature, budget, method, speedup, tokens_per_second, vs_hf=float("nan")):
-    return {"temperature": temperature, "budget": budget, "method": method, "tau": 2.0, "tau_bound": 2.0, "tokens_per_second": tokens_per_second,
+    return {"temperature": temperature, "budget": budget, "method": method, "tau": 2.0, "mean_block_length": 2.1, "tau_bound": 2.1, "tokens_per_second": tokens_per_second,
             "tokens_per_second_q25": tokens_per_second, "tokens_per_second_q75": tokens_per_second, "speedup": speedup, "speedup_q25": speedup,
             "speedup_q75": speedup, "speedup_vs_hf": vs_hf, "speedup_vs_lookup": vs_hf, "ms_per_token": 1e3 / tokens_per_second,
             "weight_reads_per_token": 1e3 / tokens_per_second / 25.0, "stage_ms_per_round": dict.fromkeys(STAGES, 1.0), "by_domain": {}, "runs": 6}
@@ -247,7 +247,7 @@ def test_report_command_refuses_an_e2e_file_of_another_shape(tmp_path, capsys):
     wrong = tmp_path / "not-e2e.json"
     wrong.write_text(json.dumps({"rows": []}))
     assert main(["bench", "report", "--quick", "--e2e-results", str(wrong), "--out", str(tmp_path / "r")]) != 0
-    assert "expected the JSON of `python -m tev bench e2e --json OUT.json`" in capsys.readouterr().err
+    assert "expected a stored e2e result" in capsys.readouterr().err  # a file without the e2e schema
     assert not (tmp_path / "r").exists()  # refused before any model loads or anything is written
 
 

@@ -329,7 +329,6 @@ def test_the_command_refuses_to_write_into_assets(flag, capsys):
 
 # --------------------------------------------------------------------------- the tab's words
 def test_the_tab_states_a_verdict_in_words():
-    from tev.pipelines.workload_report import read_result
     from ui.workload import result_table, verdict
 
     assert verdict({"gain": -0.004, "se": 0.006}).startswith("no measurable change (-0.4% +- 0.6%)")
@@ -365,13 +364,12 @@ def test_the_tab_states_a_verdict_in_words():
     assert "| T = 0 (greedy) | base (the shipped drafter) | 1.600 +- 0.050 |  |" in table and "base term" not in table
     assert "the exit-term control gained as much (within two standard errors)" in table  # T = 0
     assert "the tree term costs 22.0% +- 4.2% against the token loss alone" in table  # T = 0.7
-    # a result written before: the kept drafter named "exittrain", the mean block length under "tau" (+- over rounds)
-    old = {**result, **{key: {"base": {"tau": 1.6, "se": 0.05}, "exittrain": {"tau": 2.9, "se": 0.05}} for key in laws},
-           "gain": {key: {"exittrain": gain(0.81)} for key in laws}}
-    table = result_table(read_result(old))
+    # a result measured before tau counted tokens per forward: its cells hold only the mean block length (+- over rounds)
+    length = lambda x: {"mean_block_length": x, "mean_block_length_se": 0.05}  # noqa: E731
+    old = {**result, **{key: {"base": length(1.6), "adapted": length(2.9)} for key in laws}, "gain": {key: {"adapted": gain(0.81)} for key in laws}}
+    table = result_table(old)
     assert "| law | drafter | mean block length | change against the base |" in table and "+- one standard error over rounds" in table
     assert "| T = 0 (greedy) | adapted (token loss + exit term, lambda 0.1) | 2.900 +- 0.050 |" in table and "held-out mean block length" in table
-    assert "exittrain" not in json.dumps(read_result(old)) and "exittrain" in json.dumps(old)  # renamed in a copy
 
 def test_the_tab_refuses_too_few_prompts_and_cancel_shows_no_comparison(tmp_path, monkeypatch):
     import types
@@ -410,12 +408,13 @@ def test_the_model_card_shows_each_packs_measured_adaptation():
     from tev.pipelines.workload_report import card_rows
 
     cell = lambda tau: {"tau": tau, "se": 0.04}  # noqa: E731
+    length = lambda x: {"mean_block_length": x, "mean_block_length_se": 0.04}  # noqa: E731
     gain = lambda g: {"gain": g, "se": 0.08}  # noqa: E731
-    # as shipped (assets/models/smollm2/workload-results.json): the kept drafter named "exittrain", the mean block length under "tau"
-    result = {"T0": {"base": cell(1.5), "exittrain": cell(2.5), "token_only": cell(2.5), "next-depth": cell(2.6)},
-              "T1": {"base": cell(1.4), "exittrain": cell(1.5), "token_only": cell(1.4), "next-depth": cell(1.5)},
-              "gain": {"T0": {"exittrain": gain(0.667), "token_only": gain(0.66), "next-depth": gain(0.7)},
-                       "T1": {"exittrain": gain(0.054), "token_only": gain(0.016), "next-depth": gain(0.083)}}, "minutes": 4.6}
+    # measured before tau counted tokens per forward: the cells hold only the mean block length
+    result = {"T0": {"base": length(1.5), "adapted": length(2.5), "token_only": length(2.5), "next-depth": length(2.6)},
+              "T1": {"base": length(1.4), "adapted": length(1.5), "token_only": length(1.4), "next-depth": length(1.5)},
+              "gain": {"T0": {"adapted": gain(0.667), "token_only": gain(0.66), "next-depth": gain(0.7)},
+                       "T1": {"adapted": gain(0.054), "token_only": gain(0.016), "next-depth": gain(0.083)}}, "minutes": 4.6}
     now = {**{key: {"base": {**cell(1.2), "mean_block_length": 1.5}, "adapted": {**cell(1.8), "mean_block_length": 2.1}} for key in ("T0", "T1")},
            "gain": {key: {"adapted": gain(0.5)} for key in ("T0", "T1")}, "minutes": 4.9}
     rows = card_rows({"sql-queries": {"task": "Write one SQL query", "command": "python -m tev exittrain --workload x.json", "result": result},

@@ -17,11 +17,11 @@ from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluation_rounds, fit_prompt
 from tev.service.live_exittrain import live_data, live_experiment, live_settings
 from tev.service.service import LIMITS, UserInputError, check_number
-from tev.pipelines.card import load_report
 from tev.train.data import DOMAINS
 from tev.train.losses import TREE_TERMS
 from tev.util.compute_thread import result_of
 from tev.util.stats import change_in_words
+from tev.util.stored import read_result
 from ui import gpu, shared
 from ui.components import checked_event
 from ui.shared import BACKGROUND, _user_error, only
@@ -239,7 +239,7 @@ def side_by_side(bundle, drafters: dict, prompt: dict, budget: int = 32) -> list
 
 def _shipped_result(bundle) -> dict | None:
     path = bundle.shipped_folder("exittrain") / "exittrain.json"
-    return load_report(path) if path.is_file() else None
+    return read_result(path, "exittrain") if path.is_file() else None
 
 
 def _shipped_mass(bundle):

@@ -10,7 +10,6 @@ trees lose the target's mass (exit mass by depth on the same held-out rounds).
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -28,6 +27,7 @@ from tev.pipelines.exittrain import EXITTRAIN_SETTINGS, exittrain_sets, fine_tun
 from tev.train.experiment import Experiment
 from tev.train.loop import TrainSettings, install_drafter, with_progress
 from tev.util.paths import REPO_ROOT, assets_dir
+from tev.util.stored import result_text, write_result
 
 __all__ = ["run_ablation", "format_ablation", "install_from_ablation", "ablation_command", "evaluation_setup", "pooled_rows"]
 
@@ -150,7 +150,7 @@ def install_from_ablation(result: dict, out: Path, target) -> None:
     trained = BlockDrafter.from_pretrained(out / "drafter-exit", target)
     trained.config.notes = {**trained.config.notes, "exittrain": config, "trained_by": result["command"]}
     destination = shipped_drafter(result["pair"], "exittrain")
-    install_drafter(trained, destination, extra_files={"exittrain.json": json.dumps(entry, indent=1)})
+    install_drafter(trained, destination, extra_files={"exittrain.json": result_text("exittrain", entry)})
     refresh_card(assets_dir())
     print(f"installed the exit-weighted drafter as {destination}; model card updated")
 
@@ -175,7 +175,7 @@ def ablation_command(args) -> None:
     result["command"] = invoked_command()
     result["pair"] = pair
     result["domain"] = getattr(args, "domain", None)
-    (out / "exittrain-eval.json").write_text(json.dumps(result, indent=1))
+    write_result(out / "exittrain-eval.json", "ablation", result)
     print(format_ablation(result))
     print(f"wrote {out / 'exittrain-eval.json'}")
     if args.install:

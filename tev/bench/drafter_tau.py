@@ -13,14 +13,13 @@ An earlier drafter can be taken out of git first, e.g.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from tev.data.prompts import load_prompt_set
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.default_target import ensure_default_target
 from tev.engine.models import load_causal_lm, load_tokenizer
 from tev.pipelines.train_drafter import DrafterRecipe, chat_prompt_tau
+from tev.util.stored import write_result
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,5 +39,5 @@ def run(args: argparse.Namespace) -> int:
         for row in rows:
             print(f"{folder}: T={row['temperature']:g} B={row['budget']}: tau {row['tau']:.3f} +- {row['tau_se']:.3f}, mean block length {row['mean_block_length']:.3f} (1 + C {row['tau_bound']:.3f})", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        write_result(args.json, "drafter-tau", {"drafters": results})
     return 0

@@ -7,7 +7,6 @@ machine's drift hits all alike, and reports medians with the interquartile range
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import resource
 import subprocess
@@ -28,6 +27,7 @@ from tev.engine.target_precision import forced_target_forward
 from tev.pipelines.exittrain import invoked_command
 from tev.util.stats import spread
 from tev.util.precision import figure_precision, precision_summary
+from tev.util.stored import write_result
 from tev.util.timing import machine_info, machine_summary
 from tev.util.weight_read import weight_read_reference
 
@@ -296,10 +296,10 @@ def _speculative(method: str) -> bool:
 
 
 def _tau_cells(row: dict) -> str:
-    """``tau | mean L | 1 + C`` of a speculative row; a row written before ``tau`` counted only the
-    tokens emitted held the mean block length under ``tau``: shown as such, its tau not known."""
-    if "mean_block_length" not in row:
-        return f"- | {row['tau']:.2f} | {row['tau_bound']:.2f}"
+    """``tau | mean L | 1 + C`` of a speculative row; a row measured before ``tau`` counted tokens
+    per forward holds only the mean block length: its tau is shown as not known."""
+    if "tau" not in row:
+        return f"- | {row['mean_block_length']:.2f} | {row['tau_bound']:.2f}"
     return f"{row['tau']:.2f} | {row['mean_block_length']:.2f} | {row['tau_bound']:.2f}"
 
 
@@ -380,5 +380,4 @@ def e2e_command(args) -> None:
         print(f"peak resident memory of one `python -m tev generate` (64 tokens, {bundle.pair} pair): {result['peak_memory_mb']:.0f} MB")
     if args.json:
         result["command"] = invoked_command()
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=2)
+        write_result(args.json, "e2e", result, indent=2)

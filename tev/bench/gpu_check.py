@@ -66,6 +66,7 @@ from tev.engine.round import prefill, room_left, speculation_round
 from tev.engine.session import CausalLMSession
 from tev.util.stats import spread
 from tev.util.paths import REPO_ROOT as REPO
+from tev.util.stored import write_result
 from tev.util.timing import StageTimer, machine_info, time_once
 
 MODULE = "tev.bench.gpu_check"  # each in-process step runs as `python -m MODULE --run-step NAME`
@@ -495,7 +496,7 @@ def run_step(step: Step, seconds: float) -> dict:
 def write_summary(out: Path, meta: dict, records: list[dict]) -> None:
     """``gpu-check.json`` (everything) and ``gpu-check.md`` (the summary), rewritten whole."""
     payload = {**meta, "ok": all(r["ok"] for r in records), "steps": records}
-    (out / "gpu-check.json").write_text(json.dumps(payload, indent=1, default=str))
+    write_result(out / "gpu-check.json", "gpu-check", payload, default=str)
     lines = [f"# GPU check, {meta['started']}", "", f"Device {meta['device']}; budget {meta['budget_seconds']} s; "
              f"{sum(r['ok'] for r in records)} of {len(records)} steps passed.", "",
              "| step | result | seconds | summary |", "|---|---|---|---|"]

@@ -65,6 +65,7 @@ from tev.data.prompts import load_prompt_set
 from tev.pipelines.workload_report import LAWS, PAGE_LAW
 from tev.util.paths import assets_dir
 from tev.util.stats import quantile
+from tev.util.stored import write_result
 
 PROMPTS = [
     "def add(a, b):\n    ",
@@ -608,7 +609,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "loadtest.json").write_text(json.dumps(report, indent=1, default=str))
+        write_result(out / "loadtest.json", "loadtest", report, default=str)
         (out / "loadtest.md").write_text(text)
         print(f"wrote {out / 'loadtest.json'} and {out / 'loadtest.md'}")
     return 0 if report["passed"] else 1

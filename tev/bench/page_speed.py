@@ -19,7 +19,6 @@ run with the same threads (``TEV_THREADS``, default 2 here, and torch's default 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -31,6 +30,7 @@ from tev.bench.loadtest import new_client
 from tev.data.prompts import load_prompt_set, spread_evenly
 from tev.engine.models import DEFAULT_PAIR
 from tev.util.paths import assets_dir
+from tev.util.stored import write_result
 
 SUMMARY_OUTPUT = 5  # /generate's outputs: text, tree, mass, timeline, stats, summary, rounds, budget (ui.live.LiveView)
 
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             mine = [r["speedup"] for r in rows if r["temperature"] == temperature and r["drafter"] == drafter]
             print(f"T={temperature:g}, drafter {drafter}: median page speedup {statistics.median(mine):.2f}x over {len(mine)} prompts")
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": args.threads, "omp_wait_policy": args.omp_wait_policy, "budget": args.budget, "api": args.api, "rows": rows}, indent=1))
+        write_result(args.json, "page-speed", {"threads": args.threads, "omp_wait_policy": args.omp_wait_policy, "budget": args.budget, "api": args.api, "rows": rows})
     return 0
 
 

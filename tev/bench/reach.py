@@ -17,7 +17,6 @@ requests):
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from tev.engine.prompt_text import ChatTemplate
 from tev.train.data import TrainData
 from tev.train.loop import heldout_loss
 from tev.train.teacher import target_features
+from tev.util.stored import write_result
 
 __all__ = ["LAWS", "answers_data", "teacher_forced", "decoding_reach", "reach_report", "format_reach"]
 
@@ -141,4 +141,4 @@ def reach_command(args) -> None:
     print(text)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        write_result(args.json, "reach", report)

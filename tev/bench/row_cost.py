@@ -26,7 +26,6 @@ import os
 import random
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -39,6 +38,7 @@ from tev.engine.row_products import RowProducts, invariance_failures, packed_pro
 from tev.engine.session import CausalLMSession
 from tev.engine.target_precision import choose_target_forward, forced_target_forward
 from tev.util.precision import cpu_capability
+from tev.util.stored import write_result
 from tev.util.timing import machine_info
 
 __all__ = ["add_arguments", "run", "time_forwards", "operation_invariance", "forward_rows_differ", "format_cost_table"]
@@ -210,5 +210,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"{dtype}:", "; ".join(f"{k}: {'row-invariant' if v is True or v == [] else v}" for k, v in checks.items()))
     print(f"chosen here: {result['chosen_here']['label']} ({result['chosen_here']['reason']})")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        write_result(args.json, "row-cost", result)
     return 0

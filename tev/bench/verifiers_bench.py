@@ -6,7 +6,6 @@ machine's drift hits all alike, and reports medians with the interquartile range
 
 from __future__ import annotations
 
-import json
 import random
 
 import torch
@@ -15,6 +14,7 @@ from tqdm import tqdm
 from tev.core.tree import DraftTree
 from tev.core.verify import SAMPLING_VERIFIERS, LogitRows as TargetRows, verify_rows  # the rows it builds are logits
 from tev.util.stats import spread
+from tev.util.stored import write_result
 from tev.util.timing import machine_info, machine_summary, time_once
 
 __all__ = ["synthetic_case", "bench_verifiers", "format_verifier_table", "verifiers_command"]
@@ -107,5 +107,4 @@ def verifiers_command(args) -> None:
     print(f"machine: {machine_summary(result['machine'])}")
     print(format_verifier_table(result))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=2)
+        write_result(args.json, "verifiers", result, indent=2)

@@ -13,7 +13,6 @@ held-out prompt's tau (from the run summary the page gives beside its stats) wit
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -24,6 +23,7 @@ from tev.bench.browser import AUTO_LABEL, BUDGET_LABEL, live_summary, open_page,
 from tev.engine.models import DEFAULT_PAIR
 from tev.pipelines.workload_data import load_workload, split_workload
 from tev.util.paths import assets_dir
+from tev.util.stored import write_result
 
 ADAPTED = "adapted: my prompts"
 MINUTES_LABEL = "minutes (the whole run: answers, fine-tunes, held-out measurement)"
@@ -109,5 +109,5 @@ def run(args: argparse.Namespace) -> int:
         result["median_tau_ratio"] = statistics.median(r["tau_adapted"] / r["tau_base"] for r in result["rows"])
         print(f"median tau adapted / base over {len(result['rows'])} held-out prompts: {result['median_tau_ratio']:.2f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        write_result(args.json, "workload-path", result)
     return 0

@@ -16,9 +16,9 @@ from pathlib import Path
 from tev.bench.report.workload_gain import workload_data, workload_section
 from tev.engine.models import DEFAULT_PAIR
 from tev.pipelines.card import refresh_card
-from tev.pipelines.workload_report import LAWS, read_result
-from tev.util.files import write_text_atomic
+from tev.pipelines.workload_report import LAWS
 from tev.util.paths import assets_dir
+from tev.util.stored import read_result, write_result
 
 
 def print_tables(results: dict[str, dict]) -> None:
@@ -35,7 +35,7 @@ def command_of(path: Path, result: dict) -> str:
     if result.get("command"):
         return result["command"]
     first_law = next(iter(LAWS))  # every result measured it, and its cells name every drafter
-    controls = ["none" if n == "token_only" else n for n in read_result(result)[first_law] if n not in ("base", "adapted")]
+    controls = ["none" if n == "token_only" else n for n in result[first_law] if n not in ("base", "adapted")]
     stem = Path(result["workload"]).stem
     return shlex.join(["python", "-m", "tev", "exittrain", "--workload", result["workload"], "--json", f"runs/workload/{stem}.json", "--out", f"runs/workload/{stem}",
                        "--controls", *controls])
@@ -56,17 +56,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in sorted(args.results)]
-    results = {Path(json.loads(p.read_text()).get("workload", p)).stem: json.loads(p.read_text()) for p in paths}
+    read = {path: read_result(path, "workload") for path in paths}
+    results = {Path(result.get("workload", path)).stem: result for path, result in read.items()}
     print_tables(results)
     if args.install:
         entries = {}
-        for path in paths:
-            result = json.loads(path.read_text())
-            current = read_result(result)
-            keep = {k: current[k] for k in (*LAWS, "gain", "minutes", "train_prompts", "heldout_prompts", "answer_tokens", "vocab_added", "steps", "settings")
-                    if k in current}
+        for path, result in read.items():
+            keep = {k: result[k] for k in (*LAWS, "gain", "minutes", "train_prompts", "heldout_prompts", "answer_tokens", "vocab_added", "steps", "settings")
+                    if k in result}
             entries[Path(result["workload"]).stem] = {"task": task_of(result["workload"]), "command": command_of(path, result), "result": keep}
-        write_text_atomic(assets_dir() / "models" / DEFAULT_PAIR.home / "workload-results.json", json.dumps(entries, indent=1) + "\n")
+        write_result(assets_dir() / "models" / DEFAULT_PAIR.home / "workload-results.json", "workload-table", {"packs": entries})
         refresh_card(assets_dir())
         print(f"\nwrote {assets_dir() / 'models' / DEFAULT_PAIR.home / 'workload-results.json'}; model card re-rendered")
     return 0

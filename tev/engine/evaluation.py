@@ -110,15 +110,14 @@ def evaluate_drafter(target, tokenizer, drafter, prompts: list[dict], budgets=(8
 
 
 def format_tau_table(rows: list[dict]) -> str:
-    """The rows of :func:`evaluate_drafter` as a markdown table. Rows written before ``tau``
-    counted only the tokens emitted (no ``mean_block_length``) held the mean block length, with its
-    error over rounds, under ``tau``: they are shown in that column and the tau column says
-    "not measured"."""
+    """The rows of :func:`evaluate_drafter` as a markdown table. A row measured before ``tau``
+    counted tokens per forward holds only ``mean_block_length`` (with its error over rounds,
+    ``mean_block_length_se``): its tau column says "not measured"."""
     lines = ["| T | B | tau (+- s.e. over prompts) | mean block length | mean 1 + C | per-prompt tau q25-q75 | rounds |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        if "mean_block_length" in r:
+        if "tau" in r:
             tau, length, spread = f"{r['tau']:.3f} +- {r['tau_se']:.3f}", f"{r['mean_block_length']:.3f}", f"{r['prompt_tau_q25']:.2f}-{r['prompt_tau_q75']:.2f}"
         else:
-            tau, length, spread = "not measured", f"{r['tau']:.3f} +- {r['tau_se']:.3f} (s.e. over rounds)", "-"
+            tau, length, spread = "not measured", f"{r['mean_block_length']:.3f} +- {r['mean_block_length_se']:.3f} (s.e. over rounds)", "-"
         lines.append(f"| {r['temperature']:g} | {r['budget']} | {tau} | {length} | {r['tau_bound']:.3f} | {spread} | {r['rounds']} |")
     return "\n".join(lines)

@@ -41,6 +41,7 @@ from tev.train.loop import TrainSettings, drafter_shape, fit_to_target, schedule
 from tev.train.teacher import corpus_sequences, with_features
 from tev.util.files import atomic_folder
 from tev.util.paths import REPO_ROOT, assets_dir
+from tev.util.stored import result_text
 from tev.util.timing import machine_info
 
 __all__ = ["BuildConfig", "QUICK_BUILD", "build_tokenizer", "train_target", "train_drafter", "build_prompts", "build_live_data", "evaluate_assets", "install_assets", "run_build", "build_assets_command"]
@@ -402,7 +403,7 @@ def install_assets(work: Path, out: Path, report: dict, log=print) -> None:
         if (work / "exittrain" / "drafter.safetensors").is_file():
             shutil.copytree(work / "exittrain", models / "drafter-exittrain", ignore=_only("drafter_config.json", "drafter.safetensors"))
         shutil.copy2(work / "live-data" / "exittrain-data.safetensors", models / "exittrain-data.safetensors")
-        (models / "build.json").write_text(json.dumps(report, indent=2) + "\n")
+        (models / "build.json").write_text(result_text("build", report, indent=2))
         if (out / "models" / DEFAULT_PAIR.home).is_dir():  # the default pair's drafters are not built here: keep them
             shutil.copytree(out / "models" / DEFAULT_PAIR.home, models / DEFAULT_PAIR.home)
         for path in (out / "prompts").glob("*.json") if (out / "prompts").is_dir() else ():

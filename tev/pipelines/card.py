@@ -6,7 +6,6 @@ beside this file. Every section comes from a file a command writes: the tiny pai
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jinja2
@@ -15,8 +14,9 @@ from tev.engine.evaluation import format_tau_table
 from tev.engine.models import DEFAULT_PAIR
 from tev.pipelines.workload_report import CARD_NAMES, card_rows
 from tev.util.files import write_text_atomic
+from tev.util.stored import read_result
 
-__all__ = ["load_report", "render_card", "refresh_card"]
+__all__ = ["render_card", "refresh_card"]
 
 _ENVIRONMENT = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), trim_blocks=True, lstrip_blocks=True,
                                   keep_trailing_newline=True, undefined=jinja2.StrictUndefined, autoescape=False)
@@ -24,46 +24,13 @@ _ENVIRONMENT.filters["f"] = format  # {{ x|f('.3f') }}
 _ENVIRONMENT.filters["tau_table"] = format_tau_table
 
 
-def load_report(path: Path) -> dict:
-    """A report a command wrote as JSON (``exittrain.json``, an ablation's result), its keys in
-    today's names: ``1 + C`` is ``tau_bound`` as in the engine, and files written when it was
-    ``expected_tau`` (``heldout_expected_tau_before`` ...) read the same, at any depth."""
-    return json.loads(Path(path).read_text(), object_hook=lambda entry: {key.replace("expected_tau", "tau_bound"): value for key, value in entry.items()})
-
-
-# how recipes written before the shape was a BlockDrafterConfig named its fields (shipped JSON still reads)
-_OLD_SHAPE = {"horizon": "horizon", "window": "context_window", "hidden": "hidden_size", "layers": "num_layers", "heads": "num_heads", "intermediate": "intermediate_size"}
-
-
-def _shape_of(recipe: dict, prefix: str = "") -> dict:
-    """The drafter shape of a recipe or build config as JSON: its ``drafter`` entry, or the flat
-    ``<prefix>window`` ... fields older files hold, under :class:`BlockDrafterConfig`'s names."""
-    if "drafter" in recipe:
-        return recipe["drafter"]
-    return {new: recipe[prefix + old] for old, new in _OLD_SHAPE.items()}
-
-
-def _settings_of(entry: dict) -> dict:
-    """An ExitTrain report's settings in the one vocabulary (``tree_term``, ``lambda_tree``,
-    ``soft_top``); reports written before it (under ``config``: ``weights``, ``lambda_exit``,
-    ``token_labels``) are read too."""
-    if "settings" in entry:
-        return entry["settings"]
-    old = entry["config"]
-    soft = old.get("token_labels") == "soft"  # the oldest reports trained on the written tokens and name no labels
-    return {**old, "tree_term": old["weights"], "lambda_tree": old["lambda_exit"], "soft_top": old["soft_top"] if soft else 0}
-
-
-# An ablation table rendered before tau counted only the tokens emitted: its "tau" column held the mean block length.
-_OLD_ABLATION_HEADER, _ABLATION_HEADER_READ = "| tau (+- s.e.) |", "| mean block length (+- s.e. over rounds) |"
-
-
 def _exittrain(entry: dict, data: str) -> dict:
     """The ExitTrain section's values; ``data`` names what a training sequence is. Rows measured
-    before ``tau`` counted only the tokens emitted (no ``mean_block_length``) are named for what
-    they held: the mean block length (``measure``)."""
+    before ``tau`` counted tokens per forward hold only the mean block length (``measure``)."""
     gains = {}
-    taus = {(r["drafter"], r["domain"], r["budget"], r["temperature"]): r["tau"] for r in entry.get("domain_rows", [])}
+    rows = entry.get("domain_rows", []) + [r for part in entry.get("tau", {}).values() for r in part]
+    figure = "tau" if all("tau" in r for r in rows) else "mean_block_length"
+    taus = {(r["drafter"], r["domain"], r["budget"], r["temperature"]): r[figure] for r in entry.get("domain_rows", [])}
     for (drafter, domain, budget, temperature), tau in taus.items():
         if drafter != "base" and ("base", domain, budget, temperature) in taus:
             gains.setdefault((drafter, domain), []).append(tau / taus[("base", domain, budget, temperature)] - 1)
@@ -72,11 +39,9 @@ def _exittrain(entry: dict, data: str) -> dict:
                     for drafter in ("none", "prefix", "exit") if any((drafter, d) in gains for d in domains)]
     trees = entry.get("heldout_trees", {})
     depths = 1 + max((d for t in trees.values() for d in range(len(t["internal"])) if t["internal"][d] + t["leaf"][d] >= 5e-4), default=-1)
-    rows = entry.get("domain_rows", []) + [r for part in entry.get("tau", {}).values() for r in part]
-    ablation = (entry.get("ablation") or "").replace(_OLD_ABLATION_HEADER, _ABLATION_HEADER_READ) or None
-    return {"command": entry["command"], "s": _settings_of(entry), "data": data, "steps_done": entry["steps_done"], "seconds": entry["seconds"],
-            "before": entry["heldout_tau_bound_before"], "after": entry["heldout_tau_bound_after"], "ablation": ablation,
-            "measure": "`tau`" if all("mean_block_length" in r for r in rows) else "mean block length", "tau": entry.get("tau", {}), "domain_gains": domain_gains, "trees": trees, "depths": depths,
+    return {"command": entry["command"], "s": entry["settings"], "data": data, "steps_done": entry["steps_done"], "seconds": entry["seconds"],
+            "before": entry["heldout_tau_bound_before"], "after": entry["heldout_tau_bound_after"], "ablation": entry.get("ablation"),
+            "measure": "`tau`" if figure == "tau" else "mean block length", "tau": entry.get("tau", {}), "domain_gains": domain_gains, "trees": trees, "depths": depths,
             "base_note": entry.get("base_note")}  # which base it was fine-tuned from, when not the shipped one
 
 
@@ -98,10 +63,10 @@ def _trained_drafter(entry: dict, title: str) -> dict:
     data = entry["data"]
     checks = [h for h in entry["history"] if "heldout_loss" in h]
     best = min(checks, key=lambda h: h["heldout_loss"]) if checks else None
-    recipe = entry["recipe"]  # its training settings under "train", or at the top in recipes written before
-    shape = _shape_of(recipe)
+    recipe = entry["recipe"]
+    shape = recipe["drafter"]
     return {"entry": entry, "title": title, "recipe": recipe, "data": data, "heldout": entry["heldout"], "shape": shape,
-            "path": shape.get("conditioning", "marginal") == "path", "train": recipe.get("train", recipe),
+            "path": shape.get("conditioning", "marginal") == "path", "train": recipe["train"],
             "timings": [f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in entry["timings_s"].items() if seconds >= 1],
             "cached": entry["timings_s"]["conversations_s"] < 60, "checks": checks, "best": best,
             "after_best": _after_best(best, checks, data) if checks else "",
@@ -118,10 +83,8 @@ def render_card(report: dict, default_pair: dict | None = None, default_exittrai
     default = DEFAULT_PAIR.default_drafter
     trained = [_trained_drafter(entry, f"{title} drafter `q`" + (" (the page's default)" if kind == default else ""))
                for entry, kind, title in ((default_pair, "block", "Block"), (default_path, "path", "Path")) if entry]
-    values = {"report": report, "cfg": cfg, "tiny_shape": _shape_of(cfg, "drafter_"), "target": report["target"], "drafter": report["drafter"], "evaluation": report["evaluation"],
-              # builds before the drafter's TrainSettings named its steps and batch at the top
-              "tiny_training": cfg.get("drafter_training") or {"steps": cfg["drafter_steps"], "batch": cfg["drafter_batch"]},
-              "final_loss": report["drafter"]["history"][-1].get("running_loss", report["drafter"]["history"][-1]["loss"]),  # builds before one loop kept "loss"
+    values = {"report": report, "cfg": cfg, "tiny_shape": cfg["drafter"], "target": report["target"], "drafter": report["drafter"], "evaluation": report["evaluation"],
+              "tiny_training": cfg["drafter_training"], "final_loss": report["drafter"]["history"][-1]["running_loss"],
               "default_pair": default_pair or default_path, "trained": trained, "workload_names": CARD_NAMES, "workloads": card_rows(workloads) if workloads else None,
               "workload_commands": sorted({entry["command"] for entry in (workloads or {}).values()}),
               "default_exittrain": _exittrain(default_exittrain, "conversations the target wrote itself") if default_exittrain else None,
@@ -133,12 +96,13 @@ def refresh_card(assets: Path) -> None:
     """Re-render ``assets/README.md`` from ``models/build.json``, the installed ExitTrain
     drafter's ``exittrain.json``, the default pair's drafters' ``training.json`` and the workload packs'
     ``models/smollm2/workload-results.json``, each when present."""
-    load = lambda path: load_report(path) if path.is_file() else None  # noqa: E731
-    report = load(assets / "models" / "build.json")
-    exittrain = load(assets / "models" / "drafter-exittrain" / "exittrain.json")
+    load = lambda path, kind: read_result(path, kind) if path.is_file() else None  # noqa: E731
+    report = load(assets / "models" / "build.json", "build")
+    exittrain = load(assets / "models" / "drafter-exittrain" / "exittrain.json", "exittrain")
     if exittrain:
         report["exittrain"] = exittrain
     default = assets / "models" / DEFAULT_PAIR.home
-    card = render_card(report, load(default / "drafter-block" / "training.json"), load(default / "drafter-exittrain" / "exittrain.json"),
-                       load(default / "workload-results.json"), load(default / "drafter-path" / "training.json"))
+    card = render_card(report, load(default / "drafter-block" / "training.json", "training"), load(default / "drafter-exittrain" / "exittrain.json", "exittrain"),
+                       (load(default / "workload-results.json", "workload-table") or {}).get("packs"),
+                       load(default / "drafter-path" / "training.json", "training"))
     write_text_atomic(Path(assets) / "README.md", card)  # readers see the old or the new card, never half

@@ -7,7 +7,6 @@ corpus sequences, cached under ``runs/exittrain-data`` by their settings and the
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 import time
@@ -28,6 +27,7 @@ from tev.train.experiment import Experiment, heldout_trees
 from tev.train.loop import TrainSettings, install_drafter, train, with_progress
 from tev.train.teacher import corpus_sequences
 from tev.util.paths import REPO_ROOT, assets_dir
+from tev.util.stored import result_text, write_result
 
 __all__ = ["EXITTRAIN_SETTINGS", "EXITTRAIN_FLAGS", "settings_from_args", "exittrain_command", "exittrain_sets", "pair_of", "fine_tune_start", "invoked_command", "SEQUENCE_CACHE"]
 
@@ -127,13 +127,13 @@ def exittrain_command(args) -> None:
             rows[name] = evaluate_drafter(bundle.target, bundle.tokenizer, BlockTreeDrafter(model, name=name), prompts, budgets=(32,), temperatures=(0.0, 1.0), desc=f"tau {name}")
             print(f"{name}:\n" + format_tau_table(rows[name]))
         report["tau"] = rows
-    (out / "report.json").write_text(json.dumps(report, indent=1))
+    write_result(out / "report.json", "exittrain", report)
     print(f"held-out expected 1 + C: before {change['before']:.3f}, after {change['after']:.3f} ({100 * change['change']:+.1f}% +- {100 * change['change_se']:.1f}%); "
           f"{seconds / 60:.1f} min; saved {out / 'drafter'}")
     if args.install:
         if steps_done < settings.steps:
             raise ValueError("the run did not finish; not installing a partial drafter")
         report["command"] = invoked_command()
-        install_drafter(trained, shipped_drafter(pair, "exittrain"), extra_files={"exittrain.json": json.dumps(report, indent=1)})
+        install_drafter(trained, shipped_drafter(pair, "exittrain"), extra_files={"exittrain.json": result_text("exittrain", report)})
         refresh_card(assets_dir())
         print(f"installed as {shipped_drafter(pair, 'exittrain')}; model card updated")

@@ -45,6 +45,7 @@ from tev.train.teacher import target_features, write_requests, write_responses
 from tev.util.files import atomic_folder, write_text_atomic
 from tev.util.paths import REPO_ROOT, assets_dir
 from tev.util.precision import low_precision
+from tev.util.stored import result_text
 
 __all__ = ["split_conversations", "cached_conversations", "DrafterRecipe", "QUICK_RECIPE", "draft_vocabulary", "chat_prompt_tau", "train_drafter_pipeline", "train_drafter_command"]
 
@@ -288,7 +289,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
         "total_minutes": round((time.time() - start) / 60, 1),
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads()},
     }
-    install_drafter(inference, out, {"training.json": json.dumps(report, indent=1)})
+    install_drafter(inference, out, {"training.json": result_text("training", report)})
     return report
 
 

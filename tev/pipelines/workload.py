@@ -10,10 +10,9 @@ answers, by default the token loss alone: :data:`DEFAULT_TREE_TERM`, the same re
 ExitTrain tab's), train the other recipe as the control (same data, steps and seed) and any extra
 tree terms asked for, then decode held-out prompts with every drafter at each law of :data:`LAWS`
 (T = 0, the page's T = 0.7 top-p 0.9, T = 1), budget 16, 64 new tokens: the planned number of
-prompts, then more while the minutes allow. The result names the kept drafter ``adapted``
-(files written before named it ``exittrain``: :func:`~tev.pipelines.workload_report.read_result`
-reads both); its held-out ``tau`` is tokens emitted per target forward, with its standard error
-over prompts.
+prompts, then more while the minutes allow. The result (a stored ``workload`` result:
+:mod:`tev.util.stored`) names the kept drafter ``adapted``; its held-out ``tau`` is tokens emitted
+per target forward, with its standard error over prompts.
 
 The run measures its own pace first (:class:`Pace`: a first few answers, a held-out prompt, two
 answers scored, two steps) and plans the rest against the time left (:func:`plan_phases`): on a
@@ -52,6 +51,7 @@ from tev.train.trees import ScoredTrees, fixed_trees
 from tev.util.compute_thread import mapped, result_of
 from tev.util.paths import REPO_ROOT
 from tev.util.stats import paired_ratio_change, ratio_standard_error
+from tev.util.stored import write_result
 
 __all__ = ["adapted_kind", "answer_laws", "DEFAULT_ANSWER_LAW", "DEFAULT_TREE_TERM", "EXIT_TERM", "EXIT_LAMBDA", "EVAL_BUDGET", "EVAL_NEW_TOKENS", "EVAL_PROMPTS", "LAWS", "MIN_STEPS", "SOFT_TOP", "Pace", "Plan", "plan_phases",
            "workload_settings", "workload_train_set", "adaptation", "heldout_mass", "relative_gain", "other_recipe", "workload_command"]
@@ -621,6 +621,6 @@ def workload_command(args) -> None:
     result["command"] = invoked_command()
     drafter.save_pretrained(out / "drafter")
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(result, indent=1))
+    write_result(json_path, "workload", result)
     print("\n".join(summary_lines(result)))
     print(f"adapted drafter: {out / 'drafter'}; result: {json_path}")

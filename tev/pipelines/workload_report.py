@@ -8,9 +8,10 @@ drafter, trained by the run's recipe, and its controls named by tree term, ``tok
 none) and under ``gain`` each drafter's change against the base. ``tau`` is tokens emitted per
 target forward and ``se`` its standard error over prompts; cells of newer results also hold
 ``per_prompt`` (each prompt's tokens and forwards), and their gains are paired over prompts (the
-same prompts and seeds for every drafter). Results written before 2026-12-05 name
-the kept drafter ``exittrain`` and hold the mean block length under ``tau``, its error over rounds
-(no ``mean_block_length``): :func:`read_result` renames the one, :func:`measured` names the other.
+same prompts and seeds for every drafter). Cells measured before ``tau`` counted tokens per
+forward hold no ``tau``: only ``mean_block_length`` with its error over rounds,
+``mean_block_length_se`` (:func:`measured` says which a result holds, :func:`figure` reads it).
+A result file is read by :func:`tev.util.stored.read_result` (kind ``workload``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import math
 from tev.core.sampling import SamplingLaw
 from tev.util.stats import change_in_words
 
-__all__ = ["LAWS", "PAGE_LAW", "LAW_TITLES", "LAW_COLUMNS", "CARD_NAMES", "read_result", "measured", "model_label", "verdict_lines", "summary_lines",
+__all__ = ["LAWS", "PAGE_LAW", "LAW_TITLES", "LAW_COLUMNS", "CARD_NAMES", "measured", "figure", "model_label", "verdict_lines", "summary_lines",
            "result_table", "card_rows", "packs_section"]
 
 # The held-out laws: greedy, the law the page opens at, and plain sampling.
@@ -29,28 +30,25 @@ PAGE_LAW = "T0.7"  # the law the page opens at: the one the Workload tab reports
 LAW_TITLES = {"T0": "T = 0 (greedy)", "T0.7": "T = 0.7, top-p 0.9 (TEV; the page's law)", "T1": "T = 1 (TEV)"}  # the claims report's headings
 LAW_COLUMNS = {"T0": "0", "T0.7": "0.7, top-p 0.9", "T1": "1"}  # the model card's T column
 CARD_NAMES = {"adapted": "adapted (the pack's recipe, in its command)", "token_only": "token-only control"}  # the card's own columns
-_OLD_KEPT = "exittrain"  # the kept drafter's name in results written before 2026-12-05
-
-
-def read_result(result: dict) -> dict:
-    """A workload result in today's names: the kept drafter ``adapted`` (older files: ``exittrain``)
-    in every law's cells, gains, ``tau_bound`` and ``heldout_mass``; a copy, the file's dict untouched."""
-    def renamed(by_name):
-        return {("adapted" if name == _OLD_KEPT else name): value for name, value in by_name.items()} if isinstance(by_name, dict) else by_name
-
-    out = {**result, **{key: renamed(result[key]) for key in LAWS if key in result}}
-    for group in ("gain", "tau_bound"):
-        if isinstance(result.get(group), dict):
-            out[group] = {key: renamed(cells) for key, cells in result[group].items()}
-    out["heldout_mass"] = renamed(result.get("heldout_mass"))
-    return out
 
 
 def measured(result: dict) -> tuple[str, str]:
-    """(what a result's cells hold under ``tau``, what their ``+-`` is over): ``("tau", "prompts")``,
-    or for results written before tau counted only the tokens emitted ``("mean block length", "rounds")``."""
+    """(what a result's cells measure, what their ``+-`` is over): ``("tau", "prompts")``, or for
+    cells measured before tau counted tokens per forward ``("mean block length", "rounds")``."""
     cells = [cell for key in LAWS for cell in (result.get(key) or {}).values()]
-    return ("tau", "prompts") if cells and all("mean_block_length" in cell for cell in cells) else ("mean block length", "rounds")
+    return ("tau", "prompts") if cells and all("tau" in cell for cell in cells) else ("mean block length", "rounds")
+
+
+def figure(cell: dict) -> tuple[float, float]:
+    """(a cell's figure, its standard error): ``tau`` and ``se``, or the mean block length and its
+    error over rounds in a cell measured before tau counted tokens per forward."""
+    return (cell["tau"], cell["se"]) if "tau" in cell else (cell["mean_block_length"], cell["mean_block_length_se"])
+
+
+def _cell(cell: dict) -> str:
+    """``figure +- se`` of a cell."""
+    value, se = figure(cell)
+    return f"{value:.3f} +- {se:.3f}"
 
 
 def _pct(x: float) -> str:
@@ -59,7 +57,7 @@ def _pct(x: float) -> str:
 
 def _change(cell: dict, gain: dict) -> str:
     """``tau (+g% +- s%)``: a drafter's cell with its change against the base."""
-    return f"{cell['tau']:.3f} ({_pct(gain['gain'])} +- {100 * gain['se']:.1f}%)"
+    return f"{figure(cell)[0]:.3f} ({_pct(gain['gain'])} +- {100 * gain['se']:.1f}%)"
 
 
 def model_label(name: str, settings: dict) -> str:
@@ -105,10 +103,10 @@ def verdict_lines(result: dict) -> list[str]:
     its control are the two: token loss only, and token loss + a tree term)."""
     if not result["compared"]:
         return [result["note"]]
-    lines, figure = [], measured(result)[0]
+    lines, measure = [], measured(result)[0]
     for key in LAWS:
         ours = result["gain"][key]["adapted"]
-        line = f"At {result['laws'][key]} the adapted drafter's held-out {figure}: {change_in_words(ours['gain'], ours['se'])}"
+        line = f"At {result['laws'][key]} the adapted drafter's held-out {measure}: {change_in_words(ours['gain'], ours['se'])}"
         if ours["gain"] > 2 * ours["se"]:
             line += _tree_term_words(result, key)
         lines.append(line + ".")
@@ -135,28 +133,28 @@ def summary_lines(result: dict) -> list[str]:
              "pace: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in result["pace"].items())]
     for key in (key for key in LAWS if result[key]):  # nothing at all is measured when the first held-out prompt did not fit
         base = result[key]["base"]
-        parts = [f"base {base['tau']:.3f} +- {base['se']:.3f}"]
-        parts += [f"{name} {cell['tau']:.3f} +- {cell['se']:.3f} ({_pct(result['gain'][key][name]['gain'])} +- {100 * result['gain'][key][name]['se']:.1f}%)"
+        parts = [f"base {_cell(base)}"]
+        parts += [f"{name} {_cell(cell)} ({_pct(result['gain'][key][name]['gain'])} +- {100 * result['gain'][key][name]['se']:.1f}%)"
                   for name, cell in result[key].items() if name != "base"]
         lines.append(f"{result['laws'][key]} (B = {result['budget']}, {result['max_new_tokens']} new tokens): " + "; ".join(parts))
-    figure, unit = measured(result)
-    return lines + [f"(held-out {figure}, +- one standard error over {unit}; the kept drafter is 'adapted')"] + verdict_lines(result)
+    measure, unit = measured(result)
+    return lines + [f"(held-out {measure}, +- one standard error over {unit}; the kept drafter is 'adapted')"] + verdict_lines(result)
 
 
 def result_table(result: dict) -> str:
     """The held-out comparison as markdown (the ExitTrain tab's), each change with its verdict in
     words, then the run's verdict sentences (:func:`verdict_lines`: they follow the numbers)."""
     decoded = result.get("eval_prompts", result["heldout_prompts"])
-    figure, unit = measured(result)
-    meaning = "tau = tokens the answers got per target forward" if figure == "tau" else "the mean block length (accepted + bonus)"
+    measure, unit = measured(result)
+    meaning = "tau = tokens the answers got per target forward" if measure == "tau" else "the mean block length (accepted + bonus)"
     lines = [f"Held-out: {result['heldout_prompts']} prompts never trained on ({decoded} of them decoded); B = {result['budget']}, {result['max_new_tokens']} new tokens, "
              f"TEV when sampling, greedy at T = 0; {meaning}, +- one standard error over {unit}"
              + ("; each change is paired prompt by prompt (the same prompts and seeds for every drafter)." if _paired(result) else "."), "",
-             f"| law | drafter | {figure} | change against the base |", "|---|---|---|---|"]
+             f"| law | drafter | {measure} | change against the base |", "|---|---|---|---|"]
     for key in LAWS:
         for name, cell in result[key].items():
             change = "" if name == "base" else change_in_words(result["gain"][key][name]["gain"], result["gain"][key][name]["se"])
-            lines.append(f"| {result['laws'][key]} | {model_label(name, result['settings'])} | {cell['tau']:.3f} +- {cell['se']:.3f} | {change} |")
+            lines.append(f"| {result['laws'][key]} | {model_label(name, result['settings'])} | {_cell(cell)} | {change} |")
     lines += ["", f"The target wrote {_answered(result)} ({result['answer_tokens']} tokens); {result['vocab_added']} of their "
               f"tokens joined the draft vocabulary; {result['steps']} fine-tune steps; {result['minutes']:.1f} min in all (of {result['minutes_budget']:g}).", ""]
     return "\n".join(lines + verdict_lines(result))
@@ -172,15 +170,15 @@ def card_rows(workloads: dict) -> list[list[str]]:
     length in results written before; :func:`measured`), the base's and each of :data:`CARD_NAMES`' figure with its change."""
     rows = []
     for pack, entry in sorted(workloads.items()):
-        result = read_result(entry["result"])
-        figure, unit = measured(result)
+        result = entry["result"]
+        measure, unit = measured(result)
         for key in (key for key in LAWS if key in result):  # runs before 2026-12-05 measured T = 0 and T = 1 only
             base, gain = result[key]["base"], result["gain"][key]
             cells = [_change(result[key][name], gain[name]) if name in gain else "-" for name in CARD_NAMES]
             others = ", ".join(f"{name} {_pct(g['gain'])}" for name, g in gain.items() if name not in CARD_NAMES) or "-"
             first = key == "T0"
-            rows.append([pack if first else "", entry["task"] if first else "", f"{figure} (+- over {unit})" if first else "", LAW_COLUMNS[key],
-                         f"{base['tau']:.3f} +- {base['se']:.3f}", *cells,
+            rows.append([pack if first else "", entry["task"] if first else "", f"{measure} (+- over {unit})" if first else "", LAW_COLUMNS[key],
+                         _cell(base), *cells,
                          others, f"{result['minutes']:.1f}" if first else ""])
     return rows
 
@@ -201,6 +199,6 @@ def packs_section(data: dict) -> list[str]:
             cells = [_change(p[key]["cells"][n], p[key]["gain"][n]) if n in p[key]["cells"] else "-" for n in names]
             base = p[key]["cells"]["base"]
             label = pack if p.get("measured", "tau") == "tau" else f"{pack} *({p['measured']})*"
-            lines.append(f"| {label} | {base['tau']:.3f} +- {base['se']:.3f} | " + " | ".join(cells) + " |")
+            lines.append(f"| {label} | {_cell(base)} | " + " | ".join(cells) + " |")
         lines += ["", "Mean change over packs: " + ", ".join(f"{n} {_pct(g)}" for n, g in data["mean_gain"][key].items()) + ".", ""]
     return lines

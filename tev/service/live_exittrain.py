@@ -12,7 +12,6 @@ change in ``1 + C`` is a paired difference with its own standard error
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import asdict
 
@@ -28,6 +27,7 @@ from tev.pipelines.exittrain_data import load_chat_exittrain_data
 from tev.train.experiment import Experiment
 from tev.train.loop import TrainSettings
 from tev.util.paths import models_dir
+from tev.util.stored import write_result
 
 __all__ = ["LIVE_SETTINGS", "CHAT_LIVE_SETTINGS", "live_settings", "live_data", "live_experiment", "run_live_check", "live_check_command"]
 
@@ -88,7 +88,7 @@ def live_check_command(args) -> None:
     """``python -m tev bench exittrain --live``: :func:`run_live_check` once per ``--live-seeds``."""
     out, bundle, prompts = evaluation_setup(args)
     result = run_live_check(bundle, args.live_seeds, prompts, max_new_tokens=args.max_new_tokens, domain=getattr(args, "domain", None))
-    (out / "exittrain-live.json").write_text(json.dumps(result, indent=1))
+    write_result(out / "exittrain-live.json", "live-exittrain", result)
     seconds = sum(r["seconds"] for r in result["runs"]) / len(result["runs"])
     for run in result["runs"]:
         change = run["heldout_change"]

@@ -24,9 +24,9 @@ from tev.data.prompts import load_prompt_set
 from tev.engine.default_target import DEFAULT_TARGET_NAME, converted_folder
 from tev.engine.evaluation import fit_prompt
 from tev.engine.models import load_bundle
-from tev.pipelines.card import load_report
 from tev.util.paths import REPO_ROOT
 from tev.util.precision import figure_precision, precision_summary
+from tev.util.stored import read_result, stamped
 from tev.util.timing import machine_info
 
 __all__ = ["measure_trees", "claims_table", "render_markdown", "build_report", "report_command"]
@@ -149,7 +149,7 @@ def build_report(
     }
     (out_dir / "report.md").write_text(render_markdown(report))
     report = clean(report)
-    (out_dir / "report.json").write_text(json.dumps(report, indent=1, allow_nan=False))
+    (out_dir / "report.json").write_text(json.dumps(stamped("report", report), indent=1, allow_nan=False))
     return report
 
 
@@ -190,19 +190,14 @@ def report_command(args) -> None:
             raise ValueError("--num-prompts must be at least 1")
         settings = replace(settings, num_prompts=args.num_prompts)
     args.out = Path(args.out) if args.out else REPO_ROOT / "runs" / f"report-{time.strftime('%Y%m%d-%H%M%S')}"
-    exittrain_results = load_report(args.exittrain_results) if args.exittrain_results else None
-    if exittrain_results is not None and not isinstance(exittrain_results.get("rows") if isinstance(exittrain_results, dict) else None, list):
-        raise ValueError(f"{args.exittrain_results}: expected a JSON object with a 'rows' list (from `python -m tev bench exittrain`)")
+    exittrain_results = read_result(args.exittrain_results, "ablation") if args.exittrain_results else None  # from `python -m tev bench exittrain`
     workload_results = {}
-    for path in args.workload_results or []:
-        result = json.loads(Path(path).read_text())
-        if not isinstance(result, dict) or not all(key in result for key in ("T0", "T1", "gain")):
-            raise ValueError(f"{path}: expected the JSON of `python -m tev exittrain --workload PACK.json --json OUT.json`")
+    for path in args.workload_results or []:  # from `python -m tev exittrain --workload PACK.json --json OUT.json`
+        result = read_result(path, "workload")
         workload_results[Path(result.get("workload", path)).stem] = result
-    e2e_results = json.loads(Path(args.e2e_results).read_text()) if args.e2e_results else None
-    if e2e_results is not None and not (isinstance(e2e_results, dict) and isinstance(e2e_results.get("rows"), list) and e2e_results["rows"]
-                                        and "weight_read" in e2e_results):
-        raise ValueError(f"{args.e2e_results}: expected the JSON of `python -m tev bench e2e --json OUT.json` (rows and the weight-read reference)")
+    e2e_results = read_result(args.e2e_results, "e2e") if args.e2e_results else None  # from `python -m tev bench e2e --json OUT.json`
+    if e2e_results is not None and not e2e_results["rows"]:
+        raise ValueError(f"{args.e2e_results}: an e2e result with no rows")
     prompts = _load_prompts(args)[: settings.num_prompts]
     bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
     report = build_report(bundle, args.out, args.quick, prompts, args.seed, exittrain_results, progress=True, command=_command_line(args), settings=settings,

@@ -20,14 +20,16 @@ NAME = "ExitTrain gain and ablation order, on the base drafter's own data (Table
 
 def exittrain_from_results(results: dict) -> dict:
     """Per (budget, T): tau per ablation drafter, the exit-vs-base gain, and the mean order;
-    ``measure`` names the figure: files written before tau counted only the tokens emitted hold
-    the mean block length under ``tau``."""
+    ``measure`` names the figure: rows measured before tau counted tokens per forward hold only
+    the mean block length (``mean_block_length``, its error ``mean_block_length_se``)."""
     settings: dict[tuple, dict] = {}
     errors: dict[tuple, dict] = {}
+    current = all("tau" in row for row in results.get("rows", []))
+    key = "tau" if current else "mean_block_length"
     for row in results.get("rows", []):
-        if row.get("drafter") in ABLATION and finite(row.get("tau")) and "domain" not in row:  # pooled rows; per-domain rows below
-            settings.setdefault((row["budget"], row["temperature"]), {})[row["drafter"]] = row["tau"]
-            errors.setdefault((row["budget"], row["temperature"]), {})[row["drafter"]] = row.get("tau_se", float("nan"))
+        if row.get("drafter") in ABLATION and finite(row.get(key)) and "domain" not in row:  # pooled rows; per-domain rows below
+            settings.setdefault((row["budget"], row["temperature"]), {})[row["drafter"]] = row[key]
+            errors.setdefault((row["budget"], row["temperature"]), {})[row["drafter"]] = row.get(f"{key}_se", float("nan"))
     table = []
     for (budget, temperature), taus in sorted(settings.items()):
         gain = taus["exit"] / taus["base"] - 1 if "exit" in taus and "base" in taus else float("nan")
@@ -36,11 +38,10 @@ def exittrain_from_results(results: dict) -> dict:
     means = {k: sum(r[k] for r in common) / len(common) for k in ABLATION} if common else {}
     gains = [r["gain"] for r in table if finite(r["gain"])]
     domains: dict[str, list[float]] = {}
-    by_key = {(r["drafter"], r["budget"], r["temperature"], r["domain"]): r["tau"] for r in results.get("rows", []) if "domain" in r}
+    by_key = {(r["drafter"], r["budget"], r["temperature"], r["domain"]): r[key] for r in results.get("rows", []) if "domain" in r}
     for (drafter, budget, temperature, domain), tau in by_key.items():
         if drafter == "exit" and ("base", budget, temperature, domain) in by_key:
             domains.setdefault(domain, []).append(tau / by_key[("base", budget, temperature, domain)] - 1)
-    current = all("mean_block_length" in row for row in results.get("rows", []))
     return {"source": "--exittrain-results", "measure": "tau" if current else "mean block length", "settings": table, "mean_gain": sum(gains) / len(gains) if gains else float("nan"), "mean_tau": means,
             "domain_gains": {d: sum(v) / len(v) for d, v in domains.items()}, "heldout_trees": results.get("heldout_trees", {}), "command": results.get("command")}
 

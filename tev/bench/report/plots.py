@@ -76,7 +76,9 @@ def plot_tau_by_method(e2e: dict, plots_dir: Path) -> str:
     """Bars: tau per method, grouped by temperature."""
     temps = sorted({r["temperature"] for r in e2e["rows"]})
     methods = list(dict.fromkeys(r["method"] for r in e2e["rows"]))
-    tau = {(r["temperature"], r["method"]): r["tau"] for r in e2e["rows"]}
+    current = all("tau" in r for r in e2e["rows"])  # rows measured before tau counted tokens per forward hold only the mean block length
+    key = "tau" if current else "mean_block_length"
+    tau = {(r["temperature"], r["method"]): r[key] for r in e2e["rows"]}
     fig = Figure(figsize=(8, 4))
     ax = fig.subplots()
     width = 0.8 / max(1, len(temps))
@@ -84,8 +86,6 @@ def plot_tau_by_method(e2e: dict, plots_dir: Path) -> str:
         xs = [j + i * width for j, m in enumerate(methods) if (t, m) in tau]
         ax.bar(xs, [tau[(t, m)] for m in methods if (t, m) in tau], width, label=f"T = {t:g}")
     ax.set_xticks([j + width * (len(temps) - 1) / 2 for j in range(len(methods))], methods, rotation=20, ha="right")
-    # an e2e file written before tau counted only the tokens emitted holds the mean block length under "tau"
-    current = all("mean_block_length" in r for r in e2e["rows"])
     figure = "tau" if current else "mean block length"
     ax.set_ylabel("tau (tokens emitted per target forward)" if current else "mean block length (accepted + bonus)")
     ax.set_title(f"{figure} by method, B = {e2e['rows'][0]['budget']}")

@@ -11,7 +11,7 @@ the control.
 from __future__ import annotations
 
 from tev.bench.report.common import claim, finite, pct
-from tev.pipelines.workload_report import LAW_TITLES, measured, packs_section, read_result
+from tev.pipelines.workload_report import LAW_TITLES, measured, packs_section
 
 __all__ = ["PAPER_WORKLOAD_GAIN", "LAW_TITLES", "workload_data", "check_workload", "workload_section"]
 
@@ -21,10 +21,9 @@ PAPER_WORKLOAD_GAIN = 0.13  # the same average tau gain (Table 1): the official 
 def workload_data(results: dict[str, dict] | None) -> dict | None:
     """``{pack: result}`` of workload runs -> per pack and temperature the cells and gains, what
     they measured (:func:`measured`), and the mean gains over packs of the adapted drafter and of
-    each control (results that name it ``exittrain`` read as ``adapted``)."""
+    each control."""
     if not results:
         return None
-    results = {pack: read_result(result) for pack, result in results.items()}
     packs = {}
     means: dict[str, dict[str, float]] = {}
     laws = [key for key in LAW_TITLES if all(key in result for result in results.values())]  # the page's law: runs since 2026-12-05

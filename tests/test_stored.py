@@ -1,0 +1,148 @@
+"""Stored results: one schema per kind, one reader that refuses older files, the migration that
+rewrites them once, and every JSON file under assets/ and docs/ read by its reader."""
+
+from __future__ import annotations
+
+import json
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+
+from tev.cli import main
+from tev.data.prompts import load_prompt_set
+from tev.engine.block_drafter import read_drafter_config
+from tev.pipelines.card import refresh_card
+from tev.pipelines.migrate import migrate_data
+from tev.pipelines.workload_data import load_workload
+from tev.util.paths import REPO_ROOT
+from tev.util.stored import StoredResultError, read_result, write_result
+
+# every JSON file under assets/ and docs/, by path: a stored result's kind, or the reader of a file that is no result
+RESULTS = [
+    ("assets/models/build.json", "build"), ("*/training.json", "training"), ("docs/drafter-reach/*-training.json", "training"),
+    ("*/exittrain.json", "exittrain"), ("assets/models/*/workload-results.json", "workload-table"), ("docs/exittrain-ablation.json", "ablation"),
+    ("docs/workload*/*-prompts.json", None), ("docs/workload*.json", "workload"), ("docs/*/e2e-*.json", "e2e"), ("docs/e2e/page-speed-*.json", "page-speed"),
+    ("docs/row-cost/page-speed-*.json", "page-speed"), ("docs/e2e/*.json", "e2e"), ("docs/loadtest/*.json", "loadtest"), ("docs/report/report.json", "report"),
+    ("docs/row-cost/row-cost-*.json", "row-cost"), ("docs/drafter-reach/reach-*.json", "reach"),
+    ("docs/bf16-divergence.json", "measurement"), ("docs/sampling-defaults.json", "measurement"), ("docs/exittrain-diagnosis.json", "measurement"),
+]
+OLD_KEYS = ("expected_tau", "lambda_exit", "drafter_steps", "drafter_batch", "drafter_window", "loss_exit", "token_labels", "weights", "prompt_tau_q25")
+
+
+def _json_files() -> list[Path]:
+    return sorted(p for folder in ("assets", "docs") for p in (REPO_ROOT / folder).rglob("*.json"))
+
+
+def _kind(relative: str) -> str | None:
+    return next((kind for pattern, kind in RESULTS if fnmatch(relative, pattern)), None)
+
+
+def _read(path: Path):
+    """``path`` read by its own reader: a stored result's, or the one of the input it is."""
+    relative = str(path.relative_to(REPO_ROOT))
+    kind = _kind(relative)
+    if kind is not None:
+        return read_result(path, kind)
+    if path.name == "drafter_config.json":
+        return read_drafter_config(path.parent)
+    if relative.startswith("assets/prompts/"):
+        return load_prompt_set(path.stem, path.parent)
+    if relative.startswith("assets/workloads/") or fnmatch(relative, "docs/workload*/*-prompts.json"):
+        return load_workload(path)
+    assert relative.startswith("assets/models/target/"), f"{relative}: no reader known for it"
+    return json.loads(path.read_text())  # the tiny target's own config and tokenizer: transformers reads them
+
+
+def _keys(value):
+    if isinstance(value, dict):
+        yield from ((key, value) for key in value)
+        for item in value.values():
+            yield from _keys(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _keys(item)
+
+
+@pytest.mark.parametrize("path", _json_files(), ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_every_json_file_reads_with_its_reader_and_holds_no_old_key(path):
+    _read(path)
+    data = json.loads(path.read_text())
+    for key, holder in _keys(data):
+        assert key not in OLD_KEYS and "expected_tau" not in key, f"{path}: old key {key!r}"
+        if key == "tau" and not isinstance(holder["tau"], (dict, list)):
+            assert "mean_block_length" in holder, f"{path}: a row with tau but no mean_block_length"
+        if key == "exittrain" and isinstance(holder[key], dict) and "tau" in holder[key]:
+            pytest.fail(f"{path}: a workload cell under the kept drafter's old name")
+
+
+def test_the_card_renders_from_the_stored_results_as_committed(tmp_path):
+    """The model card re-rendered from the shipped results is the committed one, word for word."""
+    import shutil
+
+    shutil.copytree(REPO_ROOT / "assets" / "models", tmp_path / "models", ignore=shutil.ignore_patterns("*.safetensors", "*.gguf"))
+    refresh_card(tmp_path)
+    assert (tmp_path / "README.md").read_text() == (REPO_ROOT / "assets" / "README.md").read_text()
+
+
+def test_a_reader_refuses_an_unversioned_or_other_file_and_names_the_migrate_command(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"rows": [{"tau": 2.0, "tau_se": 0.1}]}))
+    with pytest.raises(StoredResultError, match=r"carries no schema.*python -m tev migrate .*old\.json"):
+        read_result(path, "e2e")
+    write_result(path, "e2e", {"rows": []})
+    assert read_result(path, "e2e") == {"schema": "e2e/1", "rows": []}
+    assert next(iter(json.loads(path.read_text()))) == "schema"  # the first key
+    with pytest.raises(StoredResultError, match="expected a stored workload result .* it is 'e2e/1'"):
+        read_result(path, "workload")
+    path.write_text(json.dumps({"schema": "e2e/0", "rows": []}))
+    with pytest.raises(StoredResultError, match="it is 'e2e/0'.*python -m tev migrate"):
+        read_result(path, "e2e")
+    path.write_text("[1, 2]")
+    with pytest.raises(StoredResultError, match="not a JSON object"):
+        read_result(path, "e2e")
+
+
+def test_the_migration_names_the_mean_block_length_and_the_old_keys():
+    old_row = {"drafter": "base", "budget": 16, "temperature": 0.0, "tau": 2.254, "tau_se": 0.038, "tau_bound": 2.254,
+               "prompt_tau_q25": 1.9, "prompt_tau_q75": 2.6, "rounds": 680}
+    new_row = {"drafter": "base", "budget": 16, "temperature": 0.0, "mean_block_length": 2.254, "mean_block_length_se": 0.038, "tau_bound": 2.254,
+               "prompt_mean_block_length_q25": 1.9, "prompt_mean_block_length_q75": 2.6, "rounds": 680}
+    current = {**new_row, "tau": 2.0, "tau_se": 0.05, "mean_block_length": 2.3}  # measured since: left as it is
+    report = {"config": {"weights": "exit", "lambda_exit": 16.0, "token_labels": "soft", "soft_top": 16, "steps": 40},
+              "heldout_expected_tau_before": 2.0, "heldout_trees": {"base": {"expected_tau": 2.0}},
+              "history": [{"step": 1, "loss_exit": 0.05, "expected_tau": 1.9}], "tau": {"before": [old_row], "after": [current]},
+              "ablation": "| T | B | drafter | tau (+- s.e.) | vs base |", "steps_done": 40, "seconds": 1.0}
+    assert migrate_data(report, "exittrain") == {
+        "schema": "exittrain/1", "settings": {"tree_term": "exit", "lambda_tree": 16.0, "soft_top": 16, "steps": 40},
+        "heldout_tau_bound_before": 2.0, "heldout_trees": {"base": {"tau_bound": 2.0}},
+        "history": [{"step": 1, "loss_tree": 0.05, "tau_bound": 1.9}], "tau": {"before": [new_row], "after": [current]},
+        "ablation": "| T | B | drafter | mean block length (+- s.e. over rounds) | vs base |", "steps_done": 40, "seconds": 1.0}
+    assert migrate_data({"config": {"weights": "none", "lambda_exit": 1.0}}, "exittrain")["settings"] == {"tree_term": "none", "lambda_tree": 1.0, "soft_top": 0}
+    workload = {"T0": {"base": {"tau": 1.5, "se": 0.04}, "exittrain": {"tau": 2.5, "se": 0.05}}, "T1": {}, "gain": {"T0": {"exittrain": {"gain": 0.6, "se": 0.1}}},
+                "tau_bound": {"T0": {"exittrain": 2.9}}, "heldout_mass": {"exittrain": {"expected_tau": 2.2}}}
+    assert migrate_data(workload, "workload") == {
+        "schema": "workload/1", "T0": {"base": {"mean_block_length": 1.5, "mean_block_length_se": 0.04}, "adapted": {"mean_block_length": 2.5, "mean_block_length_se": 0.05}},
+        "T1": {}, "gain": {"T0": {"adapted": {"gain": 0.6, "se": 0.1}}}, "tau_bound": {"T0": {"adapted": 2.9}}, "heldout_mass": {"adapted": {"tau_bound": 2.2}}}
+    build = {"config": {"seed": 0, "drafter_horizon": 8, "drafter_window": 16, "drafter_steps": 3000, "drafter_batch": 256, "drafter_lr": 1e-3},
+             "target": {}, "drafter": {"history": [{"step": 3000, "loss": 3.13}]}, "evaluation": {"tau": [old_row], "horizons": [{"horizon": 4, **old_row}]}}
+    assert migrate_data(build, "build") == {
+        "schema": "build/1", "config": {"seed": 0, "drafter": {"horizon": 8, "context_window": 16}, "drafter_training": {"steps": 3000, "batch": 256, "lr": 1e-3}},
+        "target": {}, "drafter": {"history": [{"step": 3000, "running_loss": 3.13}]}, "evaluation": {"tau": [new_row], "horizons": [{"horizon": 4, **new_row}]}}
+    training = {"recipe": {"seed": 0, "window": 16, "hidden": 256, "draft_vocab": 8192, "steps": 2400, "batch": 256, "eval_budget": 32}, "heldout": {}, "tau": [old_row]}
+    assert migrate_data(training, "training") == {
+        "schema": "training/1", "recipe": {"seed": 0, "eval_budget": 32, "drafter": {"context_window": 16, "hidden_size": 256, "draft_vocab_size": 8192},
+                                           "train": {"steps": 2400, "batch": 256}}, "heldout": {}, "tau": [new_row]}
+
+
+def test_the_command_migrates_a_file_once(tmp_path, capsys):
+    path = tmp_path / "runs" / "e2e.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"rows": [{"method": "chain+greedy", "tau": 1.6, "tau_bound": 1.6}], "weight_read": {}, "truncation": None}, indent=2) + "\n")
+    assert main(["migrate", "--dry-run", str(tmp_path)]) == 0 and "would migrate as e2e" in capsys.readouterr().out
+    assert "schema" not in json.loads(path.read_text())
+    assert main(["migrate", str(tmp_path)]) == 0 and "migrated as e2e" in capsys.readouterr().out
+    assert read_result(path, "e2e")["rows"] == [{"method": "chain+greedy", "mean_block_length": 1.6, "tau_bound": 1.6}]
+    assert path.read_text().startswith('{\n  "schema": "e2e/1",')  # the file's own indent kept
+    assert main(["migrate", str(path)]) == 0 and "already e2e/1" in capsys.readouterr().out
+
