@@ -11,7 +11,8 @@ Every drafter is a :class:`Drafter`::
   committed positions plus the root token and emits K per-depth marginals ``q_d`` in ONE
   forward; the DDTree builder turns them into the tree.
 - :class:`ARTreeDrafter`: any small causal LM sharing the tokenizer grows a dynamic tree
-  best-first by conditional path score, depth by depth, one tree-attention forward per depth.
+  best-first by conditional path score, depth by depth, one tree-attention forward per depth
+  (the grower of :mod:`tev.engine.tree_growth`, which the path drafter grows its tree with too).
 - ``shape="chain"`` on either gives the classic linear draft (top-1 per depth).
 
 Which drafters a pair offers, and how each is loaded, is the registry in :mod:`tev.engine.models`.
@@ -19,7 +20,6 @@ Which drafters a pair offers, and how each is loaded, is the registry in :mod:`t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +28,7 @@ import torch
 from tev.core.tree import DraftTree
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.session import CausalLMSession
+from tev.engine.tree_growth import GrowingTree, Step, frontier_width, grow_tree
 from tev.util.timing import StageTimer
 
 __all__ = ["DraftContext", "DraftState", "Drafter", "BlockTreeDrafter", "ARTreeDrafter", "SHAPES"]
@@ -134,21 +135,24 @@ class BlockTreeDrafter:
 
 
 class ARTreeDrafter:
-    """A small causal LM drafter that grows an EAGLE-2-style dynamic tree.
+    """A small causal LM drafter that grows an EAGLE-2-style dynamic tree
+    (:func:`~tev.engine.tree_growth.grow_tree`).
 
     Per round: one forward for the root, then for each depth one tree-attention forward of
     the ``width`` best frontier nodes (by path score ``sum log q``), each expanding its
-    ``width`` most likely children; finally the ``budget`` best nodes overall are kept (a
-    child never outscores its parent, so they form a tree). ``width`` grows with the budget.
+    ``width`` most likely children; finally the ``budget`` best nodes overall are kept.
+    ``width`` grows with the budget (at most 16). Depths stop once no frontier node has a path
+    probability of at least ``min_path_prob`` or the context's floor (budget auto's).
     """
 
-    def __init__(self, model, horizon: int = 8, shape: str = "tree", name: str | None = None):
+    def __init__(self, model, horizon: int = 8, shape: str = "tree", name: str | None = None, min_path_prob: float = 0.0):
         _check_shape(shape)
         self.model = model
         self.horizon = horizon
         self.shape = shape
         self.name = name or ("ar" if shape == "tree" else "ar-chain")
         self.feature_layers: tuple[int, ...] = ()
+        self.min_path_prob = min_path_prob
 
     def new_state(self) -> DraftState:
         return DraftState(cache=CausalLMSession(self.model))
@@ -157,71 +161,39 @@ class ARTreeDrafter:
         return None  # the tree grows depth by depth: each node's q is conditional on its path
 
     def width_for(self, budget: int) -> int:
-        return 1 if self.shape == "chain" else min(16, max(2, math.ceil(math.sqrt(budget))))
+        return 1 if self.shape == "chain" else frontier_width(budget, cap=16)
 
     def propose(self, context: DraftContext, budget: int, state: DraftState, timer: StageTimer | None = None) -> DraftTree:
         timer = timer or StageTimer()
         cache = state.cache  # this drafter's KV cache
-        root = context.token_ids[-1]
         horizon = min(self.horizon, context.max_depth, cache.max_positions - len(context.token_ids))
         if self.shape == "chain":
             horizon = min(horizon, budget)
-        if budget == 0 or horizon <= 0:
-            return DraftTree.from_parents([root], [-1])
-        width = self.width_for(budget)
         with timer.stage("draft"):
-            # catch up on tokens committed since the last round, then the root
-            committed = len(context.token_ids) - 1
-            if cache.length > committed:
-                cache.rollback(committed)
-            pending = context.token_ids[cache.length :]
-            base = committed
-            out = cache.extend(pending)
-            node_logq = {0: torch.log_softmax(out.last_logits(), dim=-1)}
-            tokens, parents, scores, logprobs, depths = [root], [-1], [0.0], [0.0], [0]
-            slot = {0: base}  # cache slot of each forwarded node
-            frontier = self._expand(0, node_logq[0], width, tokens, parents, scores, logprobs, depths)
-            for depth in range(1, horizon):
-                chosen = sorted(frontier, key=lambda v: (-scores[v], v))[:width]
-                chosen = [v for v in chosen if scores[v] > float("-inf")]
-                if not chosen:
-                    break
-                visible = torch.zeros(len(chosen), cache.length + len(chosen), dtype=torch.bool)
-                visible[:, :base] = True
-                for row, v in enumerate(chosen):
-                    u = parents[v]
-                    while u != -1:
-                        visible[row, slot[u]] = True
-                        u = parents[u]
-                    visible[row, cache.length + row] = True
-                start = cache.length
-                out = cache.forward_masked([tokens[v] for v in chosen], [base + depth] * len(chosen), visible)
-                frontier = []
-                for row, v in enumerate(chosen):
-                    slot[v] = start + row
-                    frontier += self._expand(v, torch.log_softmax(out.logits[row], dim=-1), width, tokens, parents, scores, logprobs, depths)
-            cache.rollback(committed)  # the round's speculative entries leave the cache
+            grown = grow_tree(context.token_ids[-1], budget, horizon, self.width_for(budget), self._step(context, cache),
+                              max(self.min_path_prob, context.min_path_prob))
+            cache.rollback(len(context.token_ids) - 1)  # the round's speculative entries leave the cache
         with timer.stage("build"):
-            ranked = sorted(range(1, len(tokens)), key=lambda v: (-scores[v], v))[:budget]
-            keep = sorted(ranked)  # creation order: parents first
-            new_index = {0: 0, **{v: i + 1 for i, v in enumerate(keep)}}
-            return DraftTree.from_parents(
-                [root] + [tokens[v] for v in keep],
-                [-1] + [new_index[parents[v]] for v in keep],
-                [0.0] + [logprobs[v] for v in keep],
-            )
+            return grown.best(budget)
 
     @staticmethod
-    def _expand(v, logq, width, tokens, parents, scores, logprobs, depths) -> list[int]:
-        top = torch.topk(logq, min(width, logq.numel()))
-        created = []
-        for value, token in zip(top.values.tolist(), top.indices.tolist()):
-            if value == float("-inf"):
-                continue
-            created.append(len(tokens))
-            tokens.append(token)
-            parents.append(v)
-            scores.append(scores[v] + value)
-            logprobs.append(value)
-            depths.append(depths[v] + 1)
-        return created
+    def _step(context: DraftContext, cache: CausalLMSession) -> Step:
+        """The grower's step over this drafter's KV cache: the committed tokens sit at positions
+        ``0 .. committed - 1``, a node of slot ``s`` at ``committed + s`` (the root first)."""
+        committed = len(context.token_ids) - 1
+
+        def step(nodes: list[int], tree: GrowingTree) -> torch.Tensor:
+            if nodes == [0]:  # the root: catch up on tokens committed since the last round, then the root
+                if cache.length > committed:
+                    cache.rollback(committed)
+                out = cache.extend(context.token_ids[cache.length :])
+                return torch.log_softmax(out.last_logits(), dim=-1)[None]  # [1, V]
+            visible = torch.zeros(len(nodes), cache.length + len(nodes), dtype=torch.bool)  # [n, held + n]
+            visible[:, :committed] = True
+            for row, v in enumerate(nodes):
+                visible[row, [committed + s for s in tree.ancestor_slots(v)]] = True
+                visible[row, cache.length + row] = True
+            out = cache.forward_masked([tree.tokens[v] for v in nodes], [committed + tree.depths[v] for v in nodes], visible)
+            return torch.log_softmax(out.logits, dim=-1)  # [n, V]
+
+        return step

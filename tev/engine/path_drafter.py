@@ -26,10 +26,11 @@ import torch.nn.functional as F
 from tev.core.tree import DraftTree
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter, DraftContext, DraftState, _check_shape
+from tev.engine.tree_growth import GrowingTree, Step, frontier_width, grow_tree
 from tev.util.int8_head import Int8Head, use_int8_head
 from tev.util.timing import StageTimer
 
-__all__ = ["PathDrafter", "PathTreeDrafter", "path_width", "drafter_model_class", "tree_drafter_of"]
+__all__ = ["PathDrafter", "PathTreeDrafter", "drafter_model_class", "tree_drafter_of"]
 
 
 class PathDrafter(BlockDrafter):
@@ -225,21 +226,17 @@ class _RoundCache:
         self.slots = 0
 
 
-def path_width(budget: int) -> int:
-    """Frontier nodes expanded per depth, and children kept per expanded node, for ``budget`` nodes."""
-    return min(8, max(2, math.ceil(math.sqrt(budget))))
-
-
 class PathTreeDrafter:
-    """A :class:`PathDrafter` growing an EAGLE-2-style dynamic tree (``shape="tree"``), or its top-1 chain.
+    """A :class:`PathDrafter` growing an EAGLE-2-style dynamic tree (``shape="tree"``), or its top-1 chain
+    (:func:`~tev.engine.tree_growth.grow_tree`).
 
     Per round one step per depth: the ``width`` best frontier nodes by path score ``sum log q``
-    are forwarded together (each attends to the target's features and its own ancestors) and
-    each proposes its ``width`` most likely children; the ``budget`` best nodes overall are kept
-    (a child never outscores its parent, so they form a tree). Depths stop early once no
-    frontier node could still enter the best ``budget``, or none has a path probability of at
-    least ``min_path_prob``, or the context's floor (budget auto's: such a node adds less than
-    that to the expected block and is rarely kept, and each depth costs the drafter a step).
+    (at most 8) are forwarded together (each attends to the target's features and its own
+    ancestors) and each proposes its ``width`` most likely children; the ``budget`` best nodes
+    overall are kept. Depths stop early once no frontier node could still enter the best
+    ``budget``, or none has a path probability of at least ``min_path_prob``, or the context's
+    floor (budget auto's: such a node adds less than that to the expected block and is rarely
+    kept, and each depth costs the drafter a step).
     """
 
     def __init__(self, model: PathDrafter, shape: str = "tree", name: str | None = None, horizon: int | None = None, min_path_prob: float = 1e-3):
@@ -257,64 +254,30 @@ class PathTreeDrafter:
     def marginals(self, context: DraftContext, state: DraftState) -> None:
         return None  # each depth's q is conditional on its path
 
+    def width_for(self, budget: int) -> int:
+        return 1 if self.shape == "chain" else frontier_width(budget, cap=8)
+
     def propose(self, context: DraftContext, budget: int, state: DraftState, timer: StageTimer | None = None) -> DraftTree:
         timer = timer or StageTimer()
-        root = context.token_ids[-1]
         horizon = min(self.horizon, context.max_depth, budget if self.shape == "chain" else self.horizon)
-        if budget <= 0 or horizon <= 0:
-            return DraftTree.from_parents([root], [-1])
-        width = 1 if self.shape == "chain" else path_width(budget)
-        vocab = self.model.draft_vocab
         with timer.stage("draft"):
-            cache = self.model.start_round(state.features)
-            tokens, parents, scores, logprobs, depths, slot = [root], [-1], [0.0], [0.0], [0], {}
-            chosen = [0]
-            for depth in range(horizon):
-                ancestors = [self._ancestor_slots(v, parents, slot) for v in chosen]
-                slot.update({v: cache.slots + row for row, v in enumerate(chosen)})
-                logq = self.model.extend(cache, [tokens[v] for v in chosen], [depths[v] for v in chosen], ancestors).float().cpu()  # [n, Vd]
-                top = torch.topk(logq, min(width, logq.shape[-1]), dim=-1)
-                frontier = []
-                for row, v in enumerate(chosen):
-                    for value, position in zip(top.values[row].tolist(), top.indices[row].tolist()):
-                        if value == float("-inf"):
-                            continue
-                        frontier.append(len(tokens))
-                        tokens.append(int(vocab[position]) if vocab is not None else position)
-                        parents.append(v)
-                        scores.append(scores[v] + value)
-                        logprobs.append(value)
-                        depths.append(depth + 1)
-                if depth + 1 == horizon:
-                    break
-                chosen = sorted(frontier, key=lambda u: (-scores[u], u))[:width]
-                least = max(self.min_path_prob, context.min_path_prob)
-                floor = max(self._kth_best(scores, budget), math.log(least) if least > 0 else float("-inf"))
-                chosen = [u for u in chosen if scores[u] > float("-inf") and scores[u] >= floor]
-                if not chosen:
-                    break
+            grown = grow_tree(context.token_ids[-1], budget, horizon, self.width_for(budget), self._step(state),
+                              max(self.min_path_prob, context.min_path_prob), token_ids=self.model.draft_vocab)
         with timer.stage("build"):
-            ranked = sorted(range(1, len(tokens)), key=lambda v: (-scores[v], v))[:budget]
-            keep = sorted(ranked)  # creation order: parents first
-            new_index = {0: 0, **{v: i + 1 for i, v in enumerate(keep)}}
-            return DraftTree.from_parents([root] + [tokens[v] for v in keep], [-1] + [new_index[parents[v]] for v in keep],
-                                         [0.0] + [logprobs[v] for v in keep])
+            return grown.best(budget)
 
-    @staticmethod
-    def _ancestor_slots(v: int, parents: list[int], slot: dict[int, int]) -> list[int]:
-        seen, u = [], parents[v]
-        while u != -1:
-            seen.append(slot[u])
-            u = parents[u]
-        return seen
+    def _step(self, state: DraftState) -> Step:
+        """The grower's step over the round's key/value cache (started by the root's step)."""
+        cache = None
 
-    @staticmethod
-    def _kth_best(scores: list[float], budget: int) -> float:
-        """The ``budget``-th best non-root score so far (a node scoring below it, and so every
-        descendant of it, cannot enter the kept tree); -inf while fewer nodes exist."""
-        if len(scores) - 1 < budget:
-            return float("-inf")
-        return sorted(scores[1:], reverse=True)[budget - 1]
+        def step(nodes: list[int], tree: GrowingTree) -> torch.Tensor:
+            nonlocal cache
+            if cache is None:
+                cache = self.model.start_round(state.features)
+            ancestors = [tree.ancestor_slots(v) for v in nodes]
+            return self.model.extend(cache, [tree.tokens[v] for v in nodes], [tree.depths[v] for v in nodes], ancestors).float().cpu()  # [n, Vd]
+
+        return step
 
 
 def drafter_model_class(config) -> type[BlockDrafter]:
