@@ -11,7 +11,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
 from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig
 
 from tev.engine.drafters import ARTreeDrafter, BlockTreeDrafter, DraftContext, DraftState
-from tev.engine.path_drafter import PathTreeDrafter, drafter_model_class, tree_drafter_of
+from tev.engine.models import drafter_model_class, tree_drafter_of
+from tev.engine.path_drafter import PathTreeDrafter
 from tev.core.tree import DraftTree
 
 CORPUS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n", "class A:\n    pass\n"] * 20

@@ -10,8 +10,7 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
-from tev.engine.models import shipped_drafter
-from tev.engine.path_drafter import tree_drafter_of
+from tev.engine.models import shipped_drafter, tree_drafter_of
 from tev.pipelines.workload import DEFAULT_ANSWER_LAW, DEFAULT_TREE_TERM, EVAL_BUDGET, EXIT_LAMBDA, EXIT_TERM, MIN_STEPS, adaptation, adapted_kind, answer_laws, workload_settings
 from tev.pipelines.workload_report import LAWS, PAGE_LAW, model_label, result_table
 from tev.pipelines.workload_data import check_workload, load_workload, split_workload

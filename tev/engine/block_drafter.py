@@ -2,7 +2,8 @@
 marginals ``q_1 .. q_K``, its shape (:class:`BlockDrafterConfig`) and its files.
 
 This is the model only (nanoGPT's ``model.py``); :class:`~tev.engine.drafters.BlockTreeDrafter`
-turns its marginals into a draft tree. ``p`` is the target.
+turns its marginals into a draft tree. Its parameters, head and files are a :class:`DrafterBody`,
+which the path drafter (:mod:`tev.engine.path_drafter`) reads its own way. ``p`` is the target.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch import nn
 from tev.util.int8_head import Int8Head, use_int8_head
 from tev.util.precision import low_precision
 
-__all__ = ["BlockDrafterConfig", "BlockDrafter", "read_drafter_config", "check_drafter_fits_target", "default_feature_layers", "DRAFTER_FILE", "DRAFTER_CONFIG"]
+__all__ = ["BlockDrafterConfig", "DrafterBody", "BlockDrafter", "read_drafter_config", "check_drafter_fits_target", "default_feature_layers", "DRAFTER_FILE", "DRAFTER_CONFIG"]
 
 DRAFTER_FILE = "drafter.safetensors"
 DRAFTER_CONFIG = "drafter_config.json"
@@ -111,14 +112,15 @@ class _Block(nn.Module):
         return x + self.down(F.silu(gate) * up)
 
 
-class BlockDrafter(nn.Module):
-    """One-pass block drafter (DFlash-style): K per-depth marginals from target features.
+class DrafterBody(nn.Module):
+    """What the block drafter and the path drafter share: their parameters, draft vocabulary,
+    head and files. Each reads it its own way (:class:`BlockDrafter`: K mask slots read out as
+    marginals in one pass; :class:`~tev.engine.path_drafter.PathDrafter`: token slots, each
+    depth reading the path above it), and a subclass names its way in ``CONDITIONING``.
 
-    The draft slots are ``[root token | K mask slots]``; in every block they attend to each
-    other and to the ``W`` context slots (the target's features, projected); mask slot ``k`` is
-    read out as ``q_k``, the marginal of the token ``k`` steps after the root. The token
-    embedding and the output head are the target's own, shared and frozen (they are not part
-    of this module's parameters or checkpoint).
+    The target's features at the last ``W`` committed positions enter every block as keys and
+    values (:meth:`_context`); the token embedding and the output head are the target's own,
+    shared and frozen (they are not part of this module's parameters or checkpoint).
 
     With ``config.draft_vocab_size`` set, the drafter proposes only the ``Vd`` tokens listed in
     its ``draft_vocab`` buffer (the most frequent in its training data) and reads only those
@@ -127,7 +129,7 @@ class BlockDrafter(nn.Module):
     drafter proposes, so this trades a little acceptance for a much cheaper drafter.
     """
 
-    CONDITIONING = "marginal"  # the config's ``conditioning`` this class runs
+    CONDITIONING: str  # the config's ``conditioning`` a subclass runs
     PRECISION_SHAPE: tuple[int, int, int] | None = None  # the product its precision is measured on (None: the probe's, one pass's size)
 
     def __init__(self, config: BlockDrafterConfig, target_embedding: torch.Tensor, target_head: torch.Tensor):
@@ -193,6 +195,15 @@ class BlockDrafter(nn.Module):
         head = self._draft_head(self.feature_proj.weight.dtype)  # a low-precision drafter reads a matching copy (half the bytes)
         return F.linear(hidden.to(head.dtype), head).float()
 
+    def _context(self, features: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`[B, W, D]` projected target features (`[B, W, F]`) at the window's positions."""
+        width = self.config.context_window
+        return self.feature_dropout(self.feature_proj(self.feature_norm(features.to(dtype)))) + self.position_embed[:width]
+
+    def _read_out(self, slots: torch.Tensor) -> torch.Tensor:
+        """`[..., Vd]` float32 logits of `[..., D]` slot states."""
+        return self._head_logits(self.out_proj(self.out_norm(slots)))
+
     def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
         """Fill the draft vocabulary (`LongTensor[Vd]` of target token ids)."""
         if self.draft_vocab is None or token_ids.shape != self.draft_vocab.shape:
@@ -220,16 +231,6 @@ class BlockDrafter(nn.Module):
         lookup[self.draft_vocab.to(token_ids.device)] = torch.arange(self.draft_vocab.numel(), device=token_ids.device)
         return torch.where(token_ids >= 0, lookup[token_ids.clamp(min=0)], token_ids)
 
-    def forward(self, features: torch.Tensor, valid: torch.Tensor, root_ids: torch.Tensor, full_vocab: bool = True) -> torch.Tensor:
-        """Per-depth draft logits over the target's whole vocabulary, `[B, K, V]`.
-
-        Tokens outside the draft vocabulary get ``-inf``. Training code should pass
-        ``full_vocab=False`` (:meth:`draft_logits`, `[B, K, Vd]`) with :meth:`draft_positions`
-        labels: ``V / Vd`` times less work, and a wrapped module (accelerate) still syncs.
-        """
-        logits = self.draft_logits(features, valid, root_ids)
-        return self.full_vocab(logits) if full_vocab else logits
-
     def full_vocab(self, values: torch.Tensor) -> torch.Tensor:
         """`[..., Vd]` draft-vocabulary values as `[..., V]`, ``-inf`` outside the draft
         vocabulary (as they are without one)."""
@@ -237,37 +238,6 @@ class BlockDrafter(nn.Module):
             return values
         full = values.new_full((*values.shape[:-1], self.config.vocab_size), float("-inf"))
         return full.index_copy_(-1, self.draft_vocab.to(values.device), values)
-
-    def draft_logits(self, features: torch.Tensor, valid: torch.Tensor, root_ids: torch.Tensor) -> torch.Tensor:
-        """Per-depth draft logits over the draft vocabulary.
-
-        Args:
-            features: `Tensor[B, W, F]` target features at the last ``W`` committed positions
-                before the root (left-padded).
-            valid: `BoolTensor[B, W]`, False on padding.
-            root_ids: `LongTensor[B]`, the root tokens.
-
-        Returns:
-            `Tensor[B, K, Vd]` logits of ``q_1 .. q_K`` (``Vd = V`` without a draft vocabulary).
-        """
-        embedding = self._shared[0]
-        batch = root_ids.shape[0]
-        width, horizon = self.config.context_window, self.config.horizon
-        dtype = self.feature_proj.weight.dtype
-        context = self.feature_dropout(self.feature_proj(self.feature_norm(features.to(dtype)))) + self.position_embed[:width]  # (B, W, D)
-        slots = torch.cat(
-            [
-                self.root_proj(embedding[root_ids].to(dtype)).unsqueeze(1),  # (B, 1, D)
-                self.mask_embed.unsqueeze(0).expand(batch, -1, -1),  # (B, K, D)
-            ],
-            dim=1,
-        ) + self.position_embed[width:]
-        visible = torch.cat([valid, torch.ones(batch, 1 + horizon, dtype=torch.bool, device=valid.device)], dim=1)
-        key_bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
-        key_bias = key_bias[:, None, None, :]  # (B, 1, 1, W + 1 + K): the same for every query and head
-        for block in self.blocks:
-            slots = block(slots, context, key_bias)
-        return self._head_logits(self.out_proj(self.out_norm(slots[:, 1:])))  # (B, K, H) read-out states
 
     def window(self, features: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The last ``W`` rows of a feature history, left-padded: (`[1, W, F]`, `[1, W]`)."""
@@ -281,15 +251,8 @@ class BlockDrafter(nn.Module):
             valid[0, width - recent.shape[0] :] = True
         return window, valid
 
-    @torch.no_grad()
-    def marginals(self, features: torch.Tensor | None, root_token: int) -> torch.Tensor:
-        """`Tensor[K, V]` log ``q_d`` for one context."""
-        window, valid = self.window(features)
-        root = torch.tensor([root_token]).to(window.device, non_blocking=True)  # queued, no wait for the device
-        return torch.log_softmax(self(window, valid, root)[0], dim=-1)  # -inf outside the draft vocabulary
-
     # ------------------------------------------------------------------ persistence
-    def served(self) -> "BlockDrafter":
+    def served(self) -> "DrafterBody":
         """This drafter (changed in place) in eval mode and the precision drafters are served in:
         :func:`~tev.util.precision.low_precision` of its device, as :meth:`from_pretrained` loads one."""
         return self.eval().to(low_precision(next(self.parameters()).device, self.PRECISION_SHAPE))
@@ -306,7 +269,7 @@ class BlockDrafter(nn.Module):
         save_file(tensors, folder / DRAFTER_FILE, metadata={"format": "pt", "kind": "tev-block-drafter"})
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, target, dtype: torch.dtype | None = None) -> "BlockDrafter":
+    def from_pretrained(cls, folder: str | Path, target, dtype: torch.dtype | None = None) -> "DrafterBody":
         """Load a drafter saved by :meth:`save_pretrained` and bind it to ``target``.
 
         ``dtype`` defaults to :func:`~tev.util.precision.low_precision` of the target's device:
@@ -330,12 +293,72 @@ class BlockDrafter(nn.Module):
         return drafter.to(device=device, dtype=dtype or low_precision(device, cls.PRECISION_SHAPE)).eval()
 
     @classmethod
-    def for_target(cls, config: BlockDrafterConfig, target) -> "BlockDrafter":
+    def for_target(cls, config: BlockDrafterConfig, target) -> "DrafterBody":
         """A fresh drafter bound to ``target``'s embedding and output head."""
         check_drafter_fits_target(config, target)
         embedding = target.get_input_embeddings().weight.detach()
         head = target.get_output_embeddings().weight.detach()
         return cls(config, embedding, head).to(embedding.device)
+
+
+class BlockDrafter(DrafterBody):
+    """One-pass block drafter (DFlash-style): K per-depth marginals from target features.
+
+    The draft slots are ``[root token | K mask slots]``; in every block they attend to each
+    other and to the ``W`` context slots (the target's features, projected); mask slot ``k`` is
+    read out as ``q_k``, the marginal of the token ``k`` steps after the root.
+    """
+
+    CONDITIONING = "marginal"
+
+    def forward(self, features: torch.Tensor, valid: torch.Tensor, root_ids: torch.Tensor, full_vocab: bool = True) -> torch.Tensor:
+        """Per-depth draft logits over the target's whole vocabulary, `[B, K, V]`.
+
+        Tokens outside the draft vocabulary get ``-inf``. Training code should pass
+        ``full_vocab=False`` (:meth:`draft_logits`, `[B, K, Vd]`) with :meth:`draft_positions`
+        labels: ``V / Vd`` times less work, and a wrapped module (accelerate) still syncs.
+        """
+        logits = self.draft_logits(features, valid, root_ids)
+        return self.full_vocab(logits) if full_vocab else logits
+
+    def draft_logits(self, features: torch.Tensor, valid: torch.Tensor, root_ids: torch.Tensor) -> torch.Tensor:
+        """Per-depth draft logits over the draft vocabulary.
+
+        Args:
+            features: `Tensor[B, W, F]` target features at the last ``W`` committed positions
+                before the root (left-padded).
+            valid: `BoolTensor[B, W]`, False on padding.
+            root_ids: `LongTensor[B]`, the root tokens.
+
+        Returns:
+            `Tensor[B, K, Vd]` logits of ``q_1 .. q_K`` (``Vd = V`` without a draft vocabulary).
+        """
+        embedding = self._shared[0]
+        batch = root_ids.shape[0]
+        width, horizon = self.config.context_window, self.config.horizon
+        dtype = self.feature_proj.weight.dtype
+        context = self._context(features, dtype)  # (B, W, D)
+        slots = torch.cat(
+            [
+                self.root_proj(embedding[root_ids].to(dtype)).unsqueeze(1),  # (B, 1, D)
+                self.mask_embed.unsqueeze(0).expand(batch, -1, -1),  # (B, K, D)
+            ],
+            dim=1,
+        ) + self.position_embed[width:]
+        visible = torch.cat([valid, torch.ones(batch, 1 + horizon, dtype=torch.bool, device=valid.device)], dim=1)
+        key_bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
+        key_bias = key_bias[:, None, None, :]  # (B, 1, 1, W + 1 + K): the same for every query and head
+        for block in self.blocks:
+            slots = block(slots, context, key_bias)
+        return self._read_out(slots[:, 1:])  # the K mask slots, (B, K, Vd)
+
+    @torch.no_grad()
+    def marginals(self, features: torch.Tensor | None, root_token: int) -> torch.Tensor:
+        """`Tensor[K, V]` log ``q_d`` for one context."""
+        window, valid = self.window(features)
+        root = torch.tensor([root_token]).to(window.device, non_blocking=True)  # queued, no wait for the device
+        return torch.log_softmax(self(window, valid, root)[0], dim=-1)  # -inf outside the draft vocabulary
+
 
 
 def read_drafter_config(folder: str | Path) -> BlockDrafterConfig:

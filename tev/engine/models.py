@@ -17,9 +17,9 @@ from typing import Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tev.engine.block_drafter import DRAFTER_FILE, read_drafter_config
+from tev.engine.block_drafter import DRAFTER_FILE, BlockDrafter, DrafterBody, read_drafter_config
 from tev.engine.drafters import ARTreeDrafter, BlockTreeDrafter, Drafter
-from tev.engine.path_drafter import PathTreeDrafter, drafter_model_class, tree_drafter_of
+from tev.engine.path_drafter import PathDrafter, PathTreeDrafter
 from tev.engine.default_target import DefaultTargetError, ensure_default_target
 from tev.engine.prompt_text import has_chat_template
 from tev.engine.session import max_positions
@@ -35,6 +35,8 @@ __all__ = [
     "load_block_drafter",
     "load_drafter",
     "check_same_tokenizer",
+    "drafter_model_class",
+    "tree_drafter_of",
     "DrafterKind",
     "DRAFTERS",
     "DRAFTER_KINDS",
@@ -294,6 +296,24 @@ def shipped_drafter(pair: str, kind: str) -> Path:
 
 
 # --------------------------------------------------------------------------- the drafter registry
+# A drafter folder's config names how its body is read (``conditioning``): the model class that
+# runs it, and the tree front end that drafts with it.
+DRAFTER_MODELS: dict[str, type[DrafterBody]] = {BlockDrafter.CONDITIONING: BlockDrafter, PathDrafter.CONDITIONING: PathDrafter}
+
+
+def drafter_model_class(config) -> type[DrafterBody]:
+    """The model class that runs a drafter config (by its ``conditioning``; an unknown one is the
+    block drafter's, which refuses it by name)."""
+    return DRAFTER_MODELS.get(config.conditioning, BlockDrafter)
+
+
+def tree_drafter_of(model: DrafterBody, shape: str = "tree", name: str | None = None) -> BlockTreeDrafter | PathTreeDrafter:
+    """The tree front end of a block or path drafter model."""
+    if isinstance(model, PathDrafter):
+        return PathTreeDrafter(model, shape=shape, name=name)
+    return BlockTreeDrafter(model, shape=shape, name=name or ("block" if shape == "tree" else "chain"))
+
+
 @dataclass(frozen=True)
 class DrafterKind:
     """One kind of drafter a bundle can offer.

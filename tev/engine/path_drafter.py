@@ -18,26 +18,25 @@ depth over a key/value cache of the round's slots (EAGLE-2's dynamic tree). ``p`
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
 from tev.core.tree import DraftTree
-from tev.engine.block_drafter import BlockDrafter
-from tev.engine.drafters import BlockTreeDrafter, DraftContext, DraftState, _check_shape
+from tev.engine.block_drafter import DrafterBody
+from tev.engine.drafters import DraftContext, DraftState, _check_shape
 from tev.engine.tree_growth import GrowingTree, Step, frontier_width, grow_tree
 from tev.util.int8_head import Int8Head, use_int8_head
 from tev.util.timing import StageTimer
 
-__all__ = ["PathDrafter", "PathTreeDrafter", "drafter_model_class", "tree_drafter_of"]
+__all__ = ["PathDrafter", "PathTreeDrafter"]
 
 
-class PathDrafter(BlockDrafter):
+class PathDrafter(DrafterBody):
     """Causal token slots over the target's features: `q_d` conditioned on the path above depth ``d``.
 
-    Shares :class:`~tev.engine.block_drafter.BlockDrafter`'s parameters, draft vocabulary and
-    files (``config.conditioning == "path"``); ``mask_embed[d]`` marks the slot at depth ``d``.
+    The block drafter's body (:class:`~tev.engine.block_drafter.DrafterBody`: its parameters, draft
+    vocabulary, head and files, ``config.conditioning == "path"``) read through token slots;
+    ``mask_embed[d]`` marks the slot at depth ``d``.
     """
 
     CONDITIONING = "path"
@@ -50,11 +49,6 @@ class PathDrafter(BlockDrafter):
         width = self.config.context_window
         embedding = self._shared[0]
         return self.root_proj(embedding[tokens].to(dtype)) + self.mask_embed[depths] + self.position_embed[width + depths]
-
-    def _context(self, features: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """`[B, W, D]` projected target features."""
-        width = self.config.context_window
-        return self.feature_dropout(self.feature_proj(self.feature_norm(features.to(dtype)))) + self.position_embed[:width]
 
     def draft_logits(self, features: torch.Tensor, valid: torch.Tensor, root_ids: torch.Tensor, path_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Per-depth draft logits over the draft vocabulary, teacher-forced on a path.
@@ -85,16 +79,10 @@ class PathDrafter(BlockDrafter):
             slots = block(slots, context, key_bias)
         return self._read_out(slots)
 
-    def _read_out(self, slots: torch.Tensor) -> torch.Tensor:
-        return self._head_logits(self.out_proj(self.out_norm(slots)))
-
     def forward(self, features: torch.Tensor, valid: torch.Tensor, root_ids: torch.Tensor, path_ids: torch.Tensor | None = None,
                 full_vocab: bool = True) -> torch.Tensor:
         logits = self.draft_logits(features, valid, root_ids, path_ids)
         return self.full_vocab(logits) if full_vocab else logits
-
-    def marginals(self, features, root_token):
-        raise TypeError("a path-conditioned drafter has no per-depth marginals: grow its tree with PathTreeDrafter")
 
     # ------------------------------------------------------------------ one round's growing tree
     @torch.no_grad()
@@ -278,15 +266,3 @@ class PathTreeDrafter:
             return self.model.extend(cache, [tree.tokens[v] for v in nodes], [tree.depths[v] for v in nodes], ancestors).float().cpu()  # [n, Vd]
 
         return step
-
-
-def drafter_model_class(config) -> type[BlockDrafter]:
-    """The model class that runs a drafter config (by its ``conditioning``)."""
-    return PathDrafter if config.conditioning == "path" else BlockDrafter
-
-
-def tree_drafter_of(model: BlockDrafter, shape: str = "tree", name: str | None = None):
-    """The tree front end of a block or path drafter model."""
-    if isinstance(model, PathDrafter):
-        return PathTreeDrafter(model, shape=shape, name=name)
-    return BlockTreeDrafter(model, shape=shape, name=name or ("block" if shape == "tree" else "chain"))

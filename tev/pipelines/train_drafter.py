@@ -34,9 +34,8 @@ from safetensors.torch import load_file, save_file
 from tev.data.prompts import load_prompt_set
 from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig
 from tev.engine.default_target import DEFAULT_TARGET_NAME, ensure_default_target
-from tev.engine.path_drafter import drafter_model_class, tree_drafter_of
 from tev.engine.evaluation import evaluate_drafter
-from tev.engine.models import load_causal_lm, load_tokenizer
+from tev.engine.models import drafter_model_class, load_causal_lm, load_tokenizer, tree_drafter_of
 from tev.engine.prompt_text import ChatTemplate
 from tev.pipelines.card import refresh_card
 from tev.train.data import SoftLabels, TrainData

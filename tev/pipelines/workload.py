@@ -37,8 +37,7 @@ import torch
 from tev.engine.block_drafter import BlockDrafter, read_drafter_config
 from tev.engine.decode import DecodeConfig
 from tev.engine.evaluation import decode_rounds, fit_prompt
-from tev.engine.models import load_bundle, shipped_drafter
-from tev.engine.path_drafter import drafter_model_class, tree_drafter_of
+from tev.engine.models import drafter_model_class, load_bundle, shipped_drafter, tree_drafter_of
 from tev.engine.session import max_positions
 from tev.pipelines.exittrain import invoked_command
 from tev.pipelines.workload_data import extend_draft_vocab, load_workload, split_workload

@@ -33,7 +33,8 @@ from pathlib import Path
 from tev.core.sampling import SamplingLaw
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
-from tev.engine.path_drafter import PathTreeDrafter, tree_drafter_of
+from tev.engine.models import tree_drafter_of
+from tev.engine.path_drafter import PathTreeDrafter
 from tev.pipelines.workload_report import LAWS
 from tev.util.lru import LRU
 
