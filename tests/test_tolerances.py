@@ -3,11 +3,11 @@ limit holds, and a limit 10x smaller would fail, so the derivation is neither vi
 
 import torch
 
-from tev.bench.lab import LabTree
 from tev.bench.report.exit_law import U32, conservation_limit, edge_error_units, exit_law_errors, reference_limit, sum_limit
 from tev.core.flow import flow_from_edge_prob
 from tev.core.tree import DraftTree
 from tev.core.verify import LogitRows, ProbRows, TargetRows
+from tev.engine.lab import LabTree
 
 DEPTH = 8
 

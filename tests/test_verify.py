@@ -281,7 +281,7 @@ def test_a_transformers_older_than_the_engine_needs_is_refused():
 def test_the_lab_s_folded_rows_keep_the_exit_law_exactly():
     # the verifier lab draws on rows folded to the tree's tokens + "any other token": the exit law
     # (and so 1 + C) is the same number, and the folded verifiers' exit frequencies follow it
-    from tev.bench.lab import LabTree, folded, run_lab
+    from tev.engine.lab import LabTree, folded, run_lab
 
     generator = torch.Generator().manual_seed(8)
     tree = random_tree(generator, vocab=40, budget=14, horizon=4, root_token=3)

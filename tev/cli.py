@@ -15,7 +15,7 @@ import typing
 import torch
 from transformers import HfArgumentParser
 
-from tev.bench.ablation import ablation_command
+from tev.bench.ablation import ablation_command, live_check_command
 from tev.bench.e2e import e2e_command
 from tev.bench.reach import reach_command
 from tev.bench.report import FULL, QUICK, report_command
@@ -32,7 +32,6 @@ from tev.pipelines.migrate import migrate_command
 from tev.pipelines.train_drafter import train_drafter_command
 from tev.pipelines.workload import DEFAULT_ANSWER_LAW, DEFAULT_TREE_TERM, EXIT_LAMBDA, EXIT_TERM, workload_command, workload_settings
 from tev.pipelines.workload_report import LAWS
-from tev.service.live_exittrain import live_check_command
 from tev.train.data import DOMAINS
 from tev.train.loop import TrainSettings
 from tev.train.losses import TREE_TERMS

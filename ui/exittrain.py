@@ -10,11 +10,11 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
-from tev.bench.lab import tree_from_prompt
 from tev.data.prompts import evaluation_prompts
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluation_rounds, fit_prompt
+from tev.engine.lab import tree_from_prompt
 from tev.service.live_exittrain import live_data, live_experiment, live_settings
 from tev.service.service import LIMITS, UserInputError, check_number
 from tev.train.data import DOMAINS

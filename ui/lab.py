@@ -6,8 +6,8 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
-from tev.bench.lab import SYNTHETIC_WORDS, run_lab, synthetic_tree, tree_from_prompt
 from tev.core.verify import SAMPLING_VERIFIERS
+from tev.engine.lab import SYNTHETIC_WORDS, run_lab, synthetic_tree, tree_from_prompt
 from tev.service.service import LIMITS, UserInputError, check_number
 from ui import gpu, shared
 from ui.components import as_text, checked_event, once_per_click

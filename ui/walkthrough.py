@@ -10,8 +10,8 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
-from tev.bench.lab import LabTree, run_lab
 from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS
+from tev.engine.lab import LabTree, run_lab
 from tev.engine.walkthrough import trace_round
 from tev.service.adapted import drafter_kind, is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, check_settings

@@ -4,7 +4,8 @@ One drafter per tree term (``none`` token-only, ``prefix`` reach-weighted, ``exi
 method), all from the same base, data, seed and steps; then decoding ``tau`` (TEV) and mean
 ``1 + C`` for the base and every variant, per domain for a chat pair, and where each drafter's
 trees lose the target's mass (exit mass by depth on the same held-out rounds).
-``--install`` ships the measured exit drafter.
+``--install`` ships the measured exit drafter. With ``--live``: the app's live ExitTrain mode
+(:mod:`tev.service.live_exittrain`) once per seed, and what it gains.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from tev.engine.models import load_bundle, shipped_drafter
 from tev.pipelines.card import refresh_card
 from tev.train.data import TrainData
 from tev.pipelines.exittrain import EXITTRAIN_SETTINGS, exittrain_sets, fine_tune_start, invoked_command, pair_of, settings_from_args
+from tev.service.live_exittrain import live_data, live_experiment, live_settings
 from tev.train.experiment import Experiment
 from tev.train.loop import TrainSettings, install_drafter, with_progress
 from tev.util.paths import REPO_ROOT, assets_dir
 from tev.util.stored import result_text, write_result
 
-__all__ = ["run_ablation", "format_ablation", "install_from_ablation", "ablation_command", "evaluation_setup", "pooled_rows"]
+__all__ = ["run_ablation", "format_ablation", "install_from_ablation", "ablation_command", "evaluation_setup", "pooled_rows", "run_live_check", "live_check_command"]
 
 
 def pooled_rows(parts: list[list[dict]]) -> list[dict]:
@@ -180,3 +182,43 @@ def ablation_command(args) -> None:
     print(f"wrote {out / 'exittrain-eval.json'}")
     if args.install:
         install_from_ablation(result, out, bundle.target)
+
+
+def run_live_check(bundle, seeds=(0, 1, 2), prompts: list[dict] | None = None, budget: int = 32, max_new_tokens: int = 64,
+                   domain: str | None = None, progress: bool = True) -> dict:
+    """The app's live mode from the base drafter, once per seed: wall time, the held-out
+    ``1 + C`` change on the same anchors, and the decoding ``tau`` change on held-out prompts."""
+    settings = live_settings(bundle.has_domains)
+    data = live_data(bundle, domain)
+    base = BlockTreeDrafter(BlockDrafter.from_pretrained(bundle.shipped_folder("block"), bundle.target), name="base")
+    reference = evaluate_drafter(bundle.target, bundle.tokenizer, base, prompts, budgets=(budget,), max_new_tokens=max_new_tokens, desc="tau [base]", progress=progress)
+    runs = []
+    for seed in seeds:
+        experiment = live_experiment(bundle, dataclasses.replace(settings, seed=seed), data)
+        start = time.time()
+        heldout = experiment.run()
+        seconds = time.time() - start
+        trained = BlockTreeDrafter(experiment.drafter.served(), name=f"live-{seed}")
+        rows = evaluate_drafter(bundle.target, bundle.tokenizer, trained, prompts, budgets=(budget,), max_new_tokens=max_new_tokens, desc=f"tau [live seed {seed}]", progress=progress)
+        runs.append({"seed": seed, "seconds": seconds, "heldout_change": heldout, "rows": rows})
+    changes = {}
+    for i, base_row in enumerate(reference):
+        values = [run["rows"][i]["tau"] / base_row["tau"] - 1 for run in runs]
+        changes[f"T={base_row['temperature']:g}"] = {"base_tau": base_row["tau"], "relative_changes": values, "mean": sum(values) / len(values), "min": min(values), "max": max(values)}
+    return {"settings": asdict(settings), "domain": domain, "budget": budget, "prompts": len(prompts), "base": reference, "runs": runs, "tau_change": changes}
+
+
+def live_check_command(args) -> None:
+    """``python -m tev bench exittrain --live``: :func:`run_live_check` once per ``--live-seeds``."""
+    out, bundle, prompts = evaluation_setup(args)
+    result = run_live_check(bundle, args.live_seeds, prompts, max_new_tokens=args.max_new_tokens, domain=getattr(args, "domain", None))
+    write_result(out / "exittrain-live.json", "live-exittrain", result)
+    seconds = sum(r["seconds"] for r in result["runs"]) / len(result["runs"])
+    for run in result["runs"]:
+        change = run["heldout_change"]
+        print(f"seed {run['seed']}: held-out 1 + C {change['before']:.3f} -> {change['after']:.3f} ({100 * change['change']:+.1f}% +- {100 * change['change_se']:.1f}%, "
+              f"{change['anchors']} anchors) in {run['seconds']:.0f} s")
+    for key, change in result["tau_change"].items():
+        print(f"live mode ({result['settings']['steps']} steps, {seconds:.0f}s{', ' + result['domain'] if result['domain'] else ''}): {key}: "
+              f"tau {change['base_tau']:.3f} -> change mean {100 * change['mean']:+.1f}% (min {100 * change['min']:+.1f}%, max {100 * change['max']:+.1f}%) over seeds {args.live_seeds}")
+    print(f"wrote {out / 'exittrain-live.json'}")

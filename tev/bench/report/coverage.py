@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from tev.bench.lab import LabResult, LabTree, run_lab
 from tev.bench.report.common import claim, yes
 from tev.core.tree import DraftTree
 from tev.core.verify import SAMPLING_VERIFIERS
+from tev.engine.lab import LabResult, LabTree, run_lab
 from tev.util.stats import standard_error_of_mean
 
 __all__ = ["Z_LIMIT", "pooled_length", "first_child_chain", "check_coverage_bound", "coverage_section"]

@@ -40,9 +40,9 @@ import math
 import torch
 from scipy.stats import chi2, chisquare
 
-from tev.bench.lab import LabResult, LabTree
 from tev.bench.report.common import claim, image, yes
 from tev.core.verify import SAMPLING_VERIFIERS
+from tev.engine.lab import LabResult, LabTree
 
 __all__ = [
     "ALPHA", "U32", "edge_error_units", "reference_limit", "sum_limit", "conservation_limit", "reference_edge_prob", "reference_exit_law",

@@ -1,16 +1,16 @@
 """The real trees that claims 1-3 measure on, and the verifier lab run over them.
 
 A real tree is the first speculation round's tree on a prompt (or a prefix of it), with the
-target's rows on every node (:class:`~tev.bench.lab.LabTree`).
+target's rows on every node (:class:`~tev.engine.lab.LabTree`).
 """
 
 from __future__ import annotations
 
 from tqdm import tqdm
 
-from tev.bench.lab import LabResult, run_lab, tree_from_prompt
 from tev.bench.report.common import ReportSettings
 from tev.core.verify import SAMPLING_VERIFIERS
+from tev.engine.lab import LabResult, run_lab, tree_from_prompt
 
 __all__ = ["prompt_cuts", "real_trees", "run_labs", "depth_profile"]
 
