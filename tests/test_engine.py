@@ -11,7 +11,7 @@ import torch
 import tev.core.head_screen as head_screen
 from tev.core.sampling import SamplingLaw
 from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end, Request, speculative_generate
-from tev.engine.drafters import BlockTreeDrafter, DraftState
+from tev.engine.drafters import BlockTreeDrafter, DraftContext, DraftState
 from tev.engine.path_drafter import PathTreeDrafter
 from tev.engine.models import ModelLoadError, load_bundle, load_drafter, load_tokenizer
 from tev.engine.prompt_text import encode_prompt
@@ -405,3 +405,12 @@ def test_generate_command_line_json(pair_folders, capsys):
     assert payload["precision"]["target_dtype"] == "float32" and set(payload["precision"]["drafter_dtypes"]) == {"block"}
     code = main(["generate", "--prompt", "", "--target", str(pair_folders["target"]), "--draft", str(pair_folders["block"])])
     assert code == 2 and "prompt is empty" in capsys.readouterr().err
+
+
+def test_the_ar_drafter_grows_no_node_below_the_contexts_floor():
+    drafter = tiny_ar_drafter(VOCAB)
+    free = drafter.propose(DraftContext([1, 2, 5], max_depth=10), 20, drafter.new_state())
+    floor = float(free.path_logprob[1:].exp().max()) * 1.01  # above every drafted node
+    floored = drafter.propose(DraftContext([1, 2, 5], max_depth=10, min_path_prob=floor), 20, drafter.new_state())
+    assert int(free.depths.max()) > 1
+    assert int(floored.depths.max()) == 1  # the root's children are proposed; none is worth growing
