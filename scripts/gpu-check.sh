@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared check for a lent CUDA machine: `bash scripts/gpu-check.sh` (steps: tev/bench/gpu_check.py).
+# One prepared check for a lent CUDA machine: `bash scripts/gpu-check.sh` (steps: tev/drive/gpu_check.py).
 # Results land in $OUT (else runs/gpu-check): gpu-check.md (summary), gpu-check.json, pytest.log,
 # gpu-check.log (this console). Exits non-zero when any step failed or the whole run timed out.
 #
@@ -26,7 +26,7 @@ if [ -d .whl ] && compgen -G ".whl/*.whl" > /dev/null; then
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
-timeout 480 python3 -m tev.bench.gpu_check --out "$OUT_DIR" "$@" 2>&1 | tee "$OUT_DIR/gpu-check.log"  # "$@": e.g. --only greedy
+timeout 480 python3 -m tev.drive.gpu_check --out "$OUT_DIR" "$@" 2>&1 | tee "$OUT_DIR/gpu-check.log"  # "$@": e.g. --only greedy
 status=$?
 [ "$status" -eq 124 ] && echo "gpu-check: killed at 480 s; the steps finished so far are in $OUT_DIR/gpu-check.md"
 echo

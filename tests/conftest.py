@@ -25,7 +25,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def quick_assets_dir(tmp_path_factory):
     """Miniature assets built by `python -m tev build-assets --quick` (once per test run)."""
-    from tev.bench.appserver import quick_assets
+    from tev.drive.appserver import quick_assets
 
     return quick_assets(tmp_path_factory.mktemp("quick") / "assets")
 
@@ -33,7 +33,7 @@ def quick_assets_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def app_server(quick_assets_dir, tmp_path_factory):
     """The real app (`python app.py`) serving the quick assets on a free port."""
-    from tev.bench.appserver import AppServer
+    from tev.drive.appserver import AppServer
 
     server = AppServer(quick_assets_dir, tmp_path_factory.mktemp("app") / "app.log")
     try:

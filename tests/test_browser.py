@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from tev.bench.browser import live_summary
+from tev.drive.browser import live_summary
 from tev.service.service import LIMITS
 
 pytestmark = pytest.mark.browser
@@ -357,7 +357,7 @@ def test_pasted_prompts_become_a_drafter_the_live_tab_runs(chat_server, browser,
 
     from app import build_app
     from tev.pipelines.workload_data import split_workload
-    from tev.bench.appserver import free_port
+    from tev.drive.appserver import free_port
     from tests.tiny import CHAT_WORDS
 
     prompts = [" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 4)) for k in range(16)]
@@ -608,7 +608,7 @@ def test_a_workload_run_shows_one_progress_bar_from_start_to_verdict(chat_server
     import types
 
     from app import build_app
-    from tev.bench.appserver import free_port
+    from tev.drive.appserver import free_port
     from tests.tiny import CHAT_WORDS
 
     prompts = [" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 4)) for k in range(16)]

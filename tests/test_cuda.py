@@ -2,7 +2,7 @@
 
 The CPU suite checks the same properties in float32; these rerun them where the arithmetic
 differs: CUDA kernels, bfloat16 (the default dtype on a GPU), a CUDA random generator, and the
-host syncs a round makes. The GPU check (``bash scripts/gpu-check.sh``, ``tev/bench/gpu_check.py``) runs this file on a lent GPU machine.
+host syncs a round makes. The GPU check (``bash scripts/gpu-check.sh``, ``tev/drive/gpu_check.py``) runs this file on a lent GPU machine.
 """
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""The GPU check (``tev/bench/gpu_check.py``) on a CPU: its steps in ``--quick`` size, its runner, and its plan.
+"""The GPU check (``tev/drive/gpu_check.py``) on a CPU: its steps in ``--quick`` size, its runner, and its plan.
 
 A GPU machine is lent rarely and briefly, so the check's own code must already work when it
 gets there: every in-process step runs here on the CPU, the runner is driven with stand-in
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tev.bench import gpu_check
 from tev.core.verify import Verdict
+from tev.drive import gpu_check
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ import pytest
 
 TEV = Path(__file__).resolve().parent.parent / "tev"
 # bottom to top; a module may import its own layer and the ones before it
-LAYERS = ("util", "core", "data", "engine", "train", "pipelines", "service", "bench", "cli")
+LAYERS = ("util", "core", "data", "engine", "train", "pipelines", "service", "bench", "drive", "cli")
 MODEL_LIBRARIES = ("transformers", "accelerate", "gradio", "plotly", "matplotlib")
 
 

@@ -25,8 +25,8 @@ import pytest
 import torch
 from gradio_client import Client
 
-from tev.bench import loadtest
-from tev.bench.appserver import REPO, AppServer
+from tev.drive import loadtest
+from tev.drive.appserver import REPO, AppServer
 from tev.engine.decode import DecodeConfig, run_to_end, Request, speculative_generate
 from tev.engine.models import ModelLoadError, load_bundle
 from tev.engine.prompt_text import encode_prompt

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from tev.bench.appserver import REPO, AppServer
+from tev.drive.appserver import REPO, AppServer
 from tests.test_reliability import OK, Settings, new_client, post_raw, run_one, sha256_tree
 from tev.engine import default_target
 from ui.workload import DEFAULT_RECIPE

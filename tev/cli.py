@@ -7,69 +7,44 @@ only declares the options and wires each subcommand to its function.
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
 import sys
-import typing
 
-import torch
-from transformers import HfArgumentParser
-
-from tev.bench.ablation import ablation_command, live_check_command
-from tev.bench.e2e import e2e_command
-from tev.bench.reach import reach_command
-from tev.bench.report import FULL, QUICK, report_command
-from tev.bench.tools import add_tools
-from tev.bench.verifiers_bench import verifiers_command
+from tev.bench import ablation, drafter_tau, e2e, reach, report, row_cost, verifiers_bench, workload_table
 from tev.core.verify import VERIFIERS
-from tev.engine.auto_budget import AUTO_CAP
+from tev.drive import gpu_check, loadtest, page_speed, screenshot, workload_path
 from tev.engine.generate_command import generate_command
-from tev.engine.models import DEFAULT_PAIR, DRAFTERS, PAIRS
+from tev.engine.models import DRAFTERS
+from tev.pipelines.arguments import add_budget_cap_argument, add_data_arguments, add_model_arguments, add_training_arguments, add_truncation_arguments, budget_value
 from tev.pipelines.build import build_assets_command
-from tev.pipelines.exittrain import EXITTRAIN_FLAGS, EXITTRAIN_SETTINGS, exittrain_command
+from tev.pipelines.exittrain import exittrain_command
 from tev.pipelines.exittrain_data import exittrain_data_command
 from tev.pipelines.migrate import migrate_command
 from tev.pipelines.train_drafter import train_drafter_command
 from tev.pipelines.workload import DEFAULT_ANSWER_LAW, DEFAULT_TREE_TERM, EXIT_LAMBDA, EXIT_TERM, workload_command, workload_settings
-from tev.pipelines.workload_report import LAWS
-from tev.train.data import DOMAINS
-from tev.train.loop import TrainSettings
-from tev.train.losses import TREE_TERMS
 from tev.util.stored import VERSIONS
 
-__all__ = ["build_parser", "main"]
+__all__ = ["BENCH", "build_parser", "main"]
 
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pair", choices=PAIRS, default=None, help="shipped pair when no --target is given: " + "; ".join(f"{p.name}: {p.description}" for p in PAIRS.values()) + f" (default: $TEV_PAIR or {DEFAULT_PAIR.name})")
-    parser.add_argument("--target", help="target model: a local folder or a Hugging Face id (default: the pair's target)")
-    parser.add_argument("--draft", help="drafter: a block-drafter folder or a causal LM folder / HF id (default: embedded drafters)")
-    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
-    parser.add_argument("--device-map", default=None, help="'auto' to spread a large target over devices (accelerate)")
-    parser.add_argument("--allow-download", action="store_true", help="let Hugging Face ids download (default: offline, cache only)")
-
-
-def add_truncation_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--top-k``, ``--top-p``, ``--min-p``: the target's rows truncated as Hugging Face ``generate``
-    does, before every verifier (each stays exact for the truncated law)."""
-    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens at each step (0: all)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the most likely tokens until their mass reaches p (1: all)")
-    parser.add_argument("--min-p", type=float, default=0.0, help="keep tokens at least min-p times as likely as the most likely one (0: all)")
-
-
-def budget_value(text: str) -> int | str:
-    """A ``--budget`` value: a node count, or ``auto`` (the cost-aware rule, see ``--budget-cap``)."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a budget is a whole number of nodes or 'auto', got {text!r}") from None
-
-
-def add_budget_cap_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--budget-cap", type=int, default=AUTO_CAP, help=f"with budget auto: the most nodes a round may keep (default {AUTO_CAP})")
+# ``python -m tev bench NAME``: the one table of bench subcommands, NAME -> (module, one line for ``--help``).
+# Each module has ``add_arguments(parser)`` (its options; its docstring is the subcommand's description)
+# and ``run(args)`` (None or 0 when it passed, else the exit status).
+BENCH = {
+    # the paper's benchmarks and measurements of the library (tev/bench)
+    "verifiers": (verifiers_bench, "time the verifier-decision stage on synthetic trees"),
+    "e2e": (e2e, "end-to-end speed: autoregressive vs chain vs DDTree+predraw vs DDTree+TEV"),
+    "exittrain": (ablation, "ExitTrain evaluation: base vs token-only vs prefix vs exit weights, equal steps and data"),
+    "report": (report, "check the paper's claims on a model pair; writes report.md/json and plots"),
+    "reach": (reach, "where drafters lose reach, depth by depth: teacher-forced accuracy and chain reach, accepted depths while decoding"),
+    "drafter-tau": (drafter_tau, "tau of block drafters on the held-out chat prompts, as train-drafter measures it"),
+    "workload-table": (workload_table, "the workload ablation tables from result files; --install writes the model card's table"),
+    "row-cost": (row_cost, "what a row of the target costs per forward and precision, and which operations keep a row's bits"),
+    # what starts the app or drives it from outside (tev/drive)
+    "loadtest": (loadtest, "load test of the app through its public API: users, seeds, own outputs, queue full, memory"),
+    "page-speed": (page_speed, "the Live page's speed figure, read from a real browser (or --api)"),
+    "workload-path": (workload_path, "a visitor's workload path in a real browser: paste, adapt, generate in Live"),
+    "screenshot": (screenshot, "the README screenshot (and the other tabs, the walkthrough steps) from the real app"),
+    "gpu-check": (gpu_check, "one prepared check for a lent CUDA machine (bash scripts/gpu-check.sh runs it)"),
+}
 
 
 def _add_generate(commands) -> None:
@@ -94,122 +69,24 @@ def _add_generate(commands) -> None:
     parser.set_defaults(func=generate_command)
 
 
-def _add_bench_verifiers(kinds) -> None:
-    parser = kinds.add_parser("verifiers", help="time the verifier-decision stage on synthetic trees")
-    parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256])
-    parser.add_argument("--vocabs", type=int, nargs="+", default=[8192, 151936])
-    parser.add_argument("--repeats", type=int, default=60)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", help="also write the full result to this JSON file")
-    parser.set_defaults(func=verifiers_command)
-
-
-def _add_bench_e2e(kinds) -> None:
-    parser = kinds.add_parser("e2e", help="end-to-end speed: autoregressive vs chain vs DDTree+predraw vs DDTree+TEV")
-    parser.add_argument("--budgets", type=budget_value, nargs="+", default=[8, 16, 32, 64], help="node counts and/or auto")
-    add_budget_cap_argument(parser)
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--methods", nargs="+", default=None, metavar="DRAFTER+VERIFIER", help="the project's methods to run (default: chain+tev block+predraw block+tev path+tev, each where the pair has its drafter; at T = 0 each runs greedy)")
-    add_truncation_arguments(parser)
-    parser.add_argument("--prompts", default=None, help="prompt set in assets/prompts: chat (dialogue, code, math; the default for a chat target), heldout, humaneval")
-    parser.add_argument("--num-prompts", type=int, default=12, help="prompts used, spread evenly over the set (and so over its domains)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skip-memory", action="store_true", help="skip the peak-memory measurement")
-    parser.add_argument("--forwards", nargs="+", default=["chosen"], choices=["chosen", "transformers", "float32", "bfloat16"],
-                        help="target forwards to run the methods and the autoregressive loop in, interleaved (chosen: the one chosen at load; float32/bfloat16: row-invariant)")
-    parser.add_argument("--peers", nargs="+", default=["hf-generate", "hf-prompt-lookup"], choices=["hf-generate", "hf-prompt-lookup", "hf-generate-bf16"],
-                        help="Hugging Face generate peers (hf-generate-bf16: on a bfloat16 copy of the target)")
-    parser.add_argument("--json", help="also write the full result to this JSON file")
-    add_model_arguments(parser)
-    parser.set_defaults(func=e2e_command)
-
-
-def _add_training_arguments(parser, only: tuple[str, ...] = EXITTRAIN_FLAGS) -> None:
-    """The training settings named in ``only`` as flags, by transformers' HfArgumentParser from
-    :class:`TrainSettings` (type, choices, help); an unset flag keeps the command's preset
-    (``--workload`` has its own tree term and lambda)."""
-    hints = typing.get_type_hints(TrainSettings)
-    for setting in dataclasses.fields(TrainSettings):
-        if setting.name in only:
-            flag = copy.copy(setting)
-            flag.type, flag.default = hints[setting.name], None
-            flag.metadata = {"help": f"{setting.metadata.get('help', setting.name)} (ExitTrain's preset: {getattr(EXITTRAIN_SETTINGS, setting.name)})"}
-            HfArgumentParser._parse_dataclass_field(parser, flag)
-
-
-def _add_data_arguments(parser) -> None:
-    """ExitTrain's data: a chat pair's shipped conversations (optionally one domain), or the tiny pair's regenerated sequences."""
-    parser.add_argument("--domain", choices=DOMAINS, default=None, help="chat pair: train and evaluate on one domain's conversations and prompts (default: all)")
-    parser.add_argument("--data-sequences", type=int, default=1024, help="tiny pair: target-regenerated training sequences")
-    parser.add_argument("--heldout-sequences", type=int, default=48, help="tiny pair: held-out sequences")
-    parser.add_argument("--context-length", type=int, default=128, help="tiny pair: context tokens per sequence")
-    parser.add_argument("--new-tokens", type=int, default=96, help="tiny pair: target tokens after the context")
-
-
-def _bench_exittrain(args) -> None:
-    """``bench exittrain``: the ablation, or with ``--live`` a check of the app's live mode."""
-    (live_check_command if args.live else ablation_command)(args)
-
-
-def _add_bench_exittrain(kinds) -> None:
-    parser = kinds.add_parser("exittrain", help="ExitTrain evaluation: base vs token-only vs prefix vs exit weights, equal steps and data")
-    parser.add_argument("--tree-terms", nargs="+", choices=TREE_TERMS, default=["none", "prefix", "exit"], help="one trained drafter per tree term")
-    _add_training_arguments(parser, tuple(f for f in EXITTRAIN_FLAGS if f not in ("tree_term", "eval_every", "save_every")))
-    _add_data_arguments(parser)
-    parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64])
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--num-prompts", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--base", help="drafter folder to start from (default: the pair's block drafter)")
-    parser.add_argument("--out", help="folder for the trained drafters and exittrain-eval.json (default: runs/exittrain-eval-<time>)")
-    parser.add_argument("--live", action="store_true", help="instead: the app's 1-2 minute live mode, once per --live-seeds, tau change at B=32")
-    parser.add_argument("--live-seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--install", action="store_true", help="ship the exit-weighted drafter of this run as the pair's ExitTrain drafter (with its evaluation)")
-    add_model_arguments(parser)
-    parser.set_defaults(func=_bench_exittrain)
-
-
-def _add_bench_report(kinds) -> None:
-    parser = kinds.add_parser("report", help="check the paper's claims on a model pair; writes report.md/json and plots")
-    parser.add_argument("--quick", action="store_true", help="a couple of minutes: few prompts, trees, draws and budgets")
-    parser.add_argument("--prompts", default="heldout", help="prompt set in assets/prompts (heldout, humaneval)")
-    parser.add_argument("--prompts-file", help="JSON prompts instead of a named set: a list of {id, text} (or a dict with 'prompts')")
-    parser.add_argument("--num-prompts", type=int, default=None, help=f"prompts used (default {FULL.num_prompts}, {QUICK.num_prompts} with --quick)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--exittrain-results", help="JSON from `python -m tev bench exittrain` (rows of base/none/prefix/exit tau) for claim 5")
-    parser.add_argument("--e2e-results", help="JSON from `python -m tev bench e2e --json OUT.json` for claim 7 (instead of the report's own shorter run)")
-    parser.add_argument("--workload-results", nargs="+", help="JSON files from `python -m tev exittrain --workload PACK.json --json OUT.json` (one per pack) for claim 5b")
-    parser.add_argument("--out", help="output folder (default: runs/report-<YYYYmmdd-HHMMSS>)")
-    add_model_arguments(parser)
-    parser.set_defaults(func=report_command)
-
-
 def _add_bench(commands) -> None:
-    bench = commands.add_parser("bench", help="benchmarks (verifiers, e2e, exittrain, report) and the tools users and CI run (loadtest, gpu-check, ...)")
+    bench = commands.add_parser("bench", help="benchmarks (verifiers, e2e, exittrain, report, ...) and the tools that drive the app (loadtest, page-speed, ...)")
     kinds = bench.add_subparsers(dest="bench_kind", required=True)
-    _add_bench_verifiers(kinds)
-    _add_bench_e2e(kinds)
-    _add_bench_exittrain(kinds)
-    _add_bench_report(kinds)
-    add_tools(kinds)  # the tools users and CI run: loadtest, gpu-check, page-speed, ...
-    _add_bench_reach(kinds)
+    for name, (module, summary) in BENCH.items():
+        parser = kinds.add_parser(name, help=summary, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(parser)
+        parser.set_defaults(func=_exit_status(module.run))
 
 
-def _add_bench_reach(kinds) -> None:
-    parser = kinds.add_parser("reach", help="where drafters lose reach, depth by depth: teacher-forced accuracy and chain reach, accepted depths while decoding")
-    parser.add_argument("--pair", choices=PAIRS, default=None, help="shipped pair (default: $TEV_PAIR or the first)")
-    parser.add_argument("--drafters", nargs="*", default=["block"], help="the pair's drafter kinds to compare (default: block)")
-    parser.add_argument("--folder", action="append", metavar="NAME=FOLDER", help="also compare the block or path drafter saved in FOLDER, named NAME (repeatable)")
-    parser.add_argument("--num-prompts", type=int, default=8, help="held-out chat prompts, spread over the domains")
-    parser.add_argument("--budgets", nargs="+", default=["auto", "16"], help="budgets to decode at (auto or node counts)")
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=None, help="write the report as JSON here")
-    parser.set_defaults(func=reach_command)
+def _exit_status(run):
+    """``run`` as a command: a non-zero status ends the process with it."""
+
+    def command(args: argparse.Namespace) -> None:
+        status = run(args)
+        if status:
+            raise SystemExit(status)
+
+    return command
 
 
 def _exittrain(args) -> None:
@@ -219,8 +96,8 @@ def _exittrain(args) -> None:
 
 def _add_exittrain(commands) -> None:
     parser = commands.add_parser("exittrain", help="fine-tune the block drafter with ExitTrain (exit-weighted loss)")
-    _add_training_arguments(parser)
-    _add_data_arguments(parser)
+    add_training_arguments(parser)
+    add_data_arguments(parser)
     parser.add_argument("--base", help="drafter folder to start from (default: the pair's block drafter; with --workload, the drafter the page starts with: the path drafter on the default pair)")
     parser.add_argument("--out", help="output folder (default: runs/exittrain/<weights>-<time>); never assets/ unless --install")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")

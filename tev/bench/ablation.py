@@ -10,6 +10,7 @@ trees lose the target's mass (exit mass by depth on the same held-out rounds).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import time
 from dataclasses import asdict
@@ -24,14 +25,16 @@ from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import load_bundle, shipped_drafter
 from tev.pipelines.card import refresh_card
 from tev.train.data import TrainData
-from tev.pipelines.exittrain import EXITTRAIN_SETTINGS, exittrain_sets, fine_tune_start, invoked_command, pair_of, settings_from_args
+from tev.pipelines.arguments import add_data_arguments, add_model_arguments, add_training_arguments
+from tev.pipelines.exittrain import EXITTRAIN_FLAGS, EXITTRAIN_SETTINGS, exittrain_sets, fine_tune_start, invoked_command, pair_of, settings_from_args
 from tev.service.live_exittrain import live_data, live_experiment, live_settings
 from tev.train.experiment import Experiment
 from tev.train.loop import TrainSettings, install_drafter, with_progress
+from tev.train.losses import TREE_TERMS
 from tev.util.paths import REPO_ROOT, assets_dir
 from tev.util.stored import result_text, write_result
 
-__all__ = ["run_ablation", "format_ablation", "install_from_ablation", "ablation_command", "evaluation_setup", "pooled_rows", "run_live_check", "live_check_command"]
+__all__ = ["run_ablation", "format_ablation", "install_from_ablation", "ablation_command", "evaluation_setup", "pooled_rows", "run_live_check", "live_check_command", "add_arguments", "run"]
 
 
 def pooled_rows(parts: list[list[dict]]) -> list[dict]:
@@ -222,3 +225,24 @@ def live_check_command(args) -> None:
         print(f"live mode ({result['settings']['steps']} steps, {seconds:.0f}s{', ' + result['domain'] if result['domain'] else ''}): {key}: "
               f"tau {change['base_tau']:.3f} -> change mean {100 * change['mean']:+.1f}% (min {100 * change['min']:+.1f}%, max {100 * change['max']:+.1f}%) over seeds {args.live_seeds}")
     print(f"wrote {out / 'exittrain-live.json'}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tree-terms", nargs="+", choices=TREE_TERMS, default=["none", "prefix", "exit"], help="one trained drafter per tree term")
+    add_training_arguments(parser, tuple(f for f in EXITTRAIN_FLAGS if f not in ("tree_term", "eval_every", "save_every")))
+    add_data_arguments(parser)
+    parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64])
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--base", help="drafter folder to start from (default: the pair's block drafter)")
+    parser.add_argument("--out", help="folder for the trained drafters and exittrain-eval.json (default: runs/exittrain-eval-<time>)")
+    parser.add_argument("--live", action="store_true", help="instead: the app's 1-2 minute live mode, once per --live-seeds, tau change at B=32")
+    parser.add_argument("--live-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--install", action="store_true", help="ship the exit-weighted drafter of this run as the pair's ExitTrain drafter (with its evaluation)")
+    add_model_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> None:
+    """The ablation, or with ``--live`` the check of the app's live mode."""
+    (live_check_command if args.live else ablation_command)(args)

@@ -6,6 +6,7 @@ machine's drift hits all alike, and reports medians with the interquartile range
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import random
 import resource
@@ -24,6 +25,7 @@ from tev.engine.evaluation import fit_prompt
 from tev.bench.hf_peers import BF16_PEER, PEERS, hf_generate
 from tev.engine.models import load_bundle, load_causal_lm
 from tev.engine.target_precision import forced_target_forward
+from tev.pipelines.arguments import add_budget_cap_argument, add_model_arguments, add_truncation_arguments, budget_value
 from tev.pipelines.exittrain import invoked_command
 from tev.util.stats import spread
 from tev.util.precision import figure_precision, precision_summary
@@ -31,7 +33,7 @@ from tev.util.stored import write_result
 from tev.util.timing import machine_info, machine_summary
 from tev.util.weight_read import weight_read_reference
 
-__all__ = ["E2E_METHODS", "bench_e2e", "parse_methods", "format_e2e_table", "format_tree_size_table", "format_auto_table", "weight_read_line", "format_domain_table", "peak_memory_of_generate", "e2e_command"]
+__all__ = ["E2E_METHODS", "bench_e2e", "parse_methods", "format_e2e_table", "format_tree_size_table", "format_auto_table", "weight_read_line", "format_domain_table", "peak_memory_of_generate", "add_arguments", "run"]
 
 E2E_METHODS = (
     ("chain", "tev"),
@@ -348,7 +350,27 @@ def parse_methods(names: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(known[name] for name in names)
 
 
-def e2e_command(args) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--budgets", type=budget_value, nargs="+", default=[8, 16, 32, 64], help="node counts and/or auto")
+    add_budget_cap_argument(parser)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--methods", nargs="+", default=None, metavar="DRAFTER+VERIFIER", help="the project's methods to run (default: chain+tev block+predraw block+tev path+tev, each where the pair has its drafter; at T = 0 each runs greedy)")
+    add_truncation_arguments(parser)
+    parser.add_argument("--prompts", default=None, help="prompt set in assets/prompts: chat (dialogue, code, math; the default for a chat target), heldout, humaneval")
+    parser.add_argument("--num-prompts", type=int, default=12, help="prompts used, spread evenly over the set (and so over its domains)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-memory", action="store_true", help="skip the peak-memory measurement")
+    parser.add_argument("--forwards", nargs="+", default=["chosen"], choices=["chosen", "transformers", "float32", "bfloat16"],
+                        help="target forwards to run the methods and the autoregressive loop in, interleaved (chosen: the one chosen at load; float32/bfloat16: row-invariant)")
+    parser.add_argument("--peers", nargs="+", default=["hf-generate", "hf-prompt-lookup"], choices=["hf-generate", "hf-prompt-lookup", "hf-generate-bf16"],
+                        help="Hugging Face generate peers (hf-generate-bf16: on a bfloat16 copy of the target)")
+    parser.add_argument("--json", help="also write the full result to this JSON file")
+    add_model_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> None:
     truncation = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
     law = DecodeConfig(temperature=1.0, **truncation).law  # a bad flag fails before the models load
     methods = parse_methods(args.methods) if args.methods else E2E_METHODS

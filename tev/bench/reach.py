@@ -17,6 +17,7 @@ requests):
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from pathlib import Path
 
@@ -26,14 +27,14 @@ from tev.engine.batch_generate import generate_batch
 from tev.engine.decode import DecodeConfig, Request, run_to_end, speculative_generate
 from tev.data.prompts import evaluation_prompts
 from tev.engine.evaluation import fit_prompt
-from tev.engine.models import load_block_drafter, load_bundle
+from tev.engine.models import PAIRS, load_block_drafter, load_bundle
 from tev.engine.prompt_text import ChatTemplate
 from tev.train.data import TrainData
 from tev.train.loop import heldout_loss
 from tev.train.teacher import target_features
 from tev.util.stored import write_result
 
-__all__ = ["LAWS", "answers_data", "teacher_forced", "decoding_reach", "reach_report", "format_reach"]
+__all__ = ["LAWS", "answers_data", "teacher_forced", "decoding_reach", "reach_report", "format_reach", "add_arguments", "run"]
 
 # (label, temperature, top-p): the laws a page visitor picks from
 LAWS = (("T = 0", 0.0, 1.0), ("T = 0.7, top-p 0.9", 0.7, 0.9), ("T = 1", 1.0, 1.0))
@@ -126,7 +127,18 @@ def format_reach(report: dict) -> str:
     return "\n".join(lines)
 
 
-def reach_command(args) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pair", choices=PAIRS, default=None, help="shipped pair (default: $TEV_PAIR or the first)")
+    parser.add_argument("--drafters", nargs="*", default=["block"], help="the pair's drafter kinds to compare (default: block)")
+    parser.add_argument("--folder", action="append", metavar="NAME=FOLDER", help="also compare the block or path drafter saved in FOLDER, named NAME (repeatable)")
+    parser.add_argument("--num-prompts", type=int, default=8, help="held-out chat prompts, spread over the domains")
+    parser.add_argument("--budgets", nargs="+", default=["auto", "16"], help="budgets to decode at (auto or node counts)")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="write the report as JSON here")
+
+
+def run(args: argparse.Namespace) -> None:
     bundle = load_bundle(pair=args.pair)
     drafters = {kind: bundle.drafter(kind) for kind in args.drafters}
     for named in args.folder or []:

@@ -6,6 +6,7 @@ machine's drift hits all alike, and reports medians with the interquartile range
 
 from __future__ import annotations
 
+import argparse
 import random
 
 import torch
@@ -17,7 +18,7 @@ from tev.util.stats import spread
 from tev.util.stored import write_result
 from tev.util.timing import machine_info, machine_summary, time_once
 
-__all__ = ["synthetic_case", "bench_verifiers", "format_verifier_table", "verifiers_command"]
+__all__ = ["synthetic_case", "bench_verifiers", "format_verifier_table", "add_arguments", "run"]
 
 
 def synthetic_case(budget: int, vocab: int, horizon: int = 8, seed: int = 0, device="cpu"):
@@ -97,7 +98,17 @@ def format_verifier_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def verifiers_command(args) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256])
+    parser.add_argument("--vocabs", type=int, nargs="+", default=[8192, 151936])
+    parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="also write the full result to this JSON file")
+
+
+def run(args: argparse.Namespace) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda was asked but no CUDA device is available")
     result = bench_verifiers(

@@ -21,7 +21,7 @@ comparisons interleave their methods in one run (shuffled order per repeat) and 
 medians with the IQR.
 """
 
-from tev.bench.report.assemble import build_report, report_command
+from tev.bench.report.assemble import add_arguments, build_report, run
 from tev.bench.report.common import FULL, QUICK, ReportSettings
 
-__all__ = ["ReportSettings", "QUICK", "FULL", "build_report", "report_command"]
+__all__ = ["ReportSettings", "QUICK", "FULL", "build_report", "add_arguments", "run"]

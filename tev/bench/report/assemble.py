@@ -3,6 +3,7 @@ the plots; and the ``python -m tev bench report`` command."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import time
@@ -24,12 +25,13 @@ from tev.data.prompts import load_prompt_set
 from tev.engine.default_target import DEFAULT_TARGET_NAME, converted_folder
 from tev.engine.evaluation import fit_prompt
 from tev.engine.models import load_bundle
+from tev.pipelines.arguments import add_model_arguments
 from tev.util.paths import REPO_ROOT
 from tev.util.precision import figure_precision, precision_summary
 from tev.util.stored import read_result, stamped
 from tev.util.timing import machine_info
 
-__all__ = ["measure_trees", "claims_table", "render_markdown", "build_report", "report_command"]
+__all__ = ["measure_trees", "claims_table", "render_markdown", "build_report", "add_arguments", "run"]
 
 TITLE = "TEV Explorer: the paper's claims on this model pair"
 SECTIONS = {  # claim id -> its markdown section
@@ -183,7 +185,20 @@ def _command_line(args) -> str:
     return shlex.join(parts)
 
 
-def report_command(args) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="a couple of minutes: few prompts, trees, draws and budgets")
+    parser.add_argument("--prompts", default="heldout", help="prompt set in assets/prompts (heldout, humaneval)")
+    parser.add_argument("--prompts-file", help="JSON prompts instead of a named set: a list of {id, text} (or a dict with 'prompts')")
+    parser.add_argument("--num-prompts", type=int, default=None, help=f"prompts used (default {FULL.num_prompts}, {QUICK.num_prompts} with --quick)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--exittrain-results", help="JSON from `python -m tev bench exittrain` (rows of base/none/prefix/exit tau) for claim 5")
+    parser.add_argument("--e2e-results", help="JSON from `python -m tev bench e2e --json OUT.json` for claim 7 (instead of the report's own shorter run)")
+    parser.add_argument("--workload-results", nargs="+", help="JSON files from `python -m tev exittrain --workload PACK.json --json OUT.json` (one per pack) for claim 5b")
+    parser.add_argument("--out", help="output folder (default: runs/report-<YYYYmmdd-HHMMSS>)")
+    add_model_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> None:
     settings = QUICK if args.quick else FULL
     if args.num_prompts is not None:
         if args.num_prompts < 1:

@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tev.bench.appserver import AppServer
-from tev.bench.browser import AUTO_LABEL, BUDGET_LABEL, live_summary, open_page, set_number
+from tev.drive.appserver import AppServer
+from tev.drive.browser import AUTO_LABEL, BUDGET_LABEL, live_summary, open_page, set_number
 from tev.engine.models import DEFAULT_PAIR
 from tev.pipelines.workload_data import load_workload, split_workload
 from tev.util.paths import assets_dir

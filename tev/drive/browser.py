@@ -1,6 +1,6 @@
 """The real page in a real browser, for the measurements that time what a visitor meets: Debian
 Chromium, headless, driven by Playwright (``requirements-dev.txt``; ``scripts/ensure-chromium.sh``
-installs the browser), against an app started by :class:`tev.bench.appserver.AppServer`."""
+installs the browser), against an app started by :class:`tev.drive.appserver.AppServer`."""
 
 from __future__ import annotations
 

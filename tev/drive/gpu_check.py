@@ -1,6 +1,6 @@
 """One prepared check for a lent CUDA machine: ``bash scripts/gpu-check.sh`` runs this module.
 
-``python3 -m tev.bench.gpu_check --out DIR`` (or ``python -m tev bench gpu-check``) runs the steps below in order, each in its own
+``python3 -m tev.drive.gpu_check --out DIR`` (or ``python -m tev bench gpu-check``) runs the steps below in order, each in its own
 process with its own timeout, inside one overall time budget; a failing step is recorded and
 the next one runs. After every step it rewrites ``DIR/gpu-check.json`` (every result) and
 ``DIR/gpu-check.md`` (the summary), so a run cut short still leaves what it measured; pytest
@@ -69,7 +69,7 @@ from tev.util.paths import REPO_ROOT as REPO
 from tev.util.stored import write_result
 from tev.util.timing import StageTimer, machine_info, time_once
 
-MODULE = "tev.bench.gpu_check"  # each in-process step runs as `python -m MODULE --run-step NAME`
+MODULE = "tev.drive.gpu_check"  # each in-process step runs as `python -m MODULE --run-step NAME`
 MIN_TRANSFORMERS = Version("5.24")  # requirements.txt; the engine passes forward(cache=...)
 # The suite's files that need none of gradio, plotly, hypothesis, a browser or the real SmolLM2
 # weights, most GPU-relevant first, and the tests in them that are slow CPU-only statistics.

@@ -24,10 +24,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from tev.bench.appserver import AppServer
-from tev.bench.browser import AUTO_LABEL, BUDGET_LABEL, live_summary, open_page, set_number
-from tev.bench.loadtest import new_client
 from tev.data.prompts import load_prompt_set, spread_evenly
+from tev.drive.appserver import AppServer
+from tev.drive.browser import AUTO_LABEL, BUDGET_LABEL, live_summary, open_page, set_number
+from tev.drive.loadtest import new_client
 from tev.engine.models import DEFAULT_PAIR
 from tev.util.paths import assets_dir
 from tev.util.stored import write_result

@@ -59,9 +59,9 @@ try:  # gradio's own client (installed with gradio); the GPU check's machine, wh
 except ImportError:
     Client = AppError = QueueError = None
 
-from tev.bench.appserver import AppServer
 from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS
 from tev.data.prompts import load_prompt_set
+from tev.drive.appserver import AppServer
 from tev.pipelines.workload_report import LAWS, PAGE_LAW
 from tev.util.paths import assets_dir
 from tev.util.stats import quantile

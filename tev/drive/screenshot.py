@@ -14,8 +14,8 @@ from pathlib import Path
 
 from PIL import Image  # gradio's dependency
 
-from tev.bench.appserver import AppServer
-from tev.bench.browser import open_page
+from tev.drive.appserver import AppServer
+from tev.drive.browser import open_page
 from tev.engine.models import DEFAULT_PAIR
 from tev.util.paths import REPO_ROOT, assets_dir
 
