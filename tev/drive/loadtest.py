@@ -49,7 +49,7 @@ import re
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 try:  # gradio's own client (installed with gradio); the GPU check's machine, which has no gradio, never runs this
@@ -77,8 +77,8 @@ PROMPTS = [
     "def read_lines(name):\n    with open(name) as f:\n        ",
     "x = [",
 ]
-# the drafters of the registry the served pair offers ($TEV_PAIR, as the server started here reads it)
-DRAFTERS = ("block", "chain")  # the base drafter and its top-1 chain: every bundle the app serves offers both
+# /generate's outputs (ui.live.LiveView): text, tree, mass, timeline, stats, summary, rounds, budget
+TEXT_OUTPUT, TREE_OUTPUT, SUMMARY_OUTPUT = 0, 1, 5
 TEMPERATURES = (0.0, 0.3, 0.7, 1.0, 1.5)
 PAGE_DRAFTER, PAGE_NEW_TOKENS = "path", 96  # --page-defaults: the default pair's opening drafter, and the answer length the load goals name
 STARTED = ("PROCESSING", "ITERATING", "PROGRESS", "FINISHED")
@@ -119,11 +119,6 @@ def plain_text(view_html: str) -> str:
 def prompt_shown(view_html: str) -> str:
     match = re.search(r'<div class="tev-prompt"[^>]*>(.*?)</div>', view_html or "", flags=re.S)
     return html.unescape(match.group(1)) if match else ""
-
-
-def tokens_in(stats: str) -> int:
-    match = re.search(r"\*\*tokens\*\* (\d+)", stats or "")
-    return int(match.group(1)) if match else 0
 
 
 # ----------------------------------------------------------------------------- one request
@@ -167,7 +162,15 @@ class Result:
         return text_div(self.view_html), self.tree_digest
 
 
-def warm_up_settings(user: int) -> Settings:
+def offered_drafters(client) -> tuple[str, ...]:
+    """The drafter kinds the served app offers, as its ``/generate`` endpoint declares them: the kinds
+    of the drafter registry (``tev.engine.models.DRAFTERS``) that the served pair ships, in the
+    registry's order (``ModelService.drafter_kinds``)."""
+    inputs = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
+    return tuple(inputs[[f.name for f in fields(Settings)].index("drafter")]["type"]["enum"])
+
+
+def warm_up_settings(user: int, drafters: tuple[str, ...]) -> Settings:
     """User ``user``'s warm-up request. The first ``len(VERIFIERS)`` take each code path once at
     its largest size (greedy with the autoregressive comparison, which also makes the head
     screen's 56 MB bfloat16 copy; then each sampling verifier), so a path's one-time allocations are in the
@@ -177,16 +180,16 @@ def warm_up_settings(user: int) -> Settings:
     if user >= len(VERIFIERS):
         return Settings(prompt=prompt, budget=16, max_new_tokens=32, seed=user)
     verifier = ("greedy", *SAMPLING_VERIFIERS)[user]
-    return Settings(prompt=prompt, drafter=DRAFTERS[user % len(DRAFTERS)], verifier=verifier, budget=64,
+    return Settings(prompt=prompt, drafter=drafters[user % len(drafters)], verifier=verifier, budget=64,
                     temperature=0.0 if verifier == "greedy" else 1.0, max_new_tokens=96, seed=user, compare_ar=verifier == "greedy")
 
 
-def random_settings(rng: random.Random, user: int) -> Settings:
+def random_settings(rng: random.Random, user: int, drafters: tuple[str, ...]) -> Settings:
     verifier = rng.choice(VERIFIERS)
     temperature = 0.0 if verifier == "greedy" else rng.choice(TEMPERATURES)
     return Settings(
         prompt=f"# user {user}\n" + rng.choice(PROMPTS),  # each user's prompts are its own
-        drafter=rng.choice(DRAFTERS),
+        drafter=rng.choice(drafters),
         verifier=verifier,
         budget=rng.choice((4, 8, 16, 24, 32, 48, 64)),
         temperature=temperature,
@@ -239,8 +242,8 @@ def run_one(client, settings: Settings, user: int, timeout: float = 180.0, poll:
             time.sleep(poll)
         outputs = job.result(timeout=timeout)
         result.latency = time.perf_counter() - t0
-        result.view_html, result.tokens = outputs[0] or "", tokens_in(outputs[4])
-        result.tree_digest = hashlib.sha256(json.dumps(outputs[1], sort_keys=True, default=str).encode()).hexdigest()[:16]
+        result.view_html, result.tokens = outputs[TEXT_OUTPUT] or "", (outputs[SUMMARY_OUTPUT] or {}).get("tokens", 0)  # no summary: no rounds
+        result.tree_digest = hashlib.sha256(json.dumps(outputs[TREE_OUTPUT], sort_keys=True, default=str).encode()).hexdigest()[:16]
     except BaseException as error:  # noqa: BLE001 - every failure is classified and reported
         result.latency = time.perf_counter() - t0
         result.outcome, result.message = classify(error)
@@ -296,28 +299,27 @@ def workload_outcome(job, started: float, timeout: float) -> dict:
         return {"outcome": "error", "seconds": round(time.perf_counter() - started, 1), "status": f"{type(error).__name__}: {str(error)[:200]}"}
 
 
-def run_level(url: str, pid: int | None, users: int, seconds: float, seed: int = 0, timeout: float = 180.0, poll: float = 0.02,
+def run_level(url: str, pid: int | None, users: int, seconds: float, drafters: tuple[str, ...], seed: int = 0, timeout: float = 180.0, poll: float = 0.02,
               workload: str | None = None, page_defaults: str | None = None) -> tuple[dict, list[Result]]:
-    """N users, each looping /generate for ``seconds`` after one warm-up request each; with
-    ``workload`` (a shipped pack), a workload ExitTrain run starts with the loop and the level
-    waits for it to end. With ``page_defaults`` (a drafter) every request is a visitor at the page's
-    opening settings with that drafter (:func:`page_settings`), else random settings. The server's peak memory is sampled throughout."""
-    settings_of = (lambda rng, user: page_settings(rng, user, page_defaults)) if page_defaults else random_settings
+    """N users, each looping /generate for ``seconds`` after one warm-up request each, with random
+    settings over ``drafters``; with ``workload`` (a shipped pack), a workload ExitTrain run starts
+    with the loop and the level waits for it to end. With ``page_defaults`` (a drafter) every
+    request is a visitor at the page's opening settings with that drafter (:func:`page_settings`).
+    The server's peak memory is sampled throughout."""
+    settings_of = (lambda rng, user: page_settings(rng, user, page_defaults)) if page_defaults else (lambda rng, user: random_settings(rng, user, drafters))
     clients = [new_client(url) for _ in range(users)]
-    rss_start = rss_kib(pid)
+    memory = {"start": rss_kib(pid)}
     peak = PeakMemory(pid)
     results: list[Result] = []
     lock = threading.Lock()
 
     def warm(user: int):
-        outcome = run_one(clients[user], warm_up_settings(user), user, timeout, poll, phase="warm-up")
+        outcome = run_one(clients[user], warm_up_settings(user, drafters), user, timeout, poll, phase="warm-up")
         with lock:
             results.append(outcome)
 
-    threads = [threading.Thread(target=warm, args=(u,)) for u in range(users)]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
-    rss_warm = rss_kib(pid)
+    _each_user(warm, users)
+    memory["warm"] = rss_kib(pid)
     training = start_workload(url, workload, 5) if workload else None
     deadline = time.perf_counter() + seconds
     started = time.perf_counter()
@@ -329,18 +331,32 @@ def run_level(url: str, pid: int | None, users: int, seconds: float, seed: int =
             with lock:
                 results.append(outcome)
 
-    threads = [threading.Thread(target=loop, args=(u,)) for u in range(users)]
-    [t.start() for t in threads]
-    [t.join(timeout=seconds + timeout + 30) for t in threads]
-    hung = sum(t.is_alive() for t in threads)
+    hung = _each_user(loop, users, join_timeout=seconds + timeout + 30)
     elapsed = time.perf_counter() - started
     trained = workload_outcome(*training, timeout=900) if training else None
-    rss_end = rss_kib(pid)
-    rss_peak = peak.stop()
+    memory["end"], memory["peak"] = rss_kib(pid), peak.stop()
     for client in clients:
         close = getattr(client, "close", None)
         if close:
             close()
+    summary = level_summary(users, elapsed, hung, results, memory)
+    if trained is not None:
+        summary["workload_run"] = {"pack": workload, **trained}
+    return summary, results
+
+
+def _each_user(work, users: int, join_timeout: float | None = None) -> int:
+    """``work(user)`` for every user at once, each in its own thread; how many were still running
+    after ``join_timeout`` seconds (hung)."""
+    threads = [threading.Thread(target=work, args=(u,)) for u in range(users)]
+    [t.start() for t in threads]
+    [t.join(timeout=join_timeout) for t in threads]
+    return sum(t.is_alive() for t in threads)
+
+
+def level_summary(users: int, elapsed: float, hung: int, results: list[Result], memory: dict) -> dict:
+    """One level in numbers: requests, errors by kind and message, latency quantiles, tokens, and the
+    server's memory (``memory``: VmRSS in KiB at ``start``, after warm-up ``warm``, at the ``end``, and the ``peak``)."""
     load = [r for r in results if r.phase == "load"]
     ok = [r for r in load if r.outcome == "ok"]
     errors: dict[str, dict[str, int]] = {}
@@ -348,8 +364,13 @@ def run_level(url: str, pid: int | None, users: int, seconds: float, seed: int =
         if r.outcome != "ok":
             errors.setdefault(r.outcome, {}).setdefault(r.message[:200], 0)
             errors[r.outcome][r.message[:200]] += 1
+    rss_warm, rss_end = memory["warm"], memory["end"]
     growth = (rss_end - rss_warm) / rss_warm if rss_end and rss_warm else None
-    summary = {
+
+    def mib(kib):
+        return round(kib / 1024, 1) if kib else None
+
+    return {
         "users": users,
         "seconds": round(elapsed, 1),
         "requests": len(load),
@@ -368,15 +389,12 @@ def run_level(url: str, pid: int | None, users: int, seconds: float, seed: int =
         "queue_wait_p95_s": round(percentile([r.queue_wait for r in ok], 0.95), 3),
         "first_output_p50_s": round(percentile([r.first_output for r in ok], 0.5), 3),
         "first_output_p95_s": round(percentile([r.first_output for r in ok], 0.95), 3),
-        "rss_start_mib": round(rss_start / 1024, 1) if rss_start else None,
-        "rss_after_warmup_mib": round(rss_warm / 1024, 1) if rss_warm else None,
-        "rss_end_mib": round(rss_end / 1024, 1) if rss_end else None,
+        "rss_start_mib": mib(memory["start"]),
+        "rss_after_warmup_mib": mib(rss_warm),
+        "rss_end_mib": mib(rss_end),
         "rss_growth_after_warmup": round(growth, 4) if growth is not None else None,
-        "rss_peak_mib": round(rss_peak / 1024, 1) if rss_peak else None,
+        "rss_peak_mib": mib(memory["peak"]),
     }
-    if trained is not None:
-        summary["workload_run"] = {"pack": workload, **trained}
-    return summary, results
 
 
 # ----------------------------------------------------------------------------- checks
@@ -488,7 +506,7 @@ def markdown(report: dict) -> str:
         "# Load test",
         "",
         f"Server: {report['url']} (pid {report.get('pid')}), assets {report.get('assets') or ('as the attached server has them' if report.get('attached') else 'the app default')}; "
-        f"{report['seconds_per_level']} s per level; machine: {os.cpu_count()} CPUs. Command: `{report['command']}`",
+        f"{report['seconds_per_level']} s per level; drafters {', '.join(report['drafters'])}; machine: {os.cpu_count()} CPUs. Command: `{report['command']}`",
         "",
         "| users N | requests served | errors | p50 latency | p95 latency | longest | queue wait p50 / p95 | first output p50 / p95 | tokens/s | RSS start | RSS after warm-up | RSS end | growth after warm-up | RSS peak |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -566,8 +584,10 @@ def run(args: argparse.Namespace) -> int:
     report: dict = {"url": url, "pid": pid, "assets": args.assets if server else None, "attached": server is None, "seconds_per_level": args.seconds, "command": " ".join(["python -m tev bench loadtest", *sys.argv[3:]]), "levels": []}
     all_results: list[Result] = []
     try:
+        report["drafters"] = drafters = offered_drafters(new_client(url))
         for users in args.users:
-            summary, results = run_level(url, pid, users, args.seconds, seed=args.seed + users, timeout=args.timeout, poll=args.poll, workload=args.workload, page_defaults=args.page_defaults)
+            summary, results = run_level(url, pid, users, args.seconds, drafters, seed=args.seed + users, timeout=args.timeout, poll=args.poll, workload=args.workload,
+                                         page_defaults=args.page_defaults)
             report["levels"].append(summary)
             all_results += results
             print(json.dumps(summary), flush=True)

@@ -27,12 +27,10 @@ from pathlib import Path
 from tev.data.prompts import load_prompt_set, spread_evenly
 from tev.drive.appserver import AppServer
 from tev.drive.browser import AUTO_LABEL, BUDGET_LABEL, live_summary, open_page, set_number
-from tev.drive.loadtest import new_client
+from tev.drive.loadtest import SUMMARY_OUTPUT, new_client
 from tev.engine.models import DEFAULT_PAIR
 from tev.util.paths import assets_dir
 from tev.util.stored import write_result
-
-SUMMARY_OUTPUT = 5  # /generate's outputs: text, tree, mass, timeline, stats, summary, rounds, budget (ui.live.LiveView)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
