@@ -593,25 +593,27 @@ HEAP_GROWTH_MB = 12  # over the last five runs
 _SAMPLE_PROGRESS = """() => {
     window.__samples = [];
     const t0 = performance.now();
+    const visible = e => e.offsetParent !== null;
     window.__sampler = setInterval(() => {
-        const bar = [...document.querySelectorAll('.progress-level, .progress-bar')].some(e => e.offsetParent !== null);
-        window.__samples.push([Math.round(performance.now() - t0), bar, document.querySelector('#workload-status').innerText]);
+        // every progress bar on the page (Gradio's, over each output, and any other), and every running clock
+        const bars = [...document.querySelectorAll('.progress-bar, .eta-bar, progress')].filter(visible).length;
+        const labels = [...document.querySelectorAll('.progress-level, .progress-text, .meta-text, .meta-text-center')].filter(visible).map(e => e.innerText);
+        window.__samples.push([Math.round(performance.now() - t0), bars, document.querySelector('#workload-status').innerText, labels]);
     }, 100);
 }"""
+KEPT = "kept for this browser session as"
+NO_VERDICT = "not enough held-out prompts decoded to tell"
 
 
-def test_a_workload_run_shows_one_progress_bar_from_start_to_verdict(chat_server, browser):
-    """The workload run's progress bar stays from the press to the verdict (it vanished for seconds between
-    phases, so the run looked finished), its status line is said again as time passes (one stayed 133 s), and
-    the drafters have the result table's names everywhere (it said "exittrain" and "exit")."""
-    import re
+def _workload_on_page(browser, prompts: list[str]) -> tuple[list, str, str]:
+    """A workload run of ``prompts`` pasted into the page of a fresh app (the chat_server fixture's
+    objects): the samples of :data:`_SAMPLE_PROGRESS` from the press to the status saying the run
+    ended (a drafter kept, or nothing compared), the result table and the last status."""
     import types
 
     from app import build_app
     from tev.drive.appserver import free_port
-    from tests.tiny import CHAT_WORDS
 
-    prompts = [" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 4)) for k in range(16)]
     demo, port = build_app(), free_port()
     demo.queue(max_size=32, default_concurrency_limit=2).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
@@ -621,34 +623,74 @@ def test_a_workload_run_shows_one_progress_bar_from_start_to_verdict(chat_server
         page.get_by_label("your prompts, one per line", exact=False).fill("\n".join(prompts))
         page.evaluate(_SAMPLE_PROGRESS)
         page.click("#workload-start")
-        page.wait_for_function("document.querySelector('#workload-status').innerText.includes('kept for this browser session as')", timeout=240_000)
+        page.wait_for_function(f"['{KEPT}', 'nothing compared'].some(end => document.querySelector('#workload-status').innerText.includes(end))",
+                               timeout=240_000)
+        page.wait_for_timeout(300)  # the last view's draw
         samples = page.evaluate("clearInterval(window.__sampler), window.__samples")
-        # the verdict may have come after the last 100 ms sample: read the page once more, as the sampler does
-        now = page.evaluate("[[...document.querySelectorAll('.progress-level, .progress-bar')].some(e => e.offsetParent !== null), "
-                            "document.querySelector('#workload-status').innerText]")
-        samples.append([samples[-1][0] + 1 if samples else 0, *now])
-        table = page.inner_text("#workload-table")
+        table, status = page.inner_text("#workload-table"), page.inner_text("#workload-status")
         page.close()
     finally:
         demo.close()
-    first = next(i for i, (_, bar, _) in enumerate(samples) if bar)
-    verdict = next(i for i, (_, _, status) in enumerate(samples) if "kept for this browser session" in status)
-    gaps, since = [], None  # stretches without the bar between the press and the verdict, in ms
-    for t, bar, _ in samples[first:verdict]:
-        if bar:
-            if since is not None:
-                gaps.append(t - since)
-            since = None
-        elif since is None:
-            since = t
-    # the page takes the bar down at each status line and it is back within a frame or two; it used to stay down
-    # for seconds, and from the table to the verdict (the trees drawn) it was gone
-    if since is not None:  # down in the last frames before the verdict: the gap ends with the verdict
-        gaps.append(samples[verdict][0] - since)
-    assert max(gaps, default=0) < 1000, (gaps, samples)
-    drawing = [bar for _, bar, status in samples[first:verdict] if "drawing both drafters' trees" in status]
-    assert len(drawing) < 3 or any(drawing), samples  # back while the trees are drawn (a short drawing is covered by the gap rule)
+    return samples, table, status
+
+
+def _chat_prompts(count: int) -> list[str]:
+    from tests.tiny import CHAT_WORDS
+
+    return [" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 4)) for k in range(count)]
+
+
+def _clocks(status: str, labels: list[str]) -> list[float]:
+    """The seconds every clock in view reads: Gradio's timers over the outputs ("1.2s", "0.4/5.0s") and the
+    status line's own ("1:05 of about 5:00"), each a clock."""
+    clocks = [float(m.group(1)) for text in labels for m in [re.search(r"(\d+(?:\.\d+)?)(?:/\d+(?:\.\d+)?)?\s?s\b", text)] if m]
+    own = re.match(r"\s*(\d+):(\d\d) of about", status)
+    return clocks + ([60 * int(own.group(1)) + int(own.group(2))] if own else [])
+
+
+def test_a_workload_run_shows_one_bar_one_sentence_one_clock(chat_server, browser):
+    """The workload run's progress is one bar (it was drawn over the status, the table, the mass figure and both
+    trees), one sentence in the page's words (the bar's label said the run's internal phase name "work") and one
+    clock that only goes forward (each output's timer went back to 0.0 s at every status line); the bar stays
+    from the press to the verdict (it vanished for seconds between phases, so the run looked finished), the
+    sentence is said again as time passes (one stayed 133 s), and the drafters have the result table's names
+    everywhere (it said "exittrain" and "exit")."""
+    samples, table, _ = _workload_on_page(browser, _chat_prompts(16))
+    first = next(i for i, (_, bars, _, _) in enumerate(samples) if bars)
+    verdict = next(i for i, (_, _, status, _) in enumerate(samples) if KEPT in status)
+    running = samples[first:verdict]
     assert samples[first][0] < 5000  # from the press on
-    said = " ".join({status for _, _, status in samples})
+    assert max(bars for _, bars, _, _ in running) == 1, [s for s in running if s[1] > 1][:3]
+    assert all(bars == 1 for _, bars, _, _ in running), [s for s in running if s[1] != 1][:3]  # never down until the verdict
+    said = " ".join({status for _, _, status, _ in running} | {label for *_, labels in running for label in labels})
+    assert not re.search(r"\bwork\b", said), said
+    clocks = [_clocks(status, labels) for _, _, status, labels in running]
+    assert max(len(c) for c in clocks) == 1, [c for c in clocks if len(c) > 1][:3]
+    read = [c[0] for c in clocks if c]
+    assert read and all(later >= earlier for earlier, later in zip(read, read[1:])), read
+    assert len({status for _, _, status, _ in running}) >= 3  # said again as the run goes
     assert "adapted (token loss only)" in table and "control: token loss + exit term" in table
     assert "adapted (token loss only)" in said and not re.search(r"\b(exittrain|exit|token_only)\b(?! term)", said), said
+
+
+def test_a_workload_run_cut_short_in_its_heldout_decoding_gives_no_verdict(chat_server, browser, monkeypatch):
+    """A run whose held-out decoding ends after two prompts (as when its minutes run out: once a run on 24 pasted
+    prompts decoded 2 of 6 and called "+20.6% +- 1.6% (a gain)") calls no gain or loss: it says there were not
+    enough held-out prompts to tell, and how many a verdict needs."""
+    from tev.pipelines import workload as workload_command
+
+    monkeypatch.setattr(workload_command, "EVAL_PROMPTS", 6)  # all six held-out prompts of 24 may be decoded
+    decode_each, prompts_begun = workload_command._decode_each, []
+
+    def cut_after_two(run, served, names, ids):
+        prompts_begun.append(ids)
+        if len(prompts_begun) > 2:
+            return False  # the minutes ended inside this prompt
+        return (yield from decode_each(run, served, names, ids))
+
+    monkeypatch.setattr(workload_command, "_decode_each", cut_after_two)
+    _, table, status = _workload_on_page(browser, _chat_prompts(24))
+    assert len(prompts_begun) == 3
+    said = table + "\n" + status
+    assert NO_VERDICT in said.lower(), said
+    assert not re.search(r"\(a gain\)|\(a loss\)|no measurable change", said), said

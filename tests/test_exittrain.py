@@ -20,6 +20,8 @@ from tev.engine.models import DEFAULT_PAIR, load_bundle, shipped_drafter
 from tev.pipelines.card import refresh_card
 from tev.train.data import TrainData
 from tev.train.experiment import Experiment
+from tev.util.compute_thread import result_of
+from tev.util.progress import Phase
 from tev.pipelines.exittrain import EXITTRAIN_SETTINGS
 from tev.train.loop import optimizer_for, schedule_for, train
 from tev.train.losses import exit_loss_terms, node_weights
@@ -102,7 +104,10 @@ def test_training_raises_expected_block_length_and_leaves_the_target_untouched()
     target_before = {name: tensor.clone() for name, tensor in target.state_dict().items()}
     drafter_before = {name: tensor.clone() for name, tensor in drafter.state_dict().items()}
     experiment = Experiment.exittrain(target, drafter, data, data.select(range(8)), settings)
-    change = experiment.run()
+    events = []
+    change = result_of(experiment.phases(), events.append)
+    assert [event.phase for event in events if event.starts] == [Phase.BEFORE, Phase.TRAIN, Phase.AFTER]
+    assert [event.info["step"] for event in events if event.phase is Phase.TRAIN and event.info] == list(range(1, 41))
     assert len(experiment.history) == 40 and all(math.isfinite(r["loss"]) and r["loss_tree"] > 0 for r in experiment.history)
     assert change["after"] > change["before"] + 0.01, change
     assert all(torch.equal(tensor, target_before[name]) for name, tensor in target.state_dict().items())  # bit for bit

@@ -193,17 +193,31 @@ def _chat_pair_and_workload(tmp_path):
 
 def test_answers_written_in_pieces_are_the_answers_written_at_once(tmp_path):
     """A server steps a user's round between two forwards of a batch of answers (a batch is about a
-    hundred forwards): in pieces, the target writes the same answers, yielding after each forward."""
-    from tev.train.teacher import WRITING, answer_prompts
+    hundred forwards): the target writes, a piece at a time, the answers each batch gets written at once,
+    yielding after each forward and after each batch, and returns them."""
+    from tev.engine.batch_generate import generate_batch
+    from tev.engine.prompt_text import encode_chat
+    from tev.engine.session import max_positions
+    from tev.train.teacher import answer_prompts
+    from tev.util.progress import Phase
 
     bundle, _, prompts = _chat_pair_and_workload(tmp_path)
-    at_once = list(answer_prompts(bundle.target, bundle.tokenizer, prompts[:6], max_new_tokens=5, batch=4, progress=False, law=1.0, seed=2))
-    pieces = list(answer_prompts(bundle.target, bundle.tokenizer, prompts[:6], max_new_tokens=5, batch=4, progress=False, law=1.0, seed=2, pieces=True))
-    batches = [p for p in pieces if p is not WRITING]
-    assert len(batches) == len(at_once) == 2
-    assert all(torch.equal(a.token_ids, b.token_ids) for a, b in zip(at_once, batches))
-    forwards = [len(run) for run in "".join("w" if p is WRITING else "|" for p in pieces).split("|")[:-1]]
+    events = []
+    answers = result_of(answer_prompts(bundle.target, bundle.tokenizer, prompts[:6], max_new_tokens=5, batch=4, progress=False, law=1.0, seed=2), events.append)
+    tok = bundle.tokenizer
+    encoded = [encode_chat(tok, p, max_tokens=max_positions(bundle.target) - 6) for p in prompts[:6]]
+    batches = [[ids + answer for ids, answer in zip(encoded[first : first + 4], generate_batch(bundle.target, encoded[first : first + 4], 5, 1.0, tok.eos_token_id,
+                                                                                            2 * 100_003 + first, tok.pad_token_id)) if len(answer) >= 2]
+               for first in (0, 4)]
+    sequences = lambda data: [data.token_ids[i, : data.lengths[i]].tolist() for i in range(len(data))]  # noqa: E731
+    assert sequences(answers) == batches[0] + batches[1]
+    assert all(event.phase is Phase.ANSWERS for event in events)
+    assert [event.info for event in events if event.info] == [{"answered": 4, "prompts": 6}, {"answered": 6, "prompts": 6}]
+    forwards = [len(run) for run in "".join("|" if event.info else "w" for event in events).split("|")[:-1]]
     assert len(forwards) == 2 and all(1 <= n <= 5 for n in forwards)  # the prefill, then a forward per token but the last (5 new tokens)
+    stopped = result_of(answer_prompts(bundle.target, bundle.tokenizer, prompts[:6], max_new_tokens=5, batch=4, progress=False, law=1.0, seed=2,
+                                       enough=lambda answered: answered >= 4))
+    assert sequences(stopped) == batches[0]  # a deadline after the first batch: its answers alone
 
 
 def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch):
@@ -329,16 +343,21 @@ def test_the_command_refuses_to_write_into_assets(flag, capsys):
 
 # --------------------------------------------------------------------------- the tab's words
 def test_the_tab_states_a_verdict_in_words():
-    from ui.workload import result_table, verdict
+    from tev.pipelines.workload_report import MIN_VERDICT_PROMPTS, NO_VERDICT, gain_in_words
+    from ui.workload import result_table
 
+    measured = {"compared": True, "eval_prompts": MIN_VERDICT_PROMPTS}
+    verdict = lambda gain: gain_in_words(measured, gain)  # noqa: E731
     assert verdict({"gain": -0.004, "se": 0.006}).startswith("no measurable change (-0.4% +- 0.6%)")
     assert verdict({"gain": 0.18, "se": 0.04}) == "**+18.0% +- 4.0%** (a gain)"
     assert verdict({"gain": -0.10, "se": 0.02}).endswith("(a loss)")
     assert verdict({"gain": 0.30, "se": float("nan")}) == "+30.0% (no standard error: too few prompts measured to tell a change from noise)"
+    # from fewer held-out prompts than the stated minimum: the figures, and no gain or loss called
+    assert gain_in_words({**measured, "eval_prompts": 2}, {"gain": 0.206, "se": 0.016}) == "+20.6% +- 1.6% (too few prompts to tell)"
     cell = lambda tau: {"tau": tau, "se": 0.05, "mean_block_length": tau + 0.2, "prompts": 10}  # noqa: E731
     gain = lambda g: {"gain": g, "se": 0.03}  # noqa: E731
     laws = {"T0": "T = 0 (greedy)", "T0.7": "T = 0.7, top-p 0.9", "T1": "T = 1"}
-    result = {"heldout_prompts": 10, "budget": 16, "max_new_tokens": 64, "train_prompts": 30, "answer_tokens": 900, "vocab_added": 12,
+    result = {"heldout_prompts": 10, "eval_prompts": 10, "budget": 16, "max_new_tokens": 64, "train_prompts": 30, "answer_tokens": 900, "vocab_added": 12,
               "steps": 160, "minutes": 4.2, "minutes_budget": 5, "settings": {"tree_term": "exit", "lambda_tree": 0.1}, "compared": True, "laws": laws,
               "T0": {"base": cell(1.6), "adapted": cell(2.9), "token_only": cell(2.88)},
               "T0.7": {"base": cell(1.5), "adapted": cell(1.9), "token_only": cell(1.9)},
@@ -353,6 +372,10 @@ def test_the_tab_states_a_verdict_in_words():
     flat = {**result, "gain": {key: {"adapted": gain(0.02), "token_only": gain(0.0)} for key in laws}}
     table = result_table(flat)
     assert "comes from" not in table and "tree term adds" not in table and "No gain outside two standard errors" in table
+    # two of six held-out prompts decoded (the minutes ran out): the same figures, no verdict, and why
+    short = result_table({**result, "heldout_prompts": 6, "eval_prompts": 2})
+    assert NO_VERDICT in short.lower() and "(a gain)" not in short and "no measurable change" not in short and f"at least {MIN_VERDICT_PROMPTS}" in short
+    assert "+81.0% +- 3.0% (too few prompts to tell)" in short
     # the token loss alone as the recipe, the exit term its control: the same comparison, each drafter named for what it is
     settings = {"tree_term": "none", "lambda_tree": 0.1}
     swapped = {**result, "settings": settings,
@@ -390,11 +413,11 @@ def test_the_tab_refuses_too_few_prompts_and_cancel_shows_no_comparison(tmp_path
     monkeypatch.setattr(ui.workload, "shipped_drafter", lambda pair, kind: base)
     request = types.SimpleNamespace(session_hash="visitor")
     with pytest.raises(gr.Error, match="at least 16"):
-        next(ui.workload.run_workload(ui.workload.OWN, "one\ntwo", 5, ui.workload.DEFAULT_RECIPE, request, progress=lambda *a, **k: None))
+        next(ui.workload.run_workload(ui.workload.OWN, "one\ntwo", 5, ui.workload.DEFAULT_RECIPE, request))
     with pytest.raises(gr.Error, match="minutes must be"):
-        next(ui.workload.run_workload(ui.workload.OWN, "x", 60, ui.workload.DEFAULT_RECIPE, request, progress=lambda *a, **k: None))
+        next(ui.workload.run_workload(ui.workload.OWN, "x", 60, ui.workload.DEFAULT_RECIPE, request))
     prompts = "\n".join(" ".join(CHAT_WORDS[i % len(CHAT_WORDS)] for i in range(k, k + 4)) for k in range(16))
-    run = ui.workload.run_workload(ui.workload.OWN, prompts, 2, ui.workload.DEFAULT_RECIPE, request, progress=lambda *a, **k: None)
+    run = ui.workload.run_workload(ui.workload.OWN, prompts, 2, ui.workload.DEFAULT_RECIPE, request)
     first = next(run)
     assert "answers" in first[0]
     assert shared.EXITTRAIN_SLOT.cancel("visitor")

@@ -11,8 +11,8 @@ from tev.engine.models import load_bundle
 from tev.pipelines import workload as workload_command
 from tev.pipelines.workload import MIN_STEPS, Pace, plan_phases, workload_settings
 from tev.pipelines.workload_report import summary_lines
-from tev.train.teacher import WRITING
 from tev.util.compute_thread import result_of
+from tev.util.progress import Phase, Progress
 from tests.tiny import CHAT_WORDS, save_chat_target, tiny_vocab_drafter
 
 MINUTES = 5
@@ -54,11 +54,16 @@ def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: 
         seconds = later_answer if later_answer is not None and calls else pace.answer
         calls.append(len(asked))
         batches = 0
-        for so_far in answer(target, tokenizer, asked, *args, batch=batch, **kwargs):
-            if so_far is not WRITING:  # a batch written (between its forwards the clock stands)
+        events = answer(target, tokenizer, asked, *args, batch=batch, **kwargs)
+        while True:
+            try:
+                event = next(events)
+            except StopIteration as done:
+                return done.value
+            if event.info:  # a batch written (between its forwards the clock stands)
                 clock.now += seconds * len(asked[batches * batch : (batches + 1) * batch])
                 batches += 1
-            yield so_far
+            yield event
 
     def scoring(target, drafter, answers, *args, **kwargs):
         built = yield from score(target, drafter, answers, *args, **kwargs)
@@ -99,13 +104,14 @@ def _run(tiny, monkeypatch, pace: Pace, with_mass: bool = False, probe_heldout: 
 
 
 def _kept(events, phases: list):
-    """``events`` passed on, each named phase (a ``(name, info)`` pair) also kept in ``phases``."""
+    """``events`` passed on, each that starts a phase also kept in ``phases``."""
     while True:
         try:
             event = next(events)
         except StopIteration as done:
             return done.value
-        if isinstance(event, tuple) and len(event) == 2 and isinstance(event[0], str):
+        assert isinstance(event, Progress)
+        if event.starts:
             phases.append(event)
         yield event
 
@@ -157,13 +163,14 @@ def test_held_out_prompts_past_the_plan_fill_the_minutes_a_slow_probe_left(tiny,
 
 def test_the_progress_of_held_out_decoding_counts_the_prompts_it_may_decode(tiny, monkeypatch):
     """It said "up to 1 held-out prompts" and then decoded 2: the plan's count is not a ceiling."""
-    from ui.workload import PHASES
+    from tev.pipelines.workload_report import progress_sentence
 
     phases = []
     result = _run(tiny, monkeypatch, dataclasses.replace(QUIET, step=0.8), probe_heldout=40.0, phases=phases)
-    info = next(info for name, info in phases if name == "evaluate")
+    event = next(event for event in phases if event.phase is Phase.EVALUATE)
+    info = event.info
     assert info["prompts"] == result["plan"]["heldout"] < result["eval_prompts"] <= info["most"]
-    said = PHASES["evaluate"](info, dataclasses.asdict(workload_command.workload_settings()))
+    said = progress_sentence(event, dataclasses.asdict(workload_command.workload_settings()))
     assert f"{info['prompts']} planned, up to {info['most']} while the minutes allow" in said and "up to 1 held-out" not in said
     # the drafters by the result table's names (the page said "exit" and "exittrain" where the table said others)
     assert "with base (the shipped drafter), adapted (token loss only), " in said and not re.search(r"\b(exittrain|exit|token_only)\b(?! term)", said)
@@ -201,34 +208,38 @@ def test_the_plan_keeps_the_minimum_training_first(pace, expected):
     assert (plan.answers, plan.steps, plan.heldout, plan.controls) == expected
 
 
-def test_the_workload_status_is_said_again_as_time_passes_and_the_bar_comes_back_after_each(monkeypatch):
-    """A held-out decoding once showed one status line for 133 s: a phase's line is said again every few
-    seconds with its time, and the progress bar (which the page takes down at each line) is reported right after."""
+def test_the_workload_status_is_one_bar_one_clock_and_one_sentence_said_again_as_time_passes(monkeypatch):
+    """A held-out decoding once showed one status line for 133 s, under a bar labelled "work" whose timer went back
+    to 0 at every line: the status holds the run's one bar, a clock that only goes forward, and the phase's
+    sentence, said again about every second with the clock."""
     import itertools
+    import re
 
     import ui.workload
-    from ui.workload import STATUS_SECONDS, Cancel, _phases
+    from tev.util.compute_thread import Steps
+    from tev.util.progress import relay
+    from ui.workload import STATUS_SECONDS, RunProgress
 
-    clock = itertools.count(0.0, 1.0)  # a second a piece of work
+    clock = itertools.count(0.0, 0.5)  # half a second a piece of work
     monkeypatch.setattr(ui.workload.time, "monotonic", lambda: next(clock))
-    events = [("evaluate", {"prompts": 2, "most": 2, "drafters": ["base", "adapted"]})] + [("work", None)] * 20
+    events = [Progress.start(Phase.EVALUATE, prompts=2, most=2, drafters=["base", "adapted"], least=5)] + [Progress(Phase.EVALUATE)] * 40
 
     def pieces():
         yield from events
         return "done"
 
-    reported = []
+    shown = RunProgress(0.0, 300.0, dataclasses.asdict(workload_settings()))
     views = []
-    from tev.util.compute_thread import Steps
-
-    run = _phases(Steps(pieces()), Cancel(), 0.0, 300.0, lambda fraction, desc: reported.append(desc), dataclasses.asdict(workload_settings()))
+    run = relay(Steps(pieces()), shown.view)
     while True:
         try:
-            views.append((next(run).status, len(reported)))
+            views.append(next(run).status)
         except StopIteration as end:
             assert end.value == "done"
             break
-    assert 20 / STATUS_SECONDS - 1 <= len(views) <= 20 / STATUS_SECONDS + 1  # said again about every STATUS_SECONDS
-    assert all("decoding held-out prompts with base (the shipped drafter), adapted (token loss only)" in status for status, _ in views)
-    assert len({status.split(" · ")[0] for status, _ in views}) == len(views)  # each time with its own elapsed seconds
-    assert len(reported) == len(events) + len(views)  # a progress report for every event, and again after every line
+    assert 40 * 0.5 / STATUS_SECONDS / 2 <= len(views) <= 40 * 0.5 / STATUS_SECONDS + 1  # said again about every STATUS_SECONDS
+    assert all(status.count("<progress") == 1 for status in views)
+    assert all("decoding held-out prompts with base (the shipped drafter), adapted (token loss only)" in status for status in views)
+    seconds = [60 * int(m) + int(s) for m, s in (re.search(r"(\d+):(\d\d) of about 5:00", status).groups() for status in views)]
+    assert seconds == sorted(seconds) and len(set(seconds)) == len(seconds)  # forward, each time its own
+    assert not any(re.search(r"\bwork\b", status) for status in views)

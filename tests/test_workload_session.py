@@ -15,7 +15,6 @@ from tev.core.sampling import SamplingLaw
 from tev.service.adapted import MIN_ASKED, AdaptedDrafters, measured_law
 from tests.tiny import CHAT_WORDS
 
-NO_PROGRESS = lambda *a, **k: None  # noqa: E731
 
 
 def visitor(name: str):
@@ -37,7 +36,7 @@ def test_an_adapted_drafter_serves_only_its_session_in_live_and_the_walkthrough(
     from ui.walkthrough import run_walkthrough, step_walkthrough
 
     prompts = "\n".join(_prompt(k) for k in range(16))
-    outputs = list(ui.workload.run_workload(ui.workload.OWN, prompts, 2, ui.workload.DEFAULT_RECIPE, visitor("alice"), progress=NO_PROGRESS))
+    outputs = list(ui.workload.run_workload(ui.workload.OWN, prompts, 2, ui.workload.DEFAULT_RECIPE, visitor("alice")))
     assert "kept for this browser session as **adapted: my prompts**" in outputs[-1][0]
     choices, download = ui.workload.offer_adapted(ui.workload.OWN, visitor("alice"))
     kinds = ui.shared.SERVICE.drafter_kinds()
@@ -99,9 +98,13 @@ def test_live_serves_an_adapted_drafter_only_at_the_laws_where_it_measured_no_wo
     assert drafters == {"block"} and stats.startswith("**adapted: sql** measured")
     import ui.workload
     said = ui.workload._served_laws(gains)  # what the tab says when it keeps the drafter
-    assert said == ("; it measured a loss at T = 1 (-12%), so Live runs the shipped drafter at the laws nearest to that and serves the "
-                    "adapted one at T = 0 (greedy), T = 0.7, top-p 0.9")
+    assert said == ("; on its held-out prompts it got fewer tokens per forward than the shipped drafter at T = 1 (-12%), so Live runs the "
+                    "shipped drafter at the laws nearest to that and serves the adapted one at T = 0 (greedy), T = 0.7, top-p 0.9")
     assert ui.workload._served_laws({key: {"gain": 0.1, "se": 0.1} for key in gains}).startswith("; Live serves it at every law")
+    # measured on fewer held-out prompts than a verdict needs: Live still plays safe, and says the figure is no verdict
+    few = chat_server.shared.ADAPTED.keep("erin", "few", model, {key: {**gain, "prompts": 2} for key, gain in gains.items()})
+    _, note = chat_server.shared.ADAPTED.serving("erin", few, SamplingLaw(1.0), types.SimpleNamespace(name="block"))
+    assert "(from 2 held-out prompts: too few to tell a loss from the prompts drawn)" in note
     assert measured_law(SamplingLaw(0.0)) == "T0" and measured_law(SamplingLaw(0.8, top_p=0.9)) == "T0.7" and measured_law(SamplingLaw(2.0)) == "T1"
 
 
@@ -154,7 +157,7 @@ def test_adapt_to_what_i_have_asked_takes_the_sessions_live_prompts(chat_server,
 
     monkeypatch.setattr(ui.workload, "adaptation", adaptation)
     with pytest.raises(gr.Error, match="stop here"):
-        list(ui.workload.run_workload(ui.workload.ASKED, "", 2, ui.workload.DEFAULT_RECIPE, visitor("alice"), progress=NO_PROGRESS))
+        list(ui.workload.run_workload(ui.workload.ASKED, "", 2, ui.workload.DEFAULT_RECIPE, visitor("alice")))
     assert seen["prompts"] == asked  # the session's prompts as sent, each one user message
 
 

@@ -20,6 +20,7 @@ from tev.service.service import LIMITS, UserInputError, check_number
 from tev.train.data import DOMAINS
 from tev.train.losses import TREE_TERMS
 from tev.util.compute_thread import result_of
+from tev.util.progress import Phase, Progress, relay
 from tev.util.stats import change_in_words
 from tev.util.stored import read_result
 from ui import gpu, shared
@@ -109,53 +110,64 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
         started = time.monotonic()
         experiment = live_experiment(bundle, settings, data)
         cancel = shared.EXITTRAIN_SLOT.trainer = Cancel()
-        history = []
-        progress(0, desc="scoring the base drafter's held-out trees…")
-        yield only(ExitTrainView, curve=training_figure(history), status="scoring the base drafter's held-out trees (the 'before')…")
-        scoring = shared.SERVICE.compute.steps(experiment.measure_before(), background=True)
-        for _ in scoring:
-            if cancel.cancelled:
-                yield _cancelled(history, 0)
-                return
-        deadline = started + RUN_SECONDS - (time.monotonic() - started) - TREES_SECONDS  # the 'after' scoring costs what the 'before' did
-        history.append({"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_tree": float("nan"), "tau_bound": experiment.before.tau_bound,
-                        "heldout_tau_bound": experiment.before.tau_bound})
-        held = scoring.held_seconds + (yield from _trained(experiment, settings, history, deadline, cancel, bundle.has_domains, progress))
+        # training stops in time for the 'after' scoring, which costs what the 'before' did, and the trees
+        out_of_time = lambda: time.monotonic() >= started + RUN_SECONDS - experiment.seconds.get("before", 0.0) - TREES_SECONDS  # noqa: E731
+        run = shared.SERVICE.compute.steps(experiment.phases(stop_training=lambda: cancel.cancelled or out_of_time()), background=True)  # users' rounds go first
+        shown = _LiveProgress(experiment, settings, bundle.has_domains, progress, started, run)
+        try:
+            yield from relay(run, shown.view, stop=lambda: cancel.cancelled)
+        finally:
+            run.close()  # the compute thread closes the run before its next piece of work
+        steps = len(shown.history) - 1  # the 'before' is its first point
         if cancel.cancelled:
-            yield _cancelled(history, experiment.steps)
+            yield _cancelled(shown.history, max(0, steps))
             return
-        if experiment.steps == 0:
-            yield ExitTrainView(training_figure(history), "no training step fit in the time", None, "Nothing was measured: the server was too busy to train within the run's time; try again.", None, None, None)
+        if steps <= 0 or experiment.after is None:
+            yield ExitTrainView(training_figure(shown.history), "no training step fit in the time", None, "Nothing was measured: the server was too busy to train within the run's time; try again.", None, None, None)
             return
-        cut = f" (stopped at {experiment.steps} of {settings.steps} steps to keep within {RUN_SECONDS // 60} minutes)" if experiment.steps < settings.steps else ""
-        status = f"trained {experiment.steps} steps{cut}" + priority_note(held, time.monotonic() - started)
-        yield only(ExitTrainView, curve=training_figure(history), status=f"{status}; scoring the held-out trees again…")
-        for _ in shared.SERVICE.compute.steps(experiment.measure_after(), background=True):
-            if cancel.cancelled:
-                yield _cancelled(history, experiment.steps)
-                return
-        yield _measured(bundle, experiment, settings, history, tree_term, domain)._replace(status=f"{status}; {time.monotonic() - started:.0f} s in all")
+        yield _measured(bundle, experiment, settings, shown.history, tree_term, domain)._replace(status=f"{shown.trained()}; {time.monotonic() - started:.0f} s in all")
     finally:
         shared.EXITTRAIN_SLOT.release()
 
 
-def _trained(experiment, settings, history: list, deadline: float, cancel: Cancel, every_step: bool, progress):
-    """The fine-tune's steps until the last, the deadline or a cancel, each kept in ``history``;
-    yields the curve (every step, or every fifth when ``every_step`` is false); returns the seconds
-    interactive work went first (:attr:`Steps.held_seconds`)."""
-    steps = shared.SERVICE.compute.steps(experiment.train(), background=True)  # users' rounds go first; the run keeps its share
-    try:
-        for record in steps:
-            history.append(record)
-            left = max(0.0, deadline - time.monotonic())
-            progress(record["step"] / settings.steps, desc=f"step {record['step']}/{settings.steps} · loss {record['loss']:.3f} · {left:.0f} s of training left")
-            if every_step or record["step"] % 5 == 0 or record["step"] == settings.steps:
-                yield only(ExitTrainView, curve=training_figure(history), status=f"step {record['step']}/{settings.steps} · batch 1 + C {record['tau_bound']:.3f} · at most {left:.0f} s of training left")
-            if cancel.cancelled or time.monotonic() >= deadline:
-                break
-    finally:
-        steps.close()  # the compute thread closes the fine-tune before its next step
-    return steps.held_seconds
+class _LiveProgress:
+    """What the live fine-tune shows as its events come (:meth:`view`, for :func:`relay`): the
+    'before' scoring, the curve at every step (or every fifth when ``every_step`` is false) with the
+    time of training left, the 'after' scoring; ``history`` is the curve's points, the 'before' first."""
+
+    def __init__(self, experiment, settings, every_step: bool, progress, started: float, run):
+        self.experiment, self.settings, self.every_step, self.progress, self.started, self.run = experiment, settings, every_step, progress, started, run
+        self.history: list[dict] = []
+
+    def trained(self) -> str:
+        """The steps trained, why fewer than asked, and the share of the minutes interactive work had first."""
+        steps, asked = len(self.history) - 1, self.settings.steps
+        cut = f" (stopped at {steps} of {asked} steps to keep within {RUN_SECONDS // 60} minutes)" if steps < asked else ""
+        return f"trained {steps} steps{cut}" + priority_note(self.run.held_seconds, time.monotonic() - self.started)
+
+    def view(self, event: Progress):
+        before = "scoring the base drafter's held-out trees (the 'before')…"
+        if event.starts and event.phase is Phase.BEFORE:
+            self.progress(0, desc=before)
+            return only(ExitTrainView, curve=training_figure(self.history), status=before)
+        if event.starts and event.phase is Phase.TRAIN:
+            tau = self.experiment.before.tau_bound
+            self.history.append({"step": 0, "loss": float("nan"), "loss_tok": float("nan"), "loss_tree": float("nan"), "tau_bound": tau, "heldout_tau_bound": tau})
+        elif event.phase is Phase.TRAIN:
+            return self._step(event.info)
+        elif event.starts and event.phase is Phase.AFTER:
+            return only(ExitTrainView, curve=training_figure(self.history), status=f"{self.trained()}; scoring the held-out trees again…")
+        return None
+
+    def _step(self, record: dict):
+        """A training step's record kept on the curve, on the bar, and (every step or every fifth) in view."""
+        self.history.append(record)
+        step, steps = record["step"], self.settings.steps
+        left = max(0.0, self.started + RUN_SECONDS - self.experiment.seconds.get("before", 0.0) - TREES_SECONDS - time.monotonic())
+        self.progress(step / steps, desc=f"step {step}/{steps} · loss {record['loss']:.3f} · {left:.0f} s of training left")
+        if self.every_step or step % 5 == 0 or step == steps:
+            return only(ExitTrainView, curve=training_figure(self.history), status=f"step {step}/{steps} · batch 1 + C {record['tau_bound']:.3f} · at most {left:.0f} s of training left")
+        return None
 
 
 def _measured(bundle, experiment, settings, history: list, tree_term: str, domain: str | None) -> ExitTrainView:
@@ -233,7 +245,7 @@ def side_by_side(bundle, drafters: dict, prompt: dict, budget: int = 32) -> list
     for name, drafter in drafters.items():
         lab = shared.SERVICE.compute.call(tree_from_prompt, bundle.target, drafter, ids, budget, 1.0)
         figures.append(tree_figure(lab.tree, lab.flow, None, token_text=shared.EXITTRAIN_SERVICE.token_text,
-                                   title=f"{name}: 1 + C = {1 + lab.flow.coverage:.3f} on the same held-out prompt"))
+                                   title=name))  # the figure adds B, C(T) and 1 + C: a longer title was cut off in half the page's width
     return figures
 
 

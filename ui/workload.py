@@ -12,11 +12,12 @@ import gradio as gr
 
 from tev.engine.models import shipped_drafter, tree_drafter_of
 from tev.pipelines.workload import DEFAULT_ANSWER_LAW, DEFAULT_TREE_TERM, EVAL_BUDGET, EXIT_LAMBDA, EXIT_TERM, MIN_STEPS, adaptation, adapted_kind, answer_laws, workload_settings
-from tev.pipelines.workload_report import LAWS, PAGE_LAW, model_label, result_table
+from tev.pipelines.workload_report import LAWS, NO_VERDICT, has_verdict, progress_sentence, result_table
 from tev.pipelines.workload_data import check_workload, load_workload, split_workload
 from tev.service.adapted import ADAPTED_PREFIX, CAPACITY, MIN_ASKED, is_adapted, lost_laws
 from tev.service.service import LIMITS
 from tev.util.paths import assets_dir
+from tev.util.progress import Phase, Progress, relay
 from tev.util.stats import change_in_words
 from ui import gpu, shared
 from ui.components import as_text, checked_event
@@ -81,10 +82,11 @@ class WorkloadView(NamedTuple):
     tree_adapted: Any
 
 
-def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=gr.Progress()):
-    """Adapt the base drafter to a workload, streaming its phases (:class:`WorkloadView`); each piece of work runs under
-    the server's compute thread, and Cancel stops between pieces. ``recipe`` (a key of
-    :data:`RECIPES`) is what the kept drafter learns from; the other recipe trains beside it as the control."""
+def run_workload(pack, own_text, minutes, recipe, request: gr.Request):
+    """Adapt the base drafter to a workload, streaming its progress (:class:`WorkloadView`: one bar, one
+    sentence and one clock in the status, :class:`RunProgress`); each piece of work runs under the
+    server's compute thread, and Cancel stops between pieces. ``recipe`` (a key of :data:`RECIPES`)
+    is what the kept drafter learns from; the other recipe trains beside it as the control."""
     owner = shared.session_of(request)
     try:
         minutes = float(minutes)
@@ -103,13 +105,13 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
     cancel = Cancel()
     shared.EXITTRAIN_SLOT.trainer = cancel
     try:
-        start = time.monotonic()
-        budget = minutes * 60
         settings = workload_settings(term)
         run = adaptation(bundle, prompts, shipped_drafter(bundle.pair, kind), minutes, settings, progress=False)  # the control: the other recipe
         pieces = shared.SERVICE.compute.steps(run, background=True)  # a piece of work at a time; users' rounds go first
+        shown = RunProgress(time.monotonic(), minutes * 60, asdict(settings), lambda: pieces.held_seconds)
+        yield only(WorkloadView, status=shown.line("starting: the target writes the first answers…"))
         try:
-            outcome = yield from _phases(pieces, cancel, start, budget, progress, asdict(settings))
+            outcome = yield from relay(pieces, shown.view, stop=lambda: cancel.cancelled)
         except ValueError as error:
             raise _user_error(error) from None
         finally:
@@ -117,87 +119,79 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request, progress=
         if cancel.cancelled or outcome is None:
             yield WorkloadView("cancelled: nothing was measured (no comparison of an unfinished drafter is shown)", "", None, None, None)
             return
-        result = outcome["result"]
-        table = result_table(result)
-        done = f"finished in {result['minutes']:.1f} min (trained {result['steps']} steps{priority_note(pieces.held_seconds, time.monotonic() - start)})"
-        if not result["compared"]:
-            yield WorkloadView(f"{done}: nothing compared, no adapted drafter kept", table, None, None, None)
-            return
-        gains = {key: result["gain"][key]["adapted"] for key in LAWS}
-        label = shared.ADAPTED.keep(owner, _workload_name(pack), outcome["drafter"], gains)
-        kept = (f"the adapted drafter is kept for this browser session as **{label}**: choose it in the Live tab or the walkthrough, or download it "
-                f"below (loads with `--draft`); through the API (a script is a session of its own) name it `{shared.ADAPTED.api_name(owner, label)}` "
-                f"(keep the key to yourself: it serves this drafter to whoever sends it); the server keeps the {CAPACITY} most recently used adapted "
-                "drafters (15-30 MB each) and writes none to disk")
-        kept += _served_laws(gains)
-        mass = result.get("heldout_mass")
-        mass_figure = exit_mass_change_figure({"base": mass["base"], "adapted": mass["adapted"]}) if mass else None
-        yield only(WorkloadView, status=f"{done}; drawing both drafters' trees on a held-out prompt…", table=table, mass=mass_figure)
-        progress(0.99, desc="drawing both drafters' trees on a held-out prompt")  # the yield took the bar down: it stays until the trees
-        _, heldout = split_workload(prompts)
-        adapted = tree_drafter_of(outcome["drafter"].served(), name="adapted")
-        trees = side_by_side(bundle, {"base": bundle.drafter(kind), "adapted": adapted}, {"text": heldout[0], "chat": True}, EVAL_BUDGET)
-        yield only(WorkloadView, status=f"{done}; {kept}", table=table, tree_base=trees[0], tree_adapted=trees[1])
+        yield from _finished(bundle, kind, pack, prompts, outcome, owner, shown)
     finally:
         shared.EXITTRAIN_SLOT.release()
 
 
-def _phases(pieces, cancel: Cancel, start: float, budget: float, progress, settings: dict):
-    """A status view as each phase of the run ``pieces`` starts (a piece of work, and nine steps in
-    ten, show only on the progress bar), and the phase's status again every :data:`STATUS_SECONDS`
-    with its time; returns what the run returned (PEP 380), or None once Cancel is pressed.
-    ``settings``: the run's training settings (the drafters' names, as the result table gives them).
+def _finished(bundle, kind: str, pack: str, prompts: list[str], outcome: dict, owner: str, shown: "RunProgress"):
+    """The finished run's views: its table and verdict, the adapted drafter kept, both drafters' trees."""
+    result = outcome["result"]
+    table = result_table(result)
+    done = f"finished in {result['minutes']:.1f} min (trained {result['steps']} steps{priority_note(shown.held(), time.monotonic() - shown.start)})"
+    if not result["compared"]:
+        yield WorkloadView(f"{done}: nothing compared, no adapted drafter kept", table, None, None, None)
+        return
+    gains = {key: {**result["gain"][key]["adapted"], "prompts": result["eval_prompts"]} for key in LAWS}
+    label = shared.ADAPTED.keep(owner, _workload_name(pack), outcome["drafter"], gains)
+    kept = (f"the adapted drafter is kept for this browser session as **{label}**: choose it in the Live tab or the walkthrough, or download it "
+            f"below (loads with `--draft`); through the API (a script is a session of its own) name it `{shared.ADAPTED.api_name(owner, label)}` "
+            f"(keep the key to yourself: it serves this drafter to whoever sends it); the server keeps the {CAPACITY} most recently used adapted "
+            "drafters (15-30 MB each) and writes none to disk")
+    kept += _served_laws(gains)
+    if not has_verdict(result):
+        kept = f"{NO_VERDICT} whether it gains (see the table); {kept}"
+    mass = result.get("heldout_mass")
+    mass_figure = exit_mass_change_figure({"base": mass["base"], "adapted": mass["adapted"]}) if mass else None
+    yield only(WorkloadView, status=shown.line(f"{done}; drawing both drafters' trees on a held-out prompt…"), table=table, mass=mass_figure)
+    _, heldout = split_workload(prompts)
+    adapted = tree_drafter_of(outcome["drafter"].served(), name="adapted")
+    trees = side_by_side(bundle, {"base": bundle.drafter(kind), "adapted": adapted}, {"text": heldout[0], "chat": True}, EVAL_BUDGET)
+    yield only(WorkloadView, status=f"{done}; {kept}", table=table, tree_base=trees[0], tree_adapted=trees[1])
 
-    The page takes the progress bar down at every status view: it is reported again right after each."""
-    shown, said = None, start
-    while True:
-        try:
-            name, info = next(pieces)
-        except StopIteration as end:
-            return end.value
-        if cancel.cancelled:
-            return None
+
+# The status's sentence and clock are said again at least this often while a phase runs (a held-out decoding once
+# showed one line for 133 s), so the clock reads the time gone to within about this.
+STATUS_SECONDS = 1.0
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+class RunProgress:
+    """A workload run's progress as the page shows it: one bar (the share of its minutes gone), one
+    clock that only goes forward, and one sentence (:func:`progress_sentence`: what the phase
+    under way does), all in the status; Gradio's own progress is hidden, as it drew a bar and a
+    timer (reset at every update) over every output.
+
+    Args:
+        start: ``time.monotonic()`` at the press; ``budget``: the run's seconds.
+        settings: the run's training settings (the drafters' names, as the result table gives them).
+        held: the seconds interactive work has had priority so far (:attr:`Steps.held_seconds`)."""
+
+    def __init__(self, start: float, budget: float, settings: dict, held=lambda: 0.0):
+        self.start, self.budget, self.settings, self.held = start, budget, settings, held
+        self._sentence, self._said = None, None
+
+    def line(self, sentence: str, now: float | None = None) -> str:
+        """The status at ``now`` (default: the time now): the bar, then the clock and ``sentence`` (and the share
+        of the minutes interactive runs had first)."""
+        elapsed = (time.monotonic() if now is None else now) - self.start
+        bar = f'<progress value="{min(0.99, elapsed / self.budget):.3f}" max="1"></progress>'
+        return f"{bar}\n\n{_clock(elapsed)} of about {_clock(self.budget)} · {sentence}{priority_note(self.held(), elapsed)}"
+
+    def view(self, event: Progress) -> WorkloadView | None:
+        """The status to show after ``event`` (:func:`tev.util.progress.relay`'s ``view``), or None: a
+        phase's sentence when it starts (and a training step's, one in ten), else again with the
+        clock once :data:`STATUS_SECONDS` have passed since it was last said."""
         now = time.monotonic()
-        elapsed = now - start
-        fraction, desc = min(0.99, elapsed / budget), f"{name} · {elapsed:.0f} s of about {budget:.0f} s{priority_note(pieces.held_seconds, elapsed)}"
-        progress(fraction, desc=desc)
-        if not (name == "work" or (name == "step" and info["step"] % 10)):
-            shown = (name, info)
-        elif shown is None or now - said < STATUS_SECONDS:
-            continue
-        said = now
-        yield only(WorkloadView, status=_status(*shown, elapsed, settings))
-        progress(fraction, desc=desc)
-
-
-# A phase's status line is said again with its time at least this often (a held-out decoding once showed one line for 133 s).
-STATUS_SECONDS = 5.0
-
-
-def _drafters(names, settings: dict) -> str:
-    """The run's drafters as the result table names them."""
-    return ", ".join(model_label(name, settings) for name in names)
-
-
-PHASES = {  # what each phase of the run says while it runs (``i`` its info, ``s`` the run's settings, for the drafters' names)
-    "answers": lambda i, s: f"the target writes {i.get('answers', i['prompts'])} answers to {i['prompts']} training prompts…",
-    "pace": lambda i, s: f"{i['answer']:.1f} s an answer; timing a held-out prompt, scoring and two training steps to plan the rest…",
-    "plan": lambda i, s: (f"plan: {i['plan']['answers']} answers written, {i['plan']['steps']} steps, {i['plan']['heldout']} held-out prompts decoded"
-                       + ("" if i["plan"]["heldout"] else f" (no comparison fits at this pace: {MIN_STEPS} steps and a held-out prompt for both drafters)")),
-    "answers done": lambda i, s: f"{i['answers']} answers ({i['tokens']} tokens); scoring the base drafter's trees on them…",
-    "train": lambda i, s: f"fine-tuning {i['steps']} steps on {i['anchors']} anchors and {i['trees']} scored trees ({i['vocab_added']} new draft tokens)…",
-    "step": lambda i, s: f"step {i['step']} · token loss {i['loss_tok']:.3f}",
-    "evaluate": lambda i, s: (f"decoding held-out prompts with {_drafters(i['drafters'], s)} (T = 0, T = 0.7 top-p 0.9, T = 1): {i['prompts']} planned"
-                           + (f", up to {i['most']} while the minutes allow…" if i["most"] > i["prompts"] else "…")),
-    "evaluated": lambda i, s: (f"held-out tau at {LAWS[PAGE_LAW].describe()}: {model_label('base', s)} {i['base'][PAGE_LAW]['tau']:.3f}, "
-                               f"{model_label('adapted', s)} {i['adapted'][PAGE_LAW]['tau']:.3f} (tokens per target forward)"),
-    "mass": lambda i, s: "where the target's mass leaves each drafter's trees on the held-out answers…",
-    "control": lambda i, s: f"training {model_label('token_only' if i['tree_term'] == 'none' else i['tree_term'], s)} (same data, steps and seed)…",
-}
-
-
-def _status(name: str, info: dict, elapsed: float, settings: dict) -> str:
-    return f"{elapsed:.0f} s · " + (PHASES[name](info, settings) if name in PHASES else name)
+        if event.starts or (event.phase is Phase.TRAIN and event.info.get("step", 1) % 10 == 0):
+            self._sentence = progress_sentence(event, self.settings)
+        elif self._sentence is not None and self._said is not None and now - self._said < STATUS_SECONDS:
+            return None
+        self._said = now
+        return only(WorkloadView, status=self.line(self._sentence or progress_sentence(event, self.settings), now))
 
 
 # ------------------------------------------------------------------------------ the tab
@@ -241,10 +235,10 @@ def _served_laws(gains: dict) -> str:
     """Where Live serves the kept drafter, from its held-out gains per law."""
     losses = lost_laws(gains)
     if not losses:
-        return "; Live serves it at every law (it measured no worse than the shipped drafter at any)"
+        return "; Live serves it at every law (on its held-out prompts it got no fewer tokens per forward than the shipped drafter at any)"
     served = [LAWS[key].describe() for key in gains if key not in losses]
     lost = ", ".join(f"{LAWS[key].describe()} ({100 * gains[key]['gain']:+.0f}%)" for key in losses)
-    return (f"; it measured a loss at {lost}, so Live runs the shipped drafter at the laws nearest to "
+    return (f"; on its held-out prompts it got fewer tokens per forward than the shipped drafter at {lost}, so Live runs the shipped drafter at the laws nearest to "
             f"{'that' if len(losses) == 1 else 'those'} and serves the adapted one " + (f"at {', '.join(served)}" if served else "at none"))
 
 
@@ -319,7 +313,7 @@ def tab(drafters: list = ()) -> None:
 
     inputs = [pack, text, minutes, recipe]
     started = checked_event(start.click, gpu.gpu_task("exittrain")(run_workload), inputs, [ui[name] for name in WorkloadView._fields], check_prompts,
-                            api_name="exittrain_workload", **BACKGROUND)
+                            api_name="exittrain_workload", show_progress="hidden", **BACKGROUND)  # the status holds the run's one bar
     started.then(offered, pack, [*drafters, download], api_name="exittrain_workload_offer")
     asked.click(use_asked, None, [pack, ui["status"]], api_name="exittrain_workload_asked")
     cancel.click(cancel_exittrain, None, ui["status"], api_name="exittrain_workload_cancel")

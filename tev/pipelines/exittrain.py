@@ -14,6 +14,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from tev.data.prompts import evaluation_prompts
 from tev.engine.block_drafter import BlockDrafter
@@ -24,9 +25,11 @@ from tev.pipelines.card import refresh_card
 from tev.pipelines.exittrain_data import load_chat_exittrain_data
 from tev.train.data import TrainData
 from tev.train.experiment import Experiment, heldout_trees
-from tev.train.loop import TrainSettings, install_drafter, train, with_progress
+from tev.train.loop import TrainSettings, install_drafter, train
 from tev.train.teacher import corpus_sequences
+from tev.util.compute_thread import result_of
 from tev.util.paths import REPO_ROOT, assets_dir
+from tev.util.progress import Phase
 from tev.util.stored import result_text, write_result
 
 __all__ = ["EXITTRAIN_SETTINGS", "EXITTRAIN_FLAGS", "settings_from_args", "exittrain_command", "exittrain_sets", "pair_of", "fine_tune_start", "invoked_command", "SEQUENCE_CACHE"]
@@ -104,15 +107,10 @@ def exittrain_command(args) -> None:
     train_data, heldout = exittrain_sets(bundle, args, settings.seed)
     experiment = Experiment(drafter, lambda d: train(d, train_data, settings, target=bundle.target, checkpoint=out / "checkpoint"),
                             lambda d: heldout_trees(bundle.target, d, heldout, settings))
-    for _ in experiment.measure_before():
-        pass
-    start = time.time()
-    for _ in with_progress(experiment.train(), f"exittrain[{settings.tree_term}]"):
-        pass
-    seconds = time.time() - start
-    for _ in experiment.measure_after():
-        pass
-    change = experiment.change()
+    bar = tqdm(desc=f"exittrain[{settings.tree_term}]", unit="step", total=settings.steps)
+    change = result_of(experiment.phases(), lambda event: bar.update(event.info["step"] - bar.n) if event.phase is Phase.TRAIN and event.info else None)
+    bar.close()
+    seconds = experiment.seconds["train"]
     trained = experiment.drafter
     trained.config.notes = {**trained.config.notes, "exittrain": asdict(settings), "trained_by": "python -m tev exittrain"}
     trained.save_pretrained(out / "drafter")

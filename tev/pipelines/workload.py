@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import math
 import sys
 import time
@@ -41,14 +40,15 @@ from tev.engine.models import drafter_model_class, load_bundle, shipped_drafter,
 from tev.engine.session import max_positions
 from tev.pipelines.exittrain import invoked_command
 from tev.pipelines.workload_data import extend_draft_vocab, load_workload, split_workload
-from tev.pipelines.workload_report import LAWS, summary_lines
+from tev.pipelines.workload_report import LAWS, MIN_VERDICT_PROMPTS, progress_sentence, summary_lines
 from tev.train.data import TrainData
 from tev.train.loop import TrainSettings, train
 from tev.train.losses import TREE_TERMS
-from tev.train.teacher import WRITING, answer_prompts, with_features_steps
+from tev.train.teacher import answer_prompts, with_features_steps
 from tev.train.trees import ScoredTrees, fixed_trees
-from tev.util.compute_thread import mapped, result_of
+from tev.util.compute_thread import result_of
 from tev.util.paths import REPO_ROOT
+from tev.util.progress import Phase, Progress, within
 from tev.util.stats import paired_ratio_change, ratio_standard_error
 from tev.util.stored import write_result
 
@@ -62,7 +62,10 @@ EXIT_TERM, EXIT_LAMBDA = "exit", 0.1  # ExitTrain's exit term and its weight: th
 EVAL_BUDGET = 16
 EVAL_NEW_TOKENS = 64
 EVAL_PROMPTS = 10  # held-out prompts decoded at most (the first of the held-out split)
-MIN_EVAL_PROMPTS = 1  # held-out prompts a comparison decodes at least (a busy 2-core machine took 196 s for one, per drafter)
+# Held-out prompts a comparison decodes at least: the plan makes room for the prompts a verdict needs
+# (MIN_VERDICT_PROMPTS), and where they do not fit it decodes at least this many and calls no gain or loss
+# (a busy 2-core machine took 196 s for one prompt, per drafter).
+MIN_EVAL_PROMPTS = 1
 SOFT_TOP = 16  # the target's top tokens kept as soft labels (train-drafter's default)
 TREES_PER_ANSWER = 8
 # The target's training answers: each training prompt answered greedily and sampled at T = 1. Against greedy answers
@@ -113,18 +116,20 @@ def plan_phases(pace: Pace, seconds: float, answered: int, offered: int, steps: 
             held-out prompts, as the adapted drafter does (and the base decodes them too).
         measured: held-out prompts the base has decoded already.
 
-    First :data:`MIN_STEPS` steps and :data:`MIN_EVAL_PROMPTS` held-out prompts, with the controls
-    if they fit, else without; then more answers (up to :data:`ANSWER_SHARE` of the time), more
+    First :data:`MIN_STEPS` steps and the held-out prompts a verdict needs
+    (:data:`~tev.pipelines.workload_report.MIN_VERDICT_PROMPTS`, or all there are), with the controls if
+    they fit, else without; else :data:`MIN_EVAL_PROMPTS` (too few for a verdict, which the result then
+    says), with the controls if they fit; then more answers (up to :data:`ANSWER_SHARE` of the time), more
     held-out prompts (up to :data:`HELDOUT_SHARE`), the steps asked for, and the time left to more
     answers and held-out prompts. When even the minimum does not fit, the plan decodes nothing
     more (``heldout == 0``: no comparison) and trains the adapted drafter for what fits.
     """
     answer_cost = lambda a: (a - answered) * pace.answer + a * pace.score  # noqa: E731
-    for kept in sorted({controls, 0}, reverse=True):
+    for kept, least in dict.fromkeys([(controls, MIN_VERDICT_PROMPTS), (0, MIN_VERDICT_PROMPTS), (controls, MIN_EVAL_PROMPTS), (0, MIN_EVAL_PROMPTS)]):
         train_cost = lambda s: s * pace.step * (1 + kept)  # noqa: E731
         eval_cost = lambda h: (h * (2 + kept) - min(h, measured)) * pace.heldout  # noqa: E731
         total = lambda a, s, h: answer_cost(a) + train_cost(s) + eval_cost(h)  # noqa: E731
-        a, s, h = answered, min(steps, MIN_STEPS), min(heldout, MIN_EVAL_PROMPTS)
+        a, s, h = answered, min(steps, MIN_STEPS), min(heldout, least)
         if total(a, s, h) <= seconds:
             break
     else:
@@ -209,11 +214,6 @@ def _cell(decoded: list[dict], key: str) -> dict:
     bounds = [x for prompt in decoded for x in prompt[key]["bounds"]]
     return {"tau": sum(tokens) / sum(rounds), "se": ratio_standard_error(tokens, rounds), "mean_block_length": sum(lengths) / len(lengths),
             "tau_bound": sum(bounds) / len(bounds), "prompts": len(decoded), "rounds": sum(rounds), "per_prompt": [list(pair) for pair in zip(tokens, rounds)]}
-
-
-def _work(pieces):
-    """``("work", None)`` for every progress event of the generator ``pieces``; returns its result."""
-    return mapped(pieces, lambda _: ("work", None))
 
 
 def _served(drafter: BlockDrafter, name: str):
@@ -325,45 +325,48 @@ def _answer(run: WorkloadRun, jobs: list[tuple[str, str]], stop_by: float, seed:
     """The target answers ``jobs`` (training prompt, answer law) a batch at a time into
     ``run.answers`` (greedy, or sampled from the job's law; consecutive jobs of one law batched
     together), stopping before a batch that would end after ``stop_by`` at the pace measured so
-    far; returns the jobs answered."""
-    start, begun, done, seconds, stopped = run.clock(), time.perf_counter(), 0, 0.0, False
+    far; yields a piece of :attr:`Phase.ANSWERS` after each forward (a server's compute thread
+    steps users' rounds between them) and returns the jobs answered."""
+    start, begun, done = run.clock(), time.perf_counter(), 0
+    so_far = {"answered": 0, "seconds": 0.0, "stopped": False}
+
+    def enough(answered: int) -> bool:  # after each batch: would the next one end after stop_by?
+        so_far.update(answered=answered, seconds=time.perf_counter() - begun)
+        left = len(jobs) - done - answered
+        so_far["stopped"] = bool(left) and run.clock() + (run.clock() - start) / (done + answered) * min(ANSWER_BATCH, left) > stop_by
+        return so_far["stopped"]
+
     for key, group in itertools.groupby(jobs, key=lambda job: job[1]):
-        prompts, written, answered = [prompt for prompt, _ in group], None, 0
-        for so_far in answer_prompts(run.bundle.target, run.bundle.tokenizer, prompts, batch=ANSWER_BATCH, progress=run.progress, law=LAWS[key], seed=seed + done,
-                                     pieces=True):
-            yield "work", None  # after each forward: a server's compute thread steps users' rounds between them
-            if so_far is WRITING:
-                continue
-            written, answered, seconds = so_far, min(len(prompts), answered + ANSWER_BATCH), time.perf_counter() - begun
-            left = len(jobs) - done - answered
-            if left and run.clock() + (run.clock() - start) / (done + answered) * min(ANSWER_BATCH, left) > stop_by:
-                stopped = True
-                break
+        prompts = [prompt for prompt, _ in group]
+        so_far["answered"] = 0
+        written = yield from within(answer_prompts(run.bundle.target, run.bundle.tokenizer, prompts, batch=ANSWER_BATCH, progress=run.progress, law=LAWS[key],
+                                                   seed=seed + done, enough=enough), Phase.ANSWERS)
         if written is not None:
             run.answers = written if run.answers is None else TrainData.concat([run.answers, written])
-        done += answered
-        if stopped:
+        done += so_far["answered"]
+        if so_far["stopped"]:
             break
-    run.answer_seconds += seconds
+    run.answer_seconds += so_far["seconds"]
     return done
 
 
 def _first_answers(run: WorkloadRun):
     """The first few answers, which time an answer."""
-    yield "answers", {"prompts": len(run.train_prompts), "answers": len(run.jobs)}
+    yield Progress.start(Phase.ANSWERS, prompts=len(run.train_prompts), answers=len(run.jobs))
     now = run.clock()
     run.offered = yield from _answer(run, run.jobs[:FIRST_ANSWERS], run.deadline, run.seed)
     run.pace.answer = (run.clock() - now) / max(1, run.offered)
     if run.answers is None:
         raise ValueError("the target wrote no answer to the first training prompts; shorten them or raise --minutes")
-    yield "pace", {"answer": run.pace.answer}
+    yield Progress.start(Phase.PACE, answer=run.pace.answer)
 
 
 def _probe_heldout(run: WorkloadRun):
     """The base on the first held-out prompt (kept as its first measurement), which times a
     held-out prompt; cut when it takes more than its share of the time left."""
     now = run.clock()
-    row = yield from _work(_decode_prompt(run.bundle, _served(run.base, "base"), run.held[0], run.seed, now + PROBE_HELDOUT_SHARE * (run.deadline - now), run.clock))
+    row = yield from within(_decode_prompt(run.bundle, _served(run.base, "base"), run.held[0], run.seed, now + PROBE_HELDOUT_SHARE * (run.deadline - now), run.clock),
+                            Phase.PACE)
     if row is not None:
         run.decoded["base"].append(row)
     run.pace.heldout = run.clock() - now if run.decoded["base"] else math.inf  # cut: no held-out prompt fits here
@@ -373,11 +376,11 @@ def _probe_training(run: WorkloadRun):
     """Two answers scored and two steps trained on a copy of the base (then thrown away), which time both."""
     probe, now = copy.deepcopy(run.base), run.clock()
     first = run.answers.select(range(min(PROBE_ANSWERS, len(run.answers))))
-    data, trees = yield from _work(workload_train_set(run.bundle.target, probe, first, run.seed, False))
+    data, trees = yield from within(workload_train_set(run.bundle.target, probe, first, run.seed, False), Phase.PACE)
     run.pace.score = (run.clock() - now) / min(PROBE_ANSWERS, len(run.answers))
     now = run.clock()
     for _ in zip(range(PROBE_STEPS), train(probe, data, replace(run.settings, steps=PROBE_STEPS), trees=trees)):
-        yield "work", None
+        yield Progress(Phase.PACE)
     run.pace.step = (run.clock() - now) / PROBE_STEPS
 
 
@@ -386,7 +389,7 @@ def _plan(run: WorkloadRun):
     run.plan = plan_phases(run.pace, PLAN_SHARE * (run.deadline - run.clock()), run.offered, len(run.jobs), run.settings.steps, len(run.held),
                            len(run.controls), len(run.decoded["base"]))
     run.skipped, run.controls = run.controls[run.plan.controls :], run.controls[: run.plan.controls]
-    yield "plan", {"pace": asdict(run.pace), "plan": asdict(run.plan)}
+    yield Progress.start(Phase.PLAN, pace=asdict(run.pace), plan=asdict(run.plan))
 
 
 def _more_answers(run: WorkloadRun):
@@ -397,7 +400,7 @@ def _more_answers(run: WorkloadRun):
         now = run.clock()
         stop_by = now + max((run.plan.answers - run.offered) * run.pace.answer / PLAN_SHARE, ANSWER_SHARE * (run.deadline - now))
         run.offered += yield from _answer(run, run.jobs[run.offered : run.plan.answers], stop_by, run.seed + run.offered)
-    yield "answers done", {"answers": len(run.answers), "tokens": run.answers.response_tokens, "seconds": run.answer_seconds}
+    yield Progress.start(Phase.SCORE, answers=len(run.answers), tokens=run.answers.response_tokens, seconds=run.answer_seconds)
 
 
 def _fine_tune(run: WorkloadRun):
@@ -410,18 +413,18 @@ def _fine_tune(run: WorkloadRun):
     if not run.plan.steps:
         return
     now = run.clock()
-    data, trees = yield from _work(workload_train_set(run.bundle.target, run.work, run.answers, run.seed, run.progress))
+    data, trees = yield from within(workload_train_set(run.bundle.target, run.work, run.answers, run.seed, run.progress), Phase.SCORE)
     run.pace.score = (run.clock() - now) / len(run.answers)
     initial = copy.deepcopy(run.work.state_dict())
     left = PLAN_SHARE * (run.deadline - run.clock())
     steps = min(run.plan.steps, int((left - run.eval_seconds(run.plan.heldout)) / (run.pace.step * run.trained))) if run.compare else 0
     if steps < MIN_STEPS:
         run.compare, steps = False, max(0, min(run.settings.steps, int(left / run.pace.step)))
-    yield "train", {"anchors": data.num_anchors, "trees": len(trees), "vocab_added": len(run.added), "steps": steps}
+    yield Progress.start(Phase.TRAIN, anchors=data.num_anchors, trees=len(trees), vocab_added=len(run.added), steps=steps)
     run.fine_tune, now = FineTune(data, trees, initial, replace(run.settings, steps=max(1, steps))), run.clock()
     for record in train(run.work, data, run.fine_tune.settings, trees=trees) if steps else ():
         run.history.append(record)
-        yield "step", record
+        yield Progress(Phase.TRAIN, record)
         run.pace.step = (run.clock() - now) / len(run.history)
         after = (len(run.history) * (run.trained - 1) * run.pace.step + run.eval_seconds(run.plan.heldout)) if run.compare else 0.0
         if run.clock() + run.pace.step * (run.trained if run.compare else 1) + after > run.deadline:
@@ -437,9 +440,9 @@ def _train_controls(run: WorkloadRun):
     for term in run.controls:
         control = copy.deepcopy(run.work)
         control.load_state_dict(run.fine_tune.initial)
-        yield "control", {"tree_term": term}
+        yield Progress.start(Phase.CONTROL, tree_term=term)
         for _ in zip(range(len(run.history)), train(control, run.fine_tune.data, replace(run.fine_tune.settings, tree_term=term), trees=run.fine_tune.trees)):
-            yield "work", None
+            yield Progress(Phase.CONTROL)
         run.models["token_only" if term == "none" else term] = control
 
 
@@ -447,7 +450,7 @@ def _decode_each(run: WorkloadRun, served: dict, names: list[str], ids: list[int
     """One held-out prompt decoded by each of ``names``; returns False when the minutes ended
     inside it (that prompt is not measured)."""
     for name in names:
-        row = yield from _work(_decode_prompt(run.bundle, served[name], ids, run.seed, run.deadline, run.clock))
+        row = yield from within(_decode_prompt(run.bundle, served[name], ids, run.seed, run.deadline, run.clock), Phase.EVALUATE)
         if row is None:
             return False
         run.decoded[name].append(row)
@@ -462,7 +465,7 @@ def _evaluate(run: WorkloadRun):
         return
     served = {"base": _served(run.base, "base"), **{name: _served(model, name) for name, model in run.models.items()}}
     # the plan's prompts, and at most ``most`` while the minutes allow (the page said "up to" the plan, then decoded more)
-    yield "evaluate", {"prompts": run.plan.heldout, "most": len(run.held), "drafters": list(served)}
+    yield Progress.start(Phase.EVALUATE, prompts=run.plan.heldout, most=len(run.held), drafters=list(served), least=MIN_VERDICT_PROMPTS)
     run.decoded.update({name: [] for name in run.models})
     measured_seconds, prompts_measured = 0.0, 0
     for i, ids in enumerate(run.held):
@@ -487,8 +490,8 @@ def _measure_mass(run: WorkloadRun, count: int):
     if run.clock() + cost > run.deadline:
         run.mass_note = f"where the mass leaves the trees was not measured: about {cost:.0f} s more than the minutes left"
         return
-    yield "mass", {}
-    run.mass = yield from _work(heldout_mass(run.bundle, {"base": run.base, "adapted": run.work}, run.heldout_prompts[:count], run.seed, run.progress))
+    yield Progress.start(Phase.MASS)
+    run.mass = yield from within(heldout_mass(run.bundle, {"base": run.base, "adapted": run.work}, run.heldout_prompts[:count], run.seed, run.progress), Phase.MASS)
 
 
 def _result(run: WorkloadRun, count: int, cells: dict) -> dict:
@@ -528,11 +531,11 @@ def _result(run: WorkloadRun, count: int, cells: dict) -> dict:
 
 def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, settings: TrainSettings | None = None, controls: tuple[str, ...] | None = None,
                seed: int = 0, progress: bool = True, with_mass: bool = True, clock=time.monotonic, answer_law: str = DEFAULT_ANSWER_LAW):
-    """The whole adaptation as a generator of ``(phase, info)`` events, one after every piece of
-    work (a batch of answers, an answer's scored trees, a training step, a decoding round: ``work``
-    or ``step``), so a server's compute thread takes a piece at a time and a cancel stops between pieces.
-    Phases ``answers``, ``pace``, ``plan``, ``answers done``, ``train``, ``control``, ``evaluate``,
-    ``evaluated``, ``mass`` say what starts. It returns ``{"result": ..., "drafter": ...}`` with the
+    """The whole adaptation as a generator of :class:`~tev.util.progress.Progress` events, one after
+    every piece of work (a forward of the target's answers, an answer's scored trees, a training step
+    with its record, a decoding round), so a server's compute thread takes a piece at a time and a
+    cancel stops between pieces; each phase starts with an event saying what it does (read in words
+    by :func:`~tev.pipelines.workload_report.progress_sentence`). It returns ``{"result": ..., "drafter": ...}`` with the
     adapted drafter in float32 (PEP 380: the server's compute thread passes the return value through).
 
     The run first measures its pace (:class:`Pace`), then plans the rest within ``minutes``
@@ -557,7 +560,7 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     count = min(len(rows) for rows in run.decoded.values()) if run.compare else len(run.decoded["base"])
     cells = {name: {key: _cell(rows[:count], key) for key in LAWS} for name, rows in run.decoded.items() if (run.compare or name == "base") and count}
     if run.compare:
-        yield "evaluated", {"base": cells["base"], "adapted": cells["adapted"]}
+        yield Progress.start(Phase.EVALUATED, base=cells["base"], adapted=cells["adapted"], prompts=count)
     yield from _measure_mass(run, count)
     result = _result(run, count, cells)
     run.work.config.notes = {**run.work.config.notes, "workload_adaptation": {"steps": len(run.history), "settings": result["settings"],
@@ -571,10 +574,7 @@ def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], 
     those answers (B = 16), scored at T = 1; per drafter the mean exit mass by depth (missing /
     tree ended, :meth:`TreeBatch.exit_mass_by_depth`) and the mean ``1 + C``. Yields after each
     piece of work and returns the summaries (None when the target wrote no answer)."""
-    answers = None
-    for so_far in answer_prompts(bundle.target, bundle.tokenizer, prompts, progress=progress, pieces=True):
-        yield so_far
-        answers = answers if so_far is WRITING else so_far
+    answers = yield from answer_prompts(bundle.target, bundle.tokenizer, prompts, progress=progress)
     if answers is None:
         return None
     summaries = {}
@@ -609,10 +609,9 @@ def workload_command(args) -> None:
     controls = [other_recipe(term)] if args.controls is None else args.controls
     start = time.monotonic()
 
-    def shown(event) -> None:
-        phase, info = event
-        if phase not in ("work", "step"):  # where the minutes go, as they go
-            print(f"[{time.monotonic() - start:4.0f} s] {phase}" + (f": {json.dumps(info)}" if phase in ("pace", "plan", "train") else ""), file=sys.stderr, flush=True)
+    def shown(event) -> None:  # where the minutes go, as they go
+        if event.starts:
+            print(f"[{time.monotonic() - start:4.0f} s] {progress_sentence(event, asdict(settings))}", file=sys.stderr, flush=True)
 
     outcome = result_of(adaptation(bundle, prompts, base, args.minutes, settings, tuple(controls), seed=settings.seed, answer_law=args.answer_law), shown)
     result, drafter = outcome["result"], outcome["drafter"]

@@ -19,9 +19,10 @@ from __future__ import annotations
 import math
 
 from tev.core.sampling import SamplingLaw
+from tev.util.progress import Phase, Progress
 from tev.util.stats import change_in_words
 
-__all__ = ["LAWS", "PAGE_LAW", "LAW_TITLES", "LAW_COLUMNS", "CARD_NAMES", "measured", "figure", "model_label", "verdict_lines", "summary_lines",
+__all__ = ["LAWS", "PAGE_LAW", "MIN_VERDICT_PROMPTS", "has_verdict", "gain_in_words", "NO_VERDICT", "progress_sentence", "LAW_TITLES", "LAW_COLUMNS", "CARD_NAMES", "measured", "figure", "model_label", "verdict_lines", "summary_lines",
            "result_table", "card_rows", "packs_section"]
 
 # The held-out laws: greedy, the law the page opens at, and plain sampling.
@@ -29,6 +30,13 @@ LAWS = {"T0": SamplingLaw(0.0), "T0.7": SamplingLaw(0.7, top_p=0.9), "T1": Sampl
 PAGE_LAW = "T0.7"  # the law the page opens at: the one the Workload tab reports as it runs
 LAW_TITLES = {"T0": "T = 0 (greedy)", "T0.7": "T = 0.7, top-p 0.9 (TEV; the page's law)", "T1": "T = 1 (TEV)"}  # the claims report's headings
 LAW_COLUMNS = {"T0": "0", "T0.7": "0.7, top-p 0.9", "T1": "1"}  # the model card's T column
+# No gain or loss is called from fewer held-out prompts than this. The spread between prompts decides it: in the
+# eleven stored runs (docs/workload-adapted/, the default pair's packs) one prompt's paired change against the base
+# spread 7-62% (standard deviation over prompts, median about 20%), so five prompts give an error of about 9%, and
+# the gains those runs called (+20% and more) lie outside two errors; with fewer the error is itself a guess (from
+# two prompts a run once reported +20.6% +- 1.6%, where one of them lost in Live).
+MIN_VERDICT_PROMPTS = 5
+NO_VERDICT = "not enough held-out prompts decoded to tell"
 CARD_NAMES = {"adapted": "adapted (the pack's recipe, in its command)", "token_only": "token-only control"}  # the card's own columns
 
 
@@ -71,6 +79,27 @@ def model_label(name: str, settings: dict) -> str:
     return "token-only control" if name == "token_only" else f"control: token loss + {name} term ({lam})"
 
 
+def has_verdict(result: dict) -> bool:
+    """Whether a result decoded the held-out prompts a verdict needs (:data:`MIN_VERDICT_PROMPTS`)."""
+    return result["compared"] and result.get("eval_prompts", 0) >= MIN_VERDICT_PROMPTS
+
+
+def _too_few(result: dict) -> str:
+    """Why a result calls no gain or loss: how many held-out prompts it decoded, and how many a verdict needs."""
+    decoded, held = result.get("eval_prompts", 0), result["heldout_prompts"]
+    more = "" if held >= MIN_VERDICT_PROMPTS else f"; a workload of at least {4 * MIN_VERDICT_PROMPTS} prompts holds that many out"
+    return (f"{NO_VERDICT}: {decoded} of {held} decoded, and a gain or a loss is called from at least {MIN_VERDICT_PROMPTS} "
+            f"(one prompt's change spreads about 20% around the mean, so fewer cannot tell a change from the prompts drawn){more}")
+
+
+def gain_in_words(result: dict, gain: dict) -> str:
+    """A drafter's change against the base (``{"gain", "se"}``) in words where the result has a
+    verdict (:func:`has_verdict`), else the figures alone, saying they are no verdict."""
+    if has_verdict(result):
+        return change_in_words(gain["gain"], gain["se"])
+    return f"{_pct(gain['gain'])} +- {100 * gain['se']:.1f}% (too few prompts to tell)"
+
+
 def _tree_against_token(result: dict, key: str):
     """(the tree-term drafter's name, its gain, the token-only drafter's gain) at law ``key``, or
     None when the run did not train both (the recipe may be either of the two)."""
@@ -103,6 +132,9 @@ def verdict_lines(result: dict) -> list[str]:
     its control are the two: token loss only, and token loss + a tree term)."""
     if not result["compared"]:
         return [result["note"]]
+    if not has_verdict(result):
+        why = _too_few(result)
+        return [why[0].upper() + why[1:] + "; give the run more minutes, or more prompts."]
     lines, measure = [], measured(result)[0]
     for key in LAWS:
         ours = result["gain"][key]["adapted"]
@@ -153,7 +185,7 @@ def result_table(result: dict) -> str:
              f"| law | drafter | {measure} | change against the base |", "|---|---|---|---|"]
     for key in LAWS:
         for name, cell in result[key].items():
-            change = "" if name == "base" else change_in_words(result["gain"][key][name]["gain"], result["gain"][key][name]["se"])
+            change = "" if name == "base" else gain_in_words(result, result["gain"][key][name])
             lines.append(f"| {result['laws'][key]} | {model_label(name, result['settings'])} | {_cell(cell)} | {change} |")
     lines += ["", f"The target wrote {_answered(result)} ({result['answer_tokens']} tokens); {result['vocab_added']} of their "
               f"tokens joined the draft vocabulary; {result['steps']} fine-tune steps; {result['minutes']:.1f} min in all (of {result['minutes_budget']:g}).", ""]
@@ -202,3 +234,32 @@ def packs_section(data: dict) -> list[str]:
             lines.append(f"| {label} | {_cell(base)} | " + " | ".join(cells) + " |")
         lines += ["", "Mean change over packs: " + ", ".join(f"{n} {_pct(g)}" for n, g in data["mean_gain"][key].items()) + ".", ""]
     return lines
+
+
+_SAYS = {  # what each phase of a workload run says as it starts (``i``: its info, ``s``: the run's settings, for the drafters' names)
+    Phase.ANSWERS: lambda i, s: f"the target writes {i.get('answers', i.get('prompts'))} answers to {i.get('prompts')} training prompts…",
+    Phase.PACE: lambda i, s: f"{i['answer']:.1f} s an answer; timing a held-out prompt, scoring and two training steps to plan the rest…",
+    Phase.PLAN: lambda i, s: (f"plan: {i['plan']['answers']} answers written, {i['plan']['steps']} steps, {i['plan']['heldout']} held-out prompts decoded"
+                              + ("" if i["plan"]["heldout"] else " (no comparison fits at this pace)")),
+    Phase.SCORE: lambda i, s: f"{i['answers']} answers ({i['tokens']} tokens); scoring the base drafter's trees on them…",
+    Phase.TRAIN: lambda i, s: f"fine-tuning {i['steps']} steps on {i['anchors']} anchors and {i['trees']} scored trees ({i['vocab_added']} new draft tokens)…",
+    Phase.CONTROL: lambda i, s: f"training {model_label('token_only' if i['tree_term'] == 'none' else i['tree_term'], s)} (same data, steps and seed)…",
+    Phase.EVALUATE: lambda i, s: (f"decoding held-out prompts with {', '.join(model_label(n, s) for n in i['drafters'])} (T = 0, T = 0.7 top-p 0.9, T = 1): "
+                                  f"{i['prompts']} planned" + (f", up to {i['most']} while the minutes allow" if i["most"] > i["prompts"] else "")
+                                  + f"; a verdict needs {i['least']}…"),
+    Phase.EVALUATED: lambda i, s: (f"held-out tau at {LAWS[PAGE_LAW].describe()} over {i['prompts']} prompt{'s' * (i['prompts'] != 1)}: "
+                                   f"{model_label('base', s)} {i['base'][PAGE_LAW]['tau']:.3f}, {model_label('adapted', s)} {i['adapted'][PAGE_LAW]['tau']:.3f} "
+                                   "(tokens per target forward)"),
+    Phase.MASS: lambda i, s: "where the target's mass leaves each drafter's trees on the held-out answers…",
+}
+
+
+def progress_sentence(event: Progress, settings: dict) -> str:
+    """What a workload run's event says in words (the page's status and the command line's log): the
+    sentence of the phase it starts or belongs to, a training step's loss; ``settings``: the run's
+    training settings (the drafters' names, as the result table gives them)."""
+    if event.phase is Phase.TRAIN and "step" in event.info:
+        return f"fine-tuning: step {event.info['step']} · token loss {event.info['loss_tok']:.3f}"
+    if event.starts and event.phase in _SAYS:
+        return _SAYS[event.phase](event.info, settings)
+    return str(event.phase) + "…"

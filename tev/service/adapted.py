@@ -35,7 +35,7 @@ from tev.engine.block_drafter import BlockDrafter
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.models import tree_drafter_of
 from tev.engine.path_drafter import PathTreeDrafter
-from tev.pipelines.workload_report import LAWS
+from tev.pipelines.workload_report import LAWS, MIN_VERDICT_PROMPTS
 from tev.util.lru import LRU
 
 __all__ = ["ADAPTED_PREFIX", "KEY_MARK", "CAPACITY", "MIN_ASKED", "is_adapted", "drafter_kind", "measured_law", "lost_laws", "AdaptedDrafters", "AskedPrompts"]
@@ -78,7 +78,7 @@ def lost_laws(gains: dict[str, dict]) -> list[str]:
 class _Kept:
     drafter: BlockTreeDrafter | PathTreeDrafter
     key: str  # its API key
-    gains: dict[str, dict]  # per law key of LAWS: {"gain", "se"} over the base on the held-out prompts ({} when not measured)
+    gains: dict[str, dict]  # per law key of LAWS: {"gain", "se", "prompts"} over the base on the held-out prompts ({} when not measured)
 
 
 class AdaptedDrafters:
@@ -106,8 +106,10 @@ class AdaptedDrafters:
         if key not in lost_laws(kept.gains):
             return kept.drafter, None
         measured, shown = kept.gains[key], label.split(KEY_MARK)[0]
+        prompts = measured.get("prompts")
+        few = f" (from {prompts} held-out prompt{'s' * (prompts != 1)}: too few to tell a loss from the prompts drawn)" if prompts is not None and prompts < MIN_VERDICT_PROMPTS else ""
         return base, (f"**{shown}** measured {100 * measured['gain']:+.0f}% ± {100 * measured['se']:.0f}% tokens per forward against the shipped "
-                      f"drafter at {LAWS[key].describe()} on its held-out prompts, so at this law Live runs the shipped **{base.name}** drafter "
+                      f"drafter at {LAWS[key].describe()} on its held-out prompts{few}, so at this law Live runs the shipped **{base.name}** drafter "
                       "(an adapted drafter is served only at the laws where it measured no worse)")
 
     def gains(self, session: str, label: str) -> dict[str, dict]:

@@ -1,10 +1,12 @@
 """Before -> train -> after: the one measured fine-tune (the exittrain command, the ablation, the
 app's live and workload modes, the diagnosis script).
 
-:class:`Experiment` measures the drafter, trains it, measures it again. Each phase is a
-generator that yields (never None) after every piece of work (a held-out batch, a training step), so the
-caller's compute thread takes a piece in turn with other work, and the caller stops at its deadline
-or on cancel (:class:`tev.util.compute_thread.ComputeThread`). The default measurement is the held-out ``1 + C`` of
+:class:`Experiment` measures the drafter, trains it, measures it again: :meth:`Experiment.phases` is
+the whole of it as one generator of :class:`tev.util.progress.Progress` events (one after every
+held-out batch and every training step), so a caller's compute thread takes a piece in turn with
+other work (:class:`tev.util.compute_thread.ComputeThread`) and the caller reads one stream of events
+(:func:`tev.util.progress.relay`, :func:`tev.util.compute_thread.result_of`); it stops training at its
+deadline or on cancel (``stop_training``). The default measurement is the held-out ``1 + C`` of
 the drafter's trees on the same held-out anchors before and after, so the change is paired over
 anchors and its standard error is :func:`tev.util.stats.standard_error` of the differences.
 """
@@ -13,11 +15,15 @@ from __future__ import annotations
 
 from typing import Callable, Generator, Iterator
 
+import time
+
 import torch
 
 from tev.train.data import TrainData
 from tev.train.loop import TrainSettings, train
 from tev.train.trees import TreeBatch, on_policy
+from tev.util.compute_thread import result_of
+from tev.util.progress import Phase, Progress, within
 from tev.util.stats import standard_error
 
 __all__ = ["HELDOUT_BATCHES", "HELDOUT_SEED", "heldout_trees", "paired_change", "Experiment"]
@@ -58,14 +64,17 @@ class Experiment:
     Args:
         drafter: the drafter to train (in place, float32).
         training: ``drafter -> generator of step records`` (:func:`tev.train.loop.train`).
-        measure: ``drafter -> generator`` yielding an int per piece of work and returning the measurement.
+        measure: ``drafter -> generator`` yielding after each piece of work and returning the measurement.
         compare: ``(before, after) -> dict``, the change (default :func:`paired_change`).
+
+    ``seconds`` says how long each phase took (``before``, ``train``, ``after``), as each ends.
     """
 
     def __init__(self, drafter, training: Callable, measure: Callable, compare: Callable = paired_change):
         self.drafter, self._training, self._measure, self._compare = drafter, training, measure, compare
         self.before = self.after = None
         self.history: list[dict] = []
+        self.seconds: dict[str, float] = {}
 
     @classmethod
     def exittrain(cls, target, drafter, data: TrainData, heldout: TrainData, settings: TrainSettings) -> "Experiment":
@@ -95,9 +104,38 @@ class Experiment:
     def change(self) -> dict:
         return self._compare(self.before, self.after)
 
-    def run(self) -> dict:
-        """All three phases at once; returns :meth:`change`."""
-        for phase in (self.measure_before(), self.train(), self.measure_after()):
-            for _ in phase:
-                pass
+    def phases(self, stop_training: Callable[[], bool] = lambda: False) -> Generator[Progress, None, dict | None]:
+        """Before -> train -> after as one generator: each phase starts with its event
+        (:attr:`Phase.BEFORE`, :attr:`Phase.TRAIN`, :attr:`Phase.AFTER` with the steps made), then
+        a piece of it after every held-out batch, and every training step's record as the ``info``
+        of a :attr:`Phase.TRAIN` piece. Training ends after the last step or
+        the first one after which ``stop_training()`` is true. Returns :meth:`change`, or None when no
+        step was made (nothing to measure after)."""
+        yield from self._timed("before", within(self.measure_before(), Phase.BEFORE), Progress.start(Phase.BEFORE))
+        yield from self._timed("train", self._train_until(stop_training), Progress.start(Phase.TRAIN))
+        if not self.history:
+            return None
+        yield from self._timed("after", within(self.measure_after(), Phase.AFTER), Progress.start(Phase.AFTER, steps=self.steps))
         return self.change()
+
+    def _timed(self, name: str, pieces: Iterator[Progress], first: Progress):
+        """``first`` and then ``pieces``, with their seconds kept under ``name``."""
+        start = time.monotonic()
+        yield first
+        yield from pieces
+        self.seconds[name] = time.monotonic() - start
+
+    def _train_until(self, stop: Callable[[], bool]):
+        """The training steps as :attr:`Phase.TRAIN` events, until the last or ``stop()``."""
+        records = self.train()
+        try:
+            for record in records:
+                yield Progress(Phase.TRAIN, record)
+                if stop():
+                    break
+        finally:
+            records.close()
+
+    def run(self) -> dict:
+        """All three phases, nobody reading on the way (the one driver, :func:`result_of`); returns :meth:`change`."""
+        return result_of(self.phases())

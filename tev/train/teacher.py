@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import random
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -32,12 +33,13 @@ from tev.engine.batch_generate import generate_batch, generate_batch_steps
 from tev.engine.prompt_text import ChatTemplate, encode_chat
 from tev.engine.session import max_positions
 from tev.train.data import SoftLabels, TrainData
-from tev.util.compute_thread import mapped, result_of
+from tev.util.compute_thread import result_of
 from tev.util.files import atomic_file
+from tev.util.progress import Phase, Progress, within
 from tev.util.precision import low_precision
 
 __all__ = ["regenerate_sequences", "weights_fingerprint", "corpus_sequences", "target_features", "target_features_steps", "top_law",
-           "with_features", "with_features_steps", "answer_prompts", "WRITING", "DOMAIN_OPENINGS", "write_requests", "write_responses"]
+           "with_features", "with_features_steps", "answer_prompts", "DOMAIN_OPENINGS", "write_requests", "write_responses"]
 
 
 def regenerate_sequences(target, stream: torch.Tensor, num_sequences: int, context_length: int, new_tokens: int, seed: int,
@@ -167,21 +169,17 @@ def with_features_steps(target, data: TrainData, layers: list[int], soft_vocab: 
     return TrainData(data.token_ids, data.lengths, data.prompt_lengths, features, soft, data.domains, data.requests)
 
 
-# What :func:`answer_prompts` yields between a batch's forwards when asked for every one (``pieces``).
-WRITING = "writing"
-
-
 @torch.no_grad()
 def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 96, batch: int = 8, progress: bool = True,
-                   law: "SamplingLaw | float" = 0.0, seed: int = 0, pieces: bool = False):
+                   law: "SamplingLaw | float" = 0.0, seed: int = 0, enough: Callable[[int], bool] | None = None):
     """The target's answers to ``prompts`` (each a user message through the chat template),
     greedy, or sampled from ``law`` (seeded per batch), ``batch`` prompts at a time (left-padded,
-    :func:`generate_batch`): yields the answers so far after every batch, each a prompt then its
-    answer (:class:`TrainData`, None while there is none), so a caller may stop between batches at
-    its deadline, or take turns with other work. Answers under two tokens are left out. With
-    ``pieces`` it also yields :data:`WRITING` after each forward of a batch (a batch of 8 answers
-    is about a hundred forwards: a minute on a busy 2-core CPU), so a server's compute thread
-    can step a user's round between two forwards.
+    :func:`generate_batch_steps`): a generator that yields a :attr:`Phase.ANSWERS` piece after each
+    forward (a batch of 8 answers is about a hundred forwards: a minute on a busy 2-core CPU, so a
+    server's compute thread can step a user's round between two) and, after each batch, one saying
+    ``{"answered", "prompts"}``; it returns the answers (:class:`TrainData`, each a prompt then its
+    answer; None when there is none). Answers under two tokens are left out. ``enough(answered)``,
+    asked after each batch, may end the run there (a caller's deadline): the answers so far are returned.
 
     Batched greedy decoding writes a workload's answers several times faster than answering one
     prompt at a time on a CPU (one weight read serves the whole batch)."""
@@ -193,15 +191,18 @@ def answer_prompts(target, tokenizer, prompts: list[str], max_new_tokens: int = 
     bar = tqdm(total=len(prompts), desc="target answers", unit="prompt", disable=not progress)
     for first in range(0, len(encoded), batch):
         group = encoded[first : first + batch]
-        args = (target, group, max_new_tokens, law, eos, seed * 100_003 + first, pad)
-        written = (yield from mapped(generate_batch_steps(*args), lambda _: WRITING)) if pieces else generate_batch(*args)
+        written = yield from within(generate_batch_steps(target, group, max_new_tokens, law, eos, seed * 100_003 + first, pad), Phase.ANSWERS)
         for prompt_ids, answer in zip(group, written):
             if len(answer) >= 2:  # the end of turn stays: the drafter should predict it too
                 sequences.append(list(prompt_ids) + answer)
                 prompt_lengths.append(len(prompt_ids))
         bar.update(len(group))
-        yield TrainData.from_lists(sequences, prompt_lengths) if sequences else None
+        answered = first + len(group)
+        yield Progress(Phase.ANSWERS, {"answered": answered, "prompts": len(prompts)})
+        if enough is not None and enough(answered):
+            break
     bar.close()
+    return TrainData.from_lists(sequences, prompt_lengths) if sequences else None
 
 
 # Words that start a user turn, by domain ("" leaves the request entirely to the target).
