@@ -502,6 +502,9 @@ def test_verifier_lab_bars_are_the_exit_law(small):
     lines = [s for s in fig.layout.shapes if s.type == "line"]
     assert any(s.y0 == pytest.approx(flow.tau_bound) for s in lines)
     assert "2.100" in fig.layout.title.text
+    # the same frequencies would put one verifier's markers on another's: each verifier sits beside the others over the node
+    tev, predraw = trace(fig, "tev"), trace(fig, "predraw")
+    assert all(a < b for a, b in zip(tev.x, predraw.x)) and all(abs(x - v) < 0.4 for v, x in enumerate(tev.x))
 
 
 def test_empty_inputs_give_placeholder_figures():

@@ -147,6 +147,29 @@ def test_step_1_labels_alternate_above_and_below(pair):
     assert all(a != b for a, b in zip(positions, positions[1:]))
 
 
+def test_a_whitespace_token_reads_as_a_quoted_space_in_the_attention_labels(pair):
+    """A space token showed as a bare "·" between a node's name and its position in the attention mask's labels."""
+    target, drafters = pair
+    trace = trace_round(target, drafters["block"], PROMPT, SamplingLaw(1.0), "tev", 8, seed=0)
+    space = trace.tree.tokens_list[1]
+    heatmap = walkthrough_step(trace, 3, lambda t: " " if t == space else f"w{t}").figure.data[0]
+    assert heatmap.x[1].startswith("v1 “␣” @") and all("“" not in name for name in heatmap.x[2:] if f"w{space}" not in name)
+
+
+def test_a_degenerate_round_says_so_and_how_to_get_a_richer_one():
+    """At the walkthrough's defaults a round can hold all the target's mass on one path (C(T) = 1.000 in every
+    round), so every verifier replays 2.000 +- 0.000: the page says why and what to change."""
+    import types
+
+    from ui.walkthrough import degenerate_note
+
+    round_ = lambda w, law: types.SimpleNamespace(flow=types.SimpleNamespace(exit_weight=torch.tensor(w), tau_bound=2.0), law=law)  # noqa: E731
+    said = degenerate_note(round_([0.0, 1.0, 0.0], SamplingLaw(0.7, top_p=0.9)))
+    assert said.startswith("**A degenerate round:**") and "exit node is v1 with probability 1" in said and "raise T or top-p" in said
+    assert degenerate_note(round_([0.2, 0.8, 0.0], SamplingLaw(0.7, top_p=0.9))) == ""  # a spread to replay
+    assert degenerate_note(round_([0.0, 1.0, 0.0], SamplingLaw(0.0))) == ""  # greedy: the replay is refused, saying why
+
+
 def test_step_7_draws_the_removed_children_it_names(pair):
     """Step 7 promises grey removed children only where it draws them (a child outside the row's top
     tokens included), and says so in words when truncation had already given them probability 0."""

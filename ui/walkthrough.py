@@ -26,7 +26,7 @@ KEPT_ROUNDS = 12  # rounds a session keeps for Back and the HTML export (each ho
 REPLAY_DRAWS = 3000
 RUN_FIRST = "press 'Run one round' first"
 
-__all__ = ["WalkView", "ReplayView", "check_walkthrough", "run_walkthrough", "step_walkthrough", "replay_walkthrough", "export_walkthrough", "tab"]
+__all__ = ["WalkView", "ReplayView", "degenerate_note", "check_walkthrough", "run_walkthrough", "step_walkthrough", "replay_walkthrough", "export_walkthrough", "tab"]
 
 
 class WalkView(NamedTuple):
@@ -51,8 +51,24 @@ def _view(state: dict, replay_cleared: bool = True) -> WalkView:
     step = walkthrough_step(trace, state["step"], shared.SERVICE.token_text)
     where = (f"**round {trace.round_index + 1} · step {state['step'] + 1} of {len(STEP_TITLES)}** · {trace.law.describe()} · "
              f"verifier {trace.verifier} · B = {trace.tree.budget} · seed {state['seed']}")
+    note = degenerate_note(trace)  # every step of such a round says so, with how to get a richer one
+    where += f"\n\n{note}" if note else ""
     cleared = dict(replay_plot=None, replay_table="") if replay_cleared else {}
     return only(WalkView, where=where, text=f"### {step.title}\n\n{step.text}", plot=step.figure, state=state, **cleared)
+
+
+def degenerate_note(trace) -> str:
+    """A sentence when a sampled round is degenerate, else "": its exit law puts all its mass on one node
+    (at the law the target is sure of every drafted token on one path and of none below it), so every
+    verifier exits there and emits the same block every time (a replay shows 1 + C with no spread)."""
+    weights = trace.flow.exit_weight
+    if trace.law.greedy or float(weights.max()) < 1 - 1e-6:
+        return ""
+    node = int(weights.argmax())
+    return (f"**A degenerate round:** at {trace.law.describe()} the target is certain along one path, so the exit node is v{node} with "
+            f"probability 1 and every verifier emits the same block (L = 1 + C = {trace.flow.tau_bound:.3f} every time, nothing to tell "
+            "them apart). For a richer round raise T or top-p (T = 1, top-p 1.0 keep the target's whole law), press Next for another "
+            "round, or give a prompt whose continuation is less certain.")
 
 
 @once_per_click
@@ -120,6 +136,8 @@ def replay_walkthrough(state, progress=gr.Progress()) -> ReplayView:
              f"as step 5, and the mean block length is $1 + C$ = {trace.flow.tau_bound:.3f}.", "",
              "| verifier | mean block length (± s.e.) |", "|---|---|"]
     lines += [f"| {name} | {result.mean_lengths[name]:.3f} ± {result.length_se[name]:.3f} |" for name in verifiers]
+    note = degenerate_note(trace)
+    lines += ["", note] if note else []
     return ReplayView(verifier_lab_figure(trace.tree, trace.flow, result.frequencies, result.mean_lengths, token_text=shared.SERVICE.token_text), "\n".join(lines))
 
 

@@ -283,11 +283,14 @@ def verifier_lab_figure(
         hovertemplate="node %{customdata[0]} (depth %{customdata[1]})<br>w(v) = %{y:.4f}<extra></extra>",
     ), row=1, col=1)
     symbols = ("circle", "diamond", "square", "x", "triangle-up", "cross")
+    # every exact verifier's frequencies lie on w(v): each verifier's markers sit side by side over the node's bar, so none hides another's
+    spread = min(0.6, 0.15 * max(0, len(frequencies) - 1))
     for i, (name, freq) in enumerate(frequencies.items()):
+        shift = spread * (i / (len(frequencies) - 1) - 0.5) if len(frequencies) > 1 else 0.0
         fig.add_trace(go.Scatter(
-            x=nodes, y=list(freq), name=name, mode="markers", legendgroup=name,
+            x=[v + shift for v in nodes], y=list(freq), name=name, mode="markers", legendgroup=name, customdata=ticks,
             marker=dict(symbol=symbols[i % len(symbols)], size=9),
-            hovertemplate="node %{x}<br>frequency = %{y:.4f}<extra>" + html.escape(name) + "</extra>",
+            hovertemplate="node %{customdata}<br>frequency = %{y:.4f}<extra>" + html.escape(name) + "</extra>",
         ), row=1, col=1)
     names = list(mean_lengths)
     fig.add_trace(go.Bar(x=names, y=[mean_lengths[k] for k in names], name="mean L", marker_color="#3b7dd8", showlegend=False,

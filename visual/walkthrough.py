@@ -47,6 +47,15 @@ def _q(text: str) -> str:
     return "`" + text.replace("`", "'") + "`"
 
 
+def _axis_token(token: int, token_text: TokenText) -> str:
+    """A node's token on an axis label: its text (whitespace made visible), quoted when it is whitespace
+    alone, so a space token reads "␣" between quotes and not as a bare "·" beside the node's name."""
+    label = html.unescape(token_label(token, token_text, 8))
+    if token_text(int(token)).strip():
+        return label
+    return "“" + label.replace("·", "␣") + "”"
+
+
 def walkthrough_step(trace, index: int, token_text: TokenText = str) -> Step:
     """Step ``index`` (0-7) of ``trace`` (a :class:`~tev.engine.walkthrough.RoundTrace`)."""
     word = lambda t: _q(html.unescape(token_label(t, token_text, 24)))  # noqa: E731
@@ -147,7 +156,7 @@ def _builder(trace, token_text, word):
 def _forward(trace, token_text, word):
     tree = trace.tree
     n = tree.num_nodes
-    names = [f"v{v} {html.unescape(token_label(t, token_text, 8))} @{int(p)}" for v, (t, p) in enumerate(zip(tree.tokens_list, trace.positions.tolist()))]
+    names = [f"v{v} {_axis_token(t, token_text)} @{int(p)}" for v, (t, p) in enumerate(zip(tree.tokens_list, trace.positions.tolist()))]
     sees = tree.ancestors.int().tolist()
     fig = go.Figure(go.Heatmap(
         z=sees, x=names, y=names, colorscale=[[0, "#f4f4f4"], [1, "#3b7dd8"]], showscale=False, xgap=1, ygap=1,
@@ -183,7 +192,7 @@ def _decision(trace, token_text, word):
     exit_text = f"node v{verdict.exit_node} ({word(tree.tokens_list[verdict.exit_node]) if verdict.exit_node else 'the root'}, depth {int(tree.depths[verdict.exit_node])})"
     if trace.verifier == "tev":
         w = trace.decision["exit_law"]
-        names = [f"v{v} {html.unescape(token_label(t, token_text, 8))}" for v, t in enumerate(tree.tokens_list)]
+        names = [f"v{v} {_axis_token(t, token_text)}" for v, t in enumerate(tree.tokens_list)]
         colours = [EXIT_COLOUR if v == verdict.exit_node else GREY for v in range(tree.num_nodes)]
         fig = go.Figure(go.Bar(x=names, y=w, marker_color=colours, hovertemplate="%{x}: w = %{y:.4f}<extra></extra>"))
         _plain(fig, "TEV's categorical over nodes: the exit law w(v); red = the node drawn", xaxis="node", yaxis="w(v)")
