@@ -84,10 +84,12 @@ def test_resumed_responses_equal_an_uninterrupted_run(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(folder)
     requests = [("dialogue", f"request number {i}") for i in range(7)]
     saved = []
-    whole = write_responses(target, tokenizer, requests, 6, seed=5, batch=2, progress=False, on_batch=lambda ids: saved.append(list(ids)))
-    assert [len(s) for s in saved] == [2, 4, 6, 7]  # greedy round(3.5) = 4 then sampled; a batch never mixes them
-    resumed = write_responses(target, tokenizer, requests, 6, seed=5, batch=2, progress=False, done=saved[1])
-    assert resumed.sequences == whole.sequences
+    whole = write_responses(target, tokenizer, requests, 6, seed=5, slots=2, progress=False, on_answers=lambda done: saved.append(dict(done)))
+    assert [len(s) for s in saved] == [2, 4, 6, 7]  # saved after every 2 answers and at the end
+    for partial in saved[:3]:
+        resumed = write_responses(target, tokenizer, requests, 6, seed=5, slots=2, progress=False, done=partial)
+        assert resumed.sequences == whole.sequences
+    assert write_responses(target, tokenizer, requests, 6, seed=5, slots=3, progress=False).sequences == whole.sequences  # one seed per answer
 
 
 def _loss(drafter, data, index, soft=False):

@@ -63,7 +63,10 @@ class DrafterRecipe:
     request_tokens: int = 64
     response_tokens: int = 192
     greedy_share: float = 0.5
-    generation_batch: int = 96  # rows written at once: per token, 96 rows cost about a third of one (bfloat16, on a CPU with bf16 instructions)
+    # the data writer: "continuous" (tev/engine/batch_writer.py: generation_batch slots, a new request
+    # taking a slot as soon as an answer ends) or "batch" (batch_generate.py, which wrote the first drafters)
+    writer: str = "continuous"
+    generation_batch: int = 192  # rows written at once: a row of a 192-row product costs about half of one in a 16-row product
     # the drafter's shape; draft_vocab_size: the most frequent response tokens it may propose. Feature
     # dropout: the target's features identify a position almost uniquely, without it the drafter memorises
     drafter: BlockDrafterConfig = field(default_factory=lambda: drafter_shape(
@@ -94,7 +97,7 @@ class DrafterRecipe:
 STORED_SOFT_TOP = 16  # the target's top tokens kept per position in the feature cache
 
 # what a shard's conversations depend on (the shard count and the held-out share do not change them)
-DATA_FIELDS = ("seed", "shard_requests", "request_tokens", "response_tokens", "greedy_share", "generation_batch")
+DATA_FIELDS = ("seed", "shard_requests", "request_tokens", "response_tokens", "greedy_share", "writer", "generation_batch")
 
 QUICK_RECIPE = DrafterRecipe(
     shard_requests=8, shards=2, heldout_requests=4, request_tokens=16, response_tokens=16, generation_batch=8,
@@ -126,9 +129,11 @@ def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: 
     """Every shard's conversations, from the cache in ``work/shard-NNN/`` where present.
 
     A shard's requests never repeat an earlier shard's or an ``exclude`` text (the held-out
-    evaluation prompts); its responses are saved after every generation batch, so a stopped
-    run loses at most one batch.
+    evaluation prompts); its responses are saved after every ``generation_batch`` answers, so a
+    stopped run loses at most that many.
     """
+    if recipe.writer != "continuous":
+        raise ValueError(f"only the continuous writer writes new shards (the recipe names {recipe.writer!r})")
     parts: list[TrainData] = []
     written: list[str] = []
     for shard in range(recipe.shards):
@@ -139,15 +144,15 @@ def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: 
             print(f"shard {shard + 1} of {recipe.shards} ({folder})", flush=True)
         requests = _stage_json(folder / "requests.json", lambda: write_requests(
             target, tokenizer, recipe.shard_requests, seed, recipe.request_tokens, exclude=[*exclude, *written],
-            batch=recipe.generation_batch, progress=progress))
+            slots=recipe.generation_batch, progress=progress))
         written += [text for _, text in requests]
         partial = folder / "responses.partial.json"
 
         def write():
-            done = json.loads(partial.read_text()) if partial.is_file() else None
-            save = lambda ids: write_text_atomic(partial, json.dumps(ids))  # noqa: E731
+            done = {int(k): v for k, v in json.loads(partial.read_text()).items()} if partial.is_file() else None
+            save = lambda answers: write_text_atomic(partial, json.dumps(answers))  # noqa: E731
             return write_responses(target, tokenizer, [tuple(r) for r in requests], recipe.response_tokens, seed + 1,
-                                   recipe.greedy_share, batch=recipe.generation_batch, progress=progress, done=done, on_batch=save).to_json()
+                                   recipe.greedy_share, slots=recipe.generation_batch, progress=progress, done=done, on_answers=save).to_json()
 
         parts.append(TrainData.from_json(_stage_json(folder / "conversations.json", write)))
         partial.unlink(missing_ok=True)

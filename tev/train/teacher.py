@@ -1,8 +1,9 @@
 """What the frozen target writes and computes for its drafter's training.
 
-- corpus continuations (the tiny pair; cached by the target's weights), self-instruct chat conversations (train-drafter), answers
-  to a workload's prompts: all written by :func:`tev.engine.batch_generate.generate_batch`
-  (sampling through :mod:`tev.core.sampling`);
+- corpus continuations (the tiny pair; cached by the target's weights) and answers to a workload's
+  prompts, written by :func:`tev.engine.batch_generate.generate_batch` (sampling through
+  :mod:`tev.core.sampling`); self-instruct chat conversations (train-drafter), written by the
+  continuous-batching :func:`tev.engine.batch_writer.write_answers`;
 - the target's features at the drafter's layers along the text, and its next-token laws there,
   cut to their top tokens over the draft vocabulary and renormalised (:func:`top_law`, the one
   soft-label builder; stored as :class:`SoftLabels`).
@@ -30,6 +31,7 @@ from tqdm import tqdm
 from tev.core.sampling import SamplingLaw
 from tev.data.token_stream import encode_corpus
 from tev.engine.batch_generate import generate_batch, generate_batch_steps
+from tev.engine.batch_writer import WriterPrompt, write_answers
 from tev.engine.prompt_text import ChatTemplate, encode_chat
 from tev.engine.session import max_positions
 from tev.train.data import SoftLabels, TrainData
@@ -213,16 +215,13 @@ DOMAIN_OPENINGS = {
 }
 
 
-def _generate(target, tokenizer, prompts: list[list[int]], max_new_tokens: int, temperature: float, stop_id: int, seed: int) -> list[list[int]]:
-    """Continue each prompt until ``stop_id`` (kept) or ``max_new_tokens``."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_id
-    return generate_batch(target, prompts, max_new_tokens, temperature, stop_id, seed, pad_id=pad)
-
-
-def write_requests(target, tokenizer, count: int, seed: int, max_tokens: int = 64, domain_shares=(0.5, 0.25, 0.25), exclude=(), batch: int = 48, progress: bool = True) -> list[tuple[str, str]]:
+def write_requests(target, tokenizer, count: int, seed: int, max_tokens: int = 64, domain_shares=(0.5, 0.25, 0.25), exclude=(), slots: int = 192,
+                   progress: bool = True) -> list[tuple[str, str]]:
     """``count`` distinct user requests written by the target, as ``(domain, text)``.
 
-    Only requests the target finished (end-of-turn within ``max_tokens``) are kept; texts in
+    Written in rounds of ``2 * slots`` openings (:func:`~tev.engine.batch_writer.write_answers`),
+    each sampled at T = 1 with a seed of its own and kept in the order of the openings. Only
+    requests the target finished (end-of-turn within ``max_tokens``) are kept; texts in
     ``exclude`` (the held-out evaluation prompts) never are.
     """
     template = ChatTemplate.of(tokenizer)
@@ -232,16 +231,18 @@ def write_requests(target, tokenizer, count: int, seed: int, max_tokens: int = 6
     seen: set[str] = set()
     requests: list[tuple[str, str]] = []
     bar = tqdm(total=count, desc="requests (self-instruct)", unit="req", disable=not progress)
-    round_index = 0
+    size, written_so_far = 2 * slots, 0
     while len(requests) < count:
-        if round_index > 50 + 4 * count // batch:
+        if written_so_far > 4 * count + 50 * size:
             raise RuntimeError(f"the target wrote only {len(requests)} usable requests of {count}; lower --requests")
-        steers = [rng.choices(names, weights=domain_shares)[0] for _ in range(batch)]
+        steers = [rng.choices(names, weights=domain_shares)[0] for _ in range(size)]
         openings = [rng.choice(DOMAIN_OPENINGS[d]) for d in steers]
-        prompts = [tokenizer.encode(template.user_opening + opening, add_special_tokens=False) for opening in openings]
-        written = _generate(target, tokenizer, prompts, max_tokens, 1.0, template.end_of_turn, seed * 100_003 + round_index)
-        round_index += 1
-        for domain, opening, ids in zip(steers, openings, written):
+        prompts = [WriterPrompt(tuple(tokenizer.encode(template.user_opening + opening, add_special_tokens=False)), 1.0,
+                                seed * 100_003 + written_so_far + i) for i, opening in enumerate(openings)]
+        written = dict(item for item in write_answers(target, prompts, max_tokens, template.end_of_turn, slots) if item is not None)
+        written_so_far += size
+        for index, (domain, opening) in enumerate(zip(steers, openings)):
+            ids = written[index]
             if not ids or ids[-1] != template.end_of_turn:
                 continue  # unfinished
             text = (opening + tokenizer.decode(ids[:-1], skip_special_tokens=True)).strip()
@@ -257,32 +258,36 @@ def write_requests(target, tokenizer, count: int, seed: int, max_tokens: int = 6
 
 
 def write_responses(
-    target, tokenizer, requests: list[tuple[str, str]], max_new_tokens: int, seed: int, greedy_share: float = 0.5, batch: int = 48,
-    progress: bool = True, done: list[list[int]] | None = None, on_batch=None,
+    target, tokenizer, requests: list[tuple[str, str]], max_new_tokens: int, seed: int, greedy_share: float = 0.5, slots: int = 192,
+    progress: bool = True, done: dict[int, list[int]] | None = None, on_answers=None,
 ) -> TrainData:
     """The target's answer to each request: the first ``greedy_share`` greedily, the rest at T = 1;
     the conversations with their domains and requests.
 
-    Resumable: ``done`` holds the conversations of the batches already written (as passed to
-    ``on_batch(token_ids)`` after each batch); every batch is seeded by where it starts, so a
-    resumed run writes what an uninterrupted one would.
+    Written by :func:`~tev.engine.batch_writer.write_answers`, ``slots`` at once, each answer
+    sampled with a seed of its own (the request's index). Resumable: ``done`` maps request indices
+    to the conversations already written (as passed to ``on_answers(done)`` after every ``slots``
+    answers); the others are written as an uninterrupted run writes them.
     """
     template = ChatTemplate.of(tokenizer)
     prompts = [template.prompt_ids(tokenizer, text) for _, text in requests]
     greedy_count = int(round(len(requests) * greedy_share))
-    token_ids: list[list[int]] = list(done or [])
+    token_ids: dict[int, list[int]] = dict(done or {})
+    missing = [i for i in range(len(requests)) if i not in token_ids]
     bar = tqdm(total=len(requests), initial=len(token_ids), desc="responses", unit="resp", disable=not progress)
-    start = len(token_ids)
-    while start < len(requests):
-        # a batch never mixes greedy and sampled answers
-        stop = min(start + batch, greedy_count) if start < greedy_count else min(start + batch, len(requests))
-        chunk = prompts[start:stop]
-        temperature = 0.0 if start < greedy_count else 1.0
-        answers = _generate(target, tokenizer, chunk, max_new_tokens, temperature, template.end_of_turn, seed * 100_003 + start)
-        token_ids += [p + a for p, a in zip(chunk, answers)]
-        if on_batch is not None:
-            on_batch(token_ids)
-        bar.update(len(chunk))
-        start = stop
+    work = [WriterPrompt(tuple(prompts[i]), 0.0 if i < greedy_count else 1.0, seed * 100_003 + i) for i in missing]
+    unsaved = 0
+    for item in write_answers(target, work, max_new_tokens, template.end_of_turn, slots):
+        if item is None:
+            continue
+        index = missing[item[0]]
+        token_ids[index] = prompts[index] + list(item[1])
+        bar.update()
+        unsaved += 1
+        if on_answers is not None and (unsaved >= slots or len(token_ids) == len(requests)):
+            on_answers(token_ids)
+            unsaved = 0
     bar.close()
-    return TrainData.from_lists(token_ids, [len(p) for p in prompts], domains=[d for d, _ in requests], requests=[t for _, t in requests])
+    ordered = [token_ids[i] for i in range(len(requests))]
+    return TrainData.from_lists(ordered, [len(p) for p in prompts], domains=[d for d, _ in requests], requests=[t for _, t in requests])
+
