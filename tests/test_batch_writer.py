@@ -99,3 +99,23 @@ def test_bad_prompts_are_refused_and_other_models_are_named():
             return None
 
     assert "gpt2" in writer_unsupported_reason(_Other())
+
+
+def test_the_data_writer_bench_times_both_writers_on_the_same_requests(tmp_path):
+    import argparse
+
+    from tev.bench import data_writer
+    from tev.util.stored import read_result
+    from tests.tiny import save_chat_target
+
+    folder = save_chat_target(tmp_path / "chat")
+    parser = argparse.ArgumentParser()
+    data_writer.add_arguments(parser)
+    out = tmp_path / "writer.json"
+    args = parser.parse_args(["--target", str(folder), "--requests", "6", "--response-tokens", "5", "--slots", "4", "--passes", "2", "--json", str(out)])
+    assert data_writer.run(args) == 0
+    result = read_result(out, "data-writer")
+    passes = result["timing"]["1"]["passes"]
+    assert len(passes) == 2 and result["continuous_writer"]["rows"] == 4
+    for row in passes:
+        assert row["batch"]["tokens"] > 0 and row["continuous"]["tokens"] > 0 and row["ratio_cpu"] > 0

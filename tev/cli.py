@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tev.bench import ablation, drafter_tau, e2e, reach, report, row_cost, verifiers_bench, workload_table
+from tev.bench import ablation, data_writer, drafter_tau, e2e, reach, report, row_cost, verifiers_bench, workload_table
 from tev.core.verify import VERIFIERS
 from tev.drive import gpu_check, loadtest, page_speed, screenshot, workload_path
 from tev.engine.generate_command import generate_command
@@ -38,6 +38,7 @@ BENCH = {
     "drafter-tau": (drafter_tau, "tau of block drafters on the held-out chat prompts, as train-drafter measures it"),
     "workload-table": (workload_table, "the workload ablation tables from result files; --install writes the model card's table"),
     "row-cost": (row_cost, "what a row of the target costs per forward and precision, and which operations keep a row's bits"),
+    "data-writer": (data_writer, "response tokens a second of the drafter's data writers: continuous batching against the batch writer"),
     # what starts the app or drives it from outside (tev/drive)
     "loadtest": (loadtest, "load test of the app through its public API: users, seeds, own outputs, queue full, memory"),
     "page-speed": (page_speed, "the Live page's speed figure, read from a real browser (or --api)"),

@@ -48,11 +48,12 @@ def writer_dtype(model, slots: int) -> torch.dtype:
     return low_precision("cpu", shape=(slots, config.hidden_size, 2 * config.intermediate_size))
 
 
-def write_answers(model, prompts: list["WriterPrompt"], max_new_tokens: int, stop_id: int | None, slots: int):
+def write_answers(model, prompts: list["WriterPrompt"], max_new_tokens: int, stop_id: int | None, slots: int, continuous: bool = True):
     """Every prompt's answer: a generator of ``(index, answer)`` as answers end, ``None`` between
-    forwards. :class:`BatchWriter` where it runs the model; elsewhere transformers' forward in
-    batches of ``slots`` prompts of one temperature (each batch sampled with its first prompt's seed)."""
-    if writer_unsupported_reason(model) is None:
+    forwards. :class:`BatchWriter` where it runs the model; elsewhere (or without ``continuous``)
+    transformers' forward in batches of ``slots`` prompts of one temperature, each batch sampled
+    with its first prompt's seed (:func:`~tev.engine.batch_generate.generate_batch`)."""
+    if continuous and writer_unsupported_reason(model) is None:
         length = max((len(p.ids) for p in prompts), default=1) + max_new_tokens
         writer = BatchWriter(model, min(slots, max(1, len(prompts))), length, writer_dtype(model, slots))
         yield from writer.run(prompts, max_new_tokens, stop_id)

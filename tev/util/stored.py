@@ -37,6 +37,7 @@ VERSIONS = {
     "report": 1,  # bench report: report.json
     "reach": 1,  # bench reach --json
     "row-cost": 1,  # bench row-cost --json
+    "data-writer": 1,  # bench data-writer --json
     "page-speed": 1,  # bench page-speed --json
     "loadtest": 1,  # bench loadtest: loadtest.json
     "gpu-check": 1,  # bench gpu-check: gpu-check.json
