@@ -18,7 +18,7 @@ from tev.data.prompts import load_prompt_set
 from tev.util.cpus import available_cpus
 from tev.util.memory import limit_malloc_arenas
 from ui import exittrain, gpu, header, lab, learn, live, shared, walkthrough, workload
-from ui.components import KEEP_TYPED_NUMBERS_JS
+from ui.components import PAGE_JS
 
 # Gradio keeps every session's state and last component values in memory (about 1.5 MB per
 # session here); bound how many sessions it keeps (least recently used go first). Measured in docs/reliability.md.
@@ -101,7 +101,7 @@ def main() -> None:
         max_file_size="1mb",
         state_session_capacity=SESSION_CAPACITY,
         css=CSS,
-        js=KEEP_TYPED_NUMBERS_JS,
+        js=PAGE_JS,
         theme=gr.themes.Soft(),
     )
 

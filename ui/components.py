@@ -22,7 +22,7 @@ import gradio as gr
 from tev.service.service import UserInputError, check_number
 from ui import shared
 
-__all__ = ["checked_event", "validator", "refusal", "refusal_line", "once_per_click", "as_text", "KEEP_TYPED", "KEEP_TYPED_NUMBERS_JS"]
+__all__ = ["checked_event", "validator", "refusal", "refusal_line", "once_per_click", "as_text", "KEEP_TYPED", "KEEP_TYPED_NUMBERS_JS", "PURGE_DETACHED_PLOTS_JS", "PAGE_JS"]
 
 # Gradio's slider clamps a number typed into its box to the slider's range when the box loses focus
 # (top-p 1.7 became 1 and ran without a word). The page's own script (``launch(js=...)``) stops that
@@ -39,6 +39,24 @@ KEEP_TYPED_NUMBERS_JS = """() => {
         if (value < parseFloat(box.min) || value > parseFloat(box.max)) event.stopImmediatePropagation();
     }, true);
 }""" % KEEP_TYPED
+
+# Gradio's plot component draws each new figure into a fresh plotly element and drops the old one from the page
+# without plotly's purge, so the window's resize handlers that plotly added keep every old figure alive: each Live
+# run left about 3,500 detached DOM nodes and 1.3-1.5 MB of heap after collection (measured on the quick pair,
+# 8 runs). The page's script purges a plotly figure once it has left the page (what plotly's own purge is for);
+# then the heap grew about 0.15 MB a run and the DOM stayed flat.
+PURGE_DETACHED_PLOTS_JS = """() => {
+    new MutationObserver((records) => {
+        if (!window.Plotly) return;
+        for (const record of records) for (const node of record.removedNodes) {
+            if (!(node instanceof Element)) continue;
+            const plots = node.classList.contains("js-plotly-plot") ? [node] : node.querySelectorAll(".js-plotly-plot");
+            for (const plot of plots) if (!plot.isConnected) window.Plotly.purge(plot);
+        }
+    }).observe(document.body, {childList: true, subtree: true});
+}"""
+# The page's own script (``launch(js=...)``): both of the above.
+PAGE_JS = "() => { (%s)(); (%s)(); }" % (KEEP_TYPED_NUMBERS_JS, PURGE_DETACHED_PLOTS_JS)
 
 
 def _short_label(component) -> str:
