@@ -2,6 +2,7 @@
 
 import json
 import re
+import threading
 
 import pytest
 from gradio_client import Client
@@ -65,7 +66,7 @@ def test_generate_streams_rounds_and_is_reproducible(client):
     final = named(LiveView._fields, job.result())
     assert len(job.outputs()) >= 2  # at least the first round and the final update
     stats = final["stats"]
-    assert "rounds" in stats and "timed again with the page idle" in stats and "one-token steps" in stats
+    assert "rounds" in stats and "timed again with no other run in this app's line" in stats and "one-token steps" in stats
     assert "the same settings and seed" in stats and "the same text" not in stats  # at T > 0 plain decoding samples its own text
     assert re.search(r"on \d+ torch thread", stats)  # the thread setting it was timed under
     assert re.search(r"→ \*\*\d+\.\d\dx\*\*", stats)  # the speedup of the quiet rerun over plain decoding
@@ -73,7 +74,7 @@ def test_generate_streams_rounds_and_is_reproducible(client):
     summary = final["summary"]  # the same run in numbers, for tools (they read this, never the sentences)
     assert f"**tau** {summary['tau']:.2f}" in stats and f"**mean block length** {summary['mean_block_length']:.2f}" in stats and f"**rounds** {summary['rounds']}" in stats
     assert summary["tau"] == pytest.approx(summary["tokens"] / summary["rounds"])
-    assert f"→ **{summary['timing']['speedup']:.2f}x**" in stats and f"{summary['tokens_per_second']:.1f} tokens/s while the page drew" in stats
+    assert f"→ **{summary['timing']['speedup']:.2f}x**" in stats and f"{summary['tokens_per_second']:.1f} tokens/s as this page received the answer" in stats
     assert summary["drafter"] == "block" and summary["stop_reason"] in ("eos", "max_new_tokens")
     assert "nodes" in traces(final["tree"]) and traces(final["mass"]) and traces(final["timeline"])
     again = named(LiveView._fields, client.submit(SHORT_PROMPT, "block", "tev", 8, 1.0, 64, 7, True, *fixed, api_name="/generate").result())
@@ -281,20 +282,80 @@ def test_the_speed_sentence_says_how_it_was_timed_or_why_it_was_not():
 
     from tev.engine.decode import DecodeConfig, GenerationSummary
     from tev.service.service import Retiming
-    from ui.live import _speed_verdict, _stats_markdown
+    from ui.live import Speed, _speed_verdict, _stats_markdown
 
     def summary(tokens, seconds, rounds, reason="max_new_tokens"):
         return GenerationSummary([1], list(range(tokens)), "", rounds, [2] * rounds, [1.0] * rounds, seconds, 0.0, 0.01, reason, stage_seconds={"forward": seconds})
 
     spec, plain, config = summary(64, 3.0, 32), summary(64, 2.2, 64), DecodeConfig(budget=16, temperature=0.7, top_p=0.9, max_new_tokens=64)
     alone = _speed_verdict(spec, plain, config)
-    assert "timed again with the page idle" in alone and "shared" not in alone
+    assert "timed again with no other run in this app's line" in alone and "shared" not in alone and "idle" not in alone
+    quiet = _speed_verdict(spec, plain, config, load=(0.4, 2))  # the machine's load said as measured, never "idle"
+    assert "no other run in this app's line (machine load average 0.4 on 2 CPUs)" in quiet
+    loaded = _speed_verdict(spec, plain, config, load=(9.5, 2))  # other processes on the machine
+    assert "other processes loaded the machine (load average 9.5 on 2 CPUs)" in loaded
     shared = _speed_verdict(spec, plain, config, others=2)  # never called idle when it was not
     assert "timed again while 2 other runs shared the machine" in shared and "idle" not in shared and "lower than it gives one run alone" in shared
     records = [types.SimpleNamespace(block_length=2, emitted=[1, 2], flow=types.SimpleNamespace(tau_bound=2.5), choice=None, drafter="block")] * 32
-    stats = _stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Retiming(spec, plain, 1))
-    assert "timed again while 1 other run shared the machine" in stats
+    stats = _stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(shown=7.25, timing=Retiming(spec, plain, 1)))
+    assert "timed again while 1 other run shared the machine" in stats and "7.2 tokens/s as this page received the answer" in stats
     for reason, words in (("stop", "you pressed Stop during the re-timing"), ("ended", "you pressed Stop as the answer ended"),
                           ("generate", "you pressed Generate during the re-timing")):
-        stats = _stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Retiming(summary(10, 1.0, 5, "cancelled"), None, 0), reason)
+        stats = _stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(timing=Retiming(summary(10, 1.0, 5, "cancelled"), None, 0), unmeasured=reason))
         assert f"**speed not measured**: {words}" in stats and "**speed, timed" not in stats
+
+
+def test_an_answer_is_not_re_timed_while_others_wait_and_says_whose_figure_it_gives(monkeypatch):
+    """Twelve visitors at the opening settings each waited for every answer's re-timing (median 200 s): while other
+    runs wait in the app's line the answer is not re-timed; it says so, and gives the machine's latest re-timing
+    that ran alone, named as such and never as this answer's "timed"."""
+    import types
+
+    from tev.engine.decode import DecodeConfig, GenerationSummary
+    from tev.service.service import IdleTimings, Retiming
+    from ui import live
+
+    def summary(tokens, seconds, rounds, reason="max_new_tokens"):
+        return GenerationSummary([1], list(range(tokens)), "", rounds, [2] * rounds, [1.0] * rounds, seconds, 0.0, 0.01, reason, stage_seconds={"forward": seconds})
+
+    config = DecodeConfig(budget="auto", budget_cap=16, temperature=0.7, top_p=0.9, max_new_tokens=64)
+    kind, timings = IdleTimings.kind("path", config), IdleTimings()
+    timings.remember(kind, Retiming(summary(64, 4.0, 32), summary(64, 8.0, 64), 2), (1.0, 2))  # shared: never kept as an idle figure
+    assert timings.latest(kind) is None
+    timings.remember(kind, Retiming(summary(64, 4.0, 32), summary(64, 8.0, 64), 0), (1.2, 2))
+    retimed = []
+    service = types.SimpleNamespace(others_waiting=lambda: 3, idle_timings=timings, retime=lambda *args: retimed.append(args))
+    monkeypatch.setattr(live.shared, "SERVICE", service)
+    steps = live._retimed(None, None, [], None, config, threading.Event(), None, kind, live.Speed(shown=5.0))
+    with pytest.raises(StopIteration) as end:
+        next(steps)  # nothing shown, nothing timed: the answer ends at once
+    speed = end.value.value
+    assert not retimed and speed.unmeasured == "busy" and speed.waiting == 3 and speed.recalled is timings.latest(kind)
+    said = live._speed_line(speed, config)
+    assert said.startswith("**speed not re-timed**: 3 other runs were in this app's line") and "timed again" not in said
+    assert "latest re-timing of the same kind of run that had the app to itself" in said and "load average 1.2 on 2 CPUs then" in said and "**2.00x**" in said
+    assert "No re-timing of this kind of run has yet run alone here" in live._not_retimed(1, None, config)
+
+
+def test_live_says_when_it_serves_the_adapted_drafter():
+    from ui.live import _adapted_note
+
+    note = _adapted_note("adapted: my prompts #k3y")  # an API name: its key is never shown
+    assert note.startswith("**served: your adapted drafter my prompts**") and "k3y" not in note
+    assert _adapted_note("block") is None
+
+
+def test_a_finished_run_opens_at_its_fullest_round_not_its_last():
+    """The last round was often a stub as the answer ran out (B = 1-2, C = 0): the figures open at the fullest tree,
+    the most target mass among those, and the sentence says which and why."""
+    import types
+
+    from ui.live import _opened_at, _richest_round
+
+    def round_of(budget, coverage):
+        return types.SimpleNamespace(tree=types.SimpleNamespace(budget=budget), flow=types.SimpleNamespace(coverage=coverage))
+
+    records = [round_of(8, 0.9), round_of(16, 0.4), round_of(16, 1.2), round_of(16, 1.2), round_of(2, 0.0)]
+    assert _richest_round(records) == 2  # B = 16, C = 1.2, the earlier of two ties
+    assert "round 3 of 5, the run's fullest (B = 16" in _opened_at(records, 2) and "C(T) = 1.200" in _opened_at(records, 2)
+    assert _opened_at([round_of(0, 0.0)], 0) == ""  # budget 0: every round is the root alone

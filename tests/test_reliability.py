@@ -82,11 +82,11 @@ def leave_after(url: str, settings: Settings, until: str = "first", api: str = "
     code = f"""
 import os, sys, time
 from gradio_client import Client
-job = Client({url!r}, verbose=False).submit(*{settings.args()!r}, api_name={api!r})
+job = Client({url!r}, verbose=False).submit(**{dataclasses.asdict(settings)!r}, api_name={api!r})
 deadline = time.time() + 120
 while time.time() < deadline and not job.done():
     outs = job.outputs()
-    if outs and ({until!r} == "first" or {until!r} in str(outs[-1][4])):
+    if outs and ({until!r} == "first" or {until!r} in str(outs[-1])):
         print("left", flush=True)
         os._exit(0)
     time.sleep(0.01)
@@ -120,13 +120,16 @@ def test_short_load_test(app_server, tmp_path):
 
 
 def test_visitors_at_the_page_defaults_get_chat_answers(app_server):
-    """``--page-defaults``: each request is a chat prompt at the page's opening law with budget auto
-    and the autoregressive re-timing; the app serves those settings (the quick pair offers the block
-    drafter and has no chat template, so here the prompt goes as text)."""
-    settings = loadtest.page_settings(random.Random(0), 3, "block", max_new_tokens=12)
-    assert settings.chat and settings.auto_budget and settings.compare_ar and settings.verifier == "tev"
-    assert (settings.temperature, settings.top_p) == (0.7, 0.9) and settings.prompt.startswith("# user 3\n")
-    outcome = run_one(new_client(app_server.url), dataclasses.replace(settings, chat=False), 3, timeout=120)
+    """``--page-defaults``: each request is a visitor at the page's opening settings as ``/generate`` declares them
+    (its law, budget auto, the autoregressive re-timing, its drafter; chat where the pair has it, and the quick pair
+    has none, so code prompts as text), with its own seed and prompt."""
+    client = new_client(app_server.url)
+    opening = loadtest.opening_settings(client)
+    assert opening.auto and opening.compare_ar and opening.verifier == "tev" and not opening.chat and opening.drafter == "block"
+    assert (opening.temperature, opening.top_p, opening.budget) == (0.7, 0.9, 16)
+    settings = loadtest.page_settings(random.Random(0), 3, opening, max_new_tokens=12)
+    assert settings.prompt.startswith("# user 3\n") and settings.prompt[len("# user 3\n"):] in loadtest.PROMPTS and settings.max_new_tokens == 12
+    outcome = run_one(client, settings, 3, timeout=120)
     assert outcome.outcome == "ok" and outcome.tokens > 0, outcome.message
 
 
@@ -166,7 +169,7 @@ def test_clients_that_leave_free_their_slots_and_stop_generating(slow_server):
     vanishes, right after its first streamed output: a new request starts at once and the
     server goes idle (a generation left running would keep a thread computing for seconds)."""
     gone = leave_after(slow_server.url, LONG)
-    job = new_client(slow_server.url).submit(*LONG.args(), api_name="/generate")
+    job = LONG.submit(new_client(slow_server.url))
     wait_for_output(job)
     job.cancel()
     assert gone.wait(timeout=120) == 0
@@ -185,8 +188,8 @@ def test_leaving_during_the_autoregressive_comparison_stops_it(slow_server):
     assert gone.wait(timeout=120) == 0, gone.stdout.read()
     time.sleep(0.5)
     assert busiest_thread(slow_server.pid) < BUSY
-    job = new_client(slow_server.url).submit(*settings.args(), api_name="/generate")
-    while not (job.outputs() and "**re-timing**" in str(job.outputs()[-1][4])):
+    job = settings.submit(new_client(slow_server.url))
+    while not (job.outputs() and "**re-timing**" in str(job.outputs()[-1])):
         assert not job.done(), "the run ended before its autoregressive comparison"
         time.sleep(0.01)
     assert busiest_thread(slow_server.pid, 1.0) > BUSY  # the measure sees the worker computing
@@ -356,9 +359,9 @@ def test_the_app_with_a_broken_target_says_so_and_keeps_serving(broken_server):
     client = new_client(server.url)
     expected = f"could not load the model from folder {target}: SafetensorError"
     # the ExitTrain tab runs on the tiny pair whatever TEV_TARGET says, so only these two meet the broken target
-    for api, args in (("/generate", Settings(PROMPT).args()), ("/verifier_lab", ("prompt", PROMPT, "block", 8, 1.0, 300, 0))):
+    for api, args, named in (("/generate", (), dataclasses.asdict(Settings(PROMPT))), ("/verifier_lab", ("prompt", PROMPT, "block", 8, 1.0, 300, 0), {})):
         with pytest.raises(Exception, match=re.escape(expected)):
-            client.predict(*args, api_name=api)
+            client.predict(*args, **named, api_name=api)
     figure, tree, table = client.predict("synthetic example", PROMPT, "block", 8, 1.0, 300, 0, api_name="/verifier_lab")  # needs no model
     assert "| tev |" in table
     assert server.process.poll() is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from dataclasses import dataclass
 import sys
 import threading
 import time
@@ -16,8 +17,8 @@ from tev.core.budget import Calibration, RoundRate
 from tev.core.verify import VERIFIERS
 from tev.engine.decode import DecodeConfig, GenerationSummary
 from tev.engine.models import DRAFTERS
-from tev.service.adapted import drafter_kind, is_adapted
-from tev.service.service import DEFAULT_SAMPLING, LIMITS, Retiming, UserInputError, check_settings, records_to_json
+from tev.service.adapted import ADAPTED_PREFIX, KEY_MARK, drafter_kind, is_adapted
+from tev.service.service import DEFAULT_SAMPLING, LIMITS, IdleTiming, IdleTimings, Retiming, UserInputError, check_settings, machine_load, records_to_json
 from ui import gpu, shared
 from tev.util.compute_thread import BACKGROUND_SHARE, mapped
 from tev.util.lru import LRU
@@ -43,13 +44,25 @@ DEFAULT_NEW_TOKENS = 224
 TEXT_SECONDS, FIGURE_SECONDS = 0.1, 1.0
 STOPPED = {"eos": "the answer ended", "stop_string": "a stop string", "cancelled": "you pressed Stop", "context_limit": "the target's context is full"}
 # While the finished answer is timed again; then, when that did not end, why there is no speed.
-RETIMING = ("\n\n**re-timing**: speculation and plain decoding run again on this prompt, timed, while the page draws nothing… "
-            "press Stop to skip it, or Generate to cancel it and start a new run")
+RETIMING = ("**re-timing**: speculation and plain decoding run again on this prompt, timed, while the page draws nothing… "
+            "press Stop to skip it, or Generate to skip it and start a new run")
 UNMEASURED = {
     "ended": "**speed not measured**: you pressed Stop as the answer ended, so it was not re-timed against plain decoding.",
     "stop": "**speed not measured**: you pressed Stop during the re-timing (speculation and plain decoding run again, timed), so there is no speedup to give.",
-    "generate": "**speed not measured**: you pressed Generate during the re-timing, which cancels it; your new run starts now.",
+    "generate": "**speed not measured**: you pressed Generate during the re-timing, which ends it; your new run starts now.",
 }
+
+
+@dataclass(frozen=True)
+class Speed:
+    """What the stats say of a finished run's speed."""
+
+    shown: float | None = None  # tokens a second as the page received the answer (wall clock, the run's start to its last round)
+    timing: Retiming | None = None  # this answer timed again
+    load: tuple[float, int] | None = None  # the machine's load average and CPUs as it was timed again (machine_load)
+    unmeasured: str | None = None  # why it was not (a key of UNMEASURED)
+    waiting: int = 0  # other runs in the app's line as it ended, when it was not re-timed for them
+    recalled: IdleTiming | None = None  # then: the machine's latest idle re-timing of this kind of run, if any
 
 
 class LiveView(NamedTuple):
@@ -64,6 +77,7 @@ class LiveView(NamedTuple):
     rounds: Any  # the round browser's slider
     budget: Any  # budget auto's choice for the shown round (hidden at a fixed budget)
     state: Any
+    said: Any  # under the buttons: what answers the press (how the run stopped, the re-timing, the speed), in view where the user pressed
 
 
 class RoundView(NamedTuple):
@@ -76,10 +90,8 @@ class RoundView(NamedTuple):
     budget: Any  # budget auto's choice for that round
 
 
-def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeConfig | None = None, timing: Retiming | None = None,
-                    unmeasured: str | None = None) -> str:
-    """The stats' sentences; ``timing`` the finished run timed again, else ``unmeasured`` (a key of
-    :data:`UNMEASURED`) says why its speed was not."""
+def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeConfig | None = None, speed: Speed | None = None) -> str:
+    """The stats' sentences; ``speed`` what is known of the finished run's speed (:class:`Speed`)."""
     if not records:
         return "No rounds yet."
     lengths = [r.block_length for r in records]
@@ -94,31 +106,71 @@ def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeCo
     if records[-1].choice is not None:
         lines.append(_auto_line(records))
     if summary is not None:
-        stopped = STOPPED.get(summary.stop_reason, summary.stop_reason)
-        if summary.stop_reason == "max_new_tokens":
-            stopped = f"at the length limit ({config.max_new_tokens} new tokens): the answer may be cut short; raise max new tokens to let it finish"
-        lines.append(f"stopped: {stopped} · time to first token {1e3 * summary.time_to_first_token:.0f} ms · "
-                     f"{summary.tokens_per_second:.1f} tokens/s while the page drew each round")
-    if timing is not None and timing.measured:
-        lines.append(_speed_verdict(timing.speculative, timing.autoregressive, config, timing.others))
-    elif unmeasured is not None:
-        lines.append(UNMEASURED[unmeasured])
+        lines.append(_stopped_line(summary, config, speed))
+    said = _speed_line(speed, config)
+    if said:
+        lines.append(said)
     elif summary is not None and tokens < MIN_TIMED_TOKENS and config is not None and summary.stop_reason != "cancelled":
         lines.append(f"No speed comparison: {tokens} tokens are too few to time (it needs at least {MIN_TIMED_TOKENS}; over a few "
                      "steps the first step's warm-up and the machine's jitter would decide the ratio).")
     return "\n\n".join(lines)
 
 
-def _run_summary(records, summary: GenerationSummary | None, timing: Retiming | None = None) -> dict:
+def _stopped_line(summary: GenerationSummary, config: DecodeConfig | None, speed: Speed | None) -> str:
+    """Why the run stopped, its time to first token, and the rate the page received its text at."""
+    stopped = STOPPED.get(summary.stop_reason, summary.stop_reason)
+    if summary.stop_reason == "max_new_tokens":
+        stopped = f"at the length limit ({config.max_new_tokens} new tokens): the answer may be cut short; raise max new tokens to let it finish"
+    rate = speed.shown if speed is not None and speed.shown is not None else summary.tokens_per_second
+    return f"stopped: {stopped} · time to first token {1e3 * summary.time_to_first_token:.0f} ms · {rate:.1f} tokens/s as this page received the answer"
+
+
+def _speed_line(speed: Speed | None, config: DecodeConfig | None) -> str | None:
+    """The speed comparison's sentence: this answer timed again, or why it was not (with the machine's latest idle
+    figure when a crowd kept it from being timed); None when there is nothing to say."""
+    if speed is None:
+        return None
+    if speed.timing is not None and speed.timing.measured:
+        return _speed_verdict(speed.timing.speculative, speed.timing.autoregressive, config, speed.timing.others, speed.load)
+    if speed.unmeasured == "busy":
+        return _not_retimed(speed.waiting, speed.recalled, config)
+    return UNMEASURED.get(speed.unmeasured) if speed.unmeasured else None
+
+
+def _not_retimed(waiting: int, recalled: IdleTiming | None, config: DecodeConfig) -> str:
+    """Why an answer was not re-timed (``waiting`` other runs in the app's line), and this machine's latest idle
+    re-timing of the same kind of run, named as such (never as this answer's timing)."""
+    runs = f"{waiting} other run{'s were' if waiting > 1 else ' was'}"
+    head = (f"**speed not re-timed**: {runs} in this app's line as your answer ended, and re-timing it (speculation and plain decoding "
+            f"again, on this machine's shared cores) would have held {'them' if waiting > 1 else 'it'} up.")
+    if recalled is None:
+        return head + " No re-timing of this kind of run has yet run alone here: generate again when the page is quiet for one."
+    spec, plain = recalled.timing.speculative, recalled.timing.autoregressive
+    minutes = max(0.0, time.time() - recalled.at) / 60
+    return (head + f" This machine's latest re-timing of the same kind of run that had the app to itself (another answer, {minutes:.0f} min ago; "
+            f"load average {recalled.load:.1f} on {recalled.cpus} CPUs then): speculation {spec.tokens_per_second:.1f} tokens/s, plain decoding "
+            f"{plain.tokens_per_second:.1f} tokens/s → **{spec.tokens_per_second / max(plain.tokens_per_second, 1e-9):.2f}x** (tau {spec.tau:.2f}).")
+
+
+def _run_summary(records, summary: GenerationSummary | None, speed: Speed | None = None) -> dict:
     """The run in numbers, beside :func:`_stats_markdown`'s sentences: rounds, tokens, tau (tokens
-    emitted per target forward), mean block length, mean 1 + C, the drafter, how it stopped and its speed; ``timing`` the rerun
-    against plain decoding (``others``: the most other requests that shared the machine meanwhile)."""
+    emitted per target forward), mean block length, mean 1 + C, the drafter, how it stopped and its speed: ``timing`` this
+    answer's rerun against plain decoding (``others``: the most other requests that shared the machine meanwhile), else
+    ``not_retimed_for`` (other runs in the app's line as it ended) and ``idle_timing``, the machine's latest lone re-timing."""
+    timing = speed.timing if speed is not None else None
     tokens = sum(len(r.emitted) for r in records)
     found = {"rounds": len(records), "tokens": tokens, "tau": tokens / len(records), "mean_block_length": sum(r.block_length for r in records) / len(records),
              "mean_tau_bound": sum(r.flow.tau_bound for r in records) / len(records), "drafter": records[-1].drafter,
-             "stop_reason": None, "time_to_first_token_s": None, "tokens_per_second": None, "timing": None}
+             "stop_reason": None, "time_to_first_token_s": None, "tokens_per_second": None, "timing": None, "not_retimed_for": None, "idle_timing": None}
     if summary is not None:
-        found.update(stop_reason=summary.stop_reason, time_to_first_token_s=summary.time_to_first_token, tokens_per_second=summary.tokens_per_second)
+        shown = speed.shown if speed is not None and speed.shown is not None else summary.tokens_per_second
+        found.update(stop_reason=summary.stop_reason, time_to_first_token_s=summary.time_to_first_token, tokens_per_second=shown)
+    if speed is not None and speed.unmeasured == "busy":
+        found["not_retimed_for"] = speed.waiting
+        if speed.recalled is not None:
+            spec, ar = speed.recalled.timing.speculative, speed.recalled.timing.autoregressive
+            found["idle_timing"] = {"speculative_tokens_per_second": spec.tokens_per_second, "autoregressive_tokens_per_second": ar.tokens_per_second,
+                                    "age_s": time.time() - speed.recalled.at, "load": speed.recalled.load}
     if timing is not None and timing.measured:
         spec, ar = timing.speculative, timing.autoregressive
         found["timing"] = {"speculative_tokens_per_second": spec.tokens_per_second, "autoregressive_tokens_per_second": ar.tokens_per_second,
@@ -154,17 +206,25 @@ def _sharing_note(active: int, background: int = 0) -> str:
             "and says whether the machine was shared then).")
 
 
-def _timed_how(others: int) -> str:
-    """How the rerun was timed: alone, or beside ``others`` other requests (never called idle then)."""
-    if others <= 0:
-        return "timed again with the page idle"
-    return f"timed again while {others} other run{'s' if others > 1 else ''} shared the machine"
+def _timed_how(others: int, load: tuple[float, int] | None = None) -> str:
+    """How the rerun was timed: with no other run in the app's line, or beside ``others`` other requests (what the
+    app measured of itself), and the machine's ``load`` (load average, CPUs) as it began, which counts every process."""
+    if others > 0:
+        return f"timed again while {others} other run{'s' if others > 1 else ''} shared the machine"
+    if load is None:
+        return "timed again with no other run in this app's line"
+    average, cpus = load
+    if average > torch.get_num_threads() + 0.5:  # more than this app's own threads keep the cores busy
+        return (f"timed again with no other run in this app's line, but other processes loaded the machine (load average {average:.1f} "
+                f"on {cpus} CPUs): a quiet machine gives more")
+    return f"timed again with no other run in this app's line (machine load average {average:.1f} on {cpus} CPUs)"
 
 
-def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: DecodeConfig, others: int = 0) -> str:
+def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: DecodeConfig, others: int = 0, load: tuple[float, int] | None = None) -> str:
     """The speed of a rerun against plain decoding, and why, from the rerun's stage times; ``others``
-    the most other requests that shared the machine during it (they took turns with its rounds)."""
-    timed = _timed_how(others)
+    the most other requests that shared the machine during it (they took turns with its rounds), ``load``
+    the machine's load average and CPUs as it began."""
+    timed = _timed_how(others, load)
     speedup = spec.tokens_per_second / max(ar.tokens_per_second, 1e-9)
     step_ms = 1e3 * (ar.seconds - ar.prefill_seconds) / max(1, len(ar.token_ids))  # one target step
     round_ms = 1e3 * (spec.seconds - spec.prefill_seconds) / max(1, spec.rounds)
@@ -221,7 +281,7 @@ _RETIMING: LRU[str, threading.Event] = LRU(1024)
 
 
 def arm_stop(request: gr.Request):
-    """Generate pressed: the session's re-timing, if one runs, is cancelled, and this press's run starts
+    """Generate pressed: the session's re-timing, if one runs, ends, and this press's run starts
     as the old one ends (the event runs its last press after the current one: ``always_last``); a Stop
     from before this press does not stop the new run."""
     running = _RETIMING.peek(shared.session_of(request))
@@ -231,7 +291,9 @@ def arm_stop(request: gr.Request):
 
 
 def stop_live(request: gr.Request):
-    """Stop pressed: the session's generation ends after its current round (or before it starts)."""
+    """Stop pressed: the session's generation ends after its current round (or before it starts), and its
+    re-timing, if one runs, at its next step (the run's end then says so under the buttons; a line written here
+    could land after that end and hide it)."""
     _stop_flag(request).set()
 
 
@@ -281,6 +343,7 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
         prompt_ids, config = check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k, auto, memory)
         prompt = as_text(prompt)
         served, serving_note = live_drafter(shared.SERVICE.bundle(), drafter, request, config.law)
+        serving_note = serving_note or _adapted_note(drafter)
         speculation = shared.SERVICE.request(prompt_ids, served, config)
         remember_asked(prompt, chat, request)
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
@@ -288,29 +351,63 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
     sizing, quiet_sizing = _auto_budget(config, drafter, memory)
     stop = _stop_flag(request)
     records = []
+    started = time.perf_counter()
     events = shared.SERVICE.generate(speculation, should_stop=stop.is_set, auto=sizing)
     try:  # Gradio closes this generator when the client leaves: stop generating then
         summary = yield from mapped(_drawn(events, records, prompt), lambda view: _with_note(view, serving_note))
     finally:
         events.close()
-    timing, unmeasured = None, None
-    tokens = sum(len(r.emitted) for r in records)
-    if compare_ar and summary.stop_reason != "cancelled" and tokens >= MIN_TIMED_TOKENS:
-        if stop.is_set():  # a Stop that landed as the answer ended: nothing is timed
-            unmeasured = "ended"
-        else:
-            superseded = threading.Event()  # set by a Generate pressed during the re-timing
-            _RETIMING.put(shared.session_of(request), superseded)
-            yield only(LiveView, stats=_stats_markdown(records, summary, config) + RETIMING)
-
-            def again(should_stop):
-                return shared.SERVICE.retime(speculation, lambda: should_stop() or stop.is_set() or superseded.is_set(), quiet_sizing)
-
-            timing = yield from _in_worker(again, tick=only(LiveView))
-            if not timing.measured:
-                unmeasured = "generate" if superseded.is_set() else "stop"
+    shown = sum(len(r.emitted) for r in records) / max(time.perf_counter() - started, 1e-9)
+    speed = Speed(shown=shown)
+    if compare_ar and summary.stop_reason != "cancelled" and sum(len(r.emitted) for r in records) >= MIN_TIMED_TOKENS:
+        kind = IdleTimings.kind(records[-1].drafter, config)
+        speed = yield from _retimed(speculation, quiet_sizing, records, summary, config, stop, request, kind, speed)
     state = {"records": records, "summary": summary, "settings": {"prompt": prompt, "drafter": drafter, **dataclasses.asdict(config)}}
-    yield _with_note(_finished(records, summary, config, timing, prompt, state, unmeasured), serving_note)
+    yield _with_note(_finished(records, summary, config, speed, prompt, state), serving_note)
+
+
+def _retimed(speculation, quiet_sizing, records, summary, config: DecodeConfig, stop: threading.Event, request, kind: tuple, speed: Speed):
+    """The finished answer timed again against plain decoding, while it says so under the buttons, unless a Stop
+    landed as it ended, or other runs wait in the app's line (then the machine's latest lone re-timing of this
+    ``kind`` of run is given, named as such); returns the :class:`Speed` to show (PEP 380)."""
+    if stop.is_set():  # a Stop that landed as the answer ended: nothing is timed
+        return dataclasses.replace(speed, unmeasured="ended")
+    waiting = shared.SERVICE.others_waiting()
+    if waiting > 0:  # a crowd: re-timing (a minute on the default pair) would hold every one of them up
+        return dataclasses.replace(speed, unmeasured="busy", waiting=waiting, recalled=shared.SERVICE.idle_timings.latest(kind))
+    superseded = threading.Event()  # set by a Generate pressed during the re-timing
+    _RETIMING.put(shared.session_of(request), superseded)
+    yield only(LiveView, stats=_stats_markdown(records, summary, config, speed), said=_said(RETIMING))
+    load = machine_load()
+
+    def again(should_stop):
+        return shared.SERVICE.retime(speculation, lambda: should_stop() or stop.is_set() or superseded.is_set(), quiet_sizing)
+
+    timing = yield from _in_worker(again, tick=only(LiveView))
+    if not timing.measured:
+        return dataclasses.replace(speed, unmeasured="generate" if superseded.is_set() else "stop")
+    shared.SERVICE.idle_timings.remember(kind, timing, load)
+    return dataclasses.replace(speed, timing=timing, load=load)
+
+
+def _said(text: str | None):
+    """The line under the buttons that answers a press: ``text``, or hidden when there is none."""
+    return gr.update(value=text or "", visible=bool(text))
+
+
+def _said_at_end(summary: GenerationSummary, config: DecodeConfig, speed: Speed) -> str:
+    """Under the buttons at a run's end: how it stopped, and the speed comparison's first sentence."""
+    stopped = "at the length limit (max new tokens)" if summary.stop_reason == "max_new_tokens" else STOPPED.get(summary.stop_reason, summary.stop_reason)
+    said = _speed_line(speed, config)
+    return f"stopped: {stopped}" + ("\n\n" + said.split("\n\n")[0] if said else "")
+
+
+def _adapted_note(drafter: str) -> str | None:
+    """Above the stats when Live serves the adapted drafter chosen (as it says when it serves the shipped one instead)."""
+    if not is_adapted(drafter):
+        return None
+    return (f"**served: your adapted drafter {drafter.split(KEY_MARK)[0].removeprefix(ADAPTED_PREFIX)}** (adapted in this browser session; "
+            "at this law it measured no fewer tokens per forward than the shipped drafter on its held-out prompts)")
 
 
 def _with_note(view: LiveView, note: str | None) -> LiveView:
@@ -334,8 +431,8 @@ def _drawn(events, records: list, prompt: str):
         now = time.perf_counter()
         if now - last_text < TEXT_SECONDS:
             continue
-        last_text = now
-        words = {"text": text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), "summary": None,
+        first, last_text = last_text == float("-inf"), now
+        words = {"text": text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), "summary": None, "said": _said(None) if first else gr.skip(),
                  "stats": _stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active(), shared.SERVICE.compute.active_background()), "state": {"records": records, "summary": None}}
         if now - last_figures >= FIGURE_SECONDS:
             last_figures = now
@@ -344,24 +441,43 @@ def _drawn(events, records: list, prompt: str):
         yield only(LiveView, **words)
 
 
-def _finished(records, summary: GenerationSummary, config: DecodeConfig, timing: Retiming | None, prompt: str, state: dict,
-              unmeasured: str | None = None) -> LiveView:
-    """The finished run's view: every figure, the stats and the summary, the round browser at its last round."""
+def _finished(records, summary: GenerationSummary, config: DecodeConfig, speed: Speed, prompt: str, state: dict) -> LiveView:
+    """The finished run's view: every figure, the stats and the summary, what answers the press under the buttons,
+    the round browser at the round a visitor learns most from (:func:`_richest_round`)."""
+    said = _said(_said_at_end(summary, config, speed))
     if not records:
         message = "Stopped before the first round." if summary.stop_reason == "cancelled" else "The generation produced no rounds."
-        return LiveView("", None, None, None, message, None, gr.update(minimum=1, maximum=2, value=1, interactive=False), gr.update(value=None, visible=False), state)
-    tree, mass, chosen = _round_figures(records, len(records) - 1)
+        return LiveView("", None, None, None, message, None, gr.update(minimum=1, maximum=2, value=1, interactive=False), gr.update(value=None, visible=False), state, said)
+    shown = _richest_round(records)
+    tree, mass, chosen = _round_figures(records, shown)
     return LiveView(
         text=text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt),
         tree=tree,
         mass=mass,
         timeline=timeline_figure(records),
-        stats=_stats_markdown(records, summary, config, timing, unmeasured),
-        summary=_run_summary(records, summary, timing),
-        rounds=gr.update(minimum=1, maximum=max(2, len(records)), value=len(records), step=1, interactive=len(records) > 1),  # a slider needs min < max
+        stats=_stats_markdown(records, summary, config, speed) + _opened_at(records, shown),
+        summary=_run_summary(records, summary, speed),
+        rounds=gr.update(minimum=1, maximum=max(2, len(records)), value=shown + 1, step=1, interactive=len(records) > 1),  # a slider needs min < max
         budget=chosen,
         state=state,
+        said=said,
     )
+
+
+def _richest_round(records) -> int:
+    """The round a visitor learns most from: the fullest tree (most drafted nodes), and among those the one whose
+    tree holds the most target mass (largest C(T): the deepest reach, and the exit law spread over the most nodes).
+    The last round, shown before, was often a stub (B = 1-2, C = 0) as the answer ran out; ties go to the earliest."""
+    return max(range(len(records)), key=lambda i: (records[i].tree.budget, records[i].flow.coverage, -i))
+
+
+def _opened_at(records, shown: int) -> str:
+    """Which round the figures open at, and why (nothing when no round drafted a node: every round is the root alone)."""
+    record = records[shown]
+    if record.tree.budget == 0:
+        return ""
+    return (f"\n\nThe tree above is round {shown + 1} of {len(records)}, the run's fullest (B = {record.tree.budget}, the most target mass among those: "
+            f"C(T) = {record.flow.coverage:.3f}); browse every round with the slider below it.")
 
 
 def _in_worker(work, tick, poll: float = 0.25):
@@ -455,6 +571,7 @@ def tab(examples: list[str]) -> gr.Radio:
                 stop = gr.Button("Stop", elem_id="stop-button")
             # a refused press says why here, where the user pressed (the validator's message sits under the input, maybe out of sight)
             refused = gr.Markdown(visible=False, elem_id="live-refusal")
+            said_line = gr.Markdown(visible=False, elem_id="live-said")  # what answers a press (Stop, the re-timing, the speed), above the answer
             gr.Markdown(gpu.quota_note("generate"), visible=gpu.ZERO_GPU)
             # the answer streams under the prompt, in the first screen (beneath the settings it started out of sight)
             text_view = gr.HTML(elem_id="text-view", elem_classes="tev-text")
@@ -508,7 +625,7 @@ def tab(examples: list[str]) -> gr.Radio:
     # the line under Generate first, then the run (chained, not beside it: see refusal_line)
     said = pressed.then(refusal_line(inputs, check_live, also={drafter: is_adapted}), inputs, refused, queue=False, preprocess=False, api_name=False)
     # always_last: a press while a run (or its re-timing) is on starts one run as soon as it ends
-    checked_event(said.then, gpu.gpu_task("generate")(run_live), inputs, list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, run_summary, round_slider, budget_plot, run_state)),
+    checked_event(said.then, gpu.gpu_task("generate")(run_live), inputs, list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, run_summary, round_slider, budget_plot, run_state, said_line)),
                   check_live, also={drafter: is_adapted}, api_name="generate", trigger_mode="always_last", **COMPUTE)
     stop.click(stop_live, None, None, queue=False, api_name=False)
     views = list(RoundView(round_slider, tree_plot, mass_plot, round_info, budget_plot))

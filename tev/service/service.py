@@ -26,7 +26,7 @@ from tev.engine.models import DRAFTER_KINDS, ModelBundle, Pair, default_kind, de
 from tev.util.compute_thread import ComputeThread, result_of as _result
 from tev.engine.prompt_text import encode_chat, encode_prompt
 
-__all__ = ["Limits", "LIMITS", "DEFAULT_SAMPLING", "ModelService", "Retiming", "check_number", "finite_number", "check_settings", "records_to_json", "ExitTrainSlot", "UserInputError"]
+__all__ = ["Limits", "LIMITS", "DEFAULT_SAMPLING", "ModelService", "Retiming", "IdleTiming", "IdleTimings", "machine_load", "check_number", "finite_number", "check_settings", "records_to_json", "ExitTrainSlot", "UserInputError"]
 
 
 class UserInputError(ValueError):
@@ -47,6 +47,46 @@ class Retiming:
     def measured(self) -> bool:
         """Both runs went to their end (neither was stopped)."""
         return self.autoregressive is not None and "cancelled" not in (self.speculative.stop_reason, self.autoregressive.stop_reason)
+
+
+def machine_load() -> tuple[float, int]:
+    """The machine's load average over the last minute (every process on it, this app's included) and its CPU count."""
+    return os.getloadavg()[0], os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class IdleTiming:
+    """A re-timing (:class:`Retiming`) that no other request shared, kept to be shown to a later answer
+    that is not re-timed: when it was taken (``time.time()``) and the machine's load average then."""
+
+    timing: Retiming
+    at: float
+    load: float
+    cpus: int
+
+
+class IdleTimings:
+    """The latest idle re-timing on this machine for each kind of run (drafter, budget auto or fixed, greedy or
+    sampled): what a later answer is told when a crowd waits and it is not re-timed. Thread-safe."""
+
+    def __init__(self):
+        self._latest: dict[tuple, IdleTiming] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def kind(drafter: str, config: DecodeConfig) -> tuple:
+        """The kind of run a timing stands for: its drafter, budget auto or its fixed budget, and greedy or sampled."""
+        return drafter, "auto" if config.budget == "auto" else config.budget, config.temperature == 0
+
+    def remember(self, kind: tuple, timing: Retiming, load: tuple[float, int]) -> None:
+        """Keep ``timing`` for ``kind`` when it was measured (both runs ended) with no other request sharing it."""
+        if timing.measured and timing.others == 0:
+            with self._lock:
+                self._latest[kind] = IdleTiming(timing, time.time(), *load)
+
+    def latest(self, kind: tuple) -> IdleTiming | None:
+        with self._lock:
+            return self._latest.get(kind)
 
 
 @dataclass(frozen=True)
@@ -135,6 +175,8 @@ class ModelService:
         self._bundle: ModelBundle | None = None
         self._load_lock = threading.Lock()
         self.compute = ComputeThread()  # users' rounds first; a fine-tune's steps (background) still get their share of the time
+        self.idle_timings = IdleTimings()  # the latest re-timing that ran alone, per kind of run
+        self._cost_curves: dict[tuple, CostCurve] = {}  # per target and torch thread count, as machine_cost_curve keeps them
 
     def bundle(self) -> ModelBundle:
         if self._bundle is None:
@@ -227,8 +269,17 @@ class ModelService:
 
     def cost_curve(self) -> CostCurve:
         """The process's cost curve for the target (a few seconds' measurement on first use, taken
-        while no generation runs)."""
-        return self.compute.call(machine_cost_curve, self.bundle().target)
+        in the compute thread while no generation runs); once measured it is read here, without a turn
+        of the compute thread."""
+        key = (id(self.bundle().target), torch.get_num_threads())
+        if key not in self._cost_curves:
+            self._cost_curves[key] = self.compute.call(machine_cost_curve, self.bundle().target)
+        return self._cost_curves[key]
+
+    def others_waiting(self) -> int:
+        """How many other interactive requests (Live, walkthrough, lab) are in the compute thread's line now,
+        beside the caller's own that has ended (background work, a fine-tune, not counted: it steps after them)."""
+        return self.compute.active() - self.compute.active_background()
 
     def autoregressive(self, prompt_ids: list[int], config: DecodeConfig, should_stop=None) -> GenerationSummary:
         """The autoregressive baseline; ``should_stop`` is polled after every token."""
