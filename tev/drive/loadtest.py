@@ -40,6 +40,7 @@ their solo runs, queue-full refused clearly, memory growth under the goal), else
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import html
 import json
@@ -62,7 +63,6 @@ except ImportError:
 from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS
 from tev.data.prompts import load_prompt_set
 from tev.drive.appserver import AppServer
-from tev.pipelines.workload_report import LAWS, PAGE_LAW
 from tev.util.paths import assets_dir
 from tev.util.stats import quantile
 from tev.util.stored import write_result
@@ -77,10 +77,8 @@ PROMPTS = [
     "def read_lines(name):\n    with open(name) as f:\n        ",
     "x = [",
 ]
-# /generate's outputs (ui.live.LiveView): text, tree, mass, timeline, stats, summary, rounds, budget
-TEXT_OUTPUT, TREE_OUTPUT, SUMMARY_OUTPUT = 0, 1, 5
 TEMPERATURES = (0.0, 0.3, 0.7, 1.0, 1.5)
-PAGE_DRAFTER, PAGE_NEW_TOKENS = "path", 96  # --page-defaults: the default pair's opening drafter, and the answer length the load goals name
+PAGE_NEW_TOKENS = 96  # --page-defaults: the answer length the load goals name (the page opens at more)
 STARTED = ("PROCESSING", "ITERATING", "PROGRESS", "FINISHED")
 MEMORY_GOAL = 0.10  # RSS growth after warm-up, as a fraction
 
@@ -124,6 +122,8 @@ def prompt_shown(view_html: str) -> str:
 # ----------------------------------------------------------------------------- one request
 @dataclass
 class Settings:
+    """One Live request, its fields named as ``/generate`` names its parameters (the page's inputs), sent by name."""
+
     prompt: str
     drafter: str = "block"
     verifier: str = "tev"
@@ -135,11 +135,25 @@ class Settings:
     chat: bool = False
     top_p: float = 1.0
     top_k: int = 0
-    auto_budget: bool = False  # a fixed budget: budget auto's sizes follow the machine's timing, so identical seeds could differ
+    auto: bool = False  # budget auto off: its sizes follow the machine's timing, so identical seeds could differ
 
-    def args(self) -> tuple:
-        return (self.prompt, self.drafter, self.verifier, self.budget, self.temperature, self.max_new_tokens, self.seed, self.compare_ar,
-                self.chat, self.top_p, self.top_k, self.auto_budget)
+    def submit(self, client):
+        """``/generate`` submitted with these settings, each by its parameter's name."""
+        return client.submit(**asdict(self), api_name="/generate")
+
+
+def generate_outputs(client) -> dict[str, int]:
+    """Where ``/generate`` returns the outputs the load test reads, from what it declares: the text view (its one
+    HTML output), the tree (its first plot) and the run summary (its one JSON output)."""
+    kinds = [output["component"].lower() for output in client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["returns"]]
+    return {"text": kinds.index("html"), "tree": kinds.index("plot"), "summary": kinds.index("json")}
+
+
+def opening_settings(client) -> Settings:
+    """The page's opening settings, as ``/generate`` declares its parameters' defaults (the page's own)."""
+    parameters = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
+    opening = {p["parameter_name"]: p["parameter_default"] for p in parameters if p.get("parameter_has_default")}
+    return Settings(**{f.name: opening[f.name] for f in fields(Settings) if f.name in opening})
 
 
 @dataclass
@@ -153,8 +167,9 @@ class Result:
     first_output: float = float("nan")
     tokens: int = 0
     view_html: str = field(default="", repr=False)
-    tree_digest: str = ""  # sha256 of the final tree figure (the last round's tree)
+    tree_digest: str = ""  # sha256 of the final tree figure (the round the page opens at)
     phase: str = "load"
+    retimed: bool | None = None  # whether the answer was timed again against plain decoding (None: not asked for)
 
     def output(self) -> tuple[str, str]:
         """What must not change between runs of the same settings: the text (with its
@@ -199,14 +214,12 @@ def random_settings(rng: random.Random, user: int, drafters: tuple[str, ...]) ->
     )
 
 
-def page_settings(rng: random.Random, user: int, drafter: str = PAGE_DRAFTER, max_new_tokens: int = PAGE_NEW_TOKENS) -> Settings:
-    """A visitor asking Live at the page's opening settings (a chat prompt, TEV at T = 0.7 top-p 0.9,
-    budget auto, the autoregressive re-timing on) with ``max_new_tokens``; the prompt is one of the
-    held-out chat prompts, marked as this user's."""
-    prompt, law = rng.choice(load_prompt_set("chat")), LAWS[PAGE_LAW]  # the law the page opens at
-    return Settings(prompt=f"# user {user}\n" + prompt["text"], drafter=drafter, verifier="tev", budget=16, temperature=law.temperature,
-                    max_new_tokens=max_new_tokens, seed=rng.randrange(0, 2**31 - 1), compare_ar=True, chat=True, top_p=law.top_p,
-                    top_k=law.top_k, auto_budget=True)
+def page_settings(rng: random.Random, user: int, opening: Settings, max_new_tokens: int = PAGE_NEW_TOKENS) -> Settings:
+    """A visitor asking Live at the page's ``opening`` settings (:func:`opening_settings`: its drafter, law, budget,
+    the autoregressive re-timing) with ``max_new_tokens`` and a seed of its own; the prompt is one of the held-out
+    chat prompts where the page sends chat, else one of the code prompts, marked as this user's."""
+    prompt = rng.choice(load_prompt_set("chat"))["text"] if opening.chat else rng.choice(PROMPTS)
+    return Settings(**{**asdict(opening), "prompt": f"# user {user}\n" + prompt, "max_new_tokens": max_new_tokens, "seed": rng.randrange(0, 2**31 - 1)})
 
 
 def classify(error: BaseException) -> tuple[str, str]:
@@ -225,7 +238,7 @@ def run_one(client, settings: Settings, user: int, timeout: float = 180.0, poll:
     result = Result(user=user, settings=settings, phase=phase)
     t0 = time.perf_counter()
     try:
-        job = client.submit(*settings.args(), api_name="/generate")
+        job = settings.submit(client)
         while not job.done():
             now = time.perf_counter() - t0
             if result.queue_wait != result.queue_wait and job.status().code.value in STARTED:
@@ -242,8 +255,11 @@ def run_one(client, settings: Settings, user: int, timeout: float = 180.0, poll:
             time.sleep(poll)
         outputs = job.result(timeout=timeout)
         result.latency = time.perf_counter() - t0
-        result.view_html, result.tokens = outputs[TEXT_OUTPUT] or "", (outputs[SUMMARY_OUTPUT] or {}).get("tokens", 0)  # no summary: no rounds
-        result.tree_digest = hashlib.sha256(json.dumps(outputs[TREE_OUTPUT], sort_keys=True, default=str).encode()).hexdigest()[:16]
+        where = generate_outputs(client)
+        summary = outputs[where["summary"]] or {}  # none: no rounds
+        result.view_html, result.tokens = outputs[where["text"]] or "", summary.get("tokens", 0)
+        result.retimed = summary.get("timing") is not None if settings.compare_ar else None
+        result.tree_digest = hashlib.sha256(json.dumps(outputs[where["tree"]], sort_keys=True, default=str).encode()).hexdigest()[:16]
     except BaseException as error:  # noqa: BLE001 - every failure is classified and reported
         result.latency = time.perf_counter() - t0
         result.outcome, result.message = classify(error)
@@ -300,13 +316,12 @@ def workload_outcome(job, started: float, timeout: float) -> dict:
 
 
 def run_level(url: str, pid: int | None, users: int, seconds: float, drafters: tuple[str, ...], seed: int = 0, timeout: float = 180.0, poll: float = 0.02,
-              workload: str | None = None, page_defaults: str | None = None) -> tuple[dict, list[Result]]:
+              workload: str | None = None, opening: Settings | None = None) -> tuple[dict, list[Result]]:
     """N users, each looping /generate for ``seconds`` after one warm-up request each, with random
     settings over ``drafters``; with ``workload`` (a shipped pack), a workload ExitTrain run starts
-    with the loop and the level waits for it to end. With ``page_defaults`` (a drafter) every
-    request is a visitor at the page's opening settings with that drafter (:func:`page_settings`).
-    The server's peak memory is sampled throughout."""
-    settings_of = (lambda rng, user: page_settings(rng, user, page_defaults)) if page_defaults else (lambda rng, user: random_settings(rng, user, drafters))
+    with the loop and the level waits for it to end. With ``opening`` (the page's opening settings) every
+    request is a visitor at those settings (:func:`page_settings`). The server's peak memory is sampled throughout."""
+    settings_of = (lambda rng, user: page_settings(rng, user, opening)) if opening else (lambda rng, user: random_settings(rng, user, drafters))
     clients = [new_client(url) for _ in range(users)]
     memory = {"start": rss_kib(pid)}
     peak = PeakMemory(pid)
@@ -381,6 +396,7 @@ def level_summary(users: int, elapsed: float, hung: int, results: list[Result], 
         "hung_users": hung,
         "requests_per_second": round(len(ok) / elapsed, 3) if elapsed else None,
         "tokens_served": sum(r.tokens for r in ok),
+        "retimed": sum(bool(r.retimed) for r in ok),  # answers timed again against plain decoding (the rest asked for it while others waited)
         "tokens_per_second": round(sum(r.tokens for r in ok) / elapsed, 1) if elapsed else None,
         "latency_p50_s": round(percentile([r.latency for r in ok], 0.5), 3),
         "latency_p95_s": round(percentile([r.latency for r in ok], 0.95), 3),
@@ -462,7 +478,7 @@ def check_queue_full(url: str, max_size: int = 32, extra: int = 8, timeout: floa
     long = Settings(prompt=PROMPTS[0], budget=64, temperature=1.0, max_new_tokens=256, seed=0)
     client = new_client(url)
     t0 = time.perf_counter()
-    jobs = [client.submit(*Settings(**{**asdict(long), "seed": i}).args(), api_name="/generate") for i in range(max_size + extra)]
+    jobs = [Settings(**{**asdict(long), "seed": i}).submit(client) for i in range(max_size + extra)]
     submitted = time.perf_counter() - t0
     deadline = time.perf_counter() + 30
     while time.perf_counter() < deadline and not all(j.done() or j.status().code.value in ("IN_QUEUE", *STARTED) for j in jobs):
@@ -508,7 +524,7 @@ def markdown(report: dict) -> str:
         f"Server: {report['url']} (pid {report.get('pid')}), assets {report.get('assets') or ('as the attached server has them' if report.get('attached') else 'the app default')}; "
         f"{report['seconds_per_level']} s per level; drafters {', '.join(report['drafters'])}; machine: {os.cpu_count()} CPUs. Command: `{report['command']}`",
         "",
-        "| users N | requests served | errors | p50 latency | p95 latency | longest | queue wait p50 / p95 | first output p50 / p95 | tokens/s | RSS start | RSS after warm-up | RSS end | growth after warm-up | RSS peak |",
+        "| users N | requests served (re-timed) | errors | p50 latency | p95 latency | longest | queue wait p50 / p95 | first output p50 / p95 | tokens/s | RSS start | RSS after warm-up | RSS end | growth after warm-up | RSS peak |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level in report["levels"]:
@@ -517,7 +533,7 @@ def markdown(report: dict) -> str:
 
         growth = f"{100 * level['rss_growth_after_warmup']:+.1f}%" if level.get("rss_growth_after_warmup") is not None else "n/a"
         lines.append(
-            f"| {level['users']} | {level['served']} (+{level['warm_up_requests']} warm-up) | {level['errors']} | {level['latency_p50_s']:.2f} s | {level['latency_p95_s']:.2f} s | {level.get('latency_max_s', float('nan')):.2f} s | "
+            f"| {level['users']} | {level['served']} ({level.get('retimed', 0)}; +{level['warm_up_requests']} warm-up) | {level['errors']} | {level['latency_p50_s']:.2f} s | {level['latency_p95_s']:.2f} s | {level.get('latency_max_s', float('nan')):.2f} s | "
             f"{level['queue_wait_p50_s']:.2f} / {level['queue_wait_p95_s']:.2f} s | {level['first_output_p50_s']:.2f} / {level['first_output_p95_s']:.2f} s | {level['tokens_per_second']} | "
             f"{mib('rss_start_mib')} | {mib('rss_after_warmup_mib')} | {mib('rss_end_mib')} | {growth} | {mib('rss_peak_mib')} |"
         )
@@ -564,9 +580,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-queue-check", action="store_true", help="skip the queue-full check")
     parser.add_argument("--queue-extra", type=int, default=8, help="submits beyond the queue's max_size (32) in the queue-full check")
     parser.add_argument("--out", help="folder for loadtest.json and loadtest.md")
-    parser.add_argument("--page-defaults", nargs="?", const=PAGE_DRAFTER, default=None, metavar="DRAFTER",
-                        help=f"every request asks Live at the page's opening settings (TEV, T = 0.7 top-p 0.9, budget auto, a chat prompt, {PAGE_NEW_TOKENS} "
-                             f"new tokens, the autoregressive re-timing on) with DRAFTER (default: {PAGE_DRAFTER}, the default pair's) instead of random settings")
+    parser.add_argument("--page-defaults", nargs="?", const="", default=None, metavar="DRAFTER",
+                        help=f"every request asks Live at the page's opening settings as /generate declares them (its drafter, law, budget auto, "
+                             f"the autoregressive re-timing; a chat prompt where the page sends chat) with {PAGE_NEW_TOKENS} new tokens, "
+                             "instead of random settings; DRAFTER: another drafter than the page's opening one")
     parser.add_argument("--workload", default=None, help="a shipped workload pack: each level also runs one workload ExitTrain (5 minutes) beside the users")
 
 
@@ -585,9 +602,14 @@ def run(args: argparse.Namespace) -> int:
     all_results: list[Result] = []
     try:
         report["drafters"] = drafters = offered_drafters(new_client(url))
+        opening = None
+        if args.page_defaults is not None:
+            opening = opening_settings(new_client(url))
+            opening = dataclasses.replace(opening, drafter=args.page_defaults or opening.drafter)
+            report["page_defaults"] = {**asdict(opening), "prompt": "held-out chat prompts" if opening.chat else "the code prompts", "max_new_tokens": PAGE_NEW_TOKENS}
         for users in args.users:
             summary, results = run_level(url, pid, users, args.seconds, drafters, seed=args.seed + users, timeout=args.timeout, poll=args.poll, workload=args.workload,
-                                         page_defaults=args.page_defaults)
+                                         opening=opening)
             report["levels"].append(summary)
             all_results += results
             print(json.dumps(summary), flush=True)

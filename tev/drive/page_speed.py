@@ -27,7 +27,7 @@ from pathlib import Path
 from tev.data.prompts import load_prompt_set, spread_evenly
 from tev.drive.appserver import AppServer
 from tev.drive.browser import AUTO_LABEL, BUDGET_LABEL, live_summary, open_page, set_number
-from tev.drive.loadtest import SUMMARY_OUTPUT, new_client
+from tev.drive.loadtest import Settings, generate_outputs, new_client
 from tev.engine.models import DEFAULT_PAIR
 from tev.util.paths import assets_dir
 from tev.util.stored import write_result
@@ -75,7 +75,7 @@ def row(summary: dict, temperature: float, prompt: dict) -> dict:
     timing = summary["timing"]
     speedup, live, quiet = timing["speedup"], summary["tokens_per_second"], timing["speculative_tokens_per_second"]
     print(f"T={temperature:g} {prompt['id']} drafter {summary['drafter']}: page speedup {speedup:.2f}x (speculation {quiet:.1f} tok/s quiet, "
-          f"{live:.1f} while drawing)", flush=True)
+          f"{live:.1f} as the page received the answer)", flush=True)
     return {"temperature": temperature, "prompt": prompt["id"], "domain": prompt.get("domain"), "drafter": summary["drafter"], "speedup": speedup,
             "tokens_per_second_live": live, "tokens_per_second_quiet": quiet}
 
@@ -83,12 +83,14 @@ def row(summary: dict, temperature: float, prompt: dict) -> dict:
 def api_rows(url: str, prompts: list[dict], temperatures, budget: int, auto: bool, drafters: list[str]) -> list[dict]:
     """Each prompt with each drafter in turn (the order alternating prompt by prompt), through ``/generate``."""
     client = new_client(url)
+    summary_at = generate_outputs(client)["summary"]
     rows = []
     for temperature in temperatures:
         for index, prompt in enumerate(prompts):
             for drafter in drafters if index % 2 == 0 else drafters[::-1]:
-                outputs = client.predict(prompt["text"], drafter, "tev", budget, temperature, 64, 0, True, True, 0.9, 0, auto, api_name="/generate")
-                rows.append(row(outputs[SUMMARY_OUTPUT], temperature, prompt))
+                settings = Settings(prompt["text"], drafter, "tev", budget, temperature, 64, 0, compare_ar=True, chat=True, top_p=0.9, auto=auto)
+                outputs = settings.submit(client).result()
+                rows.append(row(outputs[summary_at], temperature, prompt))
     return rows
 
 
