@@ -359,3 +359,16 @@ def test_a_finished_run_opens_at_its_fullest_round_not_its_last():
     assert _richest_round(records) == 2  # B = 16, C = 1.2, the earlier of two ties
     assert "round 3 of 5, the run's fullest (B = 16" in _opened_at(records, 2) and "C(T) = 1.200" in _opened_at(records, 2)
     assert _opened_at([round_of(0, 0.0)], 0) == ""  # budget 0: every round is the root alone
+
+
+def test_a_run_drawing_its_figures_still_counts_as_waiting_for_the_machine():
+    """Another Live run between its compute turns (checking, drawing its figures) is in the app's line too: on the quick
+    pair 16 of 163 answers were re-timed beside 11 other visitors when only the compute thread's line was counted."""
+    from tev.service.service import ModelService
+
+    service = ModelService()
+    with service.serving():  # this run, its compute work done
+        assert service.others_waiting() == 0
+        with service.serving():  # another visitor's run, drawing its figures
+            assert service.others_waiting() == 1
+        assert service.others_waiting() == 0

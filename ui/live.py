@@ -348,6 +348,12 @@ def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, see
         remember_asked(prompt, chat, request)
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
         raise _user_error(error) from None
+    with shared.SERVICE.serving():  # other runs in the app's line see this one (others_waiting)
+        return (yield from _served(speculation, config, drafter, memory, prompt, compare_ar, serving_note, request))
+
+
+def _served(speculation, config: DecodeConfig, drafter: str, memory, prompt: str, compare_ar, serving_note: str | None, request):
+    """:func:`run_live`'s generation, checked: the rounds streamed, then the speed comparison and the finished view."""
     sizing, quiet_sizing = _auto_budget(config, drafter, memory)
     stop = _stop_flag(request)
     records = []

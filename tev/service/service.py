@@ -6,6 +6,7 @@ Every request gets its own generator, records and seed; the models are shared re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -176,6 +177,8 @@ class ModelService:
         self._load_lock = threading.Lock()
         self.compute = ComputeThread()  # users' rounds first; a fine-tune's steps (background) still get their share of the time
         self.idle_timings = IdleTimings()  # the latest re-timing that ran alone, per kind of run
+        self._runs = 0  # interactive runs being served (see serving), with the lock below
+        self._runs_lock = threading.Lock()
         self._cost_curves: dict[tuple, CostCurve] = {}  # per target and torch thread count, as machine_cost_curve keeps them
 
     def bundle(self) -> ModelBundle:
@@ -276,10 +279,25 @@ class ModelService:
             self._cost_curves[key] = self.compute.call(machine_cost_curve, self.bundle().target)
         return self._cost_curves[key]
 
+    @contextlib.contextmanager
+    def serving(self):
+        """Counts an interactive run (a Live answer) from its start to its end, its own work outside the compute
+        thread included (checks, drawing its figures), for :meth:`others_waiting`."""
+        with self._runs_lock:
+            self._runs += 1
+        try:
+            yield
+        finally:
+            with self._runs_lock:
+                self._runs -= 1
+
     def others_waiting(self) -> int:
-        """How many other interactive requests (Live, walkthrough, lab) are in the compute thread's line now,
-        beside the caller's own that has ended (background work, a fine-tune, not counted: it steps after them)."""
-        return self.compute.active() - self.compute.active_background()
+        """How many other interactive runs are in the app's line now, as the caller's own (inside :meth:`serving`)
+        has ended its compute work: the other runs being served, or more requests in the compute thread's line
+        (a walkthrough's or the lab's); background work (a fine-tune) is not counted: it steps after them."""
+        with self._runs_lock:
+            runs = self._runs - 1
+        return max(runs, self.compute.active() - self.compute.active_background())
 
     def autoregressive(self, prompt_ids: list[int], config: DecodeConfig, should_stop=None) -> GenerationSummary:
         """The autoregressive baseline; ``should_stop`` is polled after every token."""
