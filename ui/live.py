@@ -144,10 +144,10 @@ def _not_retimed(waiting: int, recalled: IdleTiming | None, config: DecodeConfig
     head = (f"**speed not re-timed**: {runs} in this app's line as your answer ended, and re-timing it (speculation and plain decoding "
             f"again, on this machine's shared cores) would have held {'them' if waiting > 1 else 'it'} up.")
     if recalled is None:
-        return head + " No re-timing of this kind of run has yet run alone here: generate again when the page is quiet for one."
+        return head + "\n\nNo re-timing of this kind of run has yet run alone here: generate again when the page is quiet for one."
     spec, plain = recalled.timing.speculative, recalled.timing.autoregressive
     minutes = max(0.0, time.time() - recalled.at) / 60
-    return (head + f" This machine's latest re-timing of the same kind of run that had the app to itself (another answer, {minutes:.0f} min ago; "
+    return (head + f"\n\nThis machine's latest re-timing of the same kind of run that had the app to itself (another answer, {minutes:.0f} min ago; "
             f"load average {recalled.load:.1f} on {recalled.cpus} CPUs then): speculation {spec.tokens_per_second:.1f} tokens/s, plain decoding "
             f"{plain.tokens_per_second:.1f} tokens/s → **{spec.tokens_per_second / max(plain.tokens_per_second, 1e-9):.2f}x** (tau {spec.tau:.2f}).")
 
