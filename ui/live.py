@@ -367,7 +367,8 @@ def _served(speculation, config: DecodeConfig, drafter: str, memory, prompt: str
     speed = Speed(shown=shown)
     if compare_ar and summary.stop_reason != "cancelled" and sum(len(r.emitted) for r in records) >= MIN_TIMED_TOKENS:
         kind = IdleTimings.kind(records[-1].drafter, config)
-        speed = yield from _retimed(speculation, quiet_sizing, records, summary, config, stop, request, kind, speed)
+        retiming = _retimed(speculation, quiet_sizing, records, summary, config, stop, request, kind, speed)
+        speed = yield from mapped(retiming, lambda view: _with_note(view, serving_note))  # the note stays above the stats meanwhile
     state = {"records": records, "summary": summary, "settings": {"prompt": prompt, "drafter": drafter, **dataclasses.asdict(config)}}
     yield _with_note(_finished(records, summary, config, speed, prompt, state), serving_note)
 
