@@ -262,7 +262,10 @@ def test_a_workload_run_measures_base_adapted_and_control(tmp_path, monkeypatch)
     # the target is never updated, the shipped assets are byte-identical
     assert all(torch.equal(before_target[k], v) for k, v in bundle.target.state_dict().items())
     assert _digest(REPO_ROOT / "assets") == assets
-    assert adapted.config.notes["workload_adaptation"]["steps"] == 4
+    notes = adapted.config.notes["workload_adaptation"]
+    assert notes["steps"] == 4
+    # the downloaded config counts prompts as prompts and answers as answers (15 prompts, each answered at two laws)
+    assert notes["train_prompts"] == 15 and notes["train_answers"] == result["train_prompts"]
     base_weights = BlockDrafter.from_pretrained(base, bundle.target, dtype=torch.float32).state_dict()
     assert any(not torch.equal(value, base_weights[name]) for name, value in adapted.state_dict().items() if name in base_weights and value.shape == base_weights[name].shape)
     for name in ("base", "adapted"):  # where the mass leaves each drafter's trees on the held-out answers: a distribution over depths

@@ -564,7 +564,8 @@ def adaptation(bundle, prompts: list[str], base: Path, minutes: float = 5.0, set
     yield from _measure_mass(run, count)
     result = _result(run, count, cells)
     run.work.config.notes = {**run.work.config.notes, "workload_adaptation": {"steps": len(run.history), "settings": result["settings"],
-                                                                              "train_prompts": len(run.answers), "vocab_added": len(run.added)}}
+                                                                              "train_prompts": min(run.offered, len(run.train_prompts)),
+                                                                              "train_answers": len(run.answers), "vocab_added": len(run.added)}}
     return {"result": result, "drafter": run.work}
 
 
