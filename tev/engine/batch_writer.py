@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from tev.engine.batch_generate import generate_batch
-from tev.engine.row_invariant import unsupported_reason
+from tev.engine.row_invariant import rms_norm, rotary_table, rotate, unsupported_reason
 from tev.util.precision import low_precision
 
 __all__ = ["BatchWriter", "WriterPrompt", "writer_unsupported_reason", "write_answers", "writer_dtype"]
@@ -122,11 +122,8 @@ class BatchWriter:
         self.eps = float(config.rms_norm_eps)
         self.num_heads, self.num_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        cos, sin = body.rotary_emb(torch.zeros(1, 1, self.head_dim), position_ids=torch.arange(max_length)[None])
-        half = self.head_dim // 2
-        sign = torch.cat([-torch.ones(half), torch.ones(half)])  # rotate_half(x) = x[..., half_turn] * sign
-        self.half_turn = torch.cat([torch.arange(half, self.head_dim), torch.arange(half)])
-        self.cos, self.sin = cos[0].to(dtype), (sin[0] * sign).to(dtype)  # [max_length, d]
+        cos, sin, self.half_turn = rotary_table(body, self.head_dim, max_length)
+        self.cos, self.sin = cos.to(dtype), sin.to(dtype)  # [max_length, d]
         self._allocate()
 
     def _allocate(self) -> None:
@@ -138,10 +135,7 @@ class BatchWriter:
 
     # ------------------------------------------------------------------ the forward
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, self.eps)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return x * cos + x.index_select(-1, self.half_turn) * sin
+        return rms_norm(x, weight, self.eps)
 
     def _layer_inputs(self, layer: _Weights, x: torch.Tensor, positions: torch.Tensor):
         """Queries, keys and values of rows ``x [..., H]`` at ``positions [...]``: `[..., heads, d]`."""
@@ -152,7 +146,7 @@ class BatchWriter:
         if layer.q_norm is not None:
             q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
         cos, sin = self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
+        return rotate(q, cos, sin, self.half_turn), rotate(k, cos, sin, self.half_turn), v
 
     def _layer_outputs(self, layer: _Weights, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The residual stream after the attention output ``attended [..., heads * d]`` and the MLP."""

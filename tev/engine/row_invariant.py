@@ -34,7 +34,7 @@ import torch
 
 from tev.engine.row_products import RowProducts
 
-__all__ = ["RowInvariantForward", "SUPPORTED_TYPES", "unsupported_reason", "BLOCK", "WINDOW"]
+__all__ = ["RowInvariantForward", "SUPPORTED_TYPES", "unsupported_reason", "rms_norm", "rotary_table", "rotate", "BLOCK", "WINDOW"]
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 BLOCK = 32  # the committed part of a row's keys ends at a multiple of this; a branching tree may be BLOCK - 1 deep
@@ -81,9 +81,25 @@ def _silu(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(x)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """float32 ``x [..., H]`` normalised over its last dimension, row by row."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x [..., H]`` normalised over its last dimension, row by row."""
     return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def rotary_table(body, head_dim: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The model's own rotary angles for positions ``0..length-1``, as :func:`rotate` reads them:
+    float32 `cos [length, d]`, `sin [length, d]` with rotate_half's sign folded in, and the
+    `LongTensor[d]` index that turns a vector by half (rotate_half(x) = x[..., half_turn] * sign)."""
+    cos, sin = body.rotary_emb(torch.zeros(1, 1, head_dim), position_ids=torch.arange(length)[None])
+    half = head_dim // 2
+    half_turn = torch.cat([torch.arange(half, head_dim), torch.arange(half)])
+    sign = torch.cat([-torch.ones(half), torch.ones(half)])
+    return cos[0].float(), sin[0].float() * sign, half_turn
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half_turn: torch.Tensor) -> torch.Tensor:
+    """``x [..., d]`` rotated by angles ``cos, sin`` (broadcast to ``x``; from :func:`rotary_table`)."""
+    return x * cos + x.index_select(-1, half_turn) * sin
 
 
 def _chunked(rows: torch.Tensor, product) -> torch.Tensor:
@@ -189,13 +205,7 @@ class RowInvariantForward:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.scale = self.head_dim ** -0.5
         self.max_positions = int(getattr(config, "max_position_embeddings", 8192))
-        probe = torch.zeros(1, 1, self.head_dim)
-        cos, sin = body.rotary_emb(probe, position_ids=torch.arange(self.max_positions)[None])  # the model's own angles
-        half = self.head_dim // 2
-        # rotate_half(x) = x[..., half_turn] * sign: the sign goes into the sine table
-        self._half_turn = torch.cat([torch.arange(half, self.head_dim), torch.arange(half)])
-        sign = torch.cat([-torch.ones(half), torch.ones(half)])
-        self.cos, self.sin = cos[0].float(), sin[0].float() * sign  # [positions, head_dim]
+        self.cos, self.sin, self._half_turn = rotary_table(body, self.head_dim, self.max_positions)  # [positions, head_dim]
 
     @property
     def num_layers(self) -> int:
@@ -227,13 +237,13 @@ class RowInvariantForward:
         wanted = {i % (self.num_layers + 1) for i in feature_layers}
         features = {0: x} if 0 in wanted else {}
         for index, layer in enumerate(self.layers):
-            x = x + self._attention(layer, _rms_norm(x, layer.input_norm, self.eps), keys, rotary, cache.layers[index])
-            h = _rms_norm(x, layer.post_norm, self.eps)
+            x = x + self._attention(layer, rms_norm(x, layer.input_norm, self.eps), keys, rotary, cache.layers[index])
+            h = rms_norm(x, layer.post_norm, self.eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(_silu(gate) * up)
             if index + 1 in wanted and index + 1 < self.num_layers:
                 features[index + 1] = x
-        x = _rms_norm(x, self.norm, self.eps)
+        x = rms_norm(x, self.norm, self.eps)
         if self.num_layers in wanted:
             features[self.num_layers] = x
         picked = torch.cat([features[i % (self.num_layers + 1)] for i in feature_layers], dim=-1) if feature_layers else None
@@ -244,10 +254,9 @@ class RowInvariantForward:
         q, k, v = layer.qkv(h).split(layer.qkv_sizes, dim=-1)
         q, k, v = q.view(n, self.num_heads, d), k.view(n, self.num_kv, d), v.view(n, self.num_kv, d)
         if layer.q_norm is not None:
-            q, k = _rms_norm(q, layer.q_norm, self.eps), _rms_norm(k, layer.k_norm, self.eps)
+            q, k = rms_norm(q, layer.q_norm, self.eps), rms_norm(k, layer.k_norm, self.eps)
         cos_q, sin_q, cos_k, sin_k = rotary  # [n, 1, d] each; the queries' carry the 1/sqrt(d) scale
-        q = q * cos_q + q.index_select(-1, self._half_turn) * sin_q
-        k = k * cos_k + k.index_select(-1, self._half_turn) * sin_k
+        q, k = rotate(q, cos_q, sin_q, self._half_turn), rotate(k, cos_k, sin_k, self._half_turn)
         all_keys, all_values = cached.update(k.transpose(0, 1)[None], v.transpose(0, 1)[None])  # [1, kv, L + n, d]
         queries = q.view(n, self.num_kv, -1, d).transpose(0, 1)  # [kv, n, rep, d]
         if len(keys.groups) == 1:  # every row's committed block ends at the same place (a step, most trees)
