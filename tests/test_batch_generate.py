@@ -48,13 +48,18 @@ def test_a_row_that_writes_the_stop_token_leaves_the_batch_and_the_others_go_on(
     assert len(written[1]) <= 3 and written[1][-1] == stop
 
 
+def tempered_law(target, prompt: list[int], temperature: float) -> dict[int, float]:
+    """The target's exact next-token law after ``prompt`` at ``temperature``: token -> probability."""
+    with torch.no_grad():
+        law = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double() / temperature, -1)
+    return {token: float(p) for token, p in enumerate(law)}
+
+
 def test_sampling_draws_from_the_tempered_target_law():
     target = tiny_target(24, scale=2.0)
     prompt = [3, 4, 5]
     temperature = 0.7
-    with torch.no_grad():
-        law_tensor = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double() / temperature, -1)
-    law = {token: float(p) for token, p in enumerate(law_tensor)}
+    law = tempered_law(target, prompt, temperature)
     draws = []
     for seed in range(5):
         draws += [row[0] for row in generate_batch(target, [prompt] * 800, 1, temperature, None, seed=seed)]
@@ -63,10 +68,8 @@ def test_sampling_draws_from_the_tempered_target_law():
     # the second token follows the law after each row's own first token (rows drawing the likeliest first token)
     pairs = generate_batch(target, [prompt] * 3000, 2, temperature, None, seed=9)
     first = max(law, key=law.get)
-    with torch.no_grad():
-        second_law = torch.softmax(target(torch.tensor([prompt + [first]])).logits[0, -1].double() / temperature, -1)
     seconds = [row[1] for row in pairs if row[0] == first]
-    statistic, p_value, dof = chi_square_against({t: float(p) for t, p in enumerate(second_law)}, seconds)
+    statistic, p_value, dof = chi_square_against(tempered_law(target, prompt + [first], temperature), seconds)
     assert p_value > ALPHA, f"chi-square {statistic:.1f} on {dof} dof"
 
 

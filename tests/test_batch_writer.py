@@ -9,7 +9,7 @@ import torch
 
 from tev.bench.exactness import ALPHA, chi_square_against
 from tev.engine.batch_writer import BatchWriter, WriterPrompt, writer_unsupported_reason
-from tests.test_batch_generate import _greedy_alone
+from tests.test_batch_generate import _greedy_alone, tempered_law
 from tests.tiny import tiny_target
 
 PREFIX = [40, 41, 42, 43]  # a shared first turn, as a chat template's system prompt
@@ -58,9 +58,7 @@ def test_sampled_answers_follow_the_tempered_law_and_do_not_depend_on_their_slot
     target = tiny_target(24, scale=2.0)
     prompt = [3, 4, 5]
     temperature = 0.7
-    with torch.no_grad():
-        law_tensor = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double() / temperature, -1)
-    law = {token: float(p) for token, p in enumerate(law_tensor)}
+    law = tempered_law(target, prompt, temperature)
     firsts = [a[0] for a in _answers(BatchWriter(target, slots=64, max_length=8), [prompt] * 4000, 1, temperature=temperature, refill=64)]
     statistic, p_value, dof = chi_square_against(law, firsts)
     assert p_value > ALPHA, f"chi-square {statistic:.1f} on {dof} dof"
