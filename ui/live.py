@@ -414,7 +414,7 @@ def _adapted_note(drafter: str) -> str | None:
     if not is_adapted(drafter):
         return None
     return (f"**served: your adapted drafter {drafter.split(KEY_MARK)[0].removeprefix(ADAPTED_PREFIX)}** (adapted in this browser session; "
-            "at this law it measured no fewer tokens per forward than the shipped drafter on its held-out prompts)")
+            "at this law its held-out decoding gave no fewer tokens per forward than the shipped drafter)")
 
 
 def _with_note(view: LiveView, note: str | None) -> LiveView:
