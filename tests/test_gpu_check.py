@@ -2,7 +2,7 @@
 
 A GPU machine is lent rarely and briefly, so the check's own code must already work when it
 gets there: every in-process step runs here on the CPU, the runner is driven with stand-in
-commands (pass, fail, timeout, skips, an exhausted budget), and the steps are shown to fail on
+commands (pass, fail, timeout, skips, the time allowed spent), and the steps are shown to fail on
 a biased verifier and on a wrong greedy token.
 """
 
@@ -117,7 +117,7 @@ def python(code: str) -> tuple[str, ...]:
     return (sys.executable, "-c", code)
 
 
-def test_the_runner_records_passes_failures_timeouts_skips_and_the_budget(tmp_path):
+def test_the_runner_records_passes_failures_timeouts_skips_and_the_time_allowed(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     result = tmp_path / "step.json"
@@ -129,8 +129,8 @@ def test_the_runner_records_passes_failures_timeouts_skips_and_the_budget(tmp_pa
         gpu_check.Step("hangs", "sleeps past its timeout", 3, python("import time; time.sleep(30)")),
         gpu_check.Step("late", "never runs", 10, python("pass")),
     ]
-    meta = {"started": "now", "device": "cpu", "quick": True, "budget_seconds": 28}
-    records = gpu_check.run_all(steps, out, budget=28, meta=meta)  # 23 s to spend; after "hangs" less than the 20 s a step needs
+    meta = {"started": "now", "device": "cpu", "quick": True, "seconds_allowed": 28}
+    records = gpu_check.run_all(steps, out, seconds=28, meta=meta)  # 23 s to spend; after "hangs" less than the 20 s a step needs
     by_name = {r["name"]: r for r in records}
     assert by_name["passes"]["ok"] and by_name["passes"]["returncode"] == 0
     assert not by_name["fails"]["ok"] and by_name["fails"]["returncode"] == 3

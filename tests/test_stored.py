@@ -13,7 +13,7 @@ from tev.cli import main
 from tev.data.prompts import load_prompt_set
 from tev.engine.block_drafter import read_drafter_config
 from tev.pipelines.card import refresh_card
-from tev.pipelines.migrate import migrate_data
+from tev.pipelines.migrate import migrate_data, upgrade_data
 from tev.pipelines.workload_data import load_workload
 from tev.util.paths import REPO_ROOT
 from tev.util.stored import StoredResultError, read_result, write_result
@@ -27,7 +27,8 @@ RESULTS = [
     ("docs/row-cost/row-cost-*.json", "row-cost"), ("docs/drafter-reach/reach-*.json", "reach"),
     ("docs/bf16-divergence.json", "measurement"), ("docs/sampling-defaults.json", "measurement"), ("docs/exittrain-diagnosis.json", "measurement"),
 ]
-OLD_KEYS = ("expected_tau", "lambda_exit", "drafter_steps", "drafter_batch", "drafter_window", "loss_exit", "token_labels", "weights", "prompt_tau_q25")
+OLD_KEYS = ("expected_tau", "lambda_exit", "drafter_steps", "drafter_batch", "drafter_window", "loss_exit", "token_labels", "weights", "prompt_tau_q25",
+            "minutes_budget", "budget_seconds")
 
 
 def _json_files() -> list[Path]:
@@ -74,6 +75,8 @@ def test_every_json_file_reads_with_its_reader_and_holds_no_old_key(path):
             assert "mean_block_length" in holder, f"{path}: a row with tau but no mean_block_length"
         if key == "exittrain" and isinstance(holder[key], dict) and "tau" in holder[key]:
             pytest.fail(f"{path}: a workload cell under the kept drafter's old name")
+        if key == "command":
+            assert "tev exittrain --workload" not in str(holder[key]), f"{path}: a workload command under the old subcommand"
 
 
 def test_the_card_renders_from_the_stored_results_as_committed(tmp_path):
@@ -122,7 +125,7 @@ def test_the_migration_names_the_mean_block_length_and_the_old_keys():
     workload = {"T0": {"base": {"tau": 1.5, "se": 0.04}, "exittrain": {"tau": 2.5, "se": 0.05}}, "T1": {}, "gain": {"T0": {"exittrain": {"gain": 0.6, "se": 0.1}}},
                 "tau_bound": {"T0": {"exittrain": 2.9}}, "heldout_mass": {"exittrain": {"expected_tau": 2.2}}}
     assert migrate_data(workload, "workload") == {
-        "schema": "workload/1", "T0": {"base": {"mean_block_length": 1.5, "mean_block_length_se": 0.04}, "adapted": {"mean_block_length": 2.5, "mean_block_length_se": 0.05}},
+        "schema": "workload/2", "T0": {"base": {"mean_block_length": 1.5, "mean_block_length_se": 0.04}, "adapted": {"mean_block_length": 2.5, "mean_block_length_se": 0.05}},
         "T1": {}, "gain": {"T0": {"adapted": {"gain": 0.6, "se": 0.1}}}, "tau_bound": {"T0": {"adapted": 2.9}}, "heldout_mass": {"adapted": {"tau_bound": 2.2}}}
     build = {"config": {"seed": 0, "drafter_horizon": 8, "drafter_window": 16, "drafter_steps": 3000, "drafter_batch": 256, "drafter_lr": 1e-3},
              "target": {}, "drafter": {"history": [{"step": 3000, "loss": 3.13}]}, "evaluation": {"tau": [old_row], "horizons": [{"horizon": 4, **old_row}]}}
@@ -146,3 +149,26 @@ def test_the_command_migrates_a_file_once(tmp_path, capsys):
     assert path.read_text().startswith('{\n  "schema": "e2e/1",')  # the file's own indent kept
     assert main(["migrate", str(path)]) == 0 and "already e2e/1" in capsys.readouterr().out
 
+
+
+def test_a_result_of_an_older_version_is_brought_to_the_current_one(tmp_path, capsys):
+    """A versioned file's older keys are renamed one version step at a time, and its reader refuses it until then."""
+    old = {"schema": "workload/1", "T0": {}, "minutes": 4.2, "minutes_budget": 5.0, "workload": "w.json",
+           "command": "python -m tev exittrain --workload w.json --json out.json --minutes 5"}
+    assert upgrade_data(old) == {"schema": "workload/2", "T0": {}, "minutes": 4.2, "minutes_allowed": 5.0, "workload": "w.json",
+                                 "command": "python -m tev adapt --workload w.json --json out.json --minutes 5"}
+    assert list(upgrade_data(old)) == ["schema", "T0", "minutes", "minutes_allowed", "workload", "command"]  # the order kept
+    table = {"schema": "workload-table/1", "packs": {"w": {"task": "t", "command": "python -m tev exittrain --workload w.json", "result": {"minutes": 4.2}}}}
+    assert upgrade_data(table)["packs"]["w"]["command"] == "python -m tev adapt --workload w.json"
+    assert upgrade_data({"schema": "gpu-check/1", "budget_seconds": 420})["seconds_allowed"] == 420
+    assert upgrade_data({"schema": "workload-path/1", "minutes_budget": 5})["minutes_allowed"] == 5
+    assert migrate_data({"T0": {}, "T1": {}, "gain": {}, "minutes_budget": 5}, "workload")["minutes_allowed"] == 5  # unversioned: to the current version
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old, indent=1))
+    with pytest.raises(StoredResultError, match="it is 'workload/1'.*python -m tev migrate"):
+        read_result(path, "workload")
+    assert main(["migrate", str(path)]) == 0 and "migrated as workload/1 -> workload/2" in capsys.readouterr().out
+    assert read_result(path, "workload")["minutes_allowed"] == 5.0
+    assert main(["migrate", str(path)]) == 0 and "already workload/2" in capsys.readouterr().out
+    path.write_text(json.dumps({"schema": "workload/9"}))
+    assert main(["migrate", str(path)]) == 0 and "unknown schema 'workload/9'" in capsys.readouterr().out

@@ -329,7 +329,7 @@ def test_the_command_and_the_tab_share_one_default_recipe(tmp_path, monkeypatch)
     monkeypatch.setattr(workload_command, "adaptation", adaptation)
     monkeypatch.setattr(workload_command, "load_bundle", lambda *a, **k: types.SimpleNamespace(pair="tiny", default_drafter="block"))
     monkeypatch.setattr(workload_command, "shipped_drafter", lambda pair, kind: tmp_path)
-    assert main(["exittrain", "--workload", str(PACKS[0]), "--out", str(tmp_path / "out")]) == 2
+    assert main(["adapt", "--workload", str(PACKS[0]), "--out", str(tmp_path / "out")]) == 2
     term = ui.workload.RECIPES[ui.workload.DEFAULT_RECIPE]  # the tab's default
     assert seen == {"term": term, "lambda_tree": workload_settings().lambda_tree, "controls": (workload_command.other_recipe(term),)}
     assert term == "none" and seen["controls"] == ("exit",)  # the token loss alone, the exit term its control
@@ -339,7 +339,7 @@ def test_the_command_and_the_tab_share_one_default_recipe(tmp_path, monkeypatch)
 def test_the_command_refuses_to_write_into_assets(flag, capsys):
     from tev.cli import main
 
-    assert main(["exittrain", "--workload", str(PACKS[0]), flag, str(REPO_ROOT / "assets" / "x")]) == 2
+    assert main(["adapt", "--workload", str(PACKS[0]), flag, str(REPO_ROOT / "assets" / "x")]) == 2
     assert "inside assets/" in capsys.readouterr().err
     assert not (REPO_ROOT / "assets" / "x").exists()
 
@@ -361,7 +361,7 @@ def test_the_tab_states_a_verdict_in_words():
     gain = lambda g: {"gain": g, "se": 0.03}  # noqa: E731
     laws = {"T0": "T = 0 (greedy)", "T0.7": "T = 0.7, top-p 0.9", "T1": "T = 1"}
     result = {"heldout_prompts": 10, "eval_prompts": 10, "budget": 16, "max_new_tokens": 64, "train_prompts": 30, "answer_tokens": 900, "vocab_added": 12,
-              "steps": 160, "minutes": 4.2, "minutes_budget": 5, "settings": {"tree_term": "exit", "lambda_tree": 0.1}, "compared": True, "laws": laws,
+              "steps": 160, "minutes": 4.2, "minutes_allowed": 5, "settings": {"tree_term": "exit", "lambda_tree": 0.1}, "compared": True, "laws": laws,
               "T0": {"base": cell(1.6), "adapted": cell(2.9), "token_only": cell(2.88)},
               "T0.7": {"base": cell(1.5), "adapted": cell(1.9), "token_only": cell(1.9)},
               "T1": {"base": cell(1.4), "adapted": cell(1.6), "token_only": cell(1.62)},
@@ -443,8 +443,8 @@ def test_the_model_card_shows_each_packs_measured_adaptation():
                        "T1": {"adapted": gain(0.054), "token_only": gain(0.016), "next-depth": gain(0.083)}}, "minutes": 4.6}
     now = {**{key: {"base": {**cell(1.2), "mean_block_length": 1.5}, "adapted": {**cell(1.8), "mean_block_length": 2.1}} for key in ("T0", "T1")},
            "gain": {key: {"adapted": gain(0.5)} for key in ("T0", "T1")}, "minutes": 4.9}
-    rows = card_rows({"sql-queries": {"task": "Write one SQL query", "command": "python -m tev exittrain --workload x.json", "result": result},
-                      "emails": {"task": "Write an email", "command": "python -m tev exittrain --workload y.json", "result": now}})
+    rows = card_rows({"sql-queries": {"task": "Write one SQL query", "command": "python -m tev adapt --workload x.json", "result": result},
+                      "emails": {"task": "Write an email", "command": "python -m tev adapt --workload y.json", "result": now}})
     text = "\n".join("| " + " | ".join(row) + " |" for row in rows)  # as the card's table writes them
     assert ("| sql-queries | Write one SQL query | mean block length (+- over rounds) | 0 | 1.500 +- 0.040 | 2.500 (+66.7% +- 8.0%) | "
             "2.500 (+66.0% +- 8.0%) | next-depth +70.0% | 4.6 |") in text

@@ -91,32 +91,44 @@ def _exit_status(run):
 
 
 def _exittrain(args) -> None:
-    """``exittrain``: on the pair's own data, or with ``--workload`` on a user's prompts."""
-    (workload_command if args.workload else exittrain_command)(args)
+    """``exittrain``: the ExitTrain fine-tune on the pair's own data; ``--workload`` moved to ``adapt``."""
+    if args.workload:
+        raise ValueError("workload adaptation is its own command now: python -m tev adapt --workload FILE.json (the same options)")
+    exittrain_command(args)
 
 
 def _add_exittrain(commands) -> None:
-    parser = commands.add_parser("exittrain", help="fine-tune the block drafter with ExitTrain (exit-weighted loss)")
+    parser = commands.add_parser("exittrain", help="the ExitTrain method: fine-tune the block drafter on the pair's own data with the exit-weighted tree loss")
     add_training_arguments(parser)
     add_data_arguments(parser)
-    parser.add_argument("--base", help="drafter folder to start from (default: the pair's block drafter; with --workload, the drafter the page starts with: the path drafter on the default pair)")
+    parser.add_argument("--base", help="drafter folder to start from (default: the pair's block drafter)")
     parser.add_argument("--out", help="output folder (default: runs/exittrain/<weights>-<time>); never assets/ unless --install")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.add_argument("--install", action="store_true", help="install the result as the pair's ExitTrain drafter")
     parser.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts for the before/after tau (0: skip)")
-    workload = parser.add_argument_group("workload adaptation (with --workload: of the options above only --tree-term, --lambda-tree, --seed, --base and --out apply; "
-                                         f"the default recipe is the ExitTrain tab's: --tree-term {DEFAULT_TREE_TERM} (the token loss alone), with the {EXIT_TERM} term at lambda {EXIT_LAMBDA:g} as the control)")
-    workload.add_argument("--workload", help="JSON list of your own user messages (at least 16): adapt the drafter to them and measure the gain on a held-out quarter")
-    workload.add_argument("--json", help="where to write the result (default: <out>/result.json)")
-    workload.add_argument("--minutes", type=float, default=5.0, help="time budget of the whole run (answers, fine-tunes, controls and held-out measurement): it measures its pace and plans within it")
-    workload.add_argument("--workload-steps", type=int, default=workload_settings().steps, help="fine-tune steps (fewer if the time budget ends first)")
-    workload.add_argument("--answer-law", default=DEFAULT_ANSWER_LAW,
-                          help="the law the target's training answers are drawn from: T0 greedy, T0.7 (top-p 0.9) or T1 sampled, or several joined by '+' "
-                               "(T0+T0.7: each training prompt answered at each)")
-    workload.add_argument("--controls", nargs="*", default=None, help="tree terms trained on the same data, steps and seed, for comparison, within the minutes when they fit "
-                          "(none: the token-only control; default: the other recipe, the exit term beside the token loss alone and the token loss alone beside a tree term)")
+    parser.add_argument("--workload", help=argparse.SUPPRESS)  # moved: refused with the name of `adapt`
     add_model_arguments(parser)
     parser.set_defaults(func=_exittrain)
+
+
+def _add_adapt(commands) -> None:
+    parser = commands.add_parser("adapt", help="workload adaptation: fine-tune the drafter the page starts with on your own prompts and measure the gain on a held-out quarter",
+                                 description=f"The default recipe is the ExitTrain tab's: --tree-term {DEFAULT_TREE_TERM} (the token loss alone), "
+                                             f"with the {EXIT_TERM} term at lambda {EXIT_LAMBDA:g} as the control.")
+    parser.add_argument("--workload", required=True, help="JSON list of your own user messages (at least 16): adapt the drafter to them and measure the gain on a held-out quarter")
+    add_training_arguments(parser, only=("tree_term", "lambda_tree", "seed"), preset=workload_settings(), preset_name="the workload recipe")
+    parser.add_argument("--base", help="drafter folder to start from (default: the drafter the page starts with: the path drafter on the default pair)")
+    parser.add_argument("--out", help="output folder for the adapted drafter (default: runs/workload/<pack>-<time>); never assets/")
+    parser.add_argument("--json", help="where to write the result (default: <out>/result.json)")
+    parser.add_argument("--minutes", type=float, default=5.0, help="time limit of the whole run (answers, fine-tunes, controls and held-out measurement): it measures its pace and plans within it")
+    parser.add_argument("--workload-steps", type=int, default=workload_settings().steps, help="fine-tune steps (fewer if the minutes end first)")
+    parser.add_argument("--answer-law", default=DEFAULT_ANSWER_LAW,
+                        help="the law the target's training answers are drawn from: T0 greedy, T0.7 (top-p 0.9) or T1 sampled, or several joined by '+' "
+                             "(T0+T0.7: each training prompt answered at each)")
+    parser.add_argument("--controls", nargs="*", default=None, help="tree terms trained on the same data, steps and seed, for comparison, within the minutes when they fit "
+                        "(none: the token-only control; default: the other recipe, the exit term beside the token loss alone and the token loss alone beside a tree term)")
+    add_model_arguments(parser)
+    parser.set_defaults(func=workload_command)
 
 
 def _add_exittrain_data(commands) -> None:
@@ -158,7 +170,7 @@ def _add_train_drafter(commands) -> None:
 
 
 def _add_migrate(commands) -> None:
-    parser = commands.add_parser("migrate", help="rewrite stored results written before they carried a schema into today's names, once")
+    parser = commands.add_parser("migrate", help="rewrite stored results written before they carried a schema, or under an older version of it, into today's names, once")
     parser.add_argument("paths", nargs="+", help="result files, or folders (every *.json under them), e.g. assets docs runs")
     parser.add_argument("--kind", choices=tuple(VERSIONS), default=None, help="the files' kind (default: read from each file)")
     parser.add_argument("--dry-run", action="store_true", help="say what would change; write nothing")
@@ -172,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(commands)
     _add_build_assets(commands)
     _add_exittrain(commands)
+    _add_adapt(commands)
     _add_exittrain_data(commands)
     _add_train_drafter(commands)
     _add_migrate(commands)

@@ -1,5 +1,5 @@
 """The workload-adaptation ablation as markdown, from the result files of
-``python -m tev exittrain --workload PACK.json --json OUT.json --controls none reach exit-depth next-depth``;
+``python -m tev adapt --workload PACK.json --json OUT.json --controls none reach exit-depth next-depth``;
 with ``--install``, also the model card's workload table (``assets/models/smollm2/workload-results.json``, then
 the card re-rendered).
 
@@ -37,7 +37,7 @@ def command_of(path: Path, result: dict) -> str:
     first_law = next(iter(LAWS))  # every result measured it, and its cells name every drafter
     controls = ["none" if n == "token_only" else n for n in result[first_law] if n not in ("base", "adapted")]
     stem = Path(result["workload"]).stem
-    return shlex.join(["python", "-m", "tev", "exittrain", "--workload", result["workload"], "--json", f"runs/workload/{stem}.json", "--out", f"runs/workload/{stem}",
+    return shlex.join(["python", "-m", "tev", "adapt", "--workload", result["workload"], "--json", f"runs/workload/{stem}.json", "--out", f"runs/workload/{stem}",
                        "--controls", *controls])
 
 
@@ -50,7 +50,7 @@ def task_of(workload: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", nargs="+", help="result files of `python -m tev exittrain --workload ... --json OUT.json`")
+    parser.add_argument("results", nargs="+", help="result files of `python -m tev adapt --workload ... --json OUT.json`")
     parser.add_argument("--install", action="store_true", help="write assets/models/smollm2/workload-results.json and re-render the model card")
 
 

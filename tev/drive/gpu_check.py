@@ -1,7 +1,7 @@
 """One prepared check for a lent CUDA machine: ``bash scripts/gpu-check.sh`` runs this module.
 
 ``python3 -m tev.drive.gpu_check --out DIR`` (or ``python -m tev bench gpu-check``) runs the steps below in order, each in its own
-process with its own timeout, inside one overall time budget; a failing step is recorded and
+process with its own timeout, inside one overall time limit; a failing step is recorded and
 the next one runs. After every step it rewrites ``DIR/gpu-check.json`` (every result) and
 ``DIR/gpu-check.md`` (the summary), so a run cut short still leaves what it measured; pytest
 output goes to ``DIR/pytest.log``. The exit status is 0 only when every step passed.
@@ -497,7 +497,7 @@ def write_summary(out: Path, meta: dict, records: list[dict]) -> None:
     """``gpu-check.json`` (everything) and ``gpu-check.md`` (the summary), rewritten whole."""
     payload = {**meta, "ok": all(r["ok"] for r in records), "steps": records}
     write_result(out / "gpu-check.json", "gpu-check", payload, default=str)
-    lines = [f"# GPU check, {meta['started']}", "", f"Device {meta['device']}; budget {meta['budget_seconds']} s; "
+    lines = [f"# GPU check, {meta['started']}", "", f"Device {meta['device']}; {meta['seconds_allowed']} s allowed; "
              f"{sum(r['ok'] for r in records)} of {len(records)} steps passed.", "",
              "| step | result | seconds | summary |", "|---|---|---|---|"]
     for r in records:
@@ -513,14 +513,14 @@ def write_summary(out: Path, meta: dict, records: list[dict]) -> None:
     (out / "gpu-check.md").write_text("\n".join(lines) + "\n")
 
 
-def run_all(steps: list[Step], out: Path, budget: float, meta: dict) -> list[dict]:
-    """Every step in order within ``budget`` seconds; the summary is rewritten after each."""
-    deadline = time.monotonic() + budget
+def run_all(steps: list[Step], out: Path, seconds: float, meta: dict) -> list[dict]:
+    """Every step in order within ``seconds``; the summary is rewritten after each."""
+    deadline = time.monotonic() + seconds
     records = []
     for step in steps:
         left = deadline - time.monotonic() - 5  # room to write the summary
         if left < 20:
-            records.append({"name": step.name, "what": step.what, "ok": False, "skipped": True, "seconds": 0, "details": {}, "error": "not run: the time budget was spent"})
+            records.append({"name": step.name, "what": step.what, "ok": False, "skipped": True, "seconds": 0, "details": {}, "error": "not run: the time allowed was spent"})
         else:
             print(f"\n##### {step.name} (at most {min(step.timeout, left):.0f} s): {step.what}", flush=True)
             records.append(run_step(step, min(step.timeout, left)))
@@ -547,7 +547,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=os.environ.get("OUT") or "runs/gpu-check", help="folder for gpu-check.json, gpu-check.md, pytest.log (default: $OUT)")
     parser.add_argument("--device", default="cuda", help="cuda (the point of it) or cpu (with --quick, to try the check)")
     parser.add_argument("--quick", action="store_true", help="small sizes everywhere (seconds on a CPU)")
-    parser.add_argument("--budget", type=float, default=420.0, help="seconds for all steps together (gpu-check.sh kills at 480)")
+    parser.add_argument("--seconds", type=float, default=420.0, help="seconds allowed for all steps together (gpu-check.sh kills at 480)")
     parser.add_argument("--only", nargs="+", default=(), choices=[*STEPS, "pytest-cuda", "pytest-other"], help="run only these steps")
     parser.add_argument("--work", default=None, help="scratch folder (default: a new temporary one)")
     parser.add_argument("--run-step", choices=STEPS, help=argparse.SUPPRESS)  # the child side of one step
@@ -563,8 +563,8 @@ def run(args: argparse.Namespace) -> int:
         return run_one_step(args.run_step, options, Path(args.result))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": args.device, "quick": args.quick, "budget_seconds": args.budget}
-    records = run_all(plan(options, out, tuple(args.only)), out, args.budget, meta)
+    meta = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": args.device, "quick": args.quick, "seconds_allowed": args.seconds}
+    records = run_all(plan(options, out, tuple(args.only)), out, args.seconds, meta)
     print(f"\nsummary: {out / 'gpu-check.md'}; {sum(r['ok'] for r in records)} of {len(records)} steps passed", flush=True)
     return 0 if all(r["ok"] for r in records) else 1
 

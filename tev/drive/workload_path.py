@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = load_workload(args.workload)
     _, heldout = split_workload(prompts)
     server = AppServer(assets_dir(), Path(tempfile.mkdtemp()) / "app.log", extra_env={"TEV_PAIR": DEFAULT_PAIR.name, "TEV_THREADS": args.threads})
-    result = {"workload": args.workload, "minutes_budget": args.minutes, "threads": args.threads, "budget": args.budget, "rows": []}
+    result = {"workload": args.workload, "minutes_allowed": args.minutes, "threads": args.threads, "budget": args.budget, "rows": []}
     try:
         print(f"app ready in {server.wait_ready():.1f}s", flush=True)
         with open_page(server.url) as page:

@@ -55,16 +55,17 @@ def add_budget_cap_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-cap", type=int, default=AUTO_CAP, help=f"with budget auto: the most nodes a round may keep (default {AUTO_CAP})")
 
 
-def add_training_arguments(parser, only: tuple[str, ...] = EXITTRAIN_FLAGS) -> None:
+def add_training_arguments(parser, only: tuple[str, ...] = EXITTRAIN_FLAGS, preset: TrainSettings = EXITTRAIN_SETTINGS,
+                           preset_name: str = "ExitTrain's preset") -> None:
     """The training settings named in ``only`` as flags, by transformers' HfArgumentParser from
-    :class:`TrainSettings` (type, choices, help); an unset flag keeps the command's preset
-    (``--workload`` has its own tree term and lambda)."""
+    :class:`TrainSettings` (type, choices, help); an unset flag keeps the command's ``preset``
+    (``adapt`` has its own tree term and lambda)."""
     hints = typing.get_type_hints(TrainSettings)
     for setting in dataclasses.fields(TrainSettings):
         if setting.name in only:
             flag = copy.copy(setting)
             flag.type, flag.default = hints[setting.name], None
-            flag.metadata = {"help": f"{setting.metadata.get('help', setting.name)} (ExitTrain's preset: {getattr(EXITTRAIN_SETTINGS, setting.name)})"}
+            flag.metadata = {"help": f"{setting.metadata.get('help', setting.name)} ({preset_name}: {getattr(preset, setting.name)})"}
             HfArgumentParser._parse_dataclass_field(parser, flag)
 
 

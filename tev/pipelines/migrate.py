@@ -1,6 +1,8 @@
 """``python -m tev migrate PATH ...``: rewrite stored results written before they carried a schema
-(:mod:`tev.util.stored`) into today's names, once. Values are only renamed and moved, never
-recomputed. This module alone knows the older names:
+(:mod:`tev.util.stored`), or under an older version of their kind's, into today's names, once.
+Values are only renamed and moved, never recomputed. This module alone knows the older names.
+
+Unversioned files:
 
 - a row or cell measured before ``tau`` counted tokens per target forward (it has ``tau`` and no
   ``mean_block_length``) held the mean block length under ``tau``, its error over rounds under
@@ -15,6 +17,15 @@ recomputed. This module alone knows the older names:
   ``drafter_training``, and its distillation history's ``loss`` (the running loss) is ``running_loss``;
 - a training recipe's flat shape and training fields are ``recipe.drafter`` and ``recipe.train``.
 
+Versioned files, one step a version (:data:`_UPGRADES`), after the steps above for an unversioned one:
+
+- ``workload`` 1 -> 2: ``minutes_budget`` (the time limit, not a node budget) is ``minutes_allowed``,
+  and a recorded ``python -m tev exittrain --workload ...`` is ``python -m tev adapt --workload ...``
+  (workload adaptation's own command);
+- ``workload-table`` 1 -> 2: each pack's recorded command likewise;
+- ``workload-path`` 1 -> 2: ``minutes_budget`` is ``minutes_allowed``;
+- ``gpu-check`` 1 -> 2: ``budget_seconds`` is ``seconds_allowed``.
+
 Files that are no results (prompts, model and tokenizer configs, workload packs) are left alone,
 except a drafter's ``drafter_config.json``, whose ``notes.exittrain`` settings get today's names.
 """
@@ -27,7 +38,7 @@ from pathlib import Path
 from tev.util.files import write_text_atomic
 from tev.util.stored import SCHEMA_KEY, VERSIONS, stamped
 
-__all__ = ["detect_kind", "migrate_data", "migrate_file", "migrate_command"]
+__all__ = ["detect_kind", "migrate_data", "upgrade_data", "migrate_file", "migrate_command"]
 
 _BLOCK_LENGTH = {"tau": "mean_block_length", "tau_se": "mean_block_length_se", "se": "mean_block_length_se",
                  "prompt_tau_q25": "prompt_mean_block_length_q25", "prompt_tau_q75": "prompt_mean_block_length_q75"}
@@ -37,6 +48,7 @@ _OLD_TRAIN = ("steps", "batch", "lr", "warmup", "weight_decay", "short_history_s
 _OLD_ABLATION_HEADER, _ABLATION_HEADER = "| tau (+- s.e.) |", "| mean block length (+- s.e. over rounds) |"
 _KEPT_BEFORE, _KEPT = "exittrain", "adapted"  # a workload result's kept drafter, named for the method before 2026-12-05
 _WORKLOAD_LAWS = ("T0", "T0.7", "T1")
+_EXITTRAIN_COMMAND, _ADAPT_COMMAND = "python -m tev exittrain ", "python -m tev adapt "  # workload adaptation's command before and since workload/2
 
 
 # ------------------------------------------------------------------------------ renames
@@ -180,6 +192,50 @@ _MIGRATIONS = {
 }
 
 
+# ------------------------------------------------------------------------------ version steps
+def _renamed(data: dict, old: str, new: str) -> dict:
+    """``data`` with its top-level key ``old`` named ``new``, in place (the order kept)."""
+    return {(new if key == old else key): value for key, value in data.items()}
+
+
+def _adapt_command(command):
+    """A recorded workload adaptation's command line with today's subcommand (``exittrain --workload`` is ``adapt --workload``)."""
+    if isinstance(command, str) and command.startswith(_EXITTRAIN_COMMAND) and "--workload" in command.split():
+        return _ADAPT_COMMAND + command[len(_EXITTRAIN_COMMAND):]
+    return command
+
+
+def _workload_2(result: dict) -> dict:
+    result = _renamed(result, "minutes_budget", "minutes_allowed")
+    if "command" in result:
+        result["command"] = _adapt_command(result["command"])
+    return result
+
+
+def _workload_table_2(table: dict) -> dict:
+    packs = table.get("packs")
+    if isinstance(packs, dict):
+        table["packs"] = {pack: {**entry, "command": _adapt_command(entry.get("command"))} if isinstance(entry, dict) and "command" in entry else entry
+                          for pack, entry in packs.items()}
+    return table
+
+
+# (kind, version) -> the step that rewrites that version of a result as the next version
+_UPGRADES = {
+    ("workload", 1): _workload_2,
+    ("workload-table", 1): _workload_table_2,
+    ("workload-path", 1): lambda result: _renamed(result, "minutes_budget", "minutes_allowed"),
+    ("gpu-check", 1): lambda result: _renamed(result, "budget_seconds", "seconds_allowed"),
+}
+
+
+def _upgraded(data: dict, kind: str, version: int) -> dict:
+    """``data``, a result of ``kind`` at ``version``, rewritten step by step as the current version (unstamped)."""
+    for step in range(version, VERSIONS[kind]):
+        data = _UPGRADES.get((kind, step), lambda d: d)(data)
+    return data
+
+
 # ------------------------------------------------------------------------------ which kind
 def _kind_by_keys(data: dict) -> str | None:
     """The kind of an unversioned result from the keys its writer always wrote (None: not a result)."""
@@ -208,7 +264,16 @@ def detect_kind(path: Path, data) -> str | None:
 
 def migrate_data(data: dict, kind: str) -> dict:
     """An unversioned result of ``kind`` in today's names, stamped with its schema (a new dict)."""
-    return stamped(kind, _MIGRATIONS.get(kind, lambda d: d)(json.loads(json.dumps(data))))
+    return stamped(kind, _upgraded(_MIGRATIONS.get(kind, lambda d: d)(json.loads(json.dumps(data))), kind, 1))
+
+
+def upgrade_data(data: dict) -> dict:
+    """A versioned result of an older version of its kind's schema in today's names, stamped with
+    the current version (a new dict); ValueError for an unknown kind or a version from the future."""
+    kind, _, version = str(data[SCHEMA_KEY]).rpartition("/")
+    if kind not in VERSIONS or not version.isdigit() or not 1 <= int(version) <= VERSIONS[kind]:
+        raise ValueError(f"unknown schema {data[SCHEMA_KEY]!r}; kinds: {', '.join(f'{k}/{v}' for k, v in VERSIONS.items())}")
+    return stamped(kind, _upgraded(json.loads(json.dumps(data)), kind, int(version)))
 
 
 def _drafter_notes(data: dict) -> dict:
@@ -227,13 +292,20 @@ def _indent_of(text: str) -> int:
 
 def migrate_file(path: str | Path, kind: str | None = None, dry_run: bool = False) -> str:
     """Rewrite the result at ``path`` in today's names once; returns what was done, in words.
-    ``kind`` overrides what :func:`detect_kind` reads from the file; a versioned file is left as it is."""
+    ``kind`` overrides what :func:`detect_kind` reads from the file; a versioned file is brought to
+    its kind's current version (one at it is left as it is)."""
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     data = json.loads(text)
     if isinstance(data, dict) and SCHEMA_KEY in data:
-        return f"{path}: already {data[SCHEMA_KEY]}"
-    if path.name == "drafter_config.json":
+        try:
+            new = upgrade_data(data)
+        except ValueError as error:
+            return f"{path}: {error}; left alone"
+        if new[SCHEMA_KEY] == data[SCHEMA_KEY]:
+            return f"{path}: already {data[SCHEMA_KEY]}"
+        label = f"{data[SCHEMA_KEY]} -> {new[SCHEMA_KEY]}"
+    elif path.name == "drafter_config.json":
         new = _drafter_notes(data)
         label = "drafter config notes"
     else:

@@ -1,4 +1,4 @@
-"""``python -m tev exittrain --workload FILE.json``: adapt the drafter a pair's page starts with (the
+"""``python -m tev adapt --workload FILE.json``: adapt the drafter a pair's page starts with (the
 default pair's path drafter; else its block drafter) to a user's own workload and measure the gain
 on held-out prompts of it.
 
@@ -256,7 +256,7 @@ class WorkloadRun:
     with_mass: bool
     clock: Callable[[], float]
     answer_law: str  # the laws the training answers are drawn from: keys of LAWS joined by "+", each prompt answered at each
-    minutes: float
+    minutes_allowed: float  # the run's time limit; its result's "minutes" are the minutes it took
     start: float
     train_prompts: list[str]
     heldout_prompts: list[str]
@@ -284,7 +284,7 @@ class WorkloadRun:
 
     @property
     def deadline(self) -> float:
-        return self.start + self.minutes * 60.0
+        return self.start + self.minutes_allowed * 60.0
 
     @property
     def trained(self) -> int:
@@ -318,7 +318,7 @@ def _start(bundle, prompts, base, minutes, settings, controls, seed, progress, w
     held = [fit_prompt(bundle.tokenizer, {"text": p, "chat": True}, context - EVAL_NEW_TOKENS) for p in heldout_prompts[:EVAL_PROMPTS]]
     return WorkloadRun(bundle=bundle, base=drafter_model_class(read_drafter_config(base)).from_pretrained(base, bundle.target, dtype=torch.float32), settings=settings,
                        controls=tuple(controls), seed=seed, progress=progress, with_mass=with_mass, clock=clock, answer_law=answer_law,
-                       minutes=minutes, start=start, train_prompts=train_prompts, heldout_prompts=heldout_prompts, held=held)
+                       minutes_allowed=minutes, start=start, train_prompts=train_prompts, heldout_prompts=heldout_prompts, held=held)
 
 
 def _answer(run: WorkloadRun, jobs: list[tuple[str, str]], stop_by: float, seed: int):
@@ -499,12 +499,12 @@ def _result(run: WorkloadRun, count: int, cells: dict) -> dict:
     result = {key: {name: {k: row[key][k] for k in ("tau", "se", "mean_block_length", "prompts", "per_prompt")} for name, row in cells.items()} for key in LAWS}
     result.update({
         "compared": run.compare,
-        "note": None if run.compare else _no_comparison(len(run.history), run.pace, run.minutes),
+        "note": None if run.compare else _no_comparison(len(run.history), run.pace, run.minutes_allowed),
         "laws": {key: law.describe() for key, law in LAWS.items()},
         "answer_law": run.answer_law,
         "gain": {key: {name: relative_gain(cells[name][key], cells["base"][key]) for name in cells if name != "base"} for key in LAWS} if run.compare else {},
         "minutes": (run.clock() - run.start) / 60.0,
-        "minutes_budget": run.minutes,
+        "minutes_allowed": run.minutes_allowed,
         "pace": asdict(run.pace),
         "plan": asdict(run.plan),
         "train_prompts": len(run.answers),  # the answers kept (over two tokens): a prompt answered at each answer law counts once per law
@@ -586,7 +586,7 @@ def heldout_mass(bundle, drafters: dict[str, BlockDrafter], prompts: list[str], 
 
 
 def workload_command(args) -> None:
-    """The command line's workload adaptation (``exittrain --workload``)."""
+    """The command line's workload adaptation (``python -m tev adapt``)."""
     if args.minutes is None or not math.isfinite(args.minutes) or args.minutes <= 0:
         raise ValueError(f"--minutes must be a positive number, got {args.minutes}")
     for term in args.controls or ():

@@ -161,7 +161,7 @@ def summary_lines(result: dict) -> list[str]:
     measured law's cells with their changes, then :func:`verdict_lines`."""
     lines = [f"{_answered(result)} ({result['answer_tokens']} tokens), "
              f"{result['heldout_prompts']} held out ({result['eval_prompts']} decoded); {result['steps']} steps; "
-             f"{result['minutes']:.1f} min (budget {result['minutes_budget']:g})",
+             f"{result['minutes']:.1f} min (of {result['minutes_allowed']:g} allowed)",
              "pace: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in result["pace"].items())]
     for key in (key for key in LAWS if result[key]):  # nothing at all is measured when the first held-out prompt did not fit
         base = result[key]["base"]
@@ -188,7 +188,7 @@ def result_table(result: dict) -> str:
             change = "" if name == "base" else gain_in_words(result, result["gain"][key][name])
             lines.append(f"| {result['laws'][key]} | {model_label(name, result['settings'])} | {_cell(cell)} | {change} |")
     lines += ["", f"The target wrote {_answered(result)} ({result['answer_tokens']} tokens); {result['vocab_added']} of their "
-              f"tokens joined the draft vocabulary; {result['steps']} fine-tune steps; {result['minutes']:.1f} min in all (of {result['minutes_budget']:g}).", ""]
+              f"tokens joined the draft vocabulary; {result['steps']} fine-tune steps; {result['minutes']:.1f} min in all (of {result['minutes_allowed']:g}).", ""]
     return "\n".join(lines + verdict_lines(result))
 
 

@@ -9,8 +9,9 @@ length (accepted draft tokens + the bonus, tokens past a stop included) is
 A row measured before ``tau`` counted tokens per forward holds no ``tau``: only
 ``mean_block_length`` with its error over rounds, ``mean_block_length_se``.
 
-Files written before results carried a schema are rewritten once by ``python -m tev migrate
-PATH ...`` (:mod:`tev.pipelines.migrate`), which alone knows their older key names.
+Files written before results carried a schema, or under an older version of their kind's, are
+rewritten once by ``python -m tev migrate PATH ...`` (:mod:`tev.pipelines.migrate`), which alone
+knows their older key names.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ __all__ = ["SCHEMA_KEY", "VERSIONS", "MIGRATE_COMMAND", "StoredResultError", "sc
 
 SCHEMA_KEY = "schema"
 MIGRATE_COMMAND = "python -m tev migrate"
-# kind -> its current schema version; a reader accepts that version only
+# kind -> its current schema version; a reader accepts that version only (a version bump comes
+# with its step in tev.pipelines.migrate)
 VERSIONS = {
     "build": 1,  # build-assets: assets/models/build.json (the tiny pair)
     "training": 1,  # train-drafter: a drafter's training.json
     "exittrain": 1,  # exittrain --install / bench exittrain --install: a drafter's exittrain.json (and exittrain's report.json)
     "ablation": 1,  # bench exittrain: exittrain-eval.json
-    "workload": 1,  # exittrain --workload --json: one pack's adaptation
-    "workload-table": 1,  # bench workload-table --install: models/<pair>/workload-results.json
+    "workload": 2,  # adapt --json: one pack's adaptation (2: minutes_allowed, the command is adapt)
+    "workload-table": 2,  # bench workload-table --install: models/<pair>/workload-results.json (2: the commands are adapt)
     "e2e": 1,  # bench e2e --json
     "report": 1,  # bench report: report.json
     "reach": 1,  # bench reach --json
@@ -40,9 +42,9 @@ VERSIONS = {
     "data-writer": 1,  # bench data-writer --json
     "page-speed": 1,  # bench page-speed --json
     "loadtest": 1,  # bench loadtest: loadtest.json
-    "gpu-check": 1,  # bench gpu-check: gpu-check.json
+    "gpu-check": 2,  # bench gpu-check: gpu-check.json (2: seconds_allowed)
     "drafter-tau": 1,  # bench drafter-tau --json
-    "workload-path": 1,  # bench workload-path --json
+    "workload-path": 2,  # bench workload-path --json (2: minutes_allowed)
     "verifiers": 1,  # bench verifiers --json
     "live-exittrain": 1,  # the ExitTrain tab's live mode: exittrain-live.json
     "measurement": 1,  # a documented measurement whose script is gone (docs/bf16-divergence.json, ...)

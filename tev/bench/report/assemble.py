@@ -109,7 +109,7 @@ def build_report(
 
     ``prompts``: ``[{"id", "text"}]`` (or ``"ids"``); all of them are used (cut the list first).
     ``settings`` overrides the ``QUICK`` / ``FULL`` preset chosen by ``quick``.
-    ``workload_results``: ``{pack: result}`` of ``exittrain --workload`` runs, for claim 5b.
+    ``workload_results``: ``{pack: result}`` of ``adapt`` runs, for claim 5b.
     ``e2e_results``: a ``bench e2e --json`` result for claim 7 instead of the report's own
     (shorter) run; its best budget for TEV at T = 1 is shown.
     """
@@ -193,7 +193,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--exittrain-results", help="JSON from `python -m tev bench exittrain` (rows of base/none/prefix/exit tau) for claim 5")
     parser.add_argument("--e2e-results", help="JSON from `python -m tev bench e2e --json OUT.json` for claim 7 (instead of the report's own shorter run)")
-    parser.add_argument("--workload-results", nargs="+", help="JSON files from `python -m tev exittrain --workload PACK.json --json OUT.json` (one per pack) for claim 5b")
+    parser.add_argument("--workload-results", nargs="+", help="JSON files from `python -m tev adapt --workload PACK.json --json OUT.json` (one per pack) for claim 5b")
     parser.add_argument("--out", help="output folder (default: runs/report-<YYYYmmdd-HHMMSS>)")
     add_model_arguments(parser)
 
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> None:
     args.out = Path(args.out) if args.out else REPO_ROOT / "runs" / f"report-{time.strftime('%Y%m%d-%H%M%S')}"
     exittrain_results = read_result(args.exittrain_results, "ablation") if args.exittrain_results else None  # from `python -m tev bench exittrain`
     workload_results = {}
-    for path in args.workload_results or []:  # from `python -m tev exittrain --workload PACK.json --json OUT.json`
+    for path in args.workload_results or []:  # from `python -m tev adapt --workload PACK.json --json OUT.json`
         result = read_result(path, "workload")
         workload_results[Path(result.get("workload", path)).stem] = result
     e2e_results = read_result(args.e2e_results, "e2e") if args.e2e_results else None  # from `python -m tev bench e2e --json OUT.json`

@@ -3,7 +3,7 @@
 Claim 5 fine-tunes on the data the base drafter was distilled on; the paper's own gain comes
 largely from new target-written data. Measure: per workload pack, held-out ``tau`` of the base,
 the adapted drafter (the run's recipe) and its control, from ``python -m tev
-exittrain --workload PACK.json --json OUT.json`` results. Rule: the adapted drafter gains at
+adapt --workload PACK.json --json OUT.json`` results. Rule: the adapted drafter gains at
 T = 0 on every pack (outside one standard error), and the tree term's share is read against
 the control.
 """
@@ -70,5 +70,5 @@ def workload_section(report: dict) -> list[str]:
     """Markdown for claim 5b: per pack and temperature, tau of every drafter and its gain."""
     data = report["measurements"].get("workload")
     if not data:
-        return ["Not run: pass `--workload-results OUT.json ...` (written by `python -m tev exittrain --workload PACK.json --json OUT.json`)."]
+        return ["Not run: pass `--workload-results OUT.json ...` (written by `python -m tev adapt --workload PACK.json --json OUT.json`)."]
     return packs_section(data)

@@ -20,7 +20,7 @@ MINUTES = 5
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("workload-budget")
+    folder = tmp_path_factory.mktemp("workload-minutes")
     bundle = load_bundle(str(save_chat_target(folder / "target")), dtype="float32")
     vocab = [bundle.tokenizer.convert_tokens_to_ids(w) for w in CHAT_WORDS[: len(CHAT_WORDS) // 2]] + [bundle.tokenizer.eos_token_id]
     tiny_vocab_drafter(bundle.target, sorted(set(vocab))).save_pretrained(folder / "base")
