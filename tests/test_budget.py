@@ -29,7 +29,7 @@ Q = torch.tensor([0.8, 0.5, 0.3, 0.1, 0.05])  # best-first path probabilities of
 
 # ------------------------------------------------------------------ the rule, by hand
 def test_flat_cost_curve_keeps_every_node():
-    # a forward costs the same at any size (a GPU): every node with reach adds tokens for free
+    # a forward costs the same at any size (a GPU): every node with a path probability adds tokens for free
     assert choose_prefix(Q, torch.ones(6), 1.0).size == 5
 
 
@@ -48,13 +48,13 @@ def test_steep_curve_after_two_tokens_keeps_one_node():
     assert choose_prefix(Q, torch.tensor([1.0, 1.5, 3.0, 4.5, 6.0, 7.5]), 1.0).size == 1
 
 
-def test_concave_curve_keeps_the_nodes_whose_reach_pays():
+def test_concave_curve_keeps_the_nodes_whose_path_probability_pays():
     # rates 1, 1.50, 1.77, 1.73, 1.69, 1.62: the third node (0.1) costs more than it brings
     assert choose_prefix(Q, torch.tensor([1.0, 1.2, 1.3, 1.5, 1.6, 1.7]), 1.0).size == 2
 
 
 def test_a_drafter_that_underestimates_gets_a_bigger_tree():
-    # calibrated reach 1, 1, 0.6, 0.2, 0.1 (capped at 1): rates 1, 1.67, 2.31, 2.40, 2.38, 2.29
+    # calibrated path probabilities 1, 1, 0.6, 0.2, 0.1 (capped at 1): rates 1, 1.67, 2.31, 2.40, 2.38, 2.29
     assert choose_prefix(Q, torch.tensor([1.0, 1.2, 1.3, 1.5, 1.6, 1.7]), 2.0).size == 3
 
 
@@ -65,7 +65,7 @@ def test_a_drafter_that_is_never_right_gets_plain_decoding():
 
 def test_at_the_going_rate_a_node_that_pays_for_itself_is_kept():
     # the ratio rule keeps 2 nodes (rates 1, 1.50, 1.77, 1.73); at 1 token per unit of cost the
-    # third node (reach 0.3 for 0.2 more) pays though it lowers the round's own ratio; the
+    # third node (path probability 0.3 for 0.2 more) pays though it lowers the round's own ratio; the
     # fourth (0.1 for 0.1) only breaks even and is left out
     assert choose_prefix(Q, torch.tensor([1.0, 1.2, 1.3, 1.5, 1.6, 1.7]), 1.0, going_rate=1.0).size == 3
 
@@ -257,7 +257,7 @@ def test_sampling_at_auto_is_lossless(small_target, verifier):
     law = exact_first_tokens_law(small_target, prompt)
     drafter = tiny_block_drafter(small_target)
     # one rule across all draws, so each generation's sizes depend on the rounds before it: a
-    # prior of 3 keeps 4 nodes (0.75 reach each pays for 2.4x), the learned ~1.3 keeps none,
+    # prior of 3 keeps 4 nodes (0.75 calibrated path probability each pays for 2.4x), the learned ~1.3 keeps none,
     # and the plain-decoding rounds decay back towards the prior
     calibration = Calibration(prior=3.0, strength=0.3, weight=0.3)
     auto = AutoBudget(CostCurve({1: 1.0, 2: 1.4, 5: 2.4, 7: 2.8}, frozen=True), cap=6, calibration=calibration)

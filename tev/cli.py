@@ -34,7 +34,7 @@ BENCH = {
     "e2e": (e2e, "end-to-end speed: autoregressive vs chain vs DDTree+predraw vs DDTree+TEV"),
     "exittrain": (ablation, "ExitTrain evaluation: base vs token-only vs prefix vs exit weights, equal steps and data"),
     "report": (report, "check the paper's claims on a model pair; writes report.md/json and plots"),
-    "reach": (reach, "where drafters lose reach, depth by depth: teacher-forced accuracy and chain reach, accepted depths while decoding"),
+    "reach": (reach, "how deep drafts are accepted, depth by depth: teacher-forced top-1 accuracy and top-1 chain depth, accepted depths while decoding"),
     "drafter-tau": (drafter_tau, "tau of block drafters on the held-out chat prompts, as train-drafter measures it"),
     "workload-table": (workload_table, "the workload ablation tables from result files; --install writes the model card's table"),
     "row-cost": (row_cost, "what a row of the target costs per forward and precision, and which operations keep a row's bits"),

@@ -2,7 +2,7 @@
 
 Every number is read from the round's :class:`~tev.core.budget.BudgetChoice`
 (``record.choice``): nothing is recomputed here. The lesson: a node is worth adding while its
-reach pays for what it costs on this machine, at the rate the rounds before it achieved.
+calibrated path probability (the drafter's estimate of the target's reach) pays for what it costs on this machine, at the rate the rounds before it achieved.
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
-"""``python -m tev bench reach``: where a drafter's reach is lost, depth by depth.
+"""``python -m tev bench reach``: how deep a drafter's drafts are accepted, depth by depth.
 
 Two views of the same drafters on held-out chat prompts (never among any drafter's training
 requests):
 
 - **teacher-forced**, on the target's own answers to the prompts (greedy, and sampled at T = 1):
-  per depth ``d``, the top-1 accuracy of ``q_d`` against the written token, and the top-1
-  chain's reach (depths ``1 .. d`` all right). A block drafter's ``q_d`` is a marginal; a path
-  drafter's ``q_d`` reads the written tokens above ``d``, which is what it reads while drafting
-  whenever depth ``d`` can be accepted at all, so its chain reach is the greedy chain's.
+  per depth ``d``, the top-1 accuracy of ``q_d`` against the written token, and the share of
+  anchors whose top-1 chain is right through depth ``d`` (depths ``1 .. d`` all right; stored as
+  ``chain_reach_by_depth``: the target's written path reaches the chain's depth-``d`` node). A
+  block drafter's ``q_d`` is a marginal; a path drafter's ``q_d`` reads the written tokens above
+  ``d``, which is what it reads while drafting whenever depth ``d`` can be accepted at all, so its
+  chain depth is the greedy chain's.
 - **decoding** (TEV; greedy at T = 0): per law and budget, the share of rounds that accept at
   least ``d`` draft tokens, the nodes a round keeps, ``tau`` as tokens emitted per target
   forward and as mean block length, and the draft stage's time a round.
@@ -34,7 +36,7 @@ from tev.train.loop import heldout_loss
 from tev.train.teacher import target_features
 from tev.util.stored import write_result
 
-__all__ = ["LAWS", "answers_data", "teacher_forced", "decoding_reach", "reach_report", "format_reach", "add_arguments", "run"]
+__all__ = ["LAWS", "answers_data", "teacher_forced", "decoding_depths", "depth_report", "format_depth_report", "add_arguments", "run"]
 
 # (label, temperature, top-p): the laws a page visitor picks from
 LAWS = (("T = 0", 0.0, 1.0), ("T = 0.7, top-p 0.9", 0.7, 0.9), ("T = 1", 1.0, 1.0))
@@ -51,12 +53,12 @@ def answers_data(target, tokenizer, prompts: list[dict], max_new_tokens: int, te
 
 
 def teacher_forced(drafter_model, data: TrainData) -> dict:
-    """Top-1 accuracy and top-1 chain reach by depth of a block or path drafter model on ``data``."""
+    """Top-1 accuracy and the top-1 chain's share right through each depth of a block or path drafter model on ``data``."""
     measured = heldout_loss(drafter_model, data)
     return {"top1_by_depth": measured["top1_by_depth"], "chain_reach_by_depth": measured["chain_reach_by_depth"], "anchors": measured["anchors"]}
 
 
-def decoding_reach(target, tokenizer, drafter, prompts: list[dict], budget, temperature: float, top_p: float, max_new_tokens: int, seed: int) -> dict:
+def decoding_depths(target, tokenizer, drafter, prompts: list[dict], budget, temperature: float, top_p: float, max_new_tokens: int, seed: int) -> dict:
     """One drafter at one law and budget over ``prompts``: accepted-depth shares, kept nodes, tau, draft time."""
     horizon = 16
     accepted_at_least = [0] * (horizon + 1)
@@ -86,7 +88,7 @@ def decoding_reach(target, tokenizer, drafter, prompts: list[dict], budget, temp
     }
 
 
-def reach_report(bundle, drafters: dict, prompts: list[dict], budgets: list, max_new_tokens: int, seed: int,
+def depth_report(bundle, drafters: dict, prompts: list[dict], budgets: list, max_new_tokens: int, seed: int,
                  teacher_tokens: int = 96, laws=LAWS) -> dict:
     """Both views for each of ``drafters`` (name -> tree drafter of ``bundle``'s target)."""
     target, tokenizer = bundle.target, bundle.tokenizer
@@ -101,18 +103,18 @@ def reach_report(bundle, drafters: dict, prompts: list[dict], budgets: list, max
     with tqdm(total=len(settings) * len(drafters), desc="decoding", unit="setting") as bar:
         for (label, temperature, top_p), budget in settings:
             for kind, drafter in drafters.items():  # interleaved: every drafter at one setting before the next
-                row = decoding_reach(target, tokenizer, drafter, prompts, budget, temperature, top_p, max_new_tokens, seed)
+                row = decoding_depths(target, tokenizer, drafter, prompts, budget, temperature, top_p, max_new_tokens, seed)
                 report["decoding"].setdefault(kind, []).append({"law": label, **row})
                 bar.update(1)
     return report
 
 
-def format_reach(report: dict) -> str:
+def format_depth_report(report: dict) -> str:
     """The report as markdown tables."""
     lines = []
     for label, by_kind in report["teacher_forced"].items():
-        lines += [f"Teacher-forced on the target's {label} ({next(iter(by_kind.values()))['anchors']} anchors): top-1 accuracy / top-1 chain reach by depth", "",
-                  "| drafter | " + " | ".join(f"d={d}" for d in range(1, 9)) + " | greedy chain 1 + reach |", "|---|" + "---|" * 9]
+        lines += [f"Teacher-forced on the target's {label} ({next(iter(by_kind.values()))['anchors']} anchors): top-1 accuracy / top-1 chain right through depth d", "",
+                  "| drafter | " + " | ".join(f"d={d}" for d in range(1, 9)) + " | greedy chain: 1 + sum |", "|---|" + "---|" * 9]
         for kind, row in by_kind.items():
             cells = [f"{a:.2f} / {c:.2f}" for a, c in zip(row["top1_by_depth"], row["chain_reach_by_depth"])]
             lines.append(f"| {kind} | " + " | ".join(cells) + f" | {1 + sum(row['chain_reach_by_depth']):.2f} |")
@@ -148,8 +150,8 @@ def run(args: argparse.Namespace) -> None:
         drafters[name] = load_block_drafter(folder, bundle.target, name=name)
     prompts = evaluation_prompts(chat=True, count=args.num_prompts)
     budgets = [b if b == "auto" else int(b) for b in args.budgets]
-    report = reach_report(bundle, drafters, prompts, budgets, args.max_new_tokens, args.seed)
-    text = format_reach(report)
+    report = depth_report(bundle, drafters, prompts, budgets, args.max_new_tokens, args.seed)
+    text = format_depth_report(report)
     print(text)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

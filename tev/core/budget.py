@@ -9,10 +9,12 @@ drafter's tree (``k = 0`` is plain decoding) whose expected tokens pay for its t
 where ``q(v_i)`` is the ``i``-th best node's drafter path probability (``prod_d q_d`` for a
 block drafter), ``c`` the calibration factor (how the target's realised coverage ``C(T)``
 compared with the drafter's estimate in past rounds, :class:`Calibration`) and ``cost(n)`` the
-time of a round whose target forward holds ``n`` new tokens (the root and ``k`` nodes). ``expected(k)``
-estimates ``1 + C``, the expected output-block length of a saturated verifier, and ``lam`` is the
-rate (tokens per second) the past rounds achieved: a node is kept while its calibrated reach pays
-for its extra time at that rate. Maximising ``expected(k) - lam * cost(k + 1)`` each round, with
+time of a round whose target forward holds ``n`` new tokens (the root and ``k`` nodes). A node's
+calibrated path probability ``c * q(v_i)`` (capped at 1) is the drafter's estimate of the
+target's reach ``P(v_i)`` (:mod:`tev.core.flow`). ``expected(k)`` estimates ``1 + C``, the
+expected output-block length of a saturated verifier, and ``lam`` is the rate (tokens per second)
+the past rounds achieved: a node is kept while its calibrated path probability pays for its extra
+time at that rate. Maximising ``expected(k) - lam * cost(k + 1)`` each round, with
 ``lam`` the achieved rate, is what maximises the rate of the whole generation (``sum L / sum
 time``, Dinkelbach's argument for a ratio of sums); maximising each round's own ratio
 ``expected(k) / cost(k + 1)`` instead undervalues a good tree's extra nodes. Before any round
@@ -40,11 +42,11 @@ class BudgetChoice:
         cap: the most nodes the round could keep (the drafted tree's ``M`` is at most this).
         path_prob: `Tensor[M]`, the drafted nodes' path probabilities under ``q``, best first.
         expected: `Tensor[M + 1]`, ``1 + c * sum_{i <= k} q(v_i)`` for ``k = 0 .. M`` (each
-            node's calibrated reach capped at 1).
+            node's calibrated path probability capped at 1).
         cost: `Tensor[M + 1]`, ``cost(k + 1)`` in seconds.
         rate: `Tensor[M + 1]`, ``expected / cost``: expected tokens per second.
         calibration: ``c``.
-        going_rate: ``lam``, the tokens per second a kept node's reach had to pay for.
+        going_rate: ``lam``, the tokens per second a kept node's calibrated path probability had to pay for.
     """
 
     size: int
@@ -112,8 +114,8 @@ def choose_prefix(path_prob: torch.Tensor, cost: torch.Tensor, calibration: floa
         raise ValueError("path probabilities must lie in [0, 1]")
     if not calibration >= 0:
         raise ValueError(f"calibration must be >= 0, got {calibration}")
-    reach = (calibration * path_prob).clamp(max=1.0)  # no node is reached more than surely
-    expected = torch.cat([torch.ones(1, dtype=torch.float64), 1.0 + reach.cumsum(0)])  # [M + 1]
+    calibrated = (calibration * path_prob).clamp(max=1.0)  # c * q(v_i): no node is reached more than surely
+    expected = torch.cat([torch.ones(1, dtype=torch.float64), 1.0 + calibrated.cumsum(0)])  # [M + 1]
     rate = expected / cost
     if going_rate is None:
         going_rate = float(rate.max())

@@ -72,8 +72,8 @@ class HeadScreen:
             return torch.nn.functional.linear(hidden, self.head).argmax(dim=-1)
         approx = torch.nn.functional.linear(hidden.to(torch.bfloat16), self.screen)  # [k, V], bfloat16
         low, top = (x.float() for x in torch.aminmax(approx, dim=-1))  # [k] each
-        reach = torch.maximum(top.abs(), low.abs())  # the largest |screen value| in the row
-        slack = self.c_norm * hidden.norm(dim=-1) * self.max_row_norm + self.c_out * reach  # [k]
+        peak = torch.maximum(top.abs(), low.abs())  # the largest |screen value| in the row
+        slack = self.c_norm * hidden.norm(dim=-1) * self.max_row_norm + self.c_out * peak  # [k]
         margin = 2 * slack * (1 + 1e-3) + 1e-30  # both sides' error, plus this test's own rounding
         rows, tokens = torch.nonzero(approx >= (top - margin).unsqueeze(1), as_tuple=True)  # candidates
         exact = (hidden[rows] * self.head[tokens]).sum(dim=-1)  # float32 logits of the candidates
