@@ -65,6 +65,7 @@ def chat_server(tmp_path, monkeypatch):
     for name, value in (("SERVICE", service), ("EXITTRAIN_SERVICE", service), ("SHARES_EXITTRAIN", True), ("ADAPTED", AdaptedDrafters(capacity=2)),
                         ("ASKED", AskedPrompts()), ("EXITTRAIN_CHAT", True), ("CHAT_DEFAULT", True)):
         monkeypatch.setattr(shared, name, value)
+    service.adapted = shared.ADAPTED
     monkeypatch.setattr(ui.workload, "shipped_drafter", lambda pair, kind: tmp_path / "base")
     monkeypatch.setattr(workload_command, "MIN_STEPS", 3)  # a tiny run's few steps make a comparison
     monkeypatch.setattr(workload_command, "EVAL_NEW_TOKENS", 6)

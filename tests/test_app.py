@@ -44,6 +44,31 @@ def test_api_lists_the_documented_endpoints(client):
     assert {"/generate", "/browse_round", "/export", "/verifier_lab", "/exittrain", "/exittrain_cancel", "/compare_shipped"} <= endpoints
 
 
+def test_generate_names_its_parameters_by_the_live_settings(client):
+    from tev.service.live_settings import LiveSettings
+
+    parameters = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
+    assert [p["parameter_name"] for p in parameters] == list(LiveSettings.names())  # one list of settings, named once
+    by_name = client.predict(prompt=SHORT_PROMPT, drafter="block", verifier="tev", budget=4, temperature=0.0, max_new_tokens=4, seed=0,
+                             compare_ar=False, chat=False, top_p=1.0, top_k=0, auto=False, api_name="/generate")
+    assert named(LiveView._fields, by_name)["summary"]["tokens"] == 4
+
+
+def test_a_refusal_goes_under_the_input_its_field_names():
+    import gradio as gr
+
+    from tev.service.service import UserInputError
+    from ui.components import validator
+
+    inputs = [gr.Textbox(label="prompt"), gr.Number(label="seed"), gr.Number(label="top-k")]
+
+    def check(prompt, seed, top_k):
+        raise UserInputError("the seed must not be what the prompt says", "top_k")  # its words name others: the field decides
+
+    verdicts = validator(inputs, check)("x", 1, 2)
+    assert [v["is_valid"] for v in verdicts] == [True, True, False] and verdicts[2]["message"].startswith("the seed")
+
+
 def test_live_tau_counts_the_tokens_the_answer_got_not_the_blocks_past_its_end():
     import types
 

@@ -93,7 +93,7 @@ def test_the_exittrain_tab_runs_in_its_own_queue_group():
     import app
 
     groups = {fn.api_name: fn.concurrency_id for fn in app.build_app().fns.values()}
-    assert {groups[name] for name in ("exittrain", "exittrain_workload", "compare_shipped")} == {"background"}
+    assert {groups[name] for name in ("exittrain", "adapt_workload", "compare_shipped")} == {"background"}
     assert {groups[name] for name in ("generate", "walkthrough", "walkthrough_next", "verifier_lab")} == {"compute"}
 
 

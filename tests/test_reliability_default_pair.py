@@ -93,7 +93,7 @@ def test_killing_the_server_mid_workload_run_leaves_every_asset_and_the_cache_in
     server = AppServer(folder, tmp_path / "app.log", SMOLLM2)
     try:
         server.wait_ready(timeout=300)
-        job = new_client(server.url).submit("json-records", "", 5, DEFAULT_RECIPE, api_name="/exittrain_workload")
+        job = new_client(server.url).submit("json-records", "", 5, DEFAULT_RECIPE, api_name="/adapt_workload")
         deadline = time.time() + 400
         while not any("fine-tuning" in str(o[0]) or "step" in str(o[0]) for o in job.outputs()):
             assert not job.done() and time.time() < deadline, f"no fine-tune phase: {job.outputs()}"

@@ -13,7 +13,9 @@ number of the right kind), never through the component.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import math
 import threading
 from collections import OrderedDict
 
@@ -22,7 +24,7 @@ import gradio as gr
 from tev.service.service import UserInputError, check_number
 from ui import shared
 
-__all__ = ["checked_event", "validator", "refusal", "refusal_line", "once_per_click", "as_text", "KEEP_TYPED", "KEEP_TYPED_NUMBERS_JS", "PURGE_DETACHED_PLOTS_JS", "PAGE_JS"]
+__all__ = ["checked_event", "validator", "refusal", "refusal_line", "once_per_click", "settings_handler", "as_text", "KEEP_TYPED", "KEEP_TYPED_NUMBERS_JS", "PURGE_DETACHED_PLOTS_JS", "PAGE_JS"]
 
 # Gradio's slider clamps a number typed into its box to the slider's range when the box loses focus
 # (top-p 1.7 became 1 and ran without a word). The page's own script (``launch(js=...)``) stops that
@@ -75,7 +77,8 @@ def refusal(component, value, also=None) -> str | None:
                 raise UserInputError(f"{_short_label(component)} must be one of {', '.join(map(str, choices))}, got {value!r}")
         elif isinstance(component, (gr.Slider, gr.Number)):
             whole = getattr(component, "precision", None) == 0 or (getattr(component, "step", None) == 1 and float(component.minimum or 0).is_integer())
-            check_number(_short_label(component), value, component.minimum, component.maximum, integer=whole)
+            low, high = (-math.inf if component.minimum is None else component.minimum), (math.inf if component.maximum is None else component.maximum)
+            check_number(_short_label(component), value, low, high, integer=whole)
     except UserInputError as error:
         return str(error)
     return None
@@ -89,7 +92,11 @@ def _first_refusal(inputs: list, check=None, also: dict | None = None):
     shown = next((i for i, component in enumerate(inputs) if getattr(component, "visible", True) is not False), 0)
     also = also or {}
 
-    def named(message: str) -> int:
+    def named(error: ValueError) -> int:
+        field = getattr(error, "field", None)
+        if field in names:  # the check said which input (UserInputError.field)
+            return names.index(field)
+        message = str(error)  # else the first input whose name the message words
         found = [(message.find(word), i) for i, name in enumerate(names) for word in (name.replace("_", " "), name.replace("_", "-")) if word in message]
         return min(found)[1] if found else shown
 
@@ -102,7 +109,7 @@ def _first_refusal(inputs: list, check=None, also: dict | None = None):
             try:
                 check(*values)
             except ValueError as error:  # the user's input, or models that could not be loaded: said where to look
-                return named(str(error)), str(error)
+                return named(error), str(error)
         return None
 
     return refused
@@ -112,8 +119,9 @@ def validator(inputs: list, check=None, also: dict | None = None):
     """An event's validator (``validator=`` of a Gradio listener) for ``inputs``: each input's own
     range or choices (:func:`refusal`; ``also`` maps a Radio to the values it may also pass), then
     ``check(*values)``, a function with the handler's parameters that raises ``ValueError`` saying
-    what to change. The message goes under the input it names first (a parameter name, with ``_``
-    read as a space or a hyphen: ``top_p`` is "top-p"), else under the first visible input; the
+    what to change. The message goes under the input of the error's ``field`` (:class:`UserInputError`), else
+    under the one it names first (a parameter name, with ``_`` read as a space or a hyphen: ``top_p`` is
+    "top-p"), else under the first visible input; the
     handler then does not run and no output changes."""
     refused = _first_refusal(inputs, check, also)
 
@@ -140,6 +148,41 @@ def refusal_line(inputs: list, check=None, also: dict | None = None):
         return gr.update(value="", visible=False) if found is None else gr.update(value=f"**Not run:** {found[1]}", visible=True)
 
     return line
+
+
+def settings_handler(settings_type, handler, more: tuple[str, ...] = (), request: bool = True):
+    """``handler(settings, *more_values[, request=...])`` as a Gradio handler: one parameter per field of the
+    dataclass ``settings_type`` (Gradio names the event's API parameters from the handler's signature, so the API
+    keeps the fields' names and a value may be sent by name), then the inputs named in ``more`` (a session's
+    state), then, with ``request``, the request (Gradio passes it by its annotation). The settings are written
+    once, in ``settings_type``; a generator ``handler`` stays a generator (Gradio streams it)."""
+    names = [field.name for field in dataclasses.fields(settings_type)]
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    parameters = [inspect.Parameter(name, kind, default=default) for name, default in settings_type.defaults().items()]
+    parameters += [inspect.Parameter(name, kind, default=None) for name in more]
+    if request:
+        parameters.append(inspect.Parameter("request", kind, default=None, annotation=gr.Request))
+    signature = inspect.Signature(parameters)
+
+    def split(args, kwargs) -> tuple:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        given = bound.arguments
+        return settings_type(**{name: given[name] for name in names}), [given[name] for name in more], ({"request": given["request"]} if request else {})
+
+    if inspect.isgeneratorfunction(handler):
+        def called(*args, **kwargs):
+            settings, extra, named = split(args, kwargs)
+            return (yield from handler(settings, *extra, **named))
+    else:
+        def called(*args, **kwargs):
+            settings, extra, named = split(args, kwargs)
+            return handler(settings, *extra, **named)
+
+    called.__signature__ = signature
+    called.__annotations__ = {"request": gr.Request} if request else {}
+    called.__name__, called.__qualname__, called.__doc__ = handler.__name__, handler.__qualname__, handler.__doc__
+    return called
 
 
 def as_text(value) -> str | None:

@@ -17,14 +17,15 @@ from tev.core.budget import Calibration, RoundRate
 from tev.core.verify import VERIFIERS
 from tev.engine.decode import DecodeConfig, GenerationSummary
 from tev.engine.models import DRAFTERS
-from tev.service.adapted import ADAPTED_PREFIX, KEY_MARK, drafter_kind, is_adapted
+from tev.service.adapted import ADAPTED_PREFIX, KEY_MARK, is_adapted
+from tev.service.live_settings import LiveInput, LiveSettings
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, IdleTiming, IdleTimings, Retiming, UserInputError, check_settings, machine_load, records_to_json
 from ui import gpu, shared
 from tev.util.compute_thread import BACKGROUND_SHARE, mapped
 from tev.util.lru import LRU
-from ui.components import KEEP_TYPED, as_text, checked_event, once_per_click, refusal_line
+from ui.components import KEEP_TYPED, checked_event, once_per_click, refusal_line, settings_handler
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
-from ui.workload import live_drafter, remember_asked
+from ui.workload import remember_asked
 from visual import mass_by_depth_figure, text_view_html, timeline_figure, tree_figure
 from visual.budget_view import budget_figure
 
@@ -297,25 +298,15 @@ def stop_live(request: gr.Request):
     _stop_flag(request).set()
 
 
-class LiveInput(NamedTuple):
-    """A Live click's inputs as checked: the prompt's token ids and the generation's settings."""
+def _check(settings: LiveSettings, memory=None) -> LiveInput:
+    """The press's prompt token ids and generation settings (:class:`LiveInput`); raises ``ValueError`` saying
+    what to change. With ``auto`` the budget is "auto" and ``budget`` its cap. ``memory`` (the session's budget
+    auto state) is not read: the check has the handler's inputs."""
+    return shared.SERVICE.check_live(settings)
 
-    prompt_ids: tuple[int, ...]
-    config: DecodeConfig
 
-
-@once_per_click
-def check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar=False, chat=False, top_p=1.0, top_k=0, auto=False, memory=None) -> LiveInput:
-    """The prompt's token ids and the generation's settings (:class:`LiveInput`); raises
-    ``ValueError`` saying what to change. With ``auto`` the budget is "auto" and ``budget`` its cap.
-    The event's validator calls it and the handler takes that result (:func:`once_per_click`)."""
-    bundle = shared.SERVICE.bundle()
-    if chat and not bundle.is_chat:
-        raise UserInputError("this target has no chat template; untick 'chat' to continue the text as it is")
-    prompt_ids = tuple(shared.SERVICE.encode(as_text(prompt), chat=bool(chat)))
-    config = check_settings(verifier, budget, temperature, max_new_tokens, seed, top_p=top_p, top_k=top_k, auto=bool(auto))
-    shared.SERVICE.drafter(drafter_kind(drafter))  # a drafter kind the target lacks is refused here; the handler picks the drafter
-    return LiveInput(prompt_ids, config)
+# The event's validator calls it and the handler takes that result (once_per_click); its parameters are /generate's.
+check_live = once_per_click(settings_handler(LiveSettings, _check, more=("memory",), request=False))
 
 
 def _auto_budget(config: DecodeConfig, drafter: str, memory: dict | None):
@@ -332,24 +323,26 @@ def _auto_budget(config: DecodeConfig, drafter: str, memory: dict | None):
     return shared.SERVICE.auto_budget(config, calibration, rate), shared.SERVICE.auto_budget(config, *quiet)
 
 
-def run_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat=False, top_p=1.0, top_k=0, auto=False, memory=None,
-             request: gr.Request = None):
+def _run(settings: LiveSettings, memory=None, request: gr.Request = None):
     """Stream a generation (:class:`LiveView`): text, current tree, mass by depth, stats; then the
     timeline. With ``chat`` the prompt is a user message (chat template, generation prompt added).
     With ``auto`` each round keeps the drafter's best nodes this machine pays for, at most
     ``budget`` (``memory``: the browser session's state, see :func:`_auto_budget`).
     Stop (:func:`stop_live`) ends it between rounds, with every figure drawn for what ran."""
     try:
-        prompt_ids, config = check_live(prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k, auto, memory)
-        prompt = as_text(prompt)
-        served, serving_note = live_drafter(shared.SERVICE.bundle(), drafter, request, config.law)
-        serving_note = serving_note or _adapted_note(drafter)
+        prompt_ids, config = check_live(*dataclasses.astuple(settings), memory)  # as the validator called it: checked once
+        served, serving_note = shared.SERVICE.served_drafter(settings.drafter, shared.session_of(request), config.law)
+        serving_note = serving_note or _adapted_note(settings.drafter)
         speculation = shared.SERVICE.request(prompt_ids, served, config)
-        remember_asked(prompt, chat, request)
+        remember_asked(settings.text(), settings.chat, request)
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
         raise _user_error(error) from None
     with shared.SERVICE.serving():  # other runs in the app's line see this one (others_waiting)
-        return (yield from _served(speculation, config, drafter, memory, prompt, compare_ar, serving_note, request))
+        return (yield from _served(speculation, config, settings.drafter, memory, settings.text(), settings.compare_ar, serving_note, request))
+
+
+# The Live handler: /generate's parameters are LiveSettings' fields, then the session's budget auto state.
+run_live = settings_handler(LiveSettings, _run, more=("memory",))
 
 
 def _served(speculation, config: DecodeConfig, drafter: str, memory, prompt: str, compare_ar, serving_note: str | None, request):
@@ -597,7 +590,7 @@ def tab(examples: list[str]) -> gr.Radio:
             with gr.Row():
                 budget = gr.Slider(0, LIMITS.max_budget, value=16, step=1, scale=3,
                                 label="budget B (draft nodes per round; 0 drafts nothing: plain decoding); with budget auto, the most a round may keep")
-                auto_budget = gr.Checkbox(value=AUTO_DEFAULT, scale=1, label="budget auto: each round keeps the drafter's best nodes this machine pays for",
+                auto = gr.Checkbox(value=AUTO_DEFAULT, scale=1, label="budget auto: each round keeps the drafter's best nodes this machine pays for",
                                           info="the sizes follow this machine's timing, so a seed repeats the text only at a fixed budget or T = 0")
             temperature = gr.Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T (0: greedy)")
             with gr.Row():
@@ -625,7 +618,9 @@ def tab(examples: list[str]) -> gr.Radio:
     run_state = gr.State({"records": [], "summary": None}, time_to_live=RUN_STATE_SECONDS)
     budget_memory = gr.State({})  # this browser session's budget auto calibration and rate, per drafter
 
-    inputs = [prompt, drafter, verifier, budget, temperature, max_new_tokens, seed, compare_ar, chat, top_p, top_k, auto_budget, budget_memory]
+    fields = {"prompt": prompt, "drafter": drafter, "verifier": verifier, "budget": budget, "temperature": temperature, "max_new_tokens": max_new_tokens,
+              "seed": seed, "compare_ar": compare_ar, "chat": chat, "top_p": top_p, "top_k": top_k, "auto": auto}
+    inputs = [fields[name] for name in LiveSettings.names()] + [budget_memory]  # in the handler's order: its parameters name /generate's
     # Stop is a flag the generation polls between rounds (not Gradio's cancel, which would
     # mark every output as failed and leave the figures of a half-drawn run)
     pressed = generate.click(arm_stop, None, None, queue=False, api_name=False)

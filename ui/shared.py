@@ -32,6 +32,7 @@ EXITTRAIN_CHAT = PAIRS[default_pair()].has_domains  # its data has domains (dial
 EXITTRAIN_SLOT = ExitTrainSlot()
 ADAPTED = AdaptedDrafters()  # each session's adapted drafters (for the ExitTrain pair's target), least recently used dropped first
 ASKED = AskedPrompts()  # each session's chat prompts sent in Live: a workload of its own
+SERVICE.adapted = ADAPTED if SHARES_EXITTRAIN else None  # Live and the walkthrough serve them where they were made for its target
 CHAT_DEFAULT = SERVICE.target_source is None and PAIRS[default_pair()].chat  # a chat target: prompts are user messages
 
 

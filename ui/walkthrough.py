@@ -13,12 +13,11 @@ import gradio as gr
 from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS
 from tev.engine.lab import LabTree, run_lab
 from tev.engine.walkthrough import trace_round
-from tev.service.adapted import drafter_kind, is_adapted
+from tev.service.adapted import is_adapted
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, check_settings
 from ui import gpu, shared
 from ui.components import as_text, checked_event, once_per_click
 from ui.shared import COMPUTE, FORMULAS, RUN_STATE_SECONDS, _user_error, only, refuse
-from ui.workload import chosen_drafter
 from visual import verifier_lab_figure
 from visual.walkthrough import STEP_TITLES, walkthrough_html, walkthrough_step
 
@@ -77,7 +76,7 @@ def check_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, see
     validator calls it and the handler takes that result: :func:`once_per_click`)."""
     bundle = shared.SERVICE.bundle()
     config = check_settings(verifier, budget, temperature, 1, seed, top_p=top_p)
-    bundle.drafter(drafter_kind(drafter))  # an unknown drafter kind is refused here
+    shared.SERVICE.check_drafter_choice(drafter)  # a drafter the target lacks is refused here
     return config, shared.SERVICE.encode(as_text(prompt), chat=bundle.is_chat)
 
 
@@ -86,7 +85,7 @@ def run_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed,
     try:
         config, context = check_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed)
         bundle = shared.SERVICE.bundle()
-        trace = shared.SERVICE.compute.call(trace_round, bundle.target, chosen_drafter(bundle, drafter, request), context, config.law, config.verifier,
+        trace = shared.SERVICE.compute.call(trace_round, bundle.target, shared.SERVICE.chosen_drafter(drafter, shared.session_of(request)), context, config.law, config.verifier,
                                             config.budget, config.seed)
     except ValueError as error:  # the validator refuses bad settings first; an API call that skips it lands here
         raise _user_error(error) from None
@@ -111,7 +110,7 @@ def step_walkthrough(delta, state, request: gr.Request = None) -> WalkView:
             last = traces[-1]
             bundle = shared.SERVICE.bundle()
             try:
-                trace = shared.SERVICE.compute.call(trace_round, bundle.target, chosen_drafter(bundle, state["drafter"], request), last.next_context,
+                trace = shared.SERVICE.compute.call(trace_round, bundle.target, shared.SERVICE.chosen_drafter(state["drafter"], shared.session_of(request)), last.next_context,
                                                     last.law, last.verifier, last.tree.budget, state["seed"], round_index=last.round_index + 1)
             except ValueError as error:  # the context is full: say so
                 raise _user_error(error) from None

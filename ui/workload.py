@@ -14,7 +14,7 @@ from tev.engine.models import shipped_drafter, tree_drafter_of
 from tev.pipelines.workload import DEFAULT_ANSWER_LAW, DEFAULT_TREE_TERM, EVAL_BUDGET, EXIT_LAMBDA, EXIT_TERM, MIN_STEPS, adaptation, adapted_kind, answer_laws, workload_settings
 from tev.pipelines.workload_report import LAWS, NO_VERDICT, has_verdict, progress_sentence, result_table
 from tev.pipelines.workload_data import check_workload, load_workload, split_workload
-from tev.service.adapted import ADAPTED_PREFIX, CAPACITY, MIN_ASKED, is_adapted, lost_laws
+from tev.service.adapted import ADAPTED_PREFIX, CAPACITY, MIN_ASKED, lost_laws
 from tev.service.service import LIMITS
 from tev.util.paths import assets_dir
 from tev.util.progress import Phase, Progress, relay
@@ -25,7 +25,7 @@ from ui.exittrain import Cancel, cancel_exittrain, check_free, priority_note, si
 from ui.shared import BACKGROUND, _user_error, only
 from visual import exit_mass_change_figure
 
-__all__ = ["OWN", "ASKED", "MIN_MINUTES", "MAX_MINUTES", "RECIPES", "DEFAULT_RECIPE", "pack_names", "verdict", "result_table", "run_workload", "adapted_drafter", "chosen_drafter", "live_drafter",
+__all__ = ["OWN", "ASKED", "MIN_MINUTES", "MAX_MINUTES", "RECIPES", "DEFAULT_RECIPE", "pack_names", "verdict", "result_table", "run_workload",
            "remember_asked", "use_asked", "offer_adapted", "tab"]
 
 OWN = "my own prompts (below)"
@@ -166,20 +166,20 @@ class RunProgress:
     timer (reset at every update) over every output.
 
     Args:
-        start: ``time.monotonic()`` at the press; ``budget``: the run's seconds.
+        start: ``time.monotonic()`` at the press; ``seconds_allowed``: the run's time limit.
         settings: the run's training settings (the drafters' names, as the result table gives them).
         held: the seconds interactive work has had priority so far (:attr:`Steps.held_seconds`)."""
 
-    def __init__(self, start: float, budget: float, settings: dict, held=lambda: 0.0):
-        self.start, self.budget, self.settings, self.held = start, budget, settings, held
+    def __init__(self, start: float, seconds_allowed: float, settings: dict, held=lambda: 0.0):
+        self.start, self.seconds_allowed, self.settings, self.held = start, seconds_allowed, settings, held
         self._sentence, self._said = None, None
 
     def line(self, sentence: str, now: float | None = None) -> str:
         """The status at ``now`` (default: the time now): the bar, then the clock and ``sentence`` (and the share
         of the minutes interactive runs had first)."""
         elapsed = (time.monotonic() if now is None else now) - self.start
-        bar = f'<progress value="{min(0.99, elapsed / self.budget):.3f}" max="1"></progress>'
-        return f"{bar}\n\n{_clock(elapsed)} of about {_clock(self.budget)} · {sentence}{priority_note(self.held(), elapsed)}"
+        bar = f'<progress value="{min(0.99, elapsed / self.seconds_allowed):.3f}" max="1"></progress>'
+        return f"{bar}\n\n{_clock(elapsed)} of about {_clock(self.seconds_allowed)} · {sentence}{priority_note(self.held(), elapsed)}"
 
     def view(self, event: Progress) -> WorkloadView | None:
         """The status to show after ``event`` (:func:`tev.util.progress.relay`'s ``view``), or None: a
@@ -205,32 +205,6 @@ def check_prompts(pack, prompts, minutes, recipe):
 
 
 # ------------------------------------------------------------------------------ the session's adapted drafters and Live prompts
-def _adapted_store():
-    """The server's adapted drafters, for the Live tab's target; ``ValueError`` when that target is another one."""
-    if not shared.SHARES_EXITTRAIN:
-        raise ValueError("adapted drafters are made for the default pair's target; this server's Live tab runs another target")
-    return shared.ADAPTED
-
-
-def adapted_drafter(label: str, request):
-    """This browser session's adapted drafter ``label`` for the Live tab's target; ``ValueError`` saying why not."""
-    return _adapted_store().drafter(shared.session_of(request), label)
-
-
-def chosen_drafter(bundle, name: str, request):
-    """The drafter a Live or walkthrough choice names: a kind of the bundle, or this session's adapted drafter."""
-    return adapted_drafter(name, request) if is_adapted(name) else bundle.drafter(name)
-
-
-def live_drafter(bundle, name: str, request, law) -> tuple[object, str | None]:
-    """The drafter Live runs for a choice at ``law`` (a :class:`~tev.core.sampling.SamplingLaw`), and a
-    sentence when it is not the one chosen: an adapted drafter only where it measured no worse than
-    the shipped one (:meth:`~tev.service.adapted.AdaptedDrafters.serving`)."""
-    if not is_adapted(name):
-        return bundle.drafter(name), None
-    return _adapted_store().serving(shared.session_of(request), name, law, bundle.drafter(adapted_kind(bundle)))
-
-
 def _served_laws(gains: dict) -> str:
     """Where Live serves the kept drafter, from its held-out gains per law."""
     losses = lost_laws(gains)
@@ -313,7 +287,7 @@ def tab(drafters: list = ()) -> None:
 
     inputs = [pack, text, minutes, recipe]
     started = checked_event(start.click, gpu.gpu_task("exittrain")(run_workload), inputs, [ui[name] for name in WorkloadView._fields], check_prompts,
-                            api_name="exittrain_workload", show_progress="hidden", **BACKGROUND)  # the status holds the run's one bar
-    started.then(offered, pack, [*drafters, download], api_name="exittrain_workload_offer")
-    asked.click(use_asked, None, [pack, ui["status"]], api_name="exittrain_workload_asked")
-    cancel.click(cancel_exittrain, None, ui["status"], api_name="exittrain_workload_cancel")
+                            api_name="adapt_workload", show_progress="hidden", **BACKGROUND)  # the status holds the run's one bar
+    started.then(offered, pack, [*drafters, download], api_name="adapt_workload_offer")
+    asked.click(use_asked, None, [pack, ui["status"]], api_name="adapt_workload_asked")
+    cancel.click(cancel_exittrain, None, ui["status"], api_name="adapt_workload_cancel")

@@ -302,7 +302,7 @@ class PeakMemory:
 
 def start_workload(url: str, pack: str, minutes: float):
     """Submit one workload ExitTrain run (the ExitTrain tab's workload mode) from its own client."""
-    job = new_client(url).submit(pack, "", minutes, api_name="/exittrain_workload")  # the recipe: the tab's default (the client fills it in)
+    job = new_client(url).submit(pack, "", minutes, api_name="/adapt_workload")  # the recipe: the tab's default (the client fills it in)
     return job, time.perf_counter()
 
 

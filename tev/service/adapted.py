@@ -38,7 +38,7 @@ from tev.engine.path_drafter import PathTreeDrafter
 from tev.pipelines.workload_report import LAWS, MIN_VERDICT_PROMPTS
 from tev.util.lru import LRU
 
-__all__ = ["ADAPTED_PREFIX", "KEY_MARK", "CAPACITY", "MIN_ASKED", "is_adapted", "drafter_kind", "measured_law", "lost_laws", "AdaptedDrafters", "AskedPrompts"]
+__all__ = ["ADAPTED_PREFIX", "KEY_MARK", "CAPACITY", "MIN_ASKED", "is_adapted", "measured_law", "lost_laws", "AdaptedDrafters", "AskedPrompts"]
 
 ADAPTED_PREFIX = "adapted: "
 KEY_MARK = " #"  # between a label and its key in an API name
@@ -51,12 +51,6 @@ ASKED_SESSIONS = 256  # sessions whose Live prompts are kept (the least recently
 def is_adapted(name) -> bool:
     """Whether a drafter choice names an adapted drafter (``"adapted: <workload>"``)."""
     return isinstance(name, str) and name.startswith(ADAPTED_PREFIX)
-
-
-def drafter_kind(name) -> str:
-    """The drafter kind a choice names, for the checks that need one: an adapted drafter counts as a
-    block drafter, which every pair ships (which session's it is, and its kind, the handler decides)."""
-    return "block" if is_adapted(name) else name
 
 
 def measured_law(law: SamplingLaw) -> str:

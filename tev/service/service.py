@@ -24,6 +24,9 @@ from tev.engine.cost_curve import CostCurve, machine_cost_curve
 from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, DecodeConfig, GenerationSummary, autoregressive_generate, Request, speculative_generate
 from tev.engine.round import RoundRecord
 from tev.engine.models import DRAFTER_KINDS, ModelBundle, Pair, default_kind, default_pair, load_bundle, offered_kinds, pair_record
+from tev.pipelines.workload import adapted_kind
+from tev.service.adapted import AdaptedDrafters, is_adapted
+from tev.service.live_settings import LiveInput, LiveSettings
 from tev.util.compute_thread import ComputeThread, result_of as _result
 from tev.engine.prompt_text import encode_chat, encode_prompt
 
@@ -31,7 +34,13 @@ __all__ = ["Limits", "LIMITS", "DEFAULT_SAMPLING", "ModelService", "Retiming", "
 
 
 class UserInputError(ValueError):
-    """Bad input from a user; the message says what to change."""
+    """Bad input from a user; the message says what to change, and ``field`` (when known) which setting:
+    a field of :class:`~tev.service.live_settings.LiveSettings` or a parameter of the event's check, so the page
+    puts the message under that input."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -117,25 +126,26 @@ LIMITS = Limits()
 DEFAULT_SAMPLING = SamplingLaw(0.7, top_p=0.9)
 
 
-def finite_number(name: str, value, low, high) -> int | float:
+def finite_number(name: str, value, low, high, field: str | None = None) -> int | float:
     """``value`` itself when it is a finite int or float (not a bool); else a
     :class:`UserInputError` naming the range ``[low, high]`` (the range is not checked here)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UserInputError(f"{name} must be a number from {low} to {high}, got {value!r}")
+        raise UserInputError(f"{name} must be a number from {low} to {high}, got {value!r}", field)
     return value
 
 
-def check_number(name: str, value, low, high, integer: bool = False) -> int | float:
+def check_number(name: str, value, low, high, integer: bool = False, field: str | None = None) -> int | float:
     """A finite number in ``[low, high]`` (a whole one, returned as ``int``, when ``integer``);
-    raises :class:`UserInputError` saying what to change."""
+    raises :class:`UserInputError` saying what to change (``name``: the setting as the page words it;
+    ``field``: its field, see :class:`UserInputError`)."""
     if value is None:
-        raise UserInputError(f"{name} is missing; choose a value from {low} to {high}")
-    number = finite_number(name, value, low, high)
+        raise UserInputError(f"{name} is missing; choose a value from {low} to {high}", field)
+    number = finite_number(name, value, low, high, field)
     if integer and number != int(number):
-        raise UserInputError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
+        raise UserInputError(f"{name} must be a whole number from {low} to {high}, got {value!r}", field)
     number = int(number) if integer else float(number)
     if not low <= number <= high:
-        raise UserInputError(f"{name} must be from {low} to {high}, got {value!r}")
+        raise UserInputError(f"{name} must be from {low} to {high}, got {value!r}", field)
     return number
 
 
@@ -145,12 +155,12 @@ def check_settings(verifier: str, budget, temperature, max_new_tokens, seed, top
     :class:`UserInputError` saying what to change. ``top_p`` 1 and ``top_k`` 0 leave the
     target's rows untruncated. With ``auto`` the budget is "auto" and ``budget`` its cap; a
     budget of 0 drafts nothing either way (plain decoding)."""
-    budget = check_number("budget", budget, 0, min(LIMITS.max_budget, MAX_BUDGET), integer=True)
-    temperature = check_number("temperature", temperature, 0.0, LIMITS.max_temperature)
-    max_new_tokens = check_number("max new tokens", max_new_tokens, 1, LIMITS.max_new_tokens, integer=True)
-    seed = check_number("seed", seed, 0, LIMITS.max_seed, integer=True)
-    top_p = check_number("top-p", top_p, LIMITS.min_top_p, 1.0)
-    top_k = check_number("top-k", top_k, 0, LIMITS.max_top_k, integer=True)
+    budget = check_number("budget", budget, 0, min(LIMITS.max_budget, MAX_BUDGET), integer=True, field="budget")
+    temperature = check_number("temperature", temperature, 0.0, LIMITS.max_temperature, field="temperature")
+    max_new_tokens = check_number("max new tokens", max_new_tokens, 1, LIMITS.max_new_tokens, integer=True, field="max_new_tokens")
+    seed = check_number("seed", seed, 0, LIMITS.max_seed, integer=True, field="seed")
+    top_p = check_number("top-p", top_p, LIMITS.min_top_p, 1.0, field="top_p")
+    top_k = check_number("top-k", top_k, 0, LIMITS.max_top_k, integer=True, field="top_k")
     try:
         sizing = {"budget": "auto", "budget_cap": budget} if auto and budget > 0 else {"budget": budget}
         return DecodeConfig(**sizing, temperature=temperature, top_k=top_k, top_p=top_p, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed)
@@ -180,6 +190,9 @@ class ModelService:
         self._runs = 0  # interactive runs being served (see serving), with the lock below
         self._runs_lock = threading.Lock()
         self._cost_curves: dict[tuple, CostCurve] = {}  # per target and torch thread count, as machine_cost_curve keeps them
+        # each browser session's adapted drafters for this target (set by the app where its workload runs adapt this
+        # target's drafter); None: this service serves no adapted drafter
+        self.adapted: AdaptedDrafters | None = None
 
     def bundle(self) -> ModelBundle:
         if self._bundle is None:
@@ -249,6 +262,58 @@ class ModelService:
             return self.bundle().drafter(kind)
         except ValueError as error:
             raise UserInputError(str(error)) from None
+
+    def check_drafter_choice(self, name) -> None:
+        """Refuses (:class:`UserInputError`) a drafter choice this service cannot serve: a kind its target lacks, or
+        an adapted drafter where it keeps none. Which session's adapted drafter it is, and its kind, is settled when
+        it is served (:meth:`chosen_drafter`), since a check does not know the session."""
+        if is_adapted(name):
+            if self.adapted is None:
+                raise UserInputError("adapted drafters are made for the default pair's target; this server's Live tab runs another target", "drafter")
+            return
+        try:
+            self.bundle().drafter(name)
+        except ValueError as error:
+            raise UserInputError(str(error), "drafter") from None
+
+    def chosen_drafter(self, name, session: str):
+        """The drafter a choice names: a drafter kind of the target, or ``session``'s adapted drafter (or any
+        session's, by its API name); :class:`UserInputError` saying why not."""
+        self.check_drafter_choice(name)
+        if not is_adapted(name):
+            return self.bundle().drafter(name)
+        try:
+            return self.adapted.drafter(session, name)
+        except ValueError as error:
+            raise UserInputError(str(error), "drafter") from None
+
+    def served_drafter(self, name, session: str, law: SamplingLaw) -> tuple[object, str | None]:
+        """The drafter Live runs for a choice at ``law``, and a sentence when it is not the one chosen: an adapted
+        drafter only where it measured no worse than the shipped one it was adapted from
+        (:meth:`~tev.service.adapted.AdaptedDrafters.serving`); :class:`UserInputError` as :meth:`chosen_drafter`."""
+        if not is_adapted(name):
+            return self.chosen_drafter(name, session), None
+        self.check_drafter_choice(name)
+        bundle = self.bundle()
+        try:
+            return self.adapted.serving(session, name, law, bundle.drafter(adapted_kind(bundle)))
+        except ValueError as error:
+            raise UserInputError(str(error), "drafter") from None
+
+    def check_live(self, settings: LiveSettings) -> LiveInput:
+        """A Live press's settings checked (:class:`LiveInput`): the prompt tokenized (through the chat template
+        with ``chat``) and the generation's settings; raises :class:`UserInputError` naming the field to change."""
+        bundle = self.bundle()
+        if settings.chat and not bundle.is_chat:
+            raise UserInputError("this target has no chat template; untick 'chat' to continue the text as it is", "chat")
+        try:
+            prompt_ids = tuple(self.encode(settings.text(), chat=bool(settings.chat)))
+        except UserInputError as error:
+            raise UserInputError(str(error), "prompt") from None
+        config = check_settings(settings.verifier, settings.budget, settings.temperature, settings.max_new_tokens, settings.seed,
+                                top_p=settings.top_p, top_k=settings.top_k, auto=bool(settings.auto))
+        self.check_drafter_choice(settings.drafter)
+        return LiveInput(prompt_ids, config)
 
     def request(self, prompt_ids, drafter, config: DecodeConfig) -> Request:
         """The checked :class:`Request` for ``drafter`` (a drafter of :meth:`drafter`, or a
