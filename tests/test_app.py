@@ -20,8 +20,8 @@ def client(app_server):
 
 
 def named(fields, values) -> dict:
-    """An API result by output name (the per-session state is no API output)."""
-    fields = [name for name in fields if name != "state"]
+    """An API result by output name (the per-session state and the Continue button are no API outputs)."""
+    fields = [name for name in fields if name not in ("state", "more")]
     assert len(values) == len(fields)
     return dict(zip(fields, values))
 
@@ -397,3 +397,37 @@ def test_a_run_drawing_its_figures_still_counts_as_waiting_for_the_machine():
         with service.serving():  # another visitor's run, drawing its figures
             assert service.others_waiting() == 1
         assert service.others_waiting() == 0
+
+
+def test_continue_goes_on_from_an_answer_cut_at_the_length_limit_as_one_longer_greedy_answer(chat_server):
+    """Continue after a cut answer: its rounds join the answer, numbered after it, and at T = 0 the whole equals one
+    answer asked for the sum of the lengths (greedy speculation is greedy decoding); nothing to continue is refused."""
+    import types
+
+    import gradio as gr
+
+    from tests.tiny import CHAT_WORDS
+    from ui.live import LiveView, check_continue, continue_live, run_live
+
+    visitor = types.SimpleNamespace(session_hash="carol")
+    prompt = " ".join(CHAT_WORDS[:5])
+
+    def answer(views) -> tuple[list[int], dict]:
+        final = LiveView(*views[-1])
+        return [t for record in final.state["records"] for t in record.emitted], final
+
+    whole, _ = answer(list(run_live(prompt, "block", "tev", 4, 0.0, 12, 0, False, False, 1.0, 0, request=visitor)))
+    first, cut = answer(list(run_live(prompt, "block", "tev", 4, 0.0, 6, 0, False, False, 1.0, 0, request=visitor)))
+    assert cut.state["summary"].stop_reason == "max_new_tokens" and cut.more["visible"] is True
+    more, went_on = answer(list(continue_live(cut.state, None, visitor)))
+    assert more[: len(first)] == first and more == whole[: len(more)] and len(more) > len(first)
+    rounds = went_on.state["records"]
+    assert [r.index for r in rounds] == list(range(len(rounds)))  # the new rounds numbered after the first ones
+    assert went_on.state["settings"]["continued"] is True and went_on.summary["tokens"] == len(more)
+    with pytest.raises(ValueError, match="press Generate first"):
+        check_continue({"records": [], "summary": None})
+    ended = {**went_on.state, "summary": types.SimpleNamespace(stop_reason="eos")}  # an answer that ended on its own
+    with pytest.raises(ValueError, match=r"not cut at the length limit \(the answer ended\)"):
+        check_continue(ended)
+    with pytest.raises(gr.Error, match="nothing to continue"):
+        list(continue_live(ended, None, visitor))

@@ -794,3 +794,29 @@ def test_generate_during_the_re_timing_starts_a_run(app_server, browser):
     _settled(page)
     assert _error_badges(page) == 0
     page.close()
+
+
+def test_an_answer_cut_at_the_length_limit_continues_where_it_stopped(app_server, browser):
+    """An answer cut at max new tokens offers Continue in view under the prompt, and pressing it grows the same
+    answer (more tokens, the first ones kept) instead of starting another."""
+    page = _first_screen(app_server, browser)
+    page.get_by_label("prompt (Python code to continue)").fill("def add(a, b):\n    ")
+    tokens = page.get_by_role("spinbutton", name="number input for max new tokens")
+    tokens.fill("8")
+    tokens.press("Enter")
+    assert not page.locator("#continue-button").is_visible()  # nothing to continue yet
+    _generated(page)
+    page.wait_for_selector("#continue-button", state="visible", timeout=10_000)
+    assert "press Continue" in page.inner_text("#live-said")
+    button = page.locator("#continue-button").bounding_box()
+    assert button["y"] + button["height"] <= 1000  # where the user looks after the answer, in the first screen
+    first = page.inner_text("#text-view").split("above the line")[-1]
+    count = lambda: int(re.search(r"tokens (\d+)", page.inner_text("#live-stats")).group(1))  # noqa: E731
+    assert count() == 8
+    page.evaluate(_RAN)
+    page.click("#continue-button")
+    page.wait_for_function("window.__ran && document.querySelector('#live-stats').innerText.includes('stopped')", timeout=120_000)
+    assert count() > 8
+    assert page.inner_text("#text-view").split("above the line")[-1].startswith(first.rstrip())
+    assert _error_badges(page) == 0
+    page.close()

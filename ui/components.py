@@ -150,12 +150,13 @@ def refusal_line(inputs: list, check=None, also: dict | None = None):
     return line
 
 
-def settings_handler(settings_type, handler, more: tuple[str, ...] = (), request: bool = True):
+def settings_handler(settings_type, handler, more: tuple[str, ...] = (), request: bool = True, name: str | None = None):
     """``handler(settings, *more_values[, request=...])`` as a Gradio handler: one parameter per field of the
     dataclass ``settings_type`` (Gradio names the event's API parameters from the handler's signature, so the API
     keeps the fields' names and a value may be sent by name), then the inputs named in ``more`` (a session's
     state), then, with ``request``, the request (Gradio passes it by its annotation). The settings are written
-    once, in ``settings_type``; a generator ``handler`` stays a generator (Gradio streams it)."""
+    once, in ``settings_type``; a generator ``handler`` stays a generator (Gradio streams it). ``name``: the
+    handler's name in Gradio's messages (default: ``handler``'s)."""
     names = [field.name for field in dataclasses.fields(settings_type)]
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     parameters = [inspect.Parameter(name, kind, default=default) for name, default in settings_type.defaults().items()]
@@ -181,7 +182,8 @@ def settings_handler(settings_type, handler, more: tuple[str, ...] = (), request
 
     called.__signature__ = signature
     called.__annotations__ = {"request": gr.Request} if request else {}
-    called.__name__, called.__qualname__, called.__doc__ = handler.__name__, handler.__qualname__, handler.__doc__
+    called.__name__ = called.__qualname__ = name or handler.__name__
+    called.__doc__ = handler.__doc__
     return called
 
 

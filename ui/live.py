@@ -79,6 +79,18 @@ class LiveView(NamedTuple):
     budget: Any  # budget auto's choice for the shown round (hidden at a fixed budget)
     state: Any
     said: Any  # under the buttons: what answers the press (how the run stopped, the re-timing, the speed), in view where the user pressed
+    more: Any  # the Continue button: shown when the answer stopped at the length limit
+
+
+class Asked(NamedTuple):
+    """What a Live answer was asked with (a Continue goes on with it): the prompt's token ids and text, the
+    drafter chosen, the checked settings, and whether the answer is timed against plain decoding."""
+
+    prompt_ids: tuple[int, ...]
+    prompt: str
+    drafter: str
+    config: DecodeConfig
+    compare_ar: bool
 
 
 class RoundView(NamedTuple):
@@ -121,7 +133,7 @@ def _stopped_line(summary: GenerationSummary, config: DecodeConfig | None, speed
     """Why the run stopped, its time to first token, and the rate the page received its text at."""
     stopped = STOPPED.get(summary.stop_reason, summary.stop_reason)
     if summary.stop_reason == "max_new_tokens":
-        stopped = f"at the length limit ({config.max_new_tokens} new tokens): the answer may be cut short; raise max new tokens to let it finish"
+        stopped = f"at the length limit ({config.max_new_tokens} new tokens): the answer may be cut short; press **Continue** to let it go on"
     rate = speed.shown if speed is not None and speed.shown is not None else summary.tokens_per_second
     return f"stopped: {stopped} · time to first token {1e3 * summary.time_to_first_token:.0f} ms · {rate:.1f} tokens/s as this page received the answer"
 
@@ -306,7 +318,7 @@ def _check(settings: LiveSettings, memory=None) -> LiveInput:
 
 
 # The event's validator calls it and the handler takes that result (once_per_click); its parameters are /generate's.
-check_live = once_per_click(settings_handler(LiveSettings, _check, more=("memory",), request=False))
+check_live = once_per_click(settings_handler(LiveSettings, _check, more=("memory",), request=False, name="check_live"))
 
 
 def _auto_budget(config: DecodeConfig, drafter: str, memory: dict | None):
@@ -338,32 +350,64 @@ def _run(settings: LiveSettings, memory=None, request: gr.Request = None):
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
         raise _user_error(error) from None
     with shared.SERVICE.serving():  # other runs in the app's line see this one (others_waiting)
-        return (yield from _served(speculation, config, settings.drafter, memory, settings.text(), settings.compare_ar, serving_note, request))
+        asked = Asked(prompt_ids, settings.text(), settings.drafter, config, bool(settings.compare_ar))
+        return (yield from _served(speculation, asked, memory, serving_note, request))
 
 
 # The Live handler: /generate's parameters are LiveSettings' fields, then the session's budget auto state.
-run_live = settings_handler(LiveSettings, _run, more=("memory",))
+run_live = settings_handler(LiveSettings, _run, more=("memory",), name="run_live")
 
 
-def _served(speculation, config: DecodeConfig, drafter: str, memory, prompt: str, compare_ar, serving_note: str | None, request):
-    """:func:`run_live`'s generation, checked: the rounds streamed, then the speed comparison and the finished view."""
-    sizing, quiet_sizing = _auto_budget(config, drafter, memory)
+def check_continue(state, memory=None) -> tuple:
+    """The run a Continue goes on from: (its rounds, what it was asked with); raises ``ValueError`` saying why
+    there is nothing to continue."""
+    records, summary, asked = _records(state), (state or {}).get("summary"), (state or {}).get("asked")
+    if not records or asked is None:
+        raise UserInputError("nothing to continue yet: press Generate first")
+    if summary is None or summary.stop_reason != "max_new_tokens":
+        stopped = "it is still running" if summary is None else STOPPED.get(summary.stop_reason, summary.stop_reason)
+        raise UserInputError(f"nothing to continue: the last answer was not cut at the length limit ({stopped})")
+    return records, asked
+
+
+def continue_live(state, memory=None, request: gr.Request = None):
+    """Continue pressed: the answer cut at the length limit goes on from its last token, with the same drafter and
+    settings, for up to max new tokens more; its rounds join the answer's (the text, the round browser, the
+    stats over the whole answer). The target reads the prompt and the answer so far as its context, so every
+    verifier stays exact; the speed comparison, when asked for, times the new part."""
+    try:
+        records, asked = check_continue(state)
+        so_far = asked.prompt_ids + tuple(token for record in records for token in record.emitted)
+        served, serving_note = shared.SERVICE.served_drafter(asked.drafter, shared.session_of(request), asked.config.law)
+        speculation = shared.SERVICE.request(so_far, served, asked.config)
+    except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
+        raise _user_error(error) from None
+    with shared.SERVICE.serving():
+        return (yield from _served(speculation, asked, memory, serving_note or _adapted_note(asked.drafter), request, earlier=records))
+
+
+def _served(speculation, asked: Asked, memory, serving_note: str | None, request, earlier: list = ()):
+    """:func:`run_live`'s generation, checked: the rounds streamed (after ``earlier``, the rounds a Continue goes
+    on from), then the speed comparison of the new rounds and the finished view."""
+    config = asked.config
+    sizing, quiet_sizing = _auto_budget(config, asked.drafter, memory)
     stop = _stop_flag(request)
-    records = []
+    records = list(earlier)
     started = time.perf_counter()
     events = shared.SERVICE.generate(speculation, should_stop=stop.is_set, auto=sizing)
     try:  # Gradio closes this generator when the client leaves: stop generating then
-        summary = yield from mapped(_drawn(events, records, prompt), lambda view: _with_note(view, serving_note))
+        summary = yield from mapped(_drawn(events, records, asked.prompt), lambda view: _with_note(view, serving_note))
     finally:
         events.close()
-    shown = sum(len(r.emitted) for r in records) / max(time.perf_counter() - started, 1e-9)
-    speed = Speed(shown=shown)
-    if compare_ar and summary.stop_reason != "cancelled" and sum(len(r.emitted) for r in records) >= MIN_TIMED_TOKENS:
+    new = sum(len(r.emitted) for r in records[len(earlier):])
+    speed = Speed(shown=new / max(time.perf_counter() - started, 1e-9))
+    if asked.compare_ar and summary.stop_reason != "cancelled" and new >= MIN_TIMED_TOKENS:
         kind = IdleTimings.kind(records[-1].drafter, config)
         retiming = _retimed(speculation, quiet_sizing, records, summary, config, stop, request, kind, speed)
         speed = yield from mapped(retiming, lambda view: _with_note(view, serving_note))  # the note stays above the stats meanwhile
-    state = {"records": records, "summary": summary, "settings": {"prompt": prompt, "drafter": drafter, **dataclasses.asdict(config)}}
-    yield _with_note(_finished(records, summary, config, speed, prompt, state), serving_note)
+    state = {"records": records, "summary": summary, "asked": asked,
+             "settings": {"prompt": asked.prompt, "drafter": asked.drafter, **dataclasses.asdict(config), "continued": len(earlier) > 0}}
+    yield _with_note(_finished(records, summary, config, speed, asked.prompt, state), serving_note)
 
 
 def _retimed(speculation, quiet_sizing, records, summary, config: DecodeConfig, stop: threading.Event, request, kind: tuple, speed: Speed):
@@ -397,7 +441,8 @@ def _said(text: str | None):
 
 def _said_at_end(summary: GenerationSummary, config: DecodeConfig, speed: Speed) -> str:
     """Under the buttons at a run's end: how it stopped, and the speed comparison's first sentence."""
-    stopped = "at the length limit (max new tokens)" if summary.stop_reason == "max_new_tokens" else STOPPED.get(summary.stop_reason, summary.stop_reason)
+    stopped = ("at the length limit (max new tokens): press **Continue** to go on" if summary.stop_reason == "max_new_tokens"
+               else STOPPED.get(summary.stop_reason, summary.stop_reason))
     said = _speed_line(speed, config)
     return f"stopped: {stopped}" + ("\n\n" + said.split("\n\n")[0] if said else "")
 
@@ -422,17 +467,19 @@ def _drawn(events, records: list, prompt: str):
     :data:`TEXT_SECONDS` apart, the figures at most :data:`FIGURE_SECONDS` apart (the first round
     draws both); returns the generation's summary (PEP 380)."""
     last_text = last_figures = float("-inf")
+    offset = len(records)  # rounds a Continue goes on from: the new rounds are numbered after them
     while True:
         try:
             record = next(events)
         except StopIteration as end:
             return end.value
+        record.index += offset
         records.append(record)
         now = time.perf_counter()
         if now - last_text < TEXT_SECONDS:
             continue
         first, last_text = last_text == float("-inf"), now
-        words = {"text": text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), "summary": None, "said": _said(None) if first else gr.skip(),
+        words = {"text": text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), "summary": None, "said": _said(None) if first else gr.skip(), "more": gr.update(visible=False) if first else gr.skip(),
                  "stats": _stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active(), shared.SERVICE.compute.active_background()), "state": {"records": records, "summary": None}}
         if now - last_figures >= FIGURE_SECONDS:
             last_figures = now
@@ -447,7 +494,8 @@ def _finished(records, summary: GenerationSummary, config: DecodeConfig, speed: 
     said = _said(_said_at_end(summary, config, speed))
     if not records:
         message = "Stopped before the first round." if summary.stop_reason == "cancelled" else "The generation produced no rounds."
-        return LiveView("", None, None, None, message, None, gr.update(minimum=1, maximum=2, value=1, interactive=False), gr.update(value=None, visible=False), state, said)
+        return LiveView("", None, None, None, message, None, gr.update(minimum=1, maximum=2, value=1, interactive=False), gr.update(value=None, visible=False), state, said,
+                        gr.update(visible=False))
     shown = _richest_round(records)
     tree, mass, chosen = _round_figures(records, shown)
     return LiveView(
@@ -461,6 +509,7 @@ def _finished(records, summary: GenerationSummary, config: DecodeConfig, speed: 
         budget=chosen,
         state=state,
         said=said,
+        more=gr.update(visible=summary.stop_reason == "max_new_tokens"),
     )
 
 
@@ -558,6 +607,30 @@ def export_run(state):
     return records_to_json(records, state.get("summary"), state.get("settings", {}), token_text=shared.SERVICE.token_text)
 
 
+def _settings_column() -> dict:
+    """The Live tab's settings column (beside the prompt): its inputs by :class:`LiveSettings` field, but the prompt and chat."""
+    with gr.Column(scale=2, elem_classes=KEEP_TYPED):  # a number typed out of a slider's range is refused under Generate, not clamped
+        kinds = shared.SERVICE.drafter_kinds()
+        drafter = gr.Radio(kinds, value=shared.SERVICE.default_drafter_kind(), label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in kinds)
+                           + " · adapted: yours, from a workload run in the ExitTrain tab", elem_id="live-drafter")
+        verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
+        with gr.Row():
+            budget = gr.Slider(0, LIMITS.max_budget, value=16, step=1, scale=3,
+                                label="budget B (draft nodes per round; 0 drafts nothing: plain decoding); with budget auto, the most a round may keep")
+            auto = gr.Checkbox(value=AUTO_DEFAULT, scale=1, label="budget auto: each round keeps the drafter's best nodes this machine pays for",
+                               info="the sizes follow this machine's timing, so a seed repeats the text only at a fixed budget or T = 0")
+        temperature = gr.Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T (0: greedy)")
+        with gr.Row():
+            top_p = gr.Slider(LIMITS.min_top_p, 1.0, value=DEFAULT_SAMPLING.top_p, step=0.01, label="top-p (1: off)")
+            top_k = gr.Slider(0, LIMITS.max_top_k, value=DEFAULT_SAMPLING.top_k, step=1, label="top-k (0: off)")
+        max_new_tokens = gr.Slider(1, LIMITS.max_new_tokens, value=DEFAULT_NEW_TOKENS, step=1, label="max new tokens")
+        with gr.Row():
+            seed = gr.Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed", elem_id="live-seed")
+            compare_ar = gr.Checkbox(value=True, label="also time an autoregressive run (speedup)")
+    return {"drafter": drafter, "verifier": verifier, "budget": budget, "auto": auto, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+            "max_new_tokens": max_new_tokens, "seed": seed, "compare_ar": compare_ar}
+
+
 def tab(examples: list[str]) -> gr.Radio:
     """The Live tab's components and events; returns its drafter choice (a workload run adds the session's adapted drafters)."""
     with gr.Row():
@@ -569,6 +642,7 @@ def tab(examples: list[str]) -> gr.Radio:
             with gr.Row():  # right under the prompt: in view without scrolling
                 generate = gr.Button("Generate", variant="primary", elem_id="generate-button")
                 stop = gr.Button("Stop", elem_id="stop-button")
+                more = gr.Button("Continue", elem_id="continue-button", visible=False)  # shown when an answer stopped at the length limit
             # a refused press says why here, where the user pressed (the validator's message sits under the input, maybe out of sight)
             refused = gr.Markdown(visible=False, elem_id="live-refusal")
             said_line = gr.Markdown(visible=False, elem_id="live-said")  # what answers a press (Stop, the re-timing, the speed), above the answer
@@ -582,24 +656,7 @@ def tab(examples: list[str]) -> gr.Radio:
                 examples=[[e] for e in examples], inputs=[prompt],
                 label="held-out chat prompts: dialogue, code, math" if shared.CHAT_DEFAULT else "held-out stdlib functions and HumanEval prompts",
             )
-        with gr.Column(scale=2, elem_classes=KEEP_TYPED):  # a number typed out of a slider's range is refused under Generate, not clamped
-            kinds = shared.SERVICE.drafter_kinds()
-            drafter = gr.Radio(kinds, value=shared.SERVICE.default_drafter_kind(), label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in kinds)
-                            + " · adapted: yours, from a workload run in the ExitTrain tab", elem_id="live-drafter")
-            verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
-            with gr.Row():
-                budget = gr.Slider(0, LIMITS.max_budget, value=16, step=1, scale=3,
-                                label="budget B (draft nodes per round; 0 drafts nothing: plain decoding); with budget auto, the most a round may keep")
-                auto = gr.Checkbox(value=AUTO_DEFAULT, scale=1, label="budget auto: each round keeps the drafter's best nodes this machine pays for",
-                                          info="the sizes follow this machine's timing, so a seed repeats the text only at a fixed budget or T = 0")
-            temperature = gr.Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T (0: greedy)")
-            with gr.Row():
-                top_p = gr.Slider(LIMITS.min_top_p, 1.0, value=DEFAULT_SAMPLING.top_p, step=0.01, label="top-p (1: off)")
-                top_k = gr.Slider(0, LIMITS.max_top_k, value=DEFAULT_SAMPLING.top_k, step=1, label="top-k (0: off)")
-            max_new_tokens = gr.Slider(1, LIMITS.max_new_tokens, value=DEFAULT_NEW_TOKENS, step=1, label="max new tokens")
-            with gr.Row():
-                seed = gr.Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed", elem_id="live-seed")
-                compare_ar = gr.Checkbox(value=True, label="also time an autoregressive run (speedup)")
+        fields = {"prompt": prompt, "chat": chat, **_settings_column()}
     with gr.Row():
         tree_plot = gr.Plot(label="draft tree of the round", elem_id="tree-plot")
     with gr.Row():
@@ -618,17 +675,21 @@ def tab(examples: list[str]) -> gr.Radio:
     run_state = gr.State({"records": [], "summary": None}, time_to_live=RUN_STATE_SECONDS)
     budget_memory = gr.State({})  # this browser session's budget auto calibration and rate, per drafter
 
-    fields = {"prompt": prompt, "drafter": drafter, "verifier": verifier, "budget": budget, "temperature": temperature, "max_new_tokens": max_new_tokens,
-              "seed": seed, "compare_ar": compare_ar, "chat": chat, "top_p": top_p, "top_k": top_k, "auto": auto}
     inputs = [fields[name] for name in LiveSettings.names()] + [budget_memory]  # in the handler's order: its parameters name /generate's
     # Stop is a flag the generation polls between rounds (not Gradio's cancel, which would
     # mark every output as failed and leave the figures of a half-drawn run)
     pressed = generate.click(arm_stop, None, None, queue=False, api_name=False)
     # the line under Generate first, then the run (chained, not beside it: see refusal_line)
-    said = pressed.then(refusal_line(inputs, check_live, also={drafter: is_adapted}), inputs, refused, queue=False, preprocess=False, api_name=False)
+    said = pressed.then(refusal_line(inputs, check_live, also={fields["drafter"]: is_adapted}), inputs, refused, queue=False, preprocess=False, api_name=False)
     # always_last: a press while a run (or its re-timing) is on starts one run as soon as it ends
-    checked_event(said.then, gpu.gpu_task("generate")(run_live), inputs, list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, run_summary, round_slider, budget_plot, run_state, said_line)),
-                  check_live, also={drafter: is_adapted}, api_name="generate", trigger_mode="always_last", **COMPUTE)
+    outputs = list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, run_summary, round_slider, budget_plot, run_state, said_line, more))
+    checked_event(said.then, gpu.gpu_task("generate")(run_live), inputs, outputs, check_live, also={fields["drafter"]: is_adapted}, api_name="generate",
+                  trigger_mode="always_last", **COMPUTE)
+    # Continue: the answer cut at the length limit goes on, in the same way (refused under the buttons when there is none)
+    pressed = more.click(arm_stop, None, None, queue=False, api_name=False)
+    said = pressed.then(refusal_line([run_state, budget_memory], check_continue), [run_state, budget_memory], refused, queue=False, preprocess=False, api_name=False)
+    checked_event(said.then, gpu.gpu_task("generate")(continue_live), [run_state, budget_memory], outputs, check_continue, api_name=False,
+                  trigger_mode="always_last", **COMPUTE)
     stop.click(stop_live, None, None, queue=False, api_name=False)
     views = list(RoundView(round_slider, tree_plot, mass_plot, round_info, budget_plot))
     # release: the slider dragged; input: a round number typed into its box
@@ -638,7 +699,7 @@ def tab(examples: list[str]) -> gr.Radio:
         inputs = [round_slider, run_state, gr.State(delta)]
         checked_event(button.click, browse_round, inputs, views, check_browse, api_name=False)
     export.click(export_run, run_state, export_file, api_name="export")
-    return drafter
+    return fields["drafter"]
 
 
 def warm_cost_curve() -> None:
