@@ -54,6 +54,40 @@ def test_generate_names_its_parameters_by_the_live_settings(client):
     assert named(LiveView._fields, by_name)["summary"]["tokens"] == 4
 
 
+def test_a_short_continuation_of_a_long_answer_says_why_it_has_no_speed_ratio():
+    import types
+
+    from tev.engine.decode import DecodeConfig
+    from ui.live import MIN_TIMED_TOKENS, Speed, _stats_markdown
+
+    rounds = [types.SimpleNamespace(block_length=1, emitted=[0] * 10, flow=types.SimpleNamespace(tau_bound=1.5), choice=None, drafter="block")] * 5
+    summary = types.SimpleNamespace(stop_reason="max_new_tokens", time_to_first_token=0.01, tokens_per_second=9.0)
+    config = DecodeConfig(budget=4, max_new_tokens=10)
+    stats = _stats_markdown(rounds, summary, config, Speed(shown=9.0, added=10))  # 50 tokens in all, this Continue's 10
+    assert 50 >= MIN_TIMED_TOKENS > 10 and "No speed comparison: 10 tokens (this Continue added) are too few" in stats
+    assert "No speed comparison" not in _stats_markdown(rounds, summary, config, Speed(shown=9.0, added=50))
+
+
+def test_a_continuation_samples_with_a_seed_of_its_own():
+    """A Continue must not reuse the numbers that drew the answer so far (prompt + answer would then not be a sample
+    of the target): its seed comes from the answer's seed and where it starts, the same for the same press."""
+    from tev.service.service import LIMITS
+    from ui.live import continuation_seed
+
+    seeds = {continuation_seed(seed, position) for seed in (0, 1, 7) for position in (10, 11, 250)}
+    assert len(seeds) == 9 and all(0 <= s <= LIMITS.max_seed for s in seeds) and not seeds & {0, 1, 7}
+    assert continuation_seed(7, 250) == continuation_seed(7, 250)
+
+
+def test_the_load_test_sends_the_live_settings_by_their_names():
+    import dataclasses
+
+    from tev.drive.loadtest import Settings
+    from tev.service.live_settings import LiveSettings
+
+    assert [field.name for field in dataclasses.fields(Settings)] == list(LiveSettings.names())
+
+
 def test_a_refusal_goes_under_the_input_its_field_names():
     import gradio as gr
 
@@ -423,7 +457,9 @@ def test_continue_goes_on_from_an_answer_cut_at_the_length_limit_as_one_longer_g
     assert more[: len(first)] == first and more == whole[: len(more)] and len(more) > len(first)
     rounds = went_on.state["records"]
     assert [r.index for r in rounds] == list(range(len(rounds)))  # the new rounds numbered after the first ones
-    assert went_on.state["settings"]["continued"] is True and went_on.summary["tokens"] == len(more)
+    assert went_on.summary["tokens"] == len(more)
+    presses = went_on.state["settings"]["presses"]  # the export says each press's seed and first round
+    assert [p["first_round"] for p in presses] == [0, len(cut.state["records"])] and presses[0]["seed"] == 0 != presses[1]["seed"]
     with pytest.raises(ValueError, match="press Generate first"):
         check_continue({"records": [], "summary": None})
     ended = {**went_on.state, "summary": types.SimpleNamespace(stop_reason="eos")}  # an answer that ended on its own

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 import sys
 import threading
@@ -64,6 +65,7 @@ class Speed:
     unmeasured: str | None = None  # why it was not (a key of UNMEASURED)
     waiting: int = 0  # other runs in the app's line as it ended, when it was not re-timed for them
     recalled: IdleTiming | None = None  # then: the machine's latest idle re-timing of this kind of run, if any
+    added: int | None = None  # the tokens this press added (a Continue's, not the whole answer's): what a re-timing times
 
 
 class LiveView(NamedTuple):
@@ -91,6 +93,15 @@ class Asked(NamedTuple):
     drafter: str
     config: DecodeConfig
     compare_ar: bool
+    presses: tuple[dict, ...] = ()  # each press's seed and first round (Generate, then each Continue), for the export
+
+
+def continuation_seed(seed: int, position: int) -> int:
+    """The seed a Continue samples with: drawn from the answer's seed and where the continuation starts, so no
+    press reuses another's random numbers (with the same seed, the continuation would draw the numbers that chose
+    the answer's first tokens, and prompt + answer would no longer be a sample of the target)."""
+    digest = hashlib.sha256(f"tev-continue:{seed}:{position}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % (LIMITS.max_seed + 1)
 
 
 class RoundView(NamedTuple):
@@ -123,10 +134,19 @@ def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeCo
     said = _speed_line(speed, config)
     if said:
         lines.append(said)
-    elif summary is not None and tokens < MIN_TIMED_TOKENS and config is not None and summary.stop_reason != "cancelled":
-        lines.append(f"No speed comparison: {tokens} tokens are too few to time (it needs at least {MIN_TIMED_TOKENS}; over a few "
+    elif summary is not None and _added(speed, tokens) < MIN_TIMED_TOKENS and config is not None and summary.stop_reason != "cancelled":
+        lines.append(f"No speed comparison: {_added(speed, tokens)} tokens{' (this Continue added)' * _continued(speed, tokens)} are too few to time (it needs at least {MIN_TIMED_TOKENS}; over a few "
                      "steps the first step's warm-up and the machine's jitter would decide the ratio).")
     return "\n\n".join(lines)
+
+
+def _added(speed: Speed | None, tokens: int) -> int:
+    """The tokens the last press added: a Continue's own, else the whole answer's ``tokens``."""
+    return speed.added if speed is not None and speed.added is not None else tokens
+
+
+def _continued(speed: Speed | None, tokens: int) -> bool:
+    return _added(speed, tokens) != tokens
 
 
 def _stopped_line(summary: GenerationSummary, config: DecodeConfig | None, speed: Speed | None) -> str:
@@ -294,13 +314,15 @@ _RETIMING: LRU[str, threading.Event] = LRU(1024)
 
 
 def arm_stop(request: gr.Request):
-    """Generate pressed: the session's re-timing, if one runs, ends, and this press's run starts
+    """Generate (or Continue) pressed: the session's re-timing, if one runs, ends, and this press's run starts
     as the old one ends (the event runs its last press after the current one: ``always_last``); a Stop
-    from before this press does not stop the new run."""
+    from before this press does not stop the new run. Hides Continue at once: the answer it would go on from is
+    being replaced (a press of it now would continue the old answer beside the new run)."""
     running = _RETIMING.peek(shared.session_of(request))
     if running is not None:
         running.set()
     _stop_flag(request).clear()
+    return gr.update(visible=False)
 
 
 def stop_live(request: gr.Request):
@@ -364,22 +386,24 @@ def check_continue(state, memory=None) -> tuple:
     records, summary, asked = _records(state), (state or {}).get("summary"), (state or {}).get("asked")
     if not records or asked is None:
         raise UserInputError("nothing to continue yet: press Generate first")
-    if summary is None or summary.stop_reason != "max_new_tokens":
-        stopped = "it is still running" if summary is None else STOPPED.get(summary.stop_reason, summary.stop_reason)
-        raise UserInputError(f"nothing to continue: the last answer was not cut at the length limit ({stopped})")
+    if summary.stop_reason != "max_new_tokens":
+        raise UserInputError(f"nothing to continue: the last answer was not cut at the length limit ({STOPPED.get(summary.stop_reason, summary.stop_reason)})")
     return records, asked
 
 
 def continue_live(state, memory=None, request: gr.Request = None):
     """Continue pressed: the answer cut at the length limit goes on from its last token, with the same drafter and
     settings, for up to max new tokens more; its rounds join the answer's (the text, the round browser, the
-    stats over the whole answer). The target reads the prompt and the answer so far as its context, so every
-    verifier stays exact; the speed comparison, when asked for, times the new part."""
+    stats over the whole answer). The target reads the prompt and the answer so far as its context and the
+    continuation samples with a seed of its own (:func:`continuation_seed`), so prompt + answer stays a sample of
+    the target's law (at T = 0, the one longer greedy answer); the speed comparison, when asked for, times the new part."""
     try:
         records, asked = check_continue(state)
         so_far = asked.prompt_ids + tuple(token for record in records for token in record.emitted)
-        served, serving_note = shared.SERVICE.served_drafter(asked.drafter, shared.session_of(request), asked.config.law)
-        speculation = shared.SERVICE.request(so_far, served, asked.config)
+        config = dataclasses.replace(asked.config, seed=continuation_seed(asked.config.seed, len(so_far)))
+        served, serving_note = shared.SERVICE.served_drafter(asked.drafter, shared.session_of(request), config.law)
+        speculation = shared.SERVICE.request(so_far, served, config)
+        asked = asked._replace(config=config)
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
         raise _user_error(error) from None
     with shared.SERVICE.serving():
@@ -390,6 +414,7 @@ def _served(speculation, asked: Asked, memory, serving_note: str | None, request
     """:func:`run_live`'s generation, checked: the rounds streamed (after ``earlier``, the rounds a Continue goes
     on from), then the speed comparison of the new rounds and the finished view."""
     config = asked.config
+    asked = asked._replace(presses=(*asked.presses, {"seed": config.seed, "max_new_tokens": config.max_new_tokens, "first_round": len(earlier)}))
     sizing, quiet_sizing = _auto_budget(config, asked.drafter, memory)
     stop = _stop_flag(request)
     records = list(earlier)
@@ -400,13 +425,15 @@ def _served(speculation, asked: Asked, memory, serving_note: str | None, request
     finally:
         events.close()
     new = sum(len(r.emitted) for r in records[len(earlier):])
-    speed = Speed(shown=new / max(time.perf_counter() - started, 1e-9))
+    speed = Speed(shown=new / max(time.perf_counter() - started, 1e-9), added=new)
     if asked.compare_ar and summary.stop_reason != "cancelled" and new >= MIN_TIMED_TOKENS:
         kind = IdleTimings.kind(records[-1].drafter, config)
         retiming = _retimed(speculation, quiet_sizing, records, summary, config, stop, request, kind, speed)
         speed = yield from mapped(retiming, lambda view: _with_note(view, serving_note))  # the note stays above the stats meanwhile
+    # the export: the settings of the first press, then each press's seed and first round; the summary is the last press's
     state = {"records": records, "summary": summary, "asked": asked,
-             "settings": {"prompt": asked.prompt, "drafter": asked.drafter, **dataclasses.asdict(config), "continued": len(earlier) > 0}}
+             "settings": {"prompt": asked.prompt, "drafter": asked.drafter, **dataclasses.asdict(config), "seed": asked.presses[0]["seed"],
+                          "presses": list(asked.presses)}}
     yield _with_note(_finished(records, summary, config, speed, asked.prompt, state), serving_note)
 
 
@@ -678,7 +705,7 @@ def tab(examples: list[str]) -> gr.Radio:
     inputs = [fields[name] for name in LiveSettings.names()] + [budget_memory]  # in the handler's order: its parameters name /generate's
     # Stop is a flag the generation polls between rounds (not Gradio's cancel, which would
     # mark every output as failed and leave the figures of a half-drawn run)
-    pressed = generate.click(arm_stop, None, None, queue=False, api_name=False)
+    pressed = generate.click(arm_stop, None, more, queue=False, api_name=False)
     # the line under Generate first, then the run (chained, not beside it: see refusal_line)
     said = pressed.then(refusal_line(inputs, check_live, also={fields["drafter"]: is_adapted}), inputs, refused, queue=False, preprocess=False, api_name=False)
     # always_last: a press while a run (or its re-timing) is on starts one run as soon as it ends
@@ -686,7 +713,7 @@ def tab(examples: list[str]) -> gr.Radio:
     checked_event(said.then, gpu.gpu_task("generate")(run_live), inputs, outputs, check_live, also={fields["drafter"]: is_adapted}, api_name="generate",
                   trigger_mode="always_last", **COMPUTE)
     # Continue: the answer cut at the length limit goes on, in the same way (refused under the buttons when there is none)
-    pressed = more.click(arm_stop, None, None, queue=False, api_name=False)
+    pressed = more.click(arm_stop, None, more, queue=False, api_name=False)
     said = pressed.then(refusal_line([run_state, budget_memory], check_continue), [run_state, budget_memory], refused, queue=False, preprocess=False, api_name=False)
     checked_event(said.then, gpu.gpu_task("generate")(continue_live), [run_state, budget_memory], outputs, check_continue, api_name=False,
                   trigger_mode="always_last", **COMPUTE)

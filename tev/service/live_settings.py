@@ -1,8 +1,9 @@
 """One Live press as the page sends it, and what checking it gives.
 
-The page's inputs, the app's ``/generate`` API parameters, the load test's requests and the
-check that refuses a bad value by name all read the field names of :class:`LiveSettings`, so a
-setting is named once, here.
+The page's inputs, the app's ``/generate`` API parameters and the check that refuses a bad value
+by name all read the field names of :class:`LiveSettings`, so a setting is named once, here (the
+load test's own request type sends the same fields by name, with a load test's defaults; a test
+holds the two to the same fields).
 """
 
 from __future__ import annotations
