@@ -255,6 +255,8 @@ def test_generate_is_in_view_and_a_typed_round_number_browses(app_server, browse
     page.wait_for_function("document.querySelector('#live-stats').innerText.includes('stopped')", timeout=120_000)
     rounds = int(page.inner_text("#live-stats").split("rounds")[1].split()[0])
     assert rounds >= 2
+    # the round browser opens once the run has ended, its re-timing included (on a loaded machine that outlasts "stopped")
+    page.wait_for_function("!document.querySelector('#round-slider input[type=number]').disabled", timeout=180_000)
     number = page.locator("#round-slider input[type=number]")
     number.fill("1")
     number.press("Enter")
