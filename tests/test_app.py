@@ -467,3 +467,23 @@ def test_continue_goes_on_from_an_answer_cut_at_the_length_limit_as_one_longer_g
         check_continue(ended)
     with pytest.raises(gr.Error, match="nothing to continue"):
         list(continue_live(ended, None, visitor))
+
+
+def test_generate_pressed_during_a_continue_ends_it_without_drawing_over_the_new_run(chat_server):
+    """Continue and Generate are two events: a Generate pressed while a Continue streams would run beside it into the
+    same outputs. The press ends the Continue after its round, and the Continue draws nothing more."""
+    import types
+
+    from tests.tiny import CHAT_WORDS
+    from ui.live import LiveView, arm_stop, continue_live, run_live
+
+    visitor = types.SimpleNamespace(session_hash="dave")
+    cut = LiveView(*list(run_live(" ".join(CHAT_WORDS[:5]), "block", "tev", 4, 0.0, 6, 0, False, False, 1.0, 0, request=visitor))[-1])
+    going = continue_live(cut.state, None, visitor)
+    first = LiveView(*next(going))
+    assert first.state["summary"] is None  # streaming
+    arm_stop(visitor)  # Generate pressed in the same session
+    rest = list(going)
+    assert all(LiveView(*view).state is None or LiveView(*view).state.get("summary") is None for view in rest)  # no finished view
+    again = LiveView(*list(continue_live(cut.state, None, types.SimpleNamespace(session_hash="erin")))[-1])  # another session's is its own
+    assert again.state["summary"].stop_reason in ("max_new_tokens", "eos")

@@ -311,6 +311,9 @@ def _stop_flag(request) -> threading.Event:
 
 # Each browser session's latest re-timing (run_live): a Generate pressed while it runs cancels it.
 _RETIMING: LRU[str, threading.Event] = LRU(1024)
+# Each browser session's streaming Continue: a Generate pressed meanwhile ends it (two events, so the new run would
+# otherwise stream beside it into the same outputs; a Generate during a Generate waits for it instead: always_last).
+_CONTINUING: LRU[str, threading.Event] = LRU(1024)
 
 
 def arm_stop(request: gr.Request):
@@ -318,9 +321,9 @@ def arm_stop(request: gr.Request):
     as the old one ends (the event runs its last press after the current one: ``always_last``); a Stop
     from before this press does not stop the new run. Hides Continue at once: the answer it would go on from is
     being replaced (a press of it now would continue the old answer beside the new run)."""
-    running = _RETIMING.peek(shared.session_of(request))
-    if running is not None:
-        running.set()
+    for running in (_RETIMING.peek(shared.session_of(request)), _CONTINUING.peek(shared.session_of(request))):
+        if running is not None:
+            running.set()
     _stop_flag(request).clear()
     return gr.update(visible=False)
 
@@ -406,24 +409,31 @@ def continue_live(state, memory=None, request: gr.Request = None):
         asked = asked._replace(config=config)
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
         raise _user_error(error) from None
+    superseded = threading.Event()  # set by a press of Generate (or Continue) while this one streams
+    _CONTINUING.put(shared.session_of(request), superseded)  # (a finished one's stays until replaced: setting it then does nothing)
     with shared.SERVICE.serving():
-        return (yield from _served(speculation, asked, memory, serving_note or _adapted_note(asked.drafter), request, earlier=records))
+        return (yield from _served(speculation, asked, memory, serving_note or _adapted_note(asked.drafter), request, earlier=records,
+                                   superseded=superseded))
 
 
-def _served(speculation, asked: Asked, memory, serving_note: str | None, request, earlier: list = ()):
+def _served(speculation, asked: Asked, memory, serving_note: str | None, request, earlier: list = (), superseded: threading.Event | None = None):
     """:func:`run_live`'s generation, checked: the rounds streamed (after ``earlier``, the rounds a Continue goes
-    on from), then the speed comparison of the new rounds and the finished view."""
+    on from), then the speed comparison of the new rounds and the finished view; once ``superseded`` is set (a new
+    run took the page) it ends after its round and draws nothing more."""
     config = asked.config
     asked = asked._replace(presses=(*asked.presses, {"seed": config.seed, "max_new_tokens": config.max_new_tokens, "first_round": len(earlier)}))
     sizing, quiet_sizing = _auto_budget(config, asked.drafter, memory)
     stop = _stop_flag(request)
     records = list(earlier)
     started = time.perf_counter()
-    events = shared.SERVICE.generate(speculation, should_stop=stop.is_set, auto=sizing)
+    replaced = superseded.is_set if superseded is not None else lambda: False
+    events = shared.SERVICE.generate(speculation, should_stop=lambda: stop.is_set() or replaced(), auto=sizing)
     try:  # Gradio closes this generator when the client leaves: stop generating then
         summary = yield from mapped(_drawn(events, records, asked.prompt), lambda view: _with_note(view, serving_note))
     finally:
         events.close()
+    if replaced():
+        return
     new = sum(len(r.emitted) for r in records[len(earlier):])
     speed = Speed(shown=new / max(time.perf_counter() - started, 1e-9), added=new)
     if asked.compare_ar and summary.stop_reason != "cancelled" and new >= MIN_TIMED_TOKENS:
