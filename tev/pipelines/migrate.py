@@ -194,7 +194,7 @@ _MIGRATIONS = {
 
 # ------------------------------------------------------------------------------ version steps
 def _renamed(data: dict, old: str, new: str) -> dict:
-    """``data`` with its top-level key ``old`` named ``new``, in place (the order kept)."""
+    """``data`` with its top-level key ``old`` named ``new`` where it stood (a new dict; the order kept)."""
     return {(new if key == old else key): value for key, value in data.items()}
 
 

@@ -257,46 +257,48 @@ class ModelService:
             raise UserInputError(str(error)) from None
 
     def drafter(self, kind: str):
-        """The target's drafter of kind ``kind``; raises :class:`UserInputError` when it has none."""
+        """The target's drafter of kind ``kind``; raises :class:`UserInputError` (of the drafter input) when it has none."""
         try:
             return self.bundle().drafter(kind)
         except ValueError as error:
-            raise UserInputError(str(error)) from None
+            raise UserInputError(str(error), "drafter") from None
 
     def check_drafter_choice(self, name) -> None:
         """Refuses (:class:`UserInputError`) a drafter choice this service cannot serve: a kind its target lacks, or
         an adapted drafter where it keeps none. Which session's adapted drafter it is, and its kind, is settled when
         it is served (:meth:`chosen_drafter`), since a check does not know the session."""
         if is_adapted(name):
-            if self.adapted is None:
-                raise UserInputError("adapted drafters are made for the default pair's target; this server's Live tab runs another target", "drafter")
-            return
-        try:
-            self.bundle().drafter(name)
-        except ValueError as error:
-            raise UserInputError(str(error), "drafter") from None
+            self._adapted_store()
+        else:
+            self.drafter(name)
 
     def chosen_drafter(self, name, session: str):
         """The drafter a choice names: a drafter kind of the target, or ``session``'s adapted drafter (or any
         session's, by its API name); :class:`UserInputError` saying why not."""
-        self.check_drafter_choice(name)
         if not is_adapted(name):
-            return self.bundle().drafter(name)
-        try:
-            return self.adapted.drafter(session, name)
-        except ValueError as error:
-            raise UserInputError(str(error), "drafter") from None
+            return self.drafter(name)
+        return self._adapted(lambda store: store.drafter(session, name))
 
     def served_drafter(self, name, session: str, law: SamplingLaw) -> tuple[object, str | None]:
         """The drafter Live runs for a choice at ``law``, and a sentence when it is not the one chosen: an adapted
         drafter only where it measured no worse than the shipped one it was adapted from
         (:meth:`~tev.service.adapted.AdaptedDrafters.serving`); :class:`UserInputError` as :meth:`chosen_drafter`."""
         if not is_adapted(name):
-            return self.chosen_drafter(name, session), None
-        self.check_drafter_choice(name)
+            return self.drafter(name), None
         bundle = self.bundle()
+        return self._adapted(lambda store: store.serving(session, name, law, bundle.drafter(adapted_kind(bundle))))
+
+    def _adapted_store(self) -> AdaptedDrafters:
+        if self.adapted is None:
+            raise UserInputError("adapted drafters are made for the default pair's target; this server's Live tab runs another target", "drafter")
+        return self.adapted
+
+    def _adapted(self, look_up):
+        """``look_up(store)`` on the adapted drafters, its ``ValueError`` (none kept for the session) refused as a bad
+        choice of the drafter input."""
+        store = self._adapted_store()
         try:
-            return self.adapted.serving(session, name, law, bundle.drafter(adapted_kind(bundle)))
+            return look_up(store)
         except ValueError as error:
             raise UserInputError(str(error), "drafter") from None
 
