@@ -309,21 +309,28 @@ def _stop_flag(request) -> threading.Event:
     return _STOP_FLAGS.get_or_put(shared.session_of(request), threading.Event)
 
 
-# Each browser session's latest re-timing (run_live): a Generate pressed while it runs cancels it.
-_RETIMING: LRU[str, threading.Event] = LRU(1024)
-# Each browser session's streaming Continue: a Generate pressed meanwhile ends it (two events, so the new run would
-# otherwise stream beside it into the same outputs; a Generate during a Generate waits for it instead: always_last).
-_CONTINUING: LRU[str, threading.Event] = LRU(1024)
+# Each browser session's work that its next press of Generate (or Continue) ends: a finished answer's re-timing, or a
+# Continue's rounds (the new run's event is another one, so it would stream beside them into the same outputs; a
+# Generate during a Generate's rounds waits for them instead: always_last). The work that registered last; a finished
+# one's event stays until replaced, and setting it then does nothing.
+_SUPERSEDED: LRU[str, threading.Event] = LRU(1024)
+
+
+def _ended_by_next_press(request) -> threading.Event:
+    """A fresh event, set when this session next presses Generate or Continue (:func:`arm_stop`)."""
+    superseded = threading.Event()
+    _SUPERSEDED.put(shared.session_of(request), superseded)
+    return superseded
 
 
 def arm_stop(request: gr.Request):
-    """Generate (or Continue) pressed: the session's re-timing, if one runs, ends, and this press's run starts
+    """Generate (or Continue) pressed: the session's re-timing or streaming Continue, if one runs, ends, and this press's run starts
     as the old one ends (the event runs its last press after the current one: ``always_last``); a Stop
     from before this press does not stop the new run. Hides Continue at once: the answer it would go on from is
     being replaced (a press of it now would continue the old answer beside the new run)."""
-    for running in (_RETIMING.peek(shared.session_of(request)), _CONTINUING.peek(shared.session_of(request))):
-        if running is not None:
-            running.set()
+    running = _SUPERSEDED.peek(shared.session_of(request))
+    if running is not None:
+        running.set()
     _stop_flag(request).clear()
     return gr.update(visible=False)
 
@@ -409,8 +416,7 @@ def continue_live(state, memory=None, request: gr.Request = None):
         asked = asked._replace(config=config)
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
         raise _user_error(error) from None
-    superseded = threading.Event()  # set by a press of Generate (or Continue) while this one streams
-    _CONTINUING.put(shared.session_of(request), superseded)  # (a finished one's stays until replaced: setting it then does nothing)
+    superseded = _ended_by_next_press(request)
     with shared.SERVICE.serving():
         return (yield from _served(speculation, asked, memory, serving_note or _adapted_note(asked.drafter), request, earlier=records,
                                    superseded=superseded))
@@ -456,8 +462,7 @@ def _retimed(speculation, quiet_sizing, records, summary, config: DecodeConfig, 
     waiting = shared.SERVICE.others_waiting()
     if waiting > 0:  # a crowd: re-timing (a minute on the default pair) would hold every one of them up
         return dataclasses.replace(speed, unmeasured="busy", waiting=waiting, recalled=shared.SERVICE.idle_timings.latest(kind))
-    superseded = threading.Event()  # set by a Generate pressed during the re-timing
-    _RETIMING.put(shared.session_of(request), superseded)
+    superseded = _ended_by_next_press(request)
     yield only(LiveView, stats=_stats_markdown(records, summary, config, speed), said=_said(RETIMING))
     load = machine_load()
 
