@@ -390,6 +390,29 @@ def test_bench_e2e_methods_flag_names_drafter_and_verifier():
         parse_methods(["block+sequential"])
 
 
+def test_bench_e2e_runs_a_drafter_from_a_folder_beside_the_pairs_interleaved(tmp_path):
+    """``--folder NAME=FOLDER`` adds a saved drafter as method ``NAME+tev``, run on the same prompts
+    and seeds as the others; a name the bundle already has is refused before anything runs."""
+    import argparse
+    import json
+
+    from tev.bench import e2e
+
+    paths = save_pair(tmp_path)
+    parser = argparse.ArgumentParser()
+    e2e.add_arguments(parser)
+    common = ["--target", str(paths["target"]), "--draft", str(paths["block"]), "--device", "cpu", "--methods", "block+tev", "--budgets", "2",
+              "--temperatures", "0", "--num-prompts", "1", "--max-new-tokens", "4", "--peers", "hf-generate", "--skip-memory"]
+    e2e.run(parser.parse_args(common + ["--folder", f"again={paths['block']}", "--json", str(tmp_path / "e2e.json")]))
+    rows = {r["method"]: r for r in json.loads((tmp_path / "e2e.json").read_text())["rows"]}
+    assert {"block+greedy", "again+greedy"} <= set(rows) and rows["again+greedy"]["runs"] == rows["block+greedy"]["runs"] == 1
+    assert rows["again+greedy"]["tau"] == rows["block+greedy"]["tau"]  # the same drafter, greedy: the same rounds
+    with pytest.raises(SystemExit, match="'block' already names"):
+        e2e.run(parser.parse_args(common + ["--folder", f"block={paths['block']}"]))
+    with pytest.raises(SystemExit, match="NAME=FOLDER"):
+        e2e.run(parser.parse_args(common + ["--folder", str(paths["block"])]))
+
+
 def test_auto_drafts_twice_the_largest_recent_kept_tree_and_grows_when_a_round_keeps_all():
     target = tiny_target(VOCAB, scale=2.0)
     drafter = tiny_block_drafter(target)

@@ -23,9 +23,9 @@ from tev.engine.decode import DecodeConfig, autoregressive_generate, run_to_end,
 from tev.engine.round import STAGES
 from tev.engine.evaluation import fit_prompt
 from tev.bench.hf_peers import BF16_PEER, PEERS, hf_generate
-from tev.engine.models import load_bundle, load_causal_lm
+from tev.engine.models import load_block_drafter, load_bundle, load_causal_lm
 from tev.engine.target_precision import forced_target_forward
-from tev.pipelines.arguments import add_budget_cap_argument, add_model_arguments, add_truncation_arguments, budget_value
+from tev.pipelines.arguments import add_budget_cap_argument, add_folder_argument, add_model_arguments, add_truncation_arguments, budget_value, named_folders
 from tev.pipelines.exittrain import invoked_command
 from tev.util.stats import spread
 from tev.util.precision import figure_precision, precision_summary
@@ -355,6 +355,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_budget_cap_argument(parser)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--methods", nargs="+", default=None, metavar="DRAFTER+VERIFIER", help="the project's methods to run (default: chain+tev block+predraw block+tev path+tev, each where the pair has its drafter; at T = 0 each runs greedy)")
+    add_folder_argument(parser)
     add_truncation_arguments(parser)
     parser.add_argument("--prompts", default=None, help="prompt set in assets/prompts: chat (dialogue, code, math; the default for a chat target), heldout, humaneval")
     parser.add_argument("--num-prompts", type=int, default=12, help="prompts used, spread evenly over the set (and so over its domains)")
@@ -374,7 +375,13 @@ def run(args: argparse.Namespace) -> None:
     truncation = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
     law = DecodeConfig(temperature=1.0, **truncation).law  # a bad flag fails before the models load
     methods = parse_methods(args.methods) if args.methods else E2E_METHODS
+    folders = named_folders(args.folder)
     bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
+    for name, folder in folders.items():  # run with TEV beside the methods, interleaved with them
+        if name in bundle.drafters:
+            raise SystemExit(f"--folder {name}=...: {name!r} already names one of the pair's drafters; pick another name")
+        bundle.drafters[name] = load_block_drafter(folder, bundle.target, name=name)
+        methods = (*methods, (name, "tev"))
     prompts = load_prompt_set(args.prompts or ("chat" if bundle.is_chat else "heldout"))
     prompts = spread_evenly(prompts, args.num_prompts)  # each domain its share
     forwards = tuple(None if f == "chosen" else f for f in args.forwards)

@@ -31,6 +31,7 @@ from tev.data.prompts import evaluation_prompts
 from tev.engine.evaluation import fit_prompt
 from tev.engine.models import PAIRS, load_block_drafter, load_bundle
 from tev.engine.prompt_text import ChatTemplate
+from tev.pipelines.arguments import add_folder_argument, named_folders
 from tev.train.data import TrainData
 from tev.train.loop import heldout_loss
 from tev.train.teacher import target_features
@@ -132,7 +133,7 @@ def format_depth_report(report: dict) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pair", choices=PAIRS, default=None, help="shipped pair (default: $TEV_PAIR or the first)")
     parser.add_argument("--drafters", nargs="*", default=["block"], help="the pair's drafter kinds to compare (default: block)")
-    parser.add_argument("--folder", action="append", metavar="NAME=FOLDER", help="also compare the block or path drafter saved in FOLDER, named NAME (repeatable)")
+    add_folder_argument(parser)
     parser.add_argument("--num-prompts", type=int, default=8, help="held-out chat prompts, spread over the domains")
     parser.add_argument("--budgets", nargs="+", default=["auto", "16"], help="budgets to decode at (auto or node counts)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
@@ -143,10 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     bundle = load_bundle(pair=args.pair)
     drafters = {kind: bundle.drafter(kind) for kind in args.drafters}
-    for named in args.folder or []:
-        name, _, folder = named.partition("=")
-        if not folder:
-            raise SystemExit(f"--folder takes NAME=FOLDER, got {named!r}")
+    for name, folder in named_folders(args.folder).items():
         drafters[name] = load_block_drafter(folder, bundle.target, name=name)
     prompts = evaluation_prompts(chat=True, count=args.num_prompts)
     budgets = [b if b == "auto" else int(b) for b in args.budgets]

@@ -20,7 +20,7 @@ from tev.pipelines.exittrain import EXITTRAIN_FLAGS, EXITTRAIN_SETTINGS
 from tev.train.data import DOMAINS
 from tev.train.loop import TrainSettings
 
-__all__ = ["add_model_arguments", "add_truncation_arguments", "budget_value", "add_budget_cap_argument", "add_training_arguments", "add_data_arguments"]
+__all__ = ["add_model_arguments", "add_truncation_arguments", "budget_value", "add_budget_cap_argument", "add_training_arguments", "add_data_arguments", "add_folder_argument", "named_folders"]
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +49,22 @@ def budget_value(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"a budget is a whole number of nodes or 'auto', got {text!r}") from None
+
+
+def add_folder_argument(parser: argparse.ArgumentParser) -> None:
+    """``--folder NAME=FOLDER`` (repeatable): a drafter saved in a folder, compared under its own name."""
+    parser.add_argument("--folder", action="append", metavar="NAME=FOLDER", help="also compare the block or path drafter saved in FOLDER, named NAME (repeatable)")
+
+
+def named_folders(values: list[str] | None) -> dict[str, str]:
+    """``["path10=runs/path-10shard"]`` -> ``{"path10": "runs/path-10shard"}``; a value without ``=`` fails."""
+    folders = {}
+    for value in values or []:
+        name, _, folder = value.partition("=")
+        if not name or not folder:
+            raise SystemExit(f"--folder takes NAME=FOLDER, got {value!r}")
+        folders[name] = folder
+    return folders
 
 
 def add_budget_cap_argument(parser: argparse.ArgumentParser) -> None:
