@@ -26,4 +26,4 @@ run: $(VENV)/.runtime
 
 test: $(VENV)/.dev
 	bash scripts/ensure-chromium.sh
-	$(PY) -m pytest
+	$(PY) -m pytest --numprocesses auto --maxprocesses 4 --dist loadfile

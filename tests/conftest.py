@@ -24,10 +24,21 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def quick_assets_dir(tmp_path_factory):
-    """Miniature assets built by `python -m tev build-assets --quick` (once per test run)."""
+    """Miniature assets built by `python -m tev build-assets --quick`, once per test run: the
+    workers of a parallel run (pytest-xdist) share one build in their common temporary folder.
+    Tests that change assets change a copy."""
+    from filelock import FileLock
+
     from tev.drive.appserver import quick_assets
 
-    return quick_assets(tmp_path_factory.mktemp("quick") / "assets")
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    built = shared / "quick-assets.built"
+    with FileLock(str(shared / "quick-assets.lock")):
+        if not built.exists():  # a failed build leaves no mark, so the next worker fails the same way, not on half a folder
+            quick_assets(shared / "quick" / "assets")
+            built.touch()
+    return shared / "quick" / "assets"
 
 
 @pytest.fixture(scope="session")
