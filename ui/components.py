@@ -24,7 +24,7 @@ import gradio as gr
 from tev.service.service import UserInputError, check_number
 from ui import shared
 
-__all__ = ["checked_event", "validator", "refusal", "refusal_line", "once_per_click", "settings_handler", "as_text", "KEEP_TYPED", "KEEP_TYPED_NUMBERS_JS", "PURGE_DETACHED_PLOTS_JS", "PAGE_JS"]
+__all__ = ["checked_event", "validator", "refusal", "refusal_line", "once_per_click", "settings_handler", "KEEP_TYPED", "KEEP_TYPED_NUMBERS_JS", "PURGE_DETACHED_PLOTS_JS", "PAGE_JS"]
 
 # Gradio's slider clamps a number typed into its box to the slider's range when the box loses focus
 # (top-p 1.7 became 1 and ran without a word). The page's own script (``launch(js=...)``) stops that
@@ -185,12 +185,6 @@ def settings_handler(settings_type, handler, more: tuple[str, ...] = (), request
     called.__name__ = called.__qualname__ = name or handler.__name__
     called.__doc__ = handler.__doc__
     return called
-
-
-def as_text(value) -> str | None:
-    """A text input's value as Gradio's Textbox would have passed it (its preprocessing is off on a
-    checked event): None stays None, anything else becomes its ``str``."""
-    return None if value is None else str(value)
 
 
 def checked_event(listener, handler, inputs: list, outputs, check=None, also: dict | None = None, **options):

@@ -8,9 +8,9 @@ import gradio as gr
 
 from tev.core.verify import SAMPLING_VERIFIERS
 from tev.engine.lab import SYNTHETIC_WORDS, run_lab, synthetic_tree, tree_from_prompt
-from tev.service.service import LIMITS, UserInputError, check_number
+from tev.service.service import LIMITS, UserInputError, as_text, check_number
 from ui import gpu, shared
-from ui.components import as_text, checked_event, once_per_click
+from ui.components import checked_event, once_per_click
 from ui.shared import COMPUTE, _user_error
 from visual import tree_figure, verifier_lab_figure
 

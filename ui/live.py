@@ -20,7 +20,7 @@ from tev.engine.decode import DecodeConfig, GenerationSummary
 from tev.engine.models import DRAFTERS
 from tev.service.adapted import ADAPTED_PREFIX, KEY_MARK, is_adapted
 from tev.service.live_settings import LiveInput, LiveSettings
-from tev.service.service import DEFAULT_SAMPLING, LIMITS, IdleTiming, IdleTimings, Retiming, UserInputError, check_settings, machine_load, records_to_json
+from tev.service.service import DEFAULT_SAMPLING, LIMITS, IdleTiming, IdleTimings, Retiming, UserInputError, as_text, check_settings, machine_load, records_to_json
 from ui import gpu, shared
 from tev.util.compute_thread import BACKGROUND_SHARE, mapped
 from tev.util.lru import LRU
@@ -378,11 +378,11 @@ def _run(settings: LiveSettings, memory=None, request: gr.Request = None):
         served, serving_note = shared.SERVICE.served_drafter(settings.drafter, shared.session_of(request), config.law)
         serving_note = serving_note or _adapted_note(settings.drafter)
         speculation = shared.SERVICE.request(prompt_ids, served, config)
-        remember_asked(settings.text(), settings.chat, request)
+        remember_asked(as_text(settings.prompt), settings.chat, request)
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
         raise _user_error(error) from None
     with shared.SERVICE.serving():  # other runs in the app's line see this one (others_waiting)
-        asked = Asked(prompt_ids, settings.text(), settings.drafter, config, bool(settings.compare_ar))
+        asked = Asked(prompt_ids, as_text(settings.prompt), settings.drafter, config, bool(settings.compare_ar))
         return (yield from _served(speculation, asked, memory, serving_note, request))
 
 

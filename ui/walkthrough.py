@@ -14,9 +14,9 @@ from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS
 from tev.engine.lab import LabTree, run_lab
 from tev.engine.walkthrough import trace_round
 from tev.service.adapted import is_adapted
-from tev.service.service import DEFAULT_SAMPLING, LIMITS, check_settings
+from tev.service.service import DEFAULT_SAMPLING, LIMITS, as_text, check_settings
 from ui import gpu, shared
-from ui.components import as_text, checked_event, once_per_click
+from ui.components import checked_event, once_per_click
 from ui.shared import COMPUTE, FORMULAS, RUN_STATE_SECONDS, _user_error, only, refuse
 from visual import verifier_lab_figure
 from visual.walkthrough import STEP_TITLES, walkthrough_html, walkthrough_step

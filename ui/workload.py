@@ -15,12 +15,12 @@ from tev.pipelines.workload import DEFAULT_ANSWER_LAW, DEFAULT_TREE_TERM, EVAL_B
 from tev.pipelines.workload_report import LAWS, NO_VERDICT, has_verdict, progress_sentence, result_table
 from tev.pipelines.workload_data import check_workload, load_workload, split_workload
 from tev.service.adapted import ADAPTED_PREFIX, CAPACITY, MIN_ASKED, lost_laws
-from tev.service.service import LIMITS
+from tev.service.service import LIMITS, as_text
 from tev.util.paths import assets_dir
 from tev.util.progress import Phase, Progress, relay
 from tev.util.stats import change_in_words
 from ui import gpu, shared
-from ui.components import as_text, checked_event
+from ui.components import checked_event
 from ui.exittrain import Cancel, cancel_exittrain, check_free, priority_note, side_by_side
 from ui.shared import BACKGROUND, _user_error, only
 from visual import exit_mass_change_figure

@@ -46,10 +46,6 @@ class LiveSettings:
     def defaults(cls) -> dict[str, object]:
         return {field.name: field.default for field in dataclasses.fields(cls)}
 
-    def text(self) -> str | None:
-        """The prompt as the page's textbox gives it (None stays None)."""
-        return None if self.prompt is None else str(self.prompt)
-
 
 class LiveInput(NamedTuple):
     """A Live press's settings as checked (:meth:`~tev.service.service.ModelService.check_live`): the prompt's

@@ -30,7 +30,7 @@ from tev.service.live_settings import LiveInput, LiveSettings
 from tev.util.compute_thread import ComputeThread, result_of as _result
 from tev.engine.prompt_text import encode_chat, encode_prompt
 
-__all__ = ["Limits", "LIMITS", "DEFAULT_SAMPLING", "ModelService", "Retiming", "IdleTiming", "IdleTimings", "machine_load", "check_number", "finite_number", "check_settings", "records_to_json", "ExitTrainSlot", "UserInputError"]
+__all__ = ["Limits", "LIMITS", "DEFAULT_SAMPLING", "ModelService", "Retiming", "IdleTiming", "IdleTimings", "machine_load", "as_text", "check_number", "finite_number", "check_settings", "records_to_json", "ExitTrainSlot", "UserInputError"]
 
 
 class UserInputError(ValueError):
@@ -132,6 +132,12 @@ def finite_number(name: str, value, low, high, field: str | None = None) -> int 
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise UserInputError(f"{name} must be a number from {low} to {high}, got {value!r}", field)
     return value
+
+
+def as_text(value) -> str | None:
+    """A text input's value as Gradio's Textbox would have passed it (its preprocessing is off on a
+    checked event): None stays None, anything else becomes its ``str``."""
+    return None if value is None else str(value)
 
 
 def check_number(name: str, value, low, high, integer: bool = False, field: str | None = None) -> int | float:
@@ -309,7 +315,7 @@ class ModelService:
         if settings.chat and not bundle.is_chat:
             raise UserInputError("this target has no chat template; untick 'chat' to continue the text as it is", "chat")
         try:
-            prompt_ids = tuple(self.encode(settings.text(), chat=bool(settings.chat)))
+            prompt_ids = tuple(self.encode(as_text(settings.prompt), chat=bool(settings.chat)))
         except UserInputError as error:
             raise UserInputError(str(error), "prompt") from None
         config = check_settings(settings.verifier, settings.budget, settings.temperature, settings.max_new_tokens, settings.seed,
