@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-import tev.pipelines.train_drafter as pipeline
+import tev.train.feature_cache as feature_cache
 from tests.tiny import save_chat_target, tiny_target, tiny_vocab_drafter
 from tev.bench.hf_peers import hf_generate
 from tev.data.prompts import load_prompt_set, spread_evenly
@@ -320,5 +320,5 @@ def test_train_drafter_with_soft_labels_reuses_the_cached_target_forward(chat_fo
     checks = [h for h in report["history"] if "heldout_loss" in h]
     assert checks and all(h["heldout_loss"] > 0 and h["heldout_token_loss"] > 0 for h in checks)
     # a retrained drafter on the same data reads the features and soft labels from the cache
-    monkeypatch.setattr(pipeline, "target_features", lambda *a, **k: pytest.fail("the target forward ran again"))
+    monkeypatch.setattr(feature_cache, "target_features", lambda *a, **k: pytest.fail("the target forward ran again"))
     train_drafter_pipeline(str(chat_folder), tmp_path / "out", work, replace(recipe, train=replace(recipe.train, steps=recipe.train.steps + 2)), "cmd", progress=False)

@@ -96,3 +96,38 @@ def _loss(drafter, data, index, soft=False):
     """(the training token loss, per-depth accuracy) at anchors ``index``."""
     loss, _, accuracy = anchor_token_loss(drafter, data, index, draft_logits(drafter, data, index), soft)
     return loss, accuracy
+
+
+def test_the_feature_cache_is_written_in_parts_and_a_stopped_build_redoes_only_the_missing_part(tmp_path, monkeypatch):
+    """The cache's parts put together are the one forward's features (stored in bfloat16) and soft
+    labels, whatever part a sequence fell in; a part missing is computed again alone, and a
+    cache of other data is emptied, not mixed in."""
+    import tev.train.feature_cache as feature_cache
+
+    monkeypatch.setattr(feature_cache, "PART_SEQUENCES", 2)
+    target = tiny_target(300, scale=3.0)
+    ids, lengths, _ = _sequences()
+    vocab = torch.tensor(VOCAB)
+    features, soft = feature_cache.cached_features(tmp_path / "cache", target, ids, lengths, [1, 2], vocab, 5, progress=False)
+    assert features.dtype == torch.bfloat16
+    for rows in torch.argsort(lengths, descending=True, stable=True).split(2):  # each part as its own forward, put in place
+        width = int(lengths[rows].max())
+        part, part_soft = target_features(target, ids[rows, :width], lengths[rows], [1, 2], progress=False, soft_vocab=vocab, soft_top=5, store=torch.bfloat16)
+        assert torch.equal(features[rows, :width], part) and torch.equal(soft.positions[rows, :width], part_soft.positions)
+        assert torch.equal(soft.probs[rows, :width], part_soft.probs)
+    whole = target_features(target, ids, lengths, [1, 2], progress=False, store=torch.bfloat16)  # one forward: other padding, other rounding only
+    inside = torch.arange(ids.shape[1])[None] < lengths[:, None]  # padding is never read
+    torch.testing.assert_close(features[inside].float(), whole[inside].float(), atol=2e-2, rtol=2e-2)
+    assert sorted(p.name for p in (tmp_path / "cache").glob("part-*")) == ["part-0000.safetensors", "part-0001.safetensors"]
+
+    computed = []
+    forward = feature_cache.target_features
+    monkeypatch.setattr(feature_cache, "target_features", lambda target, ids, *a, **k: computed.append(ids.shape[0]) or forward(target, ids, *a, **k))
+    (tmp_path / "cache" / "part-0001.safetensors").unlink()  # the build stopped before its last part
+    again, again_soft = feature_cache.cached_features(tmp_path / "cache", target, ids, lengths, [1, 2], vocab, 5, progress=False)
+    assert computed == [1] and torch.equal(again, features) and torch.equal(again_soft.probs, soft.probs)
+    assert torch.equal(soft.top(2).positions, soft.positions[..., :2])
+
+    other = feature_cache.cached_features(tmp_path / "cache", target, ids[:2], lengths[:2], [1, 2], vocab, 5, progress=False)[0]
+    assert computed == [1, 2] and other.shape[0] == 2  # other data: its one part computed afresh
+    assert [p.name for p in (tmp_path / "cache").glob("part-*")] == ["part-0000.safetensors"]

@@ -17,7 +17,6 @@ outside the most frequent few thousand is rarely one a tree would keep.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 import shlex
@@ -29,7 +28,6 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from tev.data.prompts import load_prompt_set
 from tev.engine.block_drafter import BlockDrafter, BlockDrafterConfig
@@ -38,10 +36,11 @@ from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import drafter_model_class, load_causal_lm, load_tokenizer, tree_drafter_of
 from tev.engine.prompt_text import ChatTemplate
 from tev.pipelines.card import refresh_card
-from tev.train.data import SoftLabels, TrainData
+from tev.train.data import TrainData
 from tev.train.loop import TrainSettings, drafter_shape, fit_to_target, heldout_loss, install_drafter, train, with_progress
-from tev.train.teacher import target_features, write_requests, write_responses
-from tev.util.files import atomic_folder, write_text_atomic
+from tev.train.feature_cache import cached_features
+from tev.train.teacher import write_requests, write_responses
+from tev.util.files import write_text_atomic
 from tev.util.paths import REPO_ROOT, assets_dir
 from tev.util.precision import low_precision
 from tev.util.stored import result_text
@@ -181,27 +180,6 @@ def cached_conversations(work: Path) -> tuple[TrainData, DrafterRecipe]:
     return TrainData.concat(parts), recipe
 
 
-def _cached_features(folder: Path, target, ids, lengths, layers, vocab, soft_top: int, progress: bool):
-    """:func:`target_features` with soft labels, cached as safetensors in ``folder`` under a key
-    of what they depend on (a retrained drafter on the same data skips the target forward).
-    The target's top ``max(soft_top, STORED_SOFT_TOP)`` are always stored (the head's draft rows
-    cost little next to the body); returns (features, soft labels or None when ``soft_top`` is 0)."""
-    stored = max(soft_top, STORED_SOFT_TOP)
-    key = {"layers": layers, "ids": hashlib.sha256(ids.numpy().tobytes()).hexdigest(), "lengths": lengths.tolist(),
-           "vocab": hashlib.sha256(vocab.numpy().tobytes()).hexdigest(), "soft_top": stored}
-    if (folder / "key.json").is_file() and json.loads((folder / "key.json").read_text()) == key:
-        tensors = load_file(folder / "features.safetensors")
-        features, soft = tensors["features"], SoftLabels(tensors["soft_positions"], tensors["soft_probs"])
-    else:
-        features, soft = target_features(target, ids, lengths, layers, progress=progress, soft_vocab=vocab, soft_top=stored)
-        with atomic_folder(folder) as staging:
-            save_file({"features": features, "soft_positions": soft.positions, "soft_probs": soft.probs}, staging / "features.safetensors")
-            (staging / "key.json").write_text(json.dumps(key))
-    if not soft_top:
-        return features, None
-    return features, SoftLabels(soft.positions[..., :soft_top].contiguous(), soft.probs[..., :soft_top].contiguous())
-
-
 def chat_prompt_tau(target, tokenizer, drafter: BlockDrafter, prompts: list[dict], recipe: DrafterRecipe, progress: bool = True) -> list[dict]:
     """``tau`` of ``drafter`` (run in bfloat16, as shipped) on ``prompts`` at the recipe's budgets,
     T = 0 (greedy) and T = 1 (TEV), its new tokens and seed: rows of :func:`evaluate_drafter`."""
@@ -257,8 +235,9 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     datasets = {}
     for name, part in (("train", train_part), ("heldout", heldout_part)):
         data = datasets[name] = TrainData.from_lists(part.sequences, part.prompt_lengths.tolist(), template.end_of_turn)
-        data.features, data.soft = _cached_features(work / f"features-{name}", target, data.token_ids, data.lengths, drafter_config.feature_layers, vocab,
-                                                    recipe.train.soft_top, progress)
+        data.features, data.soft = cached_features(work / f"features-{name}", target, data.token_ids, data.lengths, drafter_config.feature_layers, vocab,
+                                                   max(recipe.train.soft_top, STORED_SOFT_TOP), progress)
+        data.soft = data.soft.top(recipe.train.soft_top) if recipe.train.soft_top else None
     timings["features_s"] = time.time() - t
 
     torch.manual_seed(recipe.seed + 3)

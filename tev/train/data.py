@@ -39,6 +39,12 @@ class SoftLabels:
     positions: torch.Tensor
     probs: torch.Tensor
 
+    def top(self, k: int) -> "SoftLabels":
+        """The laws cut to their ``k`` most likely tokens (stored most likely first)."""
+        if k >= self.positions.shape[-1]:
+            return self
+        return SoftLabels(self.positions[..., :k].contiguous(), self.probs[..., :k].contiguous())
+
 
 @dataclass
 class TrainData:

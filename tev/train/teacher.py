@@ -96,29 +96,29 @@ def corpus_sequences(target, tokenizer, split: str, count: int, context_length: 
 
 def target_features(
     target, token_ids: torch.Tensor, lengths: torch.Tensor, layers: list[int], batch: int = 8, progress: bool = True,
-    soft_vocab: torch.Tensor | None = None, soft_top: int = 0,
+    soft_vocab: torch.Tensor | None = None, soft_top: int = 0, store: torch.dtype | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, SoftLabels]:
-    """`Tensor[S, T, F]` (in :func:`low_precision`): hidden states at ``layers``, concatenated, of each
-    right-padded sequence.
+    """`Tensor[S, T, F]` (in ``store``, else :func:`low_precision`): hidden states at ``layers``,
+    concatenated, of each right-padded sequence.
 
     With ``soft_top > 0`` also the target's next-token laws as :class:`SoftLabels`: at every
     position, :func:`top_law` over ``soft_vocab`` (the drafter's draft vocabulary) at T = 1.
     (:func:`target_features_steps` run to its end.)
     """
-    return result_of(target_features_steps(target, token_ids, lengths, layers, batch, progress, soft_vocab, soft_top))
+    return result_of(target_features_steps(target, token_ids, lengths, layers, batch, progress, soft_vocab, soft_top, store))
 
 
 @torch.no_grad()  # on a generator: grad mode is off only while it runs, not between its steps
 def target_features_steps(
     target, token_ids: torch.Tensor, lengths: torch.Tensor, layers: list[int], batch: int = 8, progress: bool = True,
-    soft_vocab: torch.Tensor | None = None, soft_top: int = 0,
+    soft_vocab: torch.Tensor | None = None, soft_top: int = 0, store: torch.dtype | None = None,
 ):
     """:func:`target_features` as a generator that yields after each batch's forward (a batch of 8
     answers took seconds on a busy 2-core CPU: a server's compute thread steps users' rounds
     between batches) and returns the features (PEP 380)."""
     device = next(target.parameters()).device
     body = target.get_decoder() if hasattr(target, "get_decoder") else target.base_model
-    store = low_precision(device)  # the features' storage: half the memory where this machine computes in bfloat16
+    store = store or low_precision(device)  # the features' storage: half the memory where this machine computes in bfloat16
     out = torch.zeros(*token_ids.shape, len(layers) * target.config.hidden_size, dtype=store)
     soft, head_rows = None, None
     if soft_top > 0:
