@@ -5,7 +5,7 @@ goes: a part of :data:`PART_SEQUENCES` sequences at a time, each an atomic safet
 stopped build redoes at most one part. The parts live under a key of what they depend on (the
 feature layers, the token ids, the lengths, the draft vocabulary, the soft labels' width); a folder
 of another key is emptied first. The features are stored in bfloat16 whatever the forward ran in:
-ten shards of float32 features, right-padded, are about 22 GB, more than these machines' memory,
+ten shards of float32 features, right-padded, are about 21 GB, nearly all of these machines' 24 GB,
 and the drafter reads them through its own norm and projection (the shipped drafters were trained
 on bfloat16 features).
 """
