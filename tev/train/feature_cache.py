@@ -68,11 +68,10 @@ def cached_features(folder: Path, target, ids: torch.Tensor, lengths: torch.Tens
 
 def _part(path: Path, target, ids, lengths, rows: torch.Tensor, layers, vocab, soft_top: int) -> dict:
     """One part's tensors (``rows``' features and soft labels, as wide as its longest sequence),
-    read from ``path`` or computed and saved there."""
+    read from ``path`` or computed and saved there. A saved part holds these ``rows``: the folder's key
+    fixes the order and the part size."""
     if path.is_file():
-        part = load_file(path)
-        if torch.equal(part["rows"], rows):
-            return part
+        return load_file(path)
     width = int(lengths[rows].max())
     features, soft = target_features(target, ids[rows, :width], lengths[rows], layers, progress=False, soft_vocab=vocab, soft_top=soft_top, store=FEATURE_STORE)
     part = {"rows": rows.contiguous(), "features": features, "soft_positions": soft.positions, "soft_probs": soft.probs}
