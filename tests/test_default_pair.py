@@ -120,7 +120,13 @@ def test_train_drafter_pipeline_on_a_tiny_chat_model(chat_folder, tmp_path):
     assert spec.token_ids == plain.token_ids
     # a second run resumes from the cached stages and the final checkpoint: the same drafter
     first = load_file(out / "drafter.safetensors")
-    train_drafter_pipeline(str(chat_folder), out, work, QUICK_RECIPE, "python -m tev train-drafter --quick", progress=False)
+    again = train_drafter_pipeline(str(chat_folder), out, work, QUICK_RECIPE, "python -m tev train-drafter --quick", progress=False)
+    # its report still holds every step's record (from the checkpoint) and says what it read rather than did
+    assert [record["step"] for record in again["history"]] == [record["step"] for record in report["history"]] == list(range(1, QUICK_RECIPE.train.steps + 1))
+    assert report["resumed"]["shards_read"] == report["resumed"]["feature_parts_read"] == report["resumed"]["from_step"] == 0
+    resumed = again["resumed"]
+    assert resumed["shards_read"] == QUICK_RECIPE.shards and resumed["feature_parts_read"] == resumed["feature_parts"] == report["resumed"]["feature_parts"] > 0
+    assert resumed["from_step"] == QUICK_RECIPE.train.steps and resumed["steps_s"] == report["resumed"]["steps_s"]
     reloaded = load_block_drafter(out, target)
     assert all(torch.equal(a, b) for a, b in zip(drafter.model.state_dict().values(), reloaded.model.state_dict().values()))
     second = load_file(out / "drafter.safetensors")  # the file itself is rewritten with the same tensors

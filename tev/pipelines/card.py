@@ -58,6 +58,23 @@ def _after_best(best: dict, checks: list[dict], data: dict) -> str:
             "are the next lever.")
 
 
+def _resumed(entry: dict) -> str:
+    """What the run that installed the drafter read from its work folder rather than did itself, as a clause
+    (empty when it did everything). Reports written before runs said so guess from the stage's time."""
+    resumed = entry.get("resumed")
+    if resumed is None:
+        return "; the conversations came from the work folder's cache of earlier runs with the same data recipe" if entry["timings_s"]["conversations_s"] < 60 else ""
+    shards = entry["recipe"]["shards"]
+    read = [f"{resumed['shards_read']} of its {shards} shards" if resumed["shards_read"] else "",
+            f"{resumed['feature_parts_read']} of its {resumed['feature_parts']} feature parts" if resumed["feature_parts_read"] else ""]
+    said = " and ".join(part for part in read if part)
+    clauses = [f"it read {said} from the work folder, written by earlier runs of the same command that were stopped"] if said else []
+    if resumed["from_step"]:
+        clauses.append(f"its training resumed at step {resumed['from_step']}; all {entry['recipe']['train']['steps']:,} steps took "
+                       f"{resumed['steps_s'] / 60:.0f} min of their own")
+    return "; " + "; ".join(clauses) if clauses else ""
+
+
 def _trained_drafter(entry: dict, title: str) -> dict:
     """One trained drafter's section values from its ``training.json`` (``title``: its heading)."""
     data = entry["data"]
@@ -68,7 +85,7 @@ def _trained_drafter(entry: dict, title: str) -> dict:
     return {"entry": entry, "title": title, "recipe": recipe, "data": data, "heldout": entry["heldout"], "shape": shape,
             "path": shape.get("conditioning", "marginal") == "path", "train": recipe["train"],
             "timings": [f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in entry["timings_s"].items() if seconds >= 1],
-            "cached": entry["timings_s"]["conversations_s"] < 60, "checks": checks, "best": best,
+            "resumed": _resumed(entry), "checks": checks, "best": best,
             "after_best": _after_best(best, checks, data) if checks else "",
             "top1": ", ".join(f"{100 * a:.0f}%" for a in entry["heldout"]["top1_by_depth"])}
 

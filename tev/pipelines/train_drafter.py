@@ -37,7 +37,7 @@ from tev.engine.models import drafter_model_class, load_causal_lm, load_tokenize
 from tev.engine.prompt_text import ChatTemplate
 from tev.pipelines.card import refresh_card
 from tev.train.data import TrainData
-from tev.train.loop import TrainSettings, drafter_shape, fit_to_target, heldout_loss, install_drafter, train, with_progress
+from tev.train.loop import TrainSettings, checkpoint_history, drafter_shape, fit_to_target, heldout_loss, install_drafter, train, with_progress
 from tev.train.feature_cache import cached_features
 from tev.train.teacher import write_requests, write_responses
 from tev.util.files import write_text_atomic
@@ -158,6 +158,11 @@ def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: 
     return TrainData.concat(parts)
 
 
+def _feature_parts(work: Path) -> set[tuple[str, int]]:
+    """The feature cache's saved parts in ``work`` as (path, modification time): a part written again reads as another."""
+    return {(str(path), path.stat().st_mtime_ns) for path in work.glob("features-*/part-*.safetensors")}
+
+
 def split_conversations(conversations: TrainData, recipe: DrafterRecipe) -> tuple[TrainData, TrainData]:
     """(train, held-out) parts of every shard's conversations; the held-out ones are a seeded
     random subset, so greedy and sampled answers are in both parts."""
@@ -221,6 +226,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     timings = {}
 
     t = time.time()
+    shards_read = sum((work / f"shard-{shard:03d}" / "conversations.json").is_file() for shard in range(recipe.shards))
     conversations = write_shards(target, tokenizer, work, recipe, [p["text"] for p in eval_prompts], progress)
     timings["conversations_s"] = time.time() - t
     train_part, heldout_part = split_conversations(conversations, recipe)
@@ -232,6 +238,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
                                                else "token-level cross-entropy") + " on the target's own chat responses"},
     )
     t = time.time()
+    parts_before = _feature_parts(work)
     datasets = {}
     for name, part in (("train", train_part), ("heldout", heldout_part)):
         data = datasets[name] = TrainData.from_lists(part.sequences, part.prompt_lengths.tolist(), template.end_of_turn)
@@ -239,13 +246,17 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
                                                    max(recipe.train.soft_top, STORED_SOFT_TOP), progress)
         data.soft = data.soft.top(recipe.train.soft_top) if recipe.train.soft_top else None
     timings["features_s"] = time.time() - t
+    parts = _feature_parts(work)
 
     torch.manual_seed(recipe.seed + 3)
     drafter = drafter_model_class(drafter_config).for_target(drafter_config, target).float()
     drafter.set_draft_vocab(vocab)
     t = time.time()
-    history = list(with_progress(train(drafter, datasets["train"], recipe.train, checkpoint=work / "checkpoint", heldout=datasets["heldout"]), progress=progress))
+    resumed_at, _ = checkpoint_history(work / "checkpoint")
+    for _ in with_progress(train(drafter, datasets["train"], recipe.train, checkpoint=work / "checkpoint", heldout=datasets["heldout"]), progress=progress):
+        pass
     timings["training_s"] = time.time() - t
+    _, history = checkpoint_history(work / "checkpoint")  # every step's record, also those of a run this one resumed
     heldout = heldout_loss(drafter, datasets["heldout"], soft=recipe.train.soft_top > 0)
 
     t = time.time()
@@ -269,6 +280,9 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
         "heldout": heldout,
         "tau": rows,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
+        # what this run did not do itself: stages read from the work folder, and the step its training resumed at
+        "resumed": {"shards_read": shards_read, "feature_parts_read": len(parts & parts_before), "feature_parts": len(parts), "from_step": resumed_at,
+                    "steps_s": round(sum(record["seconds"] for record in history), 1)},
         "total_minutes": round((time.time() - start) / 60, 1),
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads()},
     }

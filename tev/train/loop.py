@@ -134,19 +134,27 @@ def install_drafter(drafter, destination: Path, extra_files: dict[str, str] | No
             (staging / name).write_text(text)
 
 
-def load_checkpoint(folder: Path, drafter, optimizer: torch.optim.Optimizer) -> tuple[int, list[dict]]:
-    """(step, history) of the checkpoint in ``folder``, its weights and moments loaded; (0, []) when none."""
+def checkpoint_history(folder: Path) -> tuple[int, list[dict]]:
+    """(step, history) of the checkpoint in ``folder`` without loading its tensors; (0, []) when none.
+    After a run resumed from a checkpoint, the whole run's records are here, not only the last part's."""
     recover_folder(folder)
     if not (folder / "checkpoint.json").is_file():
         return 0, []
     meta = json.loads((folder / "checkpoint.json").read_text())
+    return meta["step"], meta["history"]
+
+
+def load_checkpoint(folder: Path, drafter, optimizer: torch.optim.Optimizer) -> tuple[int, list[dict]]:
+    """(step, history) of the checkpoint in ``folder``, its weights and moments loaded; (0, []) when none."""
+    step, history = checkpoint_history(folder)
+    if not step:
+        return 0, []
     tensors = load_file(folder / "checkpoint.safetensors")
     drafter.load_state_dict({k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")})
-    step = meta["step"]
     for name, parameter in drafter.named_parameters():
         if f"exp_avg.{name}" in tensors:
             optimizer.state[parameter] = {"step": torch.tensor(float(step)), "exp_avg": tensors[f"exp_avg.{name}"], "exp_avg_sq": tensors[f"exp_avg_sq.{name}"]}
-    return step, meta["history"]
+    return step, history
 
 
 def _short_history(batch: int, share: float, window: int, generator: torch.Generator) -> torch.Tensor | None:
