@@ -402,11 +402,18 @@ def test_bench_e2e_runs_a_drafter_from_a_folder_beside_the_pairs_interleaved(tmp
     parser = argparse.ArgumentParser()
     e2e.add_arguments(parser)
     common = ["--target", str(paths["target"]), "--draft", str(paths["block"]), "--device", "cpu", "--methods", "block+tev", "--budgets", "2",
-              "--temperatures", "0", "--num-prompts", "1", "--max-new-tokens", "4", "--peers", "hf-generate", "--skip-memory"]
+              "--temperatures", "0", "--num-prompts", "3", "--max-new-tokens", "4", "--peers", "hf-generate", "--skip-memory"]
     e2e.run(parser.parse_args(common + ["--folder", f"again={paths['block']}", "--json", str(tmp_path / "e2e.json")]))
-    rows = {r["method"]: r for r in json.loads((tmp_path / "e2e.json").read_text())["rows"]}
-    assert {"block+greedy", "again+greedy"} <= set(rows) and rows["again+greedy"]["runs"] == rows["block+greedy"]["runs"] == 1
+    result = json.loads((tmp_path / "e2e.json").read_text())
+    rows = {r["method"]: r for r in result["rows"]}
+    assert {"block+greedy", "again+greedy"} <= set(rows) and rows["again+greedy"]["runs"] == rows["block+greedy"]["runs"] == 3
     assert rows["again+greedy"]["tau"] == rows["block+greedy"]["tau"]  # the same drafter, greedy: the same rounds
+    # and it is compared with the pair's drafter of its kind prompt by prompt, from the runs each row keeps
+    paired, = result["drafters_paired"]
+    mine, theirs = rows["again+greedy"]["tokens_per_second_by_run"], rows["block+greedy"]["tokens_per_second_by_run"]
+    ratios = sorted(a / b for a, b in zip(mine, theirs))
+    assert (paired["method"], paired["against"], paired["runs"]) == ("again+greedy", "block+greedy", 3)
+    assert paired["median_ratio"] == pytest.approx(ratios[1]) and paired["wins"] == sum(r > 1 for r in ratios)
     with pytest.raises(SystemExit, match="'block' already names"):
         e2e.run(parser.parse_args(common + ["--folder", f"block={paths['block']}"]))
     with pytest.raises(SystemExit, match="NAME=FOLDER"):

@@ -33,7 +33,7 @@ from tev.util.stored import write_result
 from tev.util.timing import machine_info, machine_summary
 from tev.util.weight_read import weight_read_reference
 
-__all__ = ["E2E_METHODS", "bench_e2e", "parse_methods", "format_e2e_table", "format_tree_size_table", "format_auto_table", "weight_read_line", "format_domain_table", "peak_memory_of_generate", "add_arguments", "run"]
+__all__ = ["E2E_METHODS", "bench_e2e", "parse_methods", "format_e2e_table", "format_tree_size_table", "format_auto_table", "weight_read_line", "format_domain_table", "format_paired_drafters_table", "peak_memory_of_generate", "add_arguments", "run"]
 
 E2E_METHODS = (
     ("chain", "tev"),
@@ -57,6 +57,7 @@ def bench_e2e(
     truncation: dict | None = None,
     budget_cap: int = AUTO_CAP,
     forwards: tuple[str | None, ...] = (None,),
+    against: dict[str, str] | None = None,
 ) -> dict:
     """End-to-end decoding speed, all methods and budgets interleaved per (prompt, repeat).
 
@@ -79,7 +80,9 @@ def bench_e2e(
     :func:`~tev.engine.target_precision.forced_target_forward`; None: the one chosen at load);
     with more than one, each method's name ends in ``@forward`` and its ``speedup`` is over the
     autoregressive loop in the same forward. The peer ``hf-generate-bf16`` runs ``generate`` on a
-    bfloat16 copy of the target.
+    bfloat16 copy of the target. ``against`` maps a drafter's name to another's (a drafter loaded from
+    a folder to the pair's drafter of its kind): ``drafters_paired`` then compares their tokens/s prompt by
+    prompt (:func:`_paired_drafters`).
     """
     device = next(bundle.target.parameters()).device
     reference = weight_read_reference(bundle.target)
@@ -89,7 +92,7 @@ def bench_e2e(
     baselines = [(f"autoregressive{suffix}", None, None) for suffix in suffixes.values()] + [(peer, None, None) for peer in peers]
     peer_models = _peer_models(bundle, peers)
     order_rng = random.Random(seed)
-    results, comparisons = [], []
+    results, comparisons, drafters_paired = [], [], []
     jobs = [(temperature, [(name + suffix, drafter, verifier) for suffix in suffixes.values() for name, drafter, verifier in _method_names(bundle, methods, temperature)])
             for temperature in temperatures]
     total = sum(len(names) * len(budgets) + len(baselines) for _, names in jobs) * len(encoded) * repeats
@@ -116,10 +119,11 @@ def bench_e2e(
                     (base_runs[name] if budget is None else runs[(name, budget)]).append(_run_record(summary, paired, domains[i], own_loop))
         results += _rows(temperature, budgets, runs, base_runs, reference, domains)
         comparisons += _auto_against_fixed(temperature, budgets, runs)
+        drafters_paired += _paired_drafters(temperature, runs, names, against or {})
     bar.close()
     return {"machine": machine_info(device), "precision": figure_precision(device, bundle.target, bundle.drafters, bundle.precision.label if bundle.precision else None),
             "target_forward": bundle.precision.to_dict() if bundle.precision else None, "forwards": [f or "chosen" for f in forwards], "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(encoded), "truncation": dict(truncation or {}),
-            "weight_read": reference, "rows": results, "auto_vs_fixed": comparisons}
+            "weight_read": reference, "rows": results, "auto_vs_fixed": comparisons, "drafters_paired": drafters_paired}
 
 
 def _method_names(bundle, methods, temperature: float) -> list[tuple[str, str, str]]:
@@ -199,6 +203,7 @@ def _rows(temperature, budgets, runs: dict, base_runs: dict, reference: dict, do
                 "mean_block_length": sum(x["mean_block_length"] * x["rounds"] for x in items) / max(1, rounds),
                 "tau_bound": sum(x["tau_bound"] * x["rounds"] for x in items) / max(1, rounds),
                 "tokens_per_second": speed["median"],
+                "tokens_per_second_by_run": [x["tokens_per_second"] for x in items],  # prompt by prompt, repeat after repeat
                 "tokens_per_second_q25": speed["q25"],
                 "tokens_per_second_q75": speed["q75"],
                 "ms_per_token": 1e3 / speed["median"],
@@ -218,6 +223,37 @@ def _rows(temperature, budgets, runs: dict, base_runs: dict, reference: dict, do
                 "runs": len(items),
             })
     return rows
+
+
+def _paired_drafters(temperature, runs: dict, names: list[tuple[str, str, str]], against: dict[str, str]) -> list[dict]:
+    """Each drafter of ``against`` over the one it maps to, with the same verifier and budget on the same prompts
+    and seeds (their runs were interleaved prompt by prompt): the median over prompts of the tokens/s ratio (with its
+    IQR), how many prompts it won, and the ratio of the two medians."""
+    rows = []
+    for name, drafter, _ in names:
+        if drafter not in against:
+            continue
+        other_name = against[drafter] + name[len(drafter):]  # the same verifier (and forward)
+        for (run_name, budget), mine in runs.items():
+            if run_name != name or (other_name, budget) not in runs:
+                continue
+            theirs = runs[(other_name, budget)]
+            ratios = [a["tokens_per_second"] / b["tokens_per_second"] for a, b in zip(mine, theirs)]
+            paired = spread(ratios)
+            medians = spread(a["tokens_per_second"] for a in mine)["median"] / spread(b["tokens_per_second"] for b in theirs)["median"]
+            rows.append({"temperature": temperature, "budget": budget, "method": name, "against": other_name, "median_ratio": paired["median"],
+                         "median_ratio_q25": paired["q25"], "median_ratio_q75": paired["q75"], "wins": sum(r > 1 for r in ratios),
+                         "ratio_of_medians": medians, "runs": len(ratios)})
+    return rows
+
+
+def format_paired_drafters_table(result: dict) -> str:
+    """Each compared drafter over the one it was paired with, prompt by prompt."""
+    lines = ["| T | B | method | against | tok/s ratio, median over prompts (IQR) | prompts won | ratio of medians |", "|---|---|---|---|---|---|---|"]
+    for r in result["drafters_paired"]:
+        lines.append(f"| {r['temperature']:g} | {r['budget']} | {r['method']} | {r['against']} | {r['median_ratio']:.3f}x ({r['median_ratio_q25']:.3f}-{r['median_ratio_q75']:.3f}) "
+                     f"| {r['wins']} of {r['runs']} | {r['ratio_of_medians']:.3f}x |")
+    return "\n".join(lines)
 
 
 def _auto_against_fixed(temperature, budgets, runs: dict) -> list[dict]:
@@ -377,16 +413,20 @@ def run(args: argparse.Namespace) -> None:
     methods = parse_methods(args.methods) if args.methods else E2E_METHODS
     folders = named_folders(args.folder)
     bundle = load_bundle(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map, allow_download=args.allow_download, pair=args.pair)
+    against = {}  # a folder's drafter against the pair's drafter of its kind, where that one runs too
     for name, folder in folders.items():  # run with TEV beside the methods, interleaved with them
         if name in bundle.drafters:
             raise SystemExit(f"--folder {name}=...: {name!r} already names one of the pair's drafters; pick another name")
         bundle.drafters[name] = load_block_drafter(folder, bundle.target, name=name)
+        kind = "path" if bundle.drafters[name].model.config.conditioning == "path" else "block"
+        if kind in bundle.drafters and (kind, "tev") in methods:
+            against[name] = kind
         methods = (*methods, (name, "tev"))
     prompts = load_prompt_set(args.prompts or ("chat" if bundle.is_chat else "heldout"))
     prompts = spread_evenly(prompts, args.num_prompts)  # each domain its share
     forwards = tuple(None if f == "chosen" else f for f in args.forwards)
     result = bench_e2e(bundle, prompts, budgets=args.budgets, methods=methods, temperatures=args.temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed,
-                       truncation=truncation, budget_cap=args.budget_cap, peers=tuple(args.peers), forwards=forwards)
+                       truncation=truncation, budget_cap=args.budget_cap, peers=tuple(args.peers), forwards=forwards, against=against)
     print(f"end-to-end decoding, {len(prompts)} prompts x {args.repeats} repeats, {args.max_new_tokens} new tokens, methods interleaved; median (IQR)")
     print(f"machine: {machine_summary(result['machine'])}")
     print(f"precision: {precision_summary(result['precision'])}")
@@ -404,6 +444,9 @@ def run(args: argparse.Namespace) -> None:
     if any("domain" in p for p in prompts):
         print()
         print(format_domain_table(result))
+    if result["drafters_paired"]:
+        print()
+        print(format_paired_drafters_table(result))
     if args.target is None and args.draft is None and not args.skip_memory:
         result["peak_memory_mb"] = peak_memory_of_generate(["--pair", bundle.pair])
         print(f"peak resident memory of one `python -m tev generate` (64 tokens, {bundle.pair} pair): {result['peak_memory_mb']:.0f} MB")
