@@ -69,9 +69,10 @@ def _resumed(entry: dict) -> str:
             f"{resumed['feature_parts_read']} of its {resumed['feature_parts']} feature parts" if resumed["feature_parts_read"] else ""]
     said = " and ".join(part for part in read if part)
     clauses = [f"it read {said} from the work folder, written by earlier runs of the same command that were stopped"] if said else []
+    steps = entry["recipe"]["train"]["steps"]
     if resumed["from_step"]:
-        clauses.append(f"its training resumed at step {resumed['from_step']}; all {entry['recipe']['train']['steps']:,} steps took "
-                       f"{resumed['steps_s'] / 60:.0f} min of their own")
+        done = "its training had finished in an earlier run" if resumed["from_step"] >= steps else f"its training resumed at step {resumed['from_step']:,}"
+        clauses.append(f"{done}; all {steps:,} steps took {resumed['steps_s'] / 60:.0f} min of their own")
     return "; " + "; ".join(clauses) if clauses else ""
 
 
