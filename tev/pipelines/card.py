@@ -76,6 +76,15 @@ def _resumed(entry: dict) -> str:
     return "; " + "; ".join(clauses) if clauses else ""
 
 
+def _read_whole(entry: dict) -> set[str]:
+    """The stages (``timings_s`` keys) the installing run read whole from its work folder: their time says nothing."""
+    resumed = entry.get("resumed") or {}
+    read = {"conversations_s": resumed.get("shards_read") == entry["recipe"]["shards"],
+            "features_s": resumed.get("feature_parts") and resumed.get("feature_parts_read") == resumed.get("feature_parts"),
+            "training_s": resumed.get("from_step", 0) >= entry["recipe"]["train"]["steps"]}
+    return {name for name, whole in read.items() if whole}
+
+
 def _trained_drafter(entry: dict, title: str) -> dict:
     """One trained drafter's section values from its ``training.json`` (``title``: its heading)."""
     data = entry["data"]
@@ -85,7 +94,7 @@ def _trained_drafter(entry: dict, title: str) -> dict:
     shape = recipe["drafter"]
     return {"entry": entry, "title": title, "recipe": recipe, "data": data, "heldout": entry["heldout"], "shape": shape,
             "path": shape.get("conditioning", "marginal") == "path", "train": recipe["train"],
-            "timings": [f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in entry["timings_s"].items() if seconds >= 1],
+            "timings": [f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in entry["timings_s"].items() if seconds >= 1 and name not in _read_whole(entry)],
             "resumed": _resumed(entry), "checks": checks, "best": best,
             "after_best": _after_best(best, checks, data) if checks else "",
             "top1": ", ".join(f"{100 * a:.0f}%" for a in entry["heldout"]["top1_by_depth"])}
