@@ -204,3 +204,26 @@ def test_a_script_uses_a_browser_sessions_adapted_drafter_through_the_api_by_its
             ask(label)
     finally:
         demo.close()
+
+
+def test_a_continue_whose_adapted_drafter_is_no_longer_kept_is_refused_under_the_buttons(chat_server):
+    """The answer remembers the session that asked, so the Continue's check finds its adapted drafter gone
+    and says so in the line under the buttons (the validator's refusal), not as a failed run's popup."""
+    from ui.components import refusal_line
+    from ui.live import check_continue, run_live
+
+    bundle = chat_server.service.bundle()
+    model = BlockDrafter.from_pretrained(chat_server.tmp / "base", bundle.target, dtype=torch.float32)
+    label = chat_server.shared.ADAPTED.keep("erin", "sql", model)
+    views = list(run_live(_prompt(3), label, "tev", 8, 0.0, 2, 0, False, True, 1.0, 0, request=visitor("erin")))
+    state = views[-1].state
+    assert state["summary"].stop_reason == "max_new_tokens"
+    check_continue(state)  # still kept: nothing to refuse
+    line = refusal_line([gr.State(), gr.State()], check_continue)
+    assert line(state, {}) == {"__type__": "update", "value": "", "visible": False}
+    for who in ("frank", "gina"):  # the store keeps two: erin's is dropped
+        chat_server.shared.ADAPTED.keep(who, "other", model)
+    with pytest.raises(ValueError, match="not kept for this browser session"):
+        check_continue(state)
+    said = line(state, {})
+    assert said["visible"] and said["value"].startswith("**Not run:** drafter 'adapted: sql' is not kept for this browser session")

@@ -86,7 +86,8 @@ class LiveView(NamedTuple):
 
 class Asked(NamedTuple):
     """What a Live answer was asked with (a Continue goes on with it): the prompt's token ids and text, the
-    drafter chosen, the checked settings, and whether the answer is timed against plain decoding."""
+    drafter chosen, the checked settings, whether the answer is timed against plain decoding, and the browser
+    session that asked (whose adapted drafter a Continue serves)."""
 
     prompt_ids: tuple[int, ...]
     prompt: str
@@ -94,6 +95,7 @@ class Asked(NamedTuple):
     config: DecodeConfig
     compare_ar: bool
     presses: tuple[dict, ...] = ()  # each press's seed and first round (Generate, then each Continue), for the export
+    session: str = "anonymous"
 
 
 def continuation_seed(seed: int, position: int) -> int:
@@ -382,7 +384,7 @@ def _run(settings: LiveSettings, memory=None, request: gr.Request = None):
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
         raise _user_error(error) from None
     with shared.SERVICE.serving():  # other runs in the app's line see this one (others_waiting)
-        asked = Asked(prompt_ids, as_text(settings.prompt), settings.drafter, config, bool(settings.compare_ar))
+        asked = Asked(prompt_ids, as_text(settings.prompt), settings.drafter, config, bool(settings.compare_ar), session=shared.session_of(request))
         return (yield from _served(speculation, asked, memory, serving_note, request))
 
 
@@ -398,6 +400,8 @@ def check_continue(state, memory=None) -> tuple:
         raise UserInputError("nothing to continue yet: press Generate first")
     if summary.stop_reason != "max_new_tokens":
         raise UserInputError(f"nothing to continue: the last answer was not cut at the length limit ({STOPPED.get(summary.stop_reason, summary.stop_reason)})")
+    if is_adapted(asked.drafter):  # an adapted drafter the server no longer keeps is refused here, under the buttons
+        shared.SERVICE.served_drafter(asked.drafter, asked.session, asked.config.law)
     return records, asked
 
 
