@@ -238,13 +238,17 @@ def _paired_drafters(temperature, runs: dict, names: list[tuple[str, str, str]],
             if run_name != name or (other_name, budget) not in runs:
                 continue
             theirs = runs[(other_name, budget)]
-            ratios = [a["tokens_per_second"] / b["tokens_per_second"] for a, b in zip(mine, theirs)]
-            paired = spread(ratios)
-            medians = spread(a["tokens_per_second"] for a in mine)["median"] / spread(b["tokens_per_second"] for b in theirs)["median"]
-            rows.append({"temperature": temperature, "budget": budget, "method": name, "against": other_name, "median_ratio": paired["median"],
-                         "median_ratio_q25": paired["q25"], "median_ratio_q75": paired["q75"], "wins": sum(r > 1 for r in ratios),
-                         "ratio_of_medians": medians, "runs": len(ratios)})
+            wins = sum(a["tokens_per_second"] > b["tokens_per_second"] for a, b in zip(mine, theirs))
+            rows.append({"temperature": temperature, "budget": budget, "method": name, "against": other_name, **_paired_speed(mine, theirs), "wins": wins})
     return rows
+
+
+def _paired_speed(mine: list[dict], theirs: list[dict]) -> dict:
+    """Two methods' runs on the same prompts, in the same order: the median over prompts of the tokens/s
+    ratio (``median_ratio``, with its IQR), the ratio of the two medians, and the runs paired."""
+    ratios = spread(a["tokens_per_second"] / b["tokens_per_second"] for a, b in zip(mine, theirs))
+    medians = spread(a["tokens_per_second"] for a in mine)["median"] / spread(b["tokens_per_second"] for b in theirs)["median"]
+    return {"median_ratio": ratios["median"], "median_ratio_q25": ratios["q25"], "median_ratio_q75": ratios["q75"], "ratio_of_medians": medians, "runs": ratios["n"]}
 
 
 def format_paired_drafters_table(result: dict) -> str:
@@ -266,11 +270,7 @@ def _auto_against_fixed(temperature, budgets, runs: dict) -> list[dict]:
     for (name, budget), fixed in runs.items():
         if budget == "auto":
             continue
-        auto = runs[(name, "auto")]
-        ratios = spread(a["tokens_per_second"] / f["tokens_per_second"] for a, f in zip(auto, fixed))
-        medians = spread(a["tokens_per_second"] for a in auto)["median"] / spread(f["tokens_per_second"] for f in fixed)["median"]
-        rows.append({"temperature": temperature, "method": name, "budget": budget, "median_ratio": ratios["median"], "median_ratio_q25": ratios["q25"],
-                     "median_ratio_q75": ratios["q75"], "ratio_of_medians": medians, "runs": len(auto)})
+        rows.append({"temperature": temperature, "method": name, "budget": budget, **_paired_speed(runs[(name, "auto")], fixed)})
     return rows
 
 

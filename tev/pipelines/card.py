@@ -92,9 +92,10 @@ def _trained_drafter(entry: dict, title: str) -> dict:
     best = min(checks, key=lambda h: h["heldout_loss"]) if checks else None
     recipe = entry["recipe"]
     shape = recipe["drafter"]
+    read_whole = _read_whole(entry)
     return {"entry": entry, "title": title, "recipe": recipe, "data": data, "heldout": entry["heldout"], "shape": shape,
             "path": shape.get("conditioning", "marginal") == "path", "train": recipe["train"],
-            "timings": [f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in entry["timings_s"].items() if seconds >= 1 and name not in _read_whole(entry)],
+            "timings": [f"{name.removesuffix('_s')} {seconds / 60:.1f} min" for name, seconds in entry["timings_s"].items() if seconds >= 1 and name not in read_whole],
             "resumed": _resumed(entry), "checks": checks, "best": best,
             "after_best": _after_best(best, checks, data) if checks else "",
             "top1": ", ".join(f"{100 * a:.0f}%" for a in entry["heldout"]["top1_by_depth"])}

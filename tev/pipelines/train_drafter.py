@@ -124,6 +124,11 @@ def draft_vocabulary(conversations: TrainData, size: int, always: tuple[int, ...
 
 
 # --------------------------------------------------------------------------- the command
+def _shard_folder(work: Path, shard: int) -> Path:
+    """Where shard ``shard``'s requests and conversations are cached in the work folder."""
+    return work / f"shard-{shard:03d}"
+
+
 def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: list[str], progress: bool = True) -> TrainData:
     """Every shard's conversations, from the cache in ``work/shard-NNN/`` where present.
 
@@ -136,7 +141,7 @@ def write_shards(target, tokenizer, work: Path, recipe: DrafterRecipe, exclude: 
     parts: list[TrainData] = []
     written: list[str] = []
     for shard in range(recipe.shards):
-        folder = work / f"shard-{shard:03d}"
+        folder = _shard_folder(work, shard)
         folder.mkdir(parents=True, exist_ok=True)
         seed = recipe.seed + 7919 * shard  # shard 0 uses the recipe's seed itself
         if progress:
@@ -178,7 +183,7 @@ def cached_conversations(work: Path) -> tuple[TrainData, DrafterRecipe]:
     recipe = DrafterRecipe.from_json(json.loads(recipe_path.read_text()))
     parts = []
     for shard in range(recipe.shards):
-        path = work / f"shard-{shard:03d}" / "conversations.json"
+        path = _shard_folder(work, shard) / "conversations.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: the train-drafter run in {work} did not finish its data")
         parts.append(TrainData.from_json(json.loads(path.read_text())))
@@ -226,7 +231,7 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
     timings = {}
 
     t = time.time()
-    shards_read = sum((work / f"shard-{shard:03d}" / "conversations.json").is_file() for shard in range(recipe.shards))
+    shards_read = sum((_shard_folder(work, shard) / "conversations.json").is_file() for shard in range(recipe.shards))
     conversations = write_shards(target, tokenizer, work, recipe, [p["text"] for p in eval_prompts], progress)
     timings["conversations_s"] = time.time() - t
     train_part, heldout_part = split_conversations(conversations, recipe)
