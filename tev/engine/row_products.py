@@ -64,16 +64,20 @@ class RowProducts:
         self.packed = _pack(weight, dtype)
         self.bias = None if bias is None else bias.detach().float()
         self.min_rows, self.max_rows = min_rows, max_rows
+        self._zeros = torch.zeros(max(min_rows - 1, 0), self.in_features, dtype=dtype)
 
     def _kernel(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`Tensor[M, in]` -> `Tensor[M, out]` float32 (the kernel's output in ``dtype``, widened)."""
-        x = x.to(self.dtype)
+        if x.dtype != self.dtype:
+            x = x.to(self.dtype)
         rows = x.shape[0]
         if self.min_rows <= rows <= self.max_rows:
             out = self._kernel(x.contiguous()).float()
+        elif 0 < rows < self.min_rows:  # a one-token step: zero rows below (one small copy, cheaper than a pad)
+            out = self._kernel(torch.cat([x, self._zeros[: self.min_rows - rows]]))[:rows].float()
         else:
             pieces = []
             for start in range(0, max(rows, 1), self.max_rows):
