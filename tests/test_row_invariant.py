@@ -18,7 +18,8 @@ from tev.engine.decode import DecodeConfig, Request, autoregressive_generate, ru
 from tev.engine.row_invariant import BLOCK, RowInvariantForward
 from tev.engine.row_products import RowProducts, invariance_failures, packed_products_available
 from tev.engine.session import CausalLMSession
-from tev.engine.target_precision import FORWARD_ENV, choose_target_forward, forced_target_forward, target_forward, target_precision, tree_rows_differ
+from tev.engine.target_precision import (FORWARD_ENV, _decide, choose_target_forward, forced_target_forward, rows_agree_across_threads, target_forward,
+                                        target_precision, thread_counts, tree_rows_differ)
 
 DTYPES = [pytest.param(torch.float32, id="float32"), pytest.param(torch.bfloat16, id="bfloat16")]
 
@@ -154,6 +155,37 @@ def test_the_choice_is_checked_timed_and_recorded(monkeypatch):
     monkeypatch.setenv(FORWARD_ENV, "float16")
     with pytest.raises(ValueError, match="TEV_TARGET_FORWARD"):
         choose_target_forward(target)
+
+
+def test_the_choice_prefers_the_row_invariant_forward_within_its_margins():
+    """What each measured case chooses (milliseconds as the medians would give them): the margins
+    sit far from what the project's CPUs measure, so a start's noise cannot flip the choice."""
+    plain = {"1": 60.0, "9": 130.0}
+    # AVX2 at one thread: a step 8% slower, a tree far cheaper -> row-invariant (the old 10%-of-the-fastest rule flipped here)
+    assert _decide({"transformers float32": plain, "row-invariant float32": {"1": 65.0, "9": 100.0}})[0] == "row-invariant float32"
+    # a step 20% slower: plain decoding would pay too much -> transformers, and the reason says which figure lost
+    name, why = _decide({"transformers float32": plain, "row-invariant float32": {"1": 72.0, "9": 100.0}})
+    assert name == "transformers float32" and "one-token step is more than 15% slower" in why
+    # a tree no cheaper -> transformers
+    name, why = _decide({"transformers float32": plain, "row-invariant float32": {"1": 55.0, "9": 131.0}})
+    assert name == "transformers float32" and "9-token forward is no faster" in why
+    # two qualify: the cheaper tree wins
+    both = {"transformers float32": plain, "row-invariant float32": {"1": 50.0, "9": 90.0}, "row-invariant bfloat16": {"1": 45.0, "9": 70.0}}
+    assert _decide(both)[0] == "row-invariant bfloat16"
+
+
+def test_rows_are_checked_equal_at_every_thread_count_a_server_runs():
+    _skip_without(torch.float32)
+    target = tiny_target(VOCAB, context=256)
+    forward = RowInvariantForward(target, torch.float32)
+    before = torch.get_num_threads()
+    assert rows_agree_across_threads(forward, target.config, (1, 2))
+    assert torch.get_num_threads() == before  # the check leaves the caller's count as it was
+    torch.set_num_threads(2)
+    try:
+        assert thread_counts() == (1, 2)  # a lone run's count as the target loads, and one each when runs share
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_model_it_cannot_run_keeps_transformers_forward_and_says_why():
