@@ -15,7 +15,7 @@ import gradio as gr
 import torch
 
 from tev.data.prompts import load_prompt_set
-from tev.util.cpus import available_cpus
+from tev.util.cpus import ThreadPolicy, server_thread_policy
 from tev.util.memory import limit_malloc_arenas
 from ui import exittrain, gpu, header, lab, learn, live, shared, walkthrough, workload
 from ui.components import PAGE_JS
@@ -70,24 +70,24 @@ def _warm_up() -> None:
         print(f"TEV Explorer: models could not be loaded: {error}", file=sys.stderr, flush=True)
 
 
-def _compute_threads() -> int:
-    """Torch threads for the server: ``TEV_THREADS``, else one core fewer than the container may use.
-
-    The server also builds figures and the browser (often on the same machine) renders them
-    while tokens are generated; with every core given to torch, its threads wait on each
-    other: on 2 cores, 2 threads gave 39 tokens/s while the page rendered, 1 thread 145.
-    """
-    text = os.environ.get("TEV_THREADS", "").strip()
-    if text:
-        if not text.isdigit() or int(text) < 1:
-            raise SystemExit(f"TEV_THREADS must be a whole number >= 1, got {text!r}")
-        return int(text)
-    return max(1, available_cpus() - 1)
+def _thread_policy() -> ThreadPolicy:
+    """Torch threads for each step of the compute thread (:func:`~tev.util.cpus.server_thread_policy`):
+    ``TEV_THREADS`` fixes them; else every core the container may use while one run has the machine,
+    one each while several share it."""
+    try:
+        return server_thread_policy()
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
 
 
 def main() -> None:
     limit_malloc_arenas()  # before the server's request threads allocate (see tev/util/memory.py)
-    torch.set_num_threads(_compute_threads())
+    # Only the compute thread may run a team of several OpenMP threads: a second team anywhere in the process
+    # (the main thread's, at load) makes GNU OpenMP's threads outnumber the cores, and it then puts every waiting
+    # thread to sleep instead of spinning; on a 2-core AVX2 EPYC plain decoding at 2 threads in a worker thread fell
+    # from 17-19 to 10-12 tokens/s (1 thread: 15). The models load and are timed in the compute thread.
+    torch.set_num_threads(1)
+    shared.SERVICE.compute.use_threads(_thread_policy(), torch.set_num_threads)  # each step: the policy's count for the requests active then
     demo = build_app()
     # Load the models before serving (a few seconds): the first Generate then streams at once
     # instead of waiting on a load, and ZeroGPU moves the weights to its GPU at start-up.

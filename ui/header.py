@@ -45,8 +45,10 @@ def device_markdown() -> str:
     machine = precision_record(info["device"].split(" ")[0])
     target = target_precision_words(info)
     speed = f", bfloat16 products {machine['bf16_matmul_speedup']:.2f}x float32's speed" if "bf16_matmul_speedup" in machine else ""
+    policy = shared.SERVICE.compute.thread_policy  # the server's threads per step (app.py); none set: torch's count
+    threads = policy.describe() if policy is not None else info["threads"]
     return (
-        f"**models** {pair} · **device** {info['device']} · **threads** {info['threads']} · **context** {info['context']} tokens · "
+        f"**models** {pair} · **device** {info['device']} · **threads** {threads} · **context** {info['context']} tokens · "
         f"**vocabulary** {info['vocab']} · **parameters** {sizes}\n\n**precision** target {target} · drafters "
         f"{', '.join(f'{kind} {dtype}' for kind, dtype in drafters.items())} (a drafter only proposes: its precision changes how often its "
         f"guesses are kept, never the output; the block drafters run in the bfloat16 they are stored in) · this CPU: {machine['cpu_capability']}{speed}"

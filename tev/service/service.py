@@ -190,7 +190,6 @@ class ModelService:
         self.dtype = dtype  # the target's precision ("auto": float32 on a CPU, the exact default)
         self.pair = pair  # a shipped pair when no target is given (None: $TEV_PAIR or the default)
         self._bundle: ModelBundle | None = None
-        self._load_lock = threading.Lock()
         self.compute = ComputeThread()  # users' rounds first; a fine-tune's steps (background) still get their share of the time
         self.idle_timings = IdleTimings()  # the latest re-timing that ran alone, per kind of run
         self._runs = 0  # interactive runs being served (see serving), with the lock below
@@ -201,11 +200,16 @@ class ModelService:
         self.adapted: AdaptedDrafters | None = None
 
     def bundle(self) -> ModelBundle:
+        """The models, loaded on first use in the compute thread: the target's forward is checked and
+        timed there, at the threads its runs will have, and no other thread starts an OpenMP team of
+        several threads (see :mod:`tev.util.compute_thread`, "Threads")."""
         if self._bundle is None:
-            with self._load_lock:
-                if self._bundle is None:
-                    self._bundle = load_bundle(self.target_source, self.draft_source, device=self.device, dtype=self.dtype, pair=self.pair)
+            self.compute.call(self._load)  # one step at a time: two first requests load once
         return self._bundle
+
+    def _load(self) -> None:
+        if self._bundle is None:
+            self._bundle = load_bundle(self.target_source, self.draft_source, device=self.device, dtype=self.dtype, pair=self.pair)
 
     def _shipped_pair(self) -> Pair | None:
         """The shipped pair this service serves (None for a target or drafter given by path)."""
@@ -242,7 +246,7 @@ class ModelService:
             "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
             "dtype": str(next(target.parameters()).dtype).replace("torch.", ""),
             "target_forward": bundle.precision.to_dict() if bundle.precision is not None else None,
-            "threads": torch.get_num_threads(),
+            "threads": self.threads_of_a_new_run(),
             "context": bundle.context_length,
             "vocab": len(bundle.tokenizer),
             "parameters": sizes,
@@ -343,11 +347,17 @@ class ModelService:
         ``calibration`` and ``rate``, which the request's rounds then update."""
         return AutoBudget(self.cost_curve(), config.budget_cap, calibration, rate)
 
+    def threads_of_a_new_run(self) -> int:
+        """The torch threads a run submitted now starts with: the compute thread's policy for the requests
+        open then (a lone run's count, or one each while several share the machine), else torch's count."""
+        plan = self.compute.thread_plan(joining=1)
+        return plan.threads if plan is not None else torch.get_num_threads()
+
     def cost_curve(self) -> CostCurve:
-        """The process's cost curve for the target (a few seconds' measurement on first use, taken
-        in the compute thread while no generation runs); once measured it is read here, without a turn
-        of the compute thread."""
-        key = (id(self.bundle().target), torch.get_num_threads())
+        """The process's cost curve for the target at the threads a new run starts with (a few seconds'
+        measurement on first use of that count, taken in the compute thread at that count); once measured
+        it is read here, without a turn of the compute thread."""
+        key = (id(self.bundle().target), self.threads_of_a_new_run())
         if key not in self._cost_curves:
             self._cost_curves[key] = self.compute.call(machine_cost_curve, self.bundle().target)
         return self._cost_curves[key]

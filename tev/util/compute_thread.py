@@ -24,6 +24,17 @@ request waits at most about nine times its last step's seconds (plus one interac
 interactive step waits at most one background step, and nothing is queued beyond each request's
 lookahead. Each background reader can say how long interactive work held it back
 (:attr:`Steps.held_seconds`), so a run that trained fewer steps under load says why.
+
+Threads: with :meth:`ComputeThread.use_threads` (the server sets it) each step runs with the torch
+threads a :class:`~tev.util.cpus.ThreadPolicy` gives for the requests active as it starts (a lone
+run every core, several one each), set in this thread only when the count changes; torch's count
+is per OS thread (OpenMP's nthreads-var), so no other thread's count changes. Without it steps run
+with whatever count this thread started with (torch's global setting when it first ran torch work).
+This thread should be the only one in the process that runs a team of several OpenMP threads: GNU
+OpenMP counts the threads of every team, and once they outnumber the cores it stops spinning at its
+barriers and sleeps instead, which at the target's many small parallel regions costs more than the
+second core gives (plain decoding of the default pair at 2 threads: 17-19 tokens/s with one team,
+10-12 with a second, idle team of the main thread's; 15 at 1 thread).
 """
 
 from __future__ import annotations
@@ -111,6 +122,9 @@ class ComputeThread:
         self._open = 0  # requests whose reader has not finished (one may be stepping, outside the line)
         self._open_background = 0  # those of them that are background work
         self._thread: threading.Thread | None = None
+        self._thread_policy = None  # a ThreadPolicy (tev.util.cpus), see use_threads; None: steps keep the thread's count
+        self._set_threads: Callable[[int], None] | None = None
+        self._threads_now: int | None = None  # the count last set in the compute thread (None: never set here)
 
     def steps(self, work: Iterator[T], background: bool = False) -> Steps[T]:
         """Submit ``work`` now; the returned iterator yields what each of its steps yields (each
@@ -132,6 +146,42 @@ class ComputeThread:
     def call(self, function: Callable[..., T], *args, **kwargs) -> T:
         """``function(*args, **kwargs)`` computed in the compute thread as one step."""
         return result_of(self.steps(_once(function, args, kwargs)))
+
+    def use_threads(self, policy, set_threads: Callable[[int], None]) -> None:
+        """Run each step with the threads ``policy`` (a :class:`~tev.util.cpus.ThreadPolicy`) gives for the
+        requests active as it starts, set with ``set_threads`` (``torch.set_num_threads``) in the compute
+        thread, only when the count changes."""
+        with self._condition:
+            self._thread_policy, self._set_threads = policy, set_threads
+
+    @property
+    def thread_policy(self):
+        """The :class:`~tev.util.cpus.ThreadPolicy` steps run under (None: none set; steps keep the thread's count)."""
+        return self._thread_policy
+
+    def thread_plan(self, joining: int = 0):
+        """The threads a step starting now would run with, and why (a :class:`~tev.util.cpus.ThreadPlan`;
+        None without a policy); ``joining``: interactive requests about to be submitted, counted as open."""
+        with self._condition:
+            return self._plan(joining)
+
+    def _plan(self, joining: int = 0):
+        """:meth:`thread_plan`, under the lock: every open request counts, the one about to step included."""
+        if self._thread_policy is None:
+            return None
+        return self._thread_policy.plan(self._open - self._open_background + joining, self._open_background)
+
+    def _apply_threads(self) -> None:
+        """Before a step: the policy's count for the requests active now, set in this thread when it changed."""
+        with self._condition:
+            plan, set_threads = self._plan(), self._set_threads
+        if plan is None or plan.threads == self._threads_now:
+            return
+        try:
+            set_threads(plan.threads)
+            self._threads_now = plan.threads
+        except Exception:  # noqa: BLE001 - a step runs with the count it has rather than stop the thread
+            logging.getLogger(__name__).exception("setting %d torch threads failed", plan.threads)
 
     def in_compute_thread(self) -> bool:
         return threading.current_thread() is self._thread
@@ -212,6 +262,7 @@ class ComputeThread:
                     request.done = True
                     self._condition.notify_all()
                 continue
+            self._apply_threads()
             started = self._clock()
             try:
                 result, ended, error = next(request.work), False, None

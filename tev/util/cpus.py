@@ -1,4 +1,5 @@
-"""How many CPU cores this process may really use.
+"""How many CPU cores this process may really use, and how many torch threads each step of the
+server's compute thread runs with.
 
 ``os.cpu_count()`` counts the host's cores; a container (a Hugging Face Space's free tier is
 2 vCPUs on a larger host) is limited by its CPU affinity and by its cgroup's CPU quota, and
@@ -9,11 +10,15 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["available_cpus"]
+__all__ = ["available_cpus", "ThreadPlan", "ThreadPolicy", "server_thread_policy", "SHARED_THREADS"]
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" or "max <period>"
+# Torch threads a compute step runs with while several requests share the machine (two visitors, or a fine-tune
+# beside one): the steps take turns in one thread, and the other cores build and serve each visitor's figures.
+SHARED_THREADS = 1
 
 
 def available_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
@@ -28,3 +33,83 @@ def available_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
     except (OSError, ValueError):
         pass  # no cgroup v2 limit readable here
     return max(1, min(counts))
+
+
+def _threads(count: int) -> str:
+    return f"{count} torch thread{'s' if count != 1 else ''}"
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """The torch threads a compute step runs with, and why."""
+
+    threads: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ThreadPolicy:
+    """Torch threads for each step of the server's compute thread (:meth:`ComputeThread.use_threads`).
+
+    ``fixed`` (``TEV_THREADS``): every step runs with it. Else a step runs with ``lone`` threads while
+    exactly one interactive request (a Live run, a walkthrough step, the lab) and no background request is
+    active, and with ``shared`` otherwise (several visitors, or a fine-tune or measuring run). Torch's
+    thread count belongs to the OS thread that sets it (OpenMP's nthreads-var is per thread), so the
+    compute thread setting it changes its own OpenMP team only.
+    """
+
+    lone: int
+    shared: int = SHARED_THREADS
+    fixed: int | None = None
+
+    def __post_init__(self):
+        for name in ("lone", "shared", "fixed"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} threads must be >= 1, got {value}")
+
+    def plan(self, interactive: int, background: int = 0) -> ThreadPlan:
+        """The threads of a step taken while ``interactive`` and ``background`` requests are active (its own included)."""
+        if self.fixed is not None:
+            return ThreadPlan(self.fixed, "fixed by TEV_THREADS")
+        if interactive == 1 and background == 0:
+            return ThreadPlan(self.lone, "a lone run")
+        return ThreadPlan(self.shared, f"{interactive + background} requests share the machine")
+
+    def counts(self) -> tuple[int, ...]:
+        """Every thread count a step may run with (what a check or measurement that depends on threads must cover)."""
+        return (self.fixed,) if self.fixed is not None else tuple(sorted({self.lone, self.shared}))
+
+    def describe(self) -> str:
+        """The policy in words, for the page's header."""
+        if self.fixed is not None:
+            return f"{_threads(self.fixed)} (TEV_THREADS)"
+        if self.lone == self.shared:
+            return f"{_threads(self.lone)} (TEV_THREADS sets another count)"
+        return f"{_threads(self.lone)} for a lone run, {self.shared} each when several share the machine (TEV_THREADS fixes one count)"
+
+    def words(self, others: int = 0) -> str:
+        """The threads a run was timed with, ``others`` the most other requests that shared the machine meanwhile."""
+        if self.fixed is not None:
+            return self.describe()
+        if self.lone == self.shared:
+            return _threads(self.lone)
+        if others == 0:
+            return f"{_threads(self.lone)} (a lone run's; {self.shared} each when several share the machine)"
+        return f"{_threads(self.shared)} while others shared the machine ({self.lone} for a lone run)"
+
+
+def server_thread_policy(environ=None, cpus: int | None = None) -> ThreadPolicy:
+    """The server's :class:`ThreadPolicy`: ``TEV_THREADS`` fixes the count (ValueError when it is not a whole
+    number >= 1); else every core the container may use (``cpus``) for a lone run and :data:`SHARED_THREADS`
+    while several share the machine. (An earlier one-core-fewer default rested on a tiny pair's 39 against 145
+    tokens/s at 2 and 1 threads while a page rendered: GNU OpenMP sleeping at its barriers once a second team
+    made its threads outnumber the cores, see :mod:`tev.util.compute_thread`, not the page's own work.)"""
+    environ = os.environ if environ is None else environ
+    text = environ.get("TEV_THREADS", "").strip()
+    if text:
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"TEV_THREADS must be a whole number >= 1, got {text!r}")
+        return ThreadPolicy(lone=int(text), shared=int(text), fixed=int(text))
+    cpus = available_cpus() if cpus is None else cpus
+    return ThreadPolicy(lone=cpus, shared=min(SHARED_THREADS, cpus))
