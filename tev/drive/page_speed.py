@@ -12,6 +12,8 @@ half). Compare with the "vs own AR" column of
     python -m tev bench e2e --prompts chat --num-prompts 6 --budgets 16 --temperatures 0 0.7 --top-p 0.9 --skip-memory
 
 run with the same threads (``TEV_THREADS``, default 2 here, and torch's default of 2 there).
+``--threads auto`` leaves ``TEV_THREADS`` unset: the server's own policy (every core for a lone run,
+one each when several share the machine); each row records the threads its rerun ran with.
 
     python -m tev bench page-speed --prompts 6 --json runs/page-speed.json
 """
@@ -36,7 +38,7 @@ from tev.util.stored import write_result
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
-    parser.add_argument("--threads", default=os.environ.get("TEV_THREADS", "2"))
+    parser.add_argument("--threads", default=os.environ.get("TEV_THREADS", "2"), help="TEV_THREADS for the server, or auto: unset (the server's policy)")
     parser.add_argument("--json", help="write the per-prompt figures here")
     parser.add_argument("--api", action="store_true", help="call the page's Generate through the API instead (no browser on this machine)")
     parser.add_argument("--budget", default="auto", help="auto (the page's opening setting, cap 16) or a fixed budget B")
@@ -47,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     prompts = spread_evenly(load_prompt_set("chat"), args.prompts)
-    env = {"TEV_PAIR": DEFAULT_PAIR.name, "TEV_THREADS": str(args.threads)}
+    env = {"TEV_PAIR": DEFAULT_PAIR.name, "TEV_THREADS": "" if args.threads == "auto" else str(args.threads)}  # empty: unset
     if args.omp_wait_policy:
         env["OMP_WAIT_POLICY"] = args.omp_wait_policy
     auto = args.budget == "auto"
@@ -63,7 +65,10 @@ def run(args: argparse.Namespace) -> int:
         server.stop()
     for temperature in args.temperatures:
         for drafter in sorted({r["drafter"] for r in rows}):
-            mine = [r["speedup"] for r in rows if r["temperature"] == temperature and r["drafter"] == drafter]
+            mine = [r["speedup"] for r in rows if r["temperature"] == temperature and r["drafter"] == drafter and r["speedup"] is not None]
+            if not mine:
+                print(f"T={temperature:g}, drafter {drafter}: no prompt was re-timed")
+                continue
             print(f"T={temperature:g}, drafter {drafter}: median page speedup {statistics.median(mine):.2f}x over {len(mine)} prompts")
     if args.json:
         write_result(args.json, "page-speed", {"threads": args.threads, "omp_wait_policy": args.omp_wait_policy, "budget": args.budget, "api": args.api, "rows": rows})
@@ -73,11 +78,16 @@ def run(args: argparse.Namespace) -> int:
 def row(summary: dict, temperature: float, prompt: dict) -> dict:
     """One prompt's figures from the page's run summary."""
     timing = summary["timing"]
+    if timing is None:  # not re-timed: too few tokens to time (an answer that ended early), other runs in the app's line, a Stop
+        print(f"T={temperature:g} {prompt['id']}: not re-timed ({summary['tokens']} tokens, stopped by {summary['stop_reason']}, "
+              f"other runs waiting: {summary.get('not_retimed_for') or 0})", flush=True)
+        return {"temperature": temperature, "prompt": prompt["id"], "domain": prompt.get("domain"), "drafter": summary["drafter"], "speedup": None,
+                "not_retimed_for": summary.get("not_retimed_for"), "tokens_per_second_live": summary["tokens_per_second"]}
     speedup, live, quiet = timing["speedup"], summary["tokens_per_second"], timing["speculative_tokens_per_second"]
     print(f"T={temperature:g} {prompt['id']} drafter {summary['drafter']}: page speedup {speedup:.2f}x (speculation {quiet:.1f} tok/s quiet, "
           f"{live:.1f} as the page received the answer)", flush=True)
     return {"temperature": temperature, "prompt": prompt["id"], "domain": prompt.get("domain"), "drafter": summary["drafter"], "speedup": speedup,
-            "tokens_per_second_live": live, "tokens_per_second_quiet": quiet}
+            "tokens_per_second_live": live, "tokens_per_second_quiet": quiet, "threads": timing.get("threads"), "others": timing.get("others")}
 
 
 def api_rows(url: str, prompts: list[dict], temperatures, budget: int, auto: bool, drafters: list[str]) -> list[dict]:
