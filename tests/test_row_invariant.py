@@ -161,11 +161,12 @@ def test_the_choice_prefers_the_row_invariant_forward_within_its_margins():
     """What each measured case chooses (milliseconds as the medians would give them): the margins
     sit far from what the project's CPUs measure, so a start's noise cannot flip the choice."""
     plain = {"1": 60.0, "9": 130.0}
-    # AVX2 at one thread: a step 8% slower, a tree far cheaper -> row-invariant (the old 10%-of-the-fastest rule flipped here)
-    assert _decide({"transformers float32": plain, "row-invariant float32": {"1": 65.0, "9": 100.0}})[0] == "row-invariant float32"
-    # a step 20% slower: plain decoding would pay too much -> transformers, and the reason says which figure lost
-    name, why = _decide({"transformers float32": plain, "row-invariant float32": {"1": 72.0, "9": 100.0}})
-    assert name == "transformers float32" and "one-token step is more than 15% slower" in why
+    # AVX2 at one thread: a step 8-15% slower, a tree far cheaper -> row-invariant (10% of the fastest pass flipped here)
+    for step in (65.0, 69.0):
+        assert _decide({"transformers float32": plain, "row-invariant float32": {"1": step, "9": 100.0}})[0] == "row-invariant float32"
+    # a step 30% slower: plain decoding would pay too much -> transformers, and the reason says which figure lost
+    name, why = _decide({"transformers float32": plain, "row-invariant float32": {"1": 78.0, "9": 100.0}})
+    assert name == "transformers float32" and "one-token step is more than 25% slower" in why
     # a tree no cheaper -> transformers
     name, why = _decide({"transformers float32": plain, "row-invariant float32": {"1": 55.0, "9": 131.0}})
     assert name == "transformers float32" and "9-token forward is no faster" in why

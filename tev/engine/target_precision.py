@@ -12,12 +12,15 @@ their last bits between a tree and a one-token step). A row-invariant candidate 
 then the candidates are timed on this machine (a forward and its head over 1 and over 9 new tokens
 after 128 cached ones, eleven interleaved passes in shuffled order, the median of the last ten). The
 choice prefers a row-invariant candidate, since with it greedy speculation equals greedy decoding by
-construction: among those whose one-token step is within 15% of transformers' float32 one and whose
+construction: among those whose one-token step is within 25% of transformers' float32 one and whose
 9-token forward (a tree) is faster than it, the one fastest at 9 tokens; where none qualifies,
 transformers' float32. The margins sit far from what this project's CPUs measure, so the noise of
-one start cannot flip the choice: on a 2-core AVX2 EPYC the row-invariant float32 step measured
-0.82-0.92x of transformers' at two threads and 1.03-1.14x at one, its 9-token forward 0.60-0.79x at
-both (the old rule, 10% and the fastest pass, chose either forward at one thread from start to start).
+one start cannot flip the choice: on a 2-core AVX2 EPYC, six starts, the row-invariant float32 step
+measured 0.82-0.85x of transformers' at two threads and 1.08-1.15x at one (its products' floor: two
+prepacked rows cost about one MKL row there), its 9-token forward 0.60-0.79x at both. At one thread
+plain decoding so pays about 10% for trees a quarter cheaper and greedy equality by construction;
+the reason says both figures. (The old rule, 10% of the fastest pass, chose either forward from start
+to start there, and a 15% margin on medians still flipped one start in three.)
 
 Where bfloat16 is emulated (:func:`~tev.util.precision.bf16_speedup` measures it far below float32's
 speed: AVX2-only CPUs) the bfloat16 candidate is not built at all. ``TEV_TARGET_FORWARD`` forces a candidate: ``bfloat16`` or ``float32`` (row-invariant, still
@@ -50,8 +53,8 @@ _EMULATED = 0.5  # a bfloat16 probe product slower than this many times float32'
 # on the 2-core AVX512_BF16 Xeon at 2 threads the bfloat16 step measured 0.95-1.08x of it (noise
 # and oneDNN's two-row kernel) while its 9-token forward cost 0.79x and speculation at budget auto
 # ran 1.28x the tokens/s at T = 0 (docs/benchmarks.md, "The price of a row"); on a 2-core AVX2 EPYC
-# the float32 step 1.03-1.14x at one thread (its products' floor: two rows cost one F.linear row).
-_PLAIN_SLACK = 1.15
+# the float32 step 1.08-1.15x at one thread over six starts (two prepacked rows cost one F.linear row).
+_PLAIN_SLACK = 1.25
 _PASSES = 10  # timed passes per candidate and size, after one that warms the kernels
 _TIMED_SIZES = (1, 9)
 _CONTEXT = 128
