@@ -70,6 +70,17 @@ def test_the_fused_step_follows_a_change_of_the_weights(target, monkeypatch):
     torch.testing.assert_close(grown, forced)
 
 
+def test_warm_builds_the_fused_step_that_the_first_round_then_uses(target, monkeypatch):
+    drafter = tiny_block_drafter(target, conditioning="path")
+    assert getattr(drafter.model, "_step", None) is None
+    drafter.warm()
+    built = drafter.model._step
+    state = drafter.new_state()
+    state.add_features(torch.randn(5, drafter.model.config.feature_size))
+    drafter.propose(DraftContext([1, 2, 5], max_depth=3), 4, state)
+    assert drafter.model._step is built  # the round found it ready
+
+
 def test_a_round_with_no_committed_features_yet_is_the_teacher_forced_pass_on_padding(target, monkeypatch):
     monkeypatch.setenv(INT8_ENV, "0")
     model: PathDrafter = tiny_block_drafter(target, conditioning="path").model

@@ -245,6 +245,10 @@ class PathTreeDrafter:
     def new_state(self) -> DraftState:
         return DraftState()
 
+    def warm(self) -> None:
+        """Build the fused inference weights now rather than in the first round (0.7 s for the shipped drafter)."""
+        self.model._inference_step()
+
     def marginals(self, context: DraftContext, state: DraftState) -> None:
         return None  # each depth's q is conditional on its path
 

@@ -347,6 +347,16 @@ class ModelService:
         ``calibration`` and ``rate``, which the request's rounds then update."""
         return AutoBudget(self.cost_curve(), config.budget_cap, calibration, rate)
 
+    def warm_drafters(self) -> None:
+        """Prepare every drafter's inference weights now, in the compute thread (a drafter with a ``warm``
+        method builds them on first use otherwise, in a visitor's first round)."""
+        def warm() -> None:
+            for drafter in self.bundle().drafters.values():
+                if hasattr(drafter, "warm"):
+                    drafter.warm()
+
+        self.compute.call(warm)
+
     def threads_of_a_new_run(self) -> int:
         """The torch threads a run submitted now starts with: the compute thread's policy for the requests
         open then (a lone run's count, or one each while several share the machine), else torch's count."""
