@@ -38,6 +38,7 @@ VERSIONS = {
     "e2e": 1,  # bench e2e --json
     "report": 1,  # bench report: report.json
     "reach": 1,  # bench reach --json
+    "oracle-reach": 1,  # bench oracle-reach --json
     "row-cost": 1,  # bench row-cost --json
     "data-writer": 1,  # bench data-writer --json
     "page-speed": 1,  # bench page-speed --json

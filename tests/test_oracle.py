@@ -1,0 +1,90 @@
+"""The oracle tree (the target drafting for itself): at T = 0 it is the greedy path; at T > 0 its coverage is
+its nodes' reach as the engine's flow computes it, it grows with the budget, and no other tree of as many nodes
+covers more. ``p`` is the target."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers import random_tree
+from tests.tiny import tiny_target
+from tev.core.sampling import SamplingLaw
+from tev.core.tree import DraftTree
+from tev.engine.decode import DecodeConfig, autoregressive_generate
+from tev.engine.oracle_tree import oracle_tree, target_row
+from tev.engine.session import CausalLMSession
+
+VOCAB = 40
+CONTEXT = [3, 17, 5, 9]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(VOCAB, scale=3.0)
+
+
+def _session(target, context: list[int]) -> CausalLMSession:
+    session = CausalLMSession(target)
+    session.extend(context[:-1])
+    return session
+
+
+def _coverage(target, context: list[int], tree, law: SamplingLaw) -> float:
+    """C(T) of ``tree`` under ``context[-1]`` from the target's one forward over it (the engine's flow)."""
+    session = _session(target, context)
+    return session.forward_tree(tree).rows(law).flow(tree).coverage
+
+
+def test_at_t0_the_oracle_tree_is_the_greedy_path(target):
+    greedy = autoregressive_generate(target, CONTEXT, DecodeConfig(temperature=0.0, max_new_tokens=5, stop_at_eos=False)).token_ids
+    session = _session(target, CONTEXT)
+    tree = oracle_tree(session, CONTEXT, SamplingLaw(0.0), budget=8, horizon=5)
+    assert tree.parents.tolist() == [-1, 0, 1, 2, 3, 4]  # a chain: every sibling has reach 0 under the argmax law
+    assert tree.tokens.tolist()[1:] == greedy[:5]
+    assert session.length == len(CONTEXT) - 1  # the cache is left as it was given
+    assert _coverage(target, CONTEXT, tree, SamplingLaw(0.0)) == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("law", [SamplingLaw(1.0), SamplingLaw(0.7, top_p=0.9)], ids=["T=1", "T=0.7 top-p 0.9"])
+def test_the_oracle_covers_what_its_reach_says_and_no_tree_of_its_size_covers_more(target, law):
+    tree = oracle_tree(_session(target, CONTEXT), CONTEXT, law, budget=12, horizon=4)
+    reach = tree.path_logprob.exp()  # P(v) of each node, as the oracle grew it
+    assert tree.num_nodes == 13 and int(tree.depths.max()) <= 4
+    assert _coverage(target, CONTEXT, tree, law) == pytest.approx(float(reach[1:].sum()), rel=1e-4)
+    prefix = reach[1:].cumsum(0)  # each prefix of k nodes is the oracle tree of budget k: coverage grows with k
+    assert bool((prefix[1:] >= prefix[:-1]).all()) and bool((reach[1:-1] >= reach[2:] - 1e-7).all())  # added best first
+    root_row = target_row(_session(target, CONTEXT), len(CONTEXT) - 1, [CONTEXT[-1]], law)
+    fan = DraftTree.from_parents([CONTEXT[-1], *root_row.topk(12).indices.tolist()], [-1] + [0] * 12)  # the root's 12 likeliest tokens
+    path = []
+    for _ in range(4):  # the likeliest token at each depth along its own path: the top-1 chain
+        path.append(int(target_row(_session(target, CONTEXT), len(CONTEXT) - 1, [CONTEXT[-1], *path], law).argmax()))
+    chain = DraftTree.chain(CONTEXT[-1], path)
+    generator = torch.Generator().manual_seed(0)
+    others = [fan, chain] + [random_tree(generator, VOCAB, budget=12, horizon=4, root_token=CONTEXT[-1]) for _ in range(20)]
+    for other in others:  # every one of the same size or smaller, depth limit and root
+        assert _coverage(target, CONTEXT, other, law) <= float(prefix[other.num_nodes - 2]) + 1e-5
+
+
+def test_the_bench_scores_each_drafters_tree_under_the_oracles_bound(target):
+    """``bench oracle-reach`` on a tiny pair: at every anchor and budget a drafter's tree covers no more than the
+    oracle's, the oracle's reach by depth adds up to its coverage, and the report says the drafter's share."""
+    from types import SimpleNamespace
+
+    from tests.tiny import tiny_block_drafter
+    from tev.bench.oracle_reach import _summary, anchor_coverages, format_oracle_report
+
+    drafters = {"path": tiny_block_drafter(target, conditioning="path"), "block": tiny_block_drafter(target)}
+    law = SamplingLaw(1.0)
+    answer = autoregressive_generate(target, CONTEXT, DecodeConfig(temperature=1.0, max_new_tokens=8, seed=3, stop_at_eos=False)).token_ids
+    rows = anchor_coverages(SimpleNamespace(target=target), drafters, CONTEXT, answer, [0, 3, 6], law, [2, 6], horizon=4)
+    assert [row["anchor"] for row in rows] == [0, 3, 6]
+    for row in rows:
+        assert sum(row["oracle_reach_by_depth"]) == pytest.approx(row["oracle"]["6"], rel=1e-5)
+        for name in drafters:
+            for budget in ("2", "6"):
+                assert 0 <= row["drafters"][name][budget] <= row["oracle"][budget] + 1e-5, (name, budget, row)
+    summary = _summary(rows, [2, 6])
+    assert 0 < summary["drafters"]["path"]["share_of_oracle"]["6"] <= 1 + 1e-6
+    text = format_oracle_report({"budgets": [2, 6], "horizon": 4, "laws": {"T = 1": {"summary": summary}}})
+    assert "| T = 1 | 3 | oracle |" in text and "| T = 1 | | path |" in text
