@@ -64,6 +64,7 @@ def test_a_live_exittrain_run_scores_and_trains_as_background_work(chat_server, 
     from tev.train.experiment import Experiment
 
     compute = chat_server.service.compute
+    chat_server.service.bundle()  # loaded first: the models load as a step of the compute thread too
     seen = _submissions(compute, monkeypatch)
     settings = dataclasses.replace(EXITTRAIN_SETTINGS, steps=5)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tev.util.compute_thread import ComputeThread, result_of
-from tev.util.cpus import SHARED_THREADS, ThreadPolicy, server_thread_policy
+from tev.util.cpus import ThreadPolicy, server_thread_policy
 
 
 def test_a_lone_interactive_run_gets_every_core_and_anything_else_the_shared_count():
@@ -33,9 +33,11 @@ def test_tev_threads_fixes_the_count_for_every_step():
             server_thread_policy({"TEV_THREADS": bad}, cpus=2)
 
 
-def test_unset_a_lone_run_gets_the_container_cores_and_several_one_each():
-    assert server_thread_policy({}, cpus=2) == ThreadPolicy(lone=2, shared=SHARED_THREADS)
-    assert server_thread_policy({"TEV_THREADS": ""}, cpus=4) == ThreadPolicy(lone=4, shared=SHARED_THREADS)  # empty: unset
+def test_unset_every_step_gets_the_container_cores_so_a_seed_gives_one_answer_whoever_else_is_served():
+    policy = server_thread_policy({}, cpus=2)
+    assert policy == ThreadPolicy(lone=2, shared=2) and [policy.plan(i, b).threads for i, b in ((1, 0), (3, 0), (1, 1))] == [2, 2, 2]
+    assert policy.describe() == "2 torch threads (TEV_THREADS sets another count)" and policy.words(3) == "2 torch threads"
+    assert server_thread_policy({"TEV_THREADS": ""}, cpus=4) == ThreadPolicy(lone=4, shared=4)  # empty: unset
     single = server_thread_policy({}, cpus=1)
     assert single == ThreadPolicy(lone=1, shared=1) and single.counts() == (1,) and single.words(0) == "1 torch thread"
     with pytest.raises(ValueError):

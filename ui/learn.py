@@ -162,7 +162,7 @@ The target's **row-invariant forward** rules that out by construction: every pro
 kernel at 2 to 64 rows (checked row by row when the server starts), norms reduce each row alone, rotary angles come
 from one table, and attention splits a row's keys at a place that depends on its own position only, so a row adds its
 terms in the same order alone, in a tree, or in a long prompt. Which precision runs is measured when the server starts
-(the header says which, and why, at the threads a lone run gets): the row-invariant precision whose tree is cheapest,
+(the header says which, and why, at the threads the server's runs get): the row-invariant precision whose tree is cheapest,
 where its one-token step costs at most 25% more than transformers' and its 9-token tree less (float32 where bfloat16
 is emulated, on AVX2-only CPUs: there, at two threads, its step cost 0.82-0.85x transformers' and a 9-token tree
 0.60x), transformers' own float32 forward where none qualifies (its rows then agree with one-token steps to the last

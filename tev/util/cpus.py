@@ -13,12 +13,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["available_cpus", "ThreadPlan", "ThreadPolicy", "server_thread_policy", "SHARED_THREADS"]
+__all__ = ["available_cpus", "ThreadPlan", "ThreadPolicy", "server_thread_policy"]
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" or "max <period>"
-# Torch threads a compute step runs with while several requests share the machine (two visitors, or a fine-tune
-# beside one): the steps take turns in one thread, and the other cores build and serve each visitor's figures.
-SHARED_THREADS = 1
+# A server gives every step the same count (TEV_THREADS, else every core) whatever else runs: the drafters' products
+# and transformers' forward round differently at another thread count, so a run's tokens under a seed would depend on
+# who else was served meanwhile (two visitors with one seed must get one answer).
 
 
 def available_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
@@ -55,11 +55,13 @@ class ThreadPolicy:
     exactly one interactive request (a Live run, a walkthrough step, the lab) and no background request is
     active, and with ``shared`` otherwise (several visitors, or a fine-tune or measuring run). Torch's
     thread count belongs to the OS thread that sets it (OpenMP's nthreads-var is per thread), so the
-    compute thread setting it changes its own OpenMP team only.
+    compute thread setting it changes its own OpenMP team only. The server's default gives both the same
+    count (:func:`server_thread_policy`): a ``shared`` count of its own would make a seeded run's tokens
+    depend on who else was served.
     """
 
     lone: int
-    shared: int = SHARED_THREADS
+    shared: int = 1
     fixed: int | None = None
 
     def __post_init__(self):
@@ -101,10 +103,11 @@ class ThreadPolicy:
 
 def server_thread_policy(environ=None, cpus: int | None = None) -> ThreadPolicy:
     """The server's :class:`ThreadPolicy`: ``TEV_THREADS`` fixes the count (ValueError when it is not a whole
-    number >= 1); else every core the container may use (``cpus``) for a lone run and :data:`SHARED_THREADS`
-    while several share the machine. (An earlier one-core-fewer default rested on a tiny pair's 39 against 145
-    tokens/s at 2 and 1 threads while a page rendered: GNU OpenMP sleeping at its barriers once a second team
-    made its threads outnumber the cores, see :mod:`tev.util.compute_thread`, not the page's own work.)"""
+    number >= 1); else every core the container may use (``cpus``), for every step. (An earlier one-core-fewer
+    default rested on a tiny pair's 39 against 145 tokens/s at 2 and 1 threads while a page rendered: GNU OpenMP
+    sleeping at its barriers once a second team made its threads outnumber the cores, see
+    :mod:`tev.util.compute_thread`, not the page's own work.) A lone run and a crowd's get the same count: a run
+    under a seed must give the same tokens whoever else is served (see the note above)."""
     environ = os.environ if environ is None else environ
     text = environ.get("TEV_THREADS", "").strip()
     if text:
@@ -112,4 +115,4 @@ def server_thread_policy(environ=None, cpus: int | None = None) -> ThreadPolicy:
             raise ValueError(f"TEV_THREADS must be a whole number >= 1, got {text!r}")
         return ThreadPolicy(lone=int(text), shared=int(text), fixed=int(text))
     cpus = available_cpus() if cpus is None else cpus
-    return ThreadPolicy(lone=cpus, shared=min(SHARED_THREADS, cpus))
+    return ThreadPolicy(lone=cpus, shared=cpus)
