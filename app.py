@@ -72,8 +72,8 @@ def _warm_up() -> None:
 
 def _thread_policy() -> ThreadPolicy:
     """Torch threads for each step of the compute thread (:func:`~tev.util.cpus.server_thread_policy`):
-    ``TEV_THREADS`` fixes them; else every core the container may use, for every run (a seed gives one
-    answer whoever else is served)."""
+    ``TEV_THREADS`` fixes them; else one core fewer than the container may use, for every run (a seed
+    gives one answer whoever else is served)."""
     try:
         return server_thread_policy()
     except ValueError as error:

@@ -33,13 +33,14 @@ def test_tev_threads_fixes_the_count_for_every_step():
             server_thread_policy({"TEV_THREADS": bad}, cpus=2)
 
 
-def test_unset_every_step_gets_the_container_cores_so_a_seed_gives_one_answer_whoever_else_is_served():
-    policy = server_thread_policy({}, cpus=2)
+def test_unset_every_step_gets_one_core_fewer_than_the_container_so_a_seed_gives_one_answer_whoever_else_is_served():
+    policy = server_thread_policy({}, cpus=3)
     assert policy == ThreadPolicy(lone=2, shared=2) and [policy.plan(i, b).threads for i, b in ((1, 0), (3, 0), (1, 1))] == [2, 2, 2]
     assert policy.describe() == "2 torch threads (TEV_THREADS sets another count)" and policy.words(3) == "2 torch threads"
-    assert server_thread_policy({"TEV_THREADS": ""}, cpus=4) == ThreadPolicy(lone=4, shared=4)  # empty: unset
-    single = server_thread_policy({}, cpus=1)
-    assert single == ThreadPolicy(lone=1, shared=1) and single.counts() == (1,) and single.words(0) == "1 torch thread"
+    assert server_thread_policy({"TEV_THREADS": ""}, cpus=4) == ThreadPolicy(lone=3, shared=3)  # empty: unset
+    for cpus in (1, 2):
+        single = server_thread_policy({}, cpus=cpus)
+        assert single == ThreadPolicy(lone=1, shared=1) and single.counts() == (1,) and single.words(0) == "1 torch thread"
     with pytest.raises(ValueError):
         ThreadPolicy(lone=0)
 

@@ -12,7 +12,7 @@ half). Compare with the "vs own AR" column of
     python -m tev bench e2e --prompts chat --num-prompts 6 --budgets 16 --temperatures 0 0.7 --top-p 0.9 --skip-memory
 
 run with the same threads (``TEV_THREADS``, default 2 here, and torch's default of 2 there).
-``--threads auto`` leaves ``TEV_THREADS`` unset: the server's own count (every core the container may use);
+``--threads auto`` leaves ``TEV_THREADS`` unset: the server's own count (one core fewer than the container's);
 each row records the threads its rerun ran with.
 
     python -m tev bench page-speed --prompts 6 --json runs/page-speed.json

@@ -359,7 +359,7 @@ class ModelService:
 
     def threads_of_a_new_run(self) -> int:
         """The torch threads a run submitted now starts with: the compute thread's policy for the requests
-        open then (the server's: every core), else torch's count."""
+        open then (the server's one count), else torch's count."""
         plan = self.compute.thread_plan(joining=1)
         return plan.threads if plan is not None else torch.get_num_threads()
 

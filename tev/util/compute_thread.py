@@ -27,7 +27,7 @@ lookahead. Each background reader can say how long interactive work held it back
 
 Threads: with :meth:`ComputeThread.use_threads` (the server sets it) each step runs with the torch
 threads a :class:`~tev.util.cpus.ThreadPolicy` gives for the requests active as it starts (the
-server's: every core for every run), set in this thread only when the count changes; torch's count
+server's: one count for every run), set in this thread only when the count changes; torch's count
 is per OS thread (OpenMP's nthreads-var), so no other thread's count changes. Without it steps run
 with whatever count this thread started with (torch's global setting when it first ran torch work).
 This thread should be the only one in the process that runs a team of several OpenMP threads: GNU

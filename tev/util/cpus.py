@@ -103,11 +103,16 @@ class ThreadPolicy:
 
 def server_thread_policy(environ=None, cpus: int | None = None) -> ThreadPolicy:
     """The server's :class:`ThreadPolicy`: ``TEV_THREADS`` fixes the count (ValueError when it is not a whole
-    number >= 1); else every core the container may use (``cpus``), for every step. (An earlier one-core-fewer
-    default rested on a tiny pair's 39 against 145 tokens/s at 2 and 1 threads while a page rendered: GNU OpenMP
-    sleeping at its barriers once a second team made its threads outnumber the cores, see
-    :mod:`tev.util.compute_thread`, not the page's own work.) A lone run and a crowd's get the same count: a run
-    under a seed must give the same tokens whoever else is served (see the note above)."""
+    number >= 1); else one core fewer than the container may use (``cpus``), for every step.
+
+    On a 2-core AVX2 EPYC two threads gave a lone run 25% more tokens/s on an otherwise idle machine (once
+    the models load in the compute thread, see :mod:`tev.util.compute_thread`), but with other busy
+    processes on the same two cores (a browser on the same machine, a second test worker) the server at two
+    threads served 5 requests of a 20-second load test where one thread serves 8 or more, and the page's
+    main thread went past its long-task limits: OpenMP's threads wait on each other when a core is taken.
+    So the default leaves a core free; ``TEV_THREADS=2`` suits a machine that serves only this app. A lone
+    run and a crowd's get the same count: a run under a seed must give the same tokens whoever else is
+    served (see the note above)."""
     environ = os.environ if environ is None else environ
     text = environ.get("TEV_THREADS", "").strip()
     if text:
@@ -115,4 +120,5 @@ def server_thread_policy(environ=None, cpus: int | None = None) -> ThreadPolicy:
             raise ValueError(f"TEV_THREADS must be a whole number >= 1, got {text!r}")
         return ThreadPolicy(lone=int(text), shared=int(text), fixed=int(text))
     cpus = available_cpus() if cpus is None else cpus
-    return ThreadPolicy(lone=cpus, shared=cpus)
+    fewer = max(1, cpus - 1)
+    return ThreadPolicy(lone=fewer, shared=fewer)
