@@ -15,7 +15,7 @@ import gradio as gr
 import torch
 
 from tev.data.prompts import load_prompt_set
-from tev.util.cpus import ThreadPolicy, server_thread_policy
+from tev.util.cpus import ServerThreads, server_threads
 from tev.util.memory import limit_malloc_arenas
 from ui import exittrain, gpu, header, lab, learn, live, shared, walkthrough, workload
 from ui.components import PAGE_JS
@@ -70,12 +70,12 @@ def _warm_up() -> None:
         print(f"TEV Explorer: models could not be loaded: {error}", file=sys.stderr, flush=True)
 
 
-def _thread_policy() -> ThreadPolicy:
-    """Torch threads for each step of the compute thread (:func:`~tev.util.cpus.server_thread_policy`):
+def _server_threads() -> ServerThreads:
+    """Torch threads for every step of the compute thread (:func:`~tev.util.cpus.server_threads`):
     ``TEV_THREADS`` fixes them; else one core fewer than the container may use, for every run (a seed
     gives one answer whoever else is served)."""
     try:
-        return server_thread_policy()
+        return server_threads()
     except ValueError as error:
         raise SystemExit(str(error)) from None
 
@@ -87,7 +87,7 @@ def main() -> None:
     # thread to sleep instead of spinning; on a 2-core AVX2 EPYC plain decoding at 2 threads in a worker thread fell
     # from 17-19 to 10-12 tokens/s (1 thread: 15). The models load and are timed in the compute thread.
     torch.set_num_threads(1)
-    shared.SERVICE.compute.use_threads(_thread_policy(), torch.set_num_threads)  # each step: the policy's count for the requests active then
+    shared.SERVICE.compute.use_threads(_server_threads(), torch.set_num_threads)  # set in the compute thread before its first step
     demo = build_app()
     # Load the models before serving (a few seconds): the first Generate then streams at once
     # instead of waiting on a load, and ZeroGPU moves the weights to its GPU at start-up.

@@ -184,7 +184,7 @@ def test_rows_are_checked_equal_at_every_thread_count_a_server_runs():
     assert torch.get_num_threads() == before  # the check leaves the caller's count as it was
     torch.set_num_threads(2)
     try:
-        assert thread_counts() == (1, 2)  # a lone run's count as the target loads, and one each when runs share
+        assert thread_counts() == (1, 2)  # the count the target loads at, and one
     finally:
         torch.set_num_threads(before)
 

@@ -1,6 +1,6 @@
-"""The server's torch threads per compute step: every core for a lone run, one each while several share the
-machine, TEV_THREADS fixing one count; the count is set in the compute thread, only when it changes, and
-torch's count belongs to the thread that sets it. No model is loaded."""
+"""The server's torch threads: one core fewer than the container for every run, TEV_THREADS fixing another
+count; the count is set in the compute thread, and torch's count belongs to the thread that sets it; the
+models load in the compute thread. No model is loaded (but a stand-in)."""
 
 from __future__ import annotations
 
@@ -9,88 +9,51 @@ import threading
 import pytest
 import torch
 
-from tev.util.compute_thread import ComputeThread, result_of
-from tev.util.cpus import ThreadPolicy, server_thread_policy
+from tev.util.compute_thread import ComputeThread
+from tev.util.cpus import ServerThreads, server_threads
 
 
-def test_a_lone_interactive_run_gets_every_core_and_anything_else_the_shared_count():
-    policy = ThreadPolicy(lone=2, shared=1)
-    assert policy.plan(1, 0).threads == 2 and policy.plan(1, 0).reason == "a lone run"
-    assert policy.plan(2, 0).threads == 1 and "2 requests share" in policy.plan(2, 0).reason
-    assert policy.plan(1, 1).threads == 1  # a fine-tune beside a visitor
-    assert policy.plan(0, 1).threads == 1  # a background run alone
-    assert policy.counts() == (1, 2)
-    assert policy.describe() == "2 torch threads for a lone run, 1 each when several share the machine (TEV_THREADS fixes one count)"
-    assert policy.words(0).startswith("2 torch threads (a lone run's") and policy.words(1).startswith("1 torch thread while others shared")
+def test_unset_the_server_runs_one_core_fewer_than_the_container_for_every_run():
+    """One count whoever else is served, so a seed gives one answer; a core is left to the browser and other work."""
+    assert server_threads({}, cpus=3) == ServerThreads(2) and ServerThreads(2).describe() == "2 torch threads (TEV_THREADS sets another count)"
+    assert server_threads({"TEV_THREADS": ""}, cpus=4) == ServerThreads(3)  # empty: unset
+    for cpus in (1, 2):
+        assert server_threads({}, cpus=cpus) == ServerThreads(1) and ServerThreads(1).describe().startswith("1 torch thread ")
+    with pytest.raises(ValueError):
+        ServerThreads(0)
 
 
-def test_tev_threads_fixes_the_count_for_every_step():
-    policy = server_thread_policy({"TEV_THREADS": " 3 "}, cpus=2)
-    assert [policy.plan(i, b).threads for i, b in ((1, 0), (2, 0), (0, 1))] == [3, 3, 3]
-    assert policy.counts() == (3,) and policy.describe() == "3 torch threads (TEV_THREADS)" and policy.words(2) == policy.describe()
+def test_tev_threads_fixes_the_count():
+    threads = server_threads({"TEV_THREADS": " 3 "}, cpus=2)
+    assert threads == ServerThreads(3, fixed=True) and threads.describe() == "3 torch threads (TEV_THREADS)"
     for bad in ("0", "-1", "two", "1.5"):
         with pytest.raises(ValueError, match="TEV_THREADS"):
-            server_thread_policy({"TEV_THREADS": bad}, cpus=2)
+            server_threads({"TEV_THREADS": bad}, cpus=2)
 
 
-def test_unset_every_step_gets_one_core_fewer_than_the_container_so_a_seed_gives_one_answer_whoever_else_is_served():
-    policy = server_thread_policy({}, cpus=3)
-    assert policy == ThreadPolicy(lone=2, shared=2) and [policy.plan(i, b).threads for i, b in ((1, 0), (3, 0), (1, 1))] == [2, 2, 2]
-    assert policy.describe() == "2 torch threads (TEV_THREADS sets another count)" and policy.words(3) == "2 torch threads"
-    assert server_thread_policy({"TEV_THREADS": ""}, cpus=4) == ThreadPolicy(lone=3, shared=3)  # empty: unset
-    for cpus in (1, 2):
-        single = server_thread_policy({}, cpus=cpus)
-        assert single == ThreadPolicy(lone=1, shared=1) and single.counts() == (1,) and single.words(0) == "1 torch thread"
-    with pytest.raises(ValueError):
-        ThreadPolicy(lone=0)
-
-
-def _steps(count: int, seen: list, name: str, gate: threading.Event | None = None, held: threading.Event | None = None):
-    for index in range(count):
-        if gate is not None and index == 1:
-            assert gate.wait(5)
-        seen.append((name, index))
-        if held is not None and index == 0:
-            held.set()
-        yield index
-
-
-def test_each_step_runs_with_the_policys_count_set_in_the_compute_thread_only_when_it_changes():
-    compute, calls, seen = ComputeThread(lookahead=100), [], []
+def test_the_count_is_set_in_the_compute_thread_once_before_its_steps():
+    compute, calls = ComputeThread(lookahead=100), []
     current = {"threads": None}
 
     def set_threads(count: int):
         calls.append((count, threading.current_thread().name))
         current["threads"] = count
 
-    def logged(count, name, **events):  # each step notes the count it ran with
-        for index in _steps(count, [], name, **events):
-            seen.append((name, index, current["threads"]))
-            yield index
+    def logged(count, name):  # each step notes the count it ran with
+        for index in range(count):
+            yield (name, index, current["threads"])
 
-    compute.use_threads(ThreadPolicy(lone=2, shared=1), set_threads)
-    assert compute.thread_policy == ThreadPolicy(lone=2, shared=1) and compute.thread_plan().threads == 1  # nothing active
-    assert result_of(compute.steps(logged(3, "alone"))) is None
-    assert [s[2] for s in seen] == [2, 2, 2] and calls == [(2, "tev-compute")]  # set once, in the compute thread
-    seen.clear()
-    gate, started = threading.Event(), threading.Event()
-    first = compute.steps(logged(3, "first", gate=gate, held=started))
-    assert started.wait(5)
-    second = compute.steps(logged(2, "second"))
-    gate.set()
-    list(second)
-    list(first)
-    assert [threads for name, index, threads in seen if name == "first"][0] == 2  # alone as it started
-    assert all(threads == 1 for name, index, threads in seen if name == "second")  # two shared the machine
-    seen.clear()
-    list(compute.steps(logged(1, "again")))
-    assert seen == [("again", 0, 2)]
-    assert [count for count, _ in calls] == [2, 1, 2] and {thread for _, thread in calls} == {"tev-compute"}
+    compute.use_threads(ServerThreads(2), set_threads)
+    assert compute.threads == ServerThreads(2)
+    first, second = compute.steps(logged(3, "first")), compute.steps(logged(2, "second"))
+    seen = list(second) + list(first)
+    assert {threads for _, _, threads in seen} == {2} and len(seen) == 5
+    assert calls == [(2, "tev-compute")]  # set once, in the compute thread
 
 
 def test_without_a_policy_steps_keep_the_threads_count():
     compute = ComputeThread()
-    assert compute.thread_policy is None and compute.thread_plan() is None
+    assert compute.threads is None
     assert list(compute.steps(iter([1, 2]))) == [1, 2]
 
 

@@ -45,8 +45,8 @@ def device_markdown() -> str:
     machine = precision_record(info["device"].split(" ")[0])
     target = target_precision_words(info)
     speed = f", bfloat16 products {machine['bf16_matmul_speedup']:.2f}x float32's speed" if "bf16_matmul_speedup" in machine else ""
-    policy = shared.SERVICE.compute.thread_policy  # the server's threads per step (app.py); none set: torch's count
-    threads = policy.describe() if policy is not None else info["threads"]
+    server_threads = shared.SERVICE.compute.threads  # the server's count (app.py); none set: torch's count
+    threads = server_threads.describe() if server_threads is not None else info["threads"]
     return (
         f"**models** {pair} · **device** {info['device']} · **threads** {threads} · **context** {info['context']} tokens · "
         f"**vocabulary** {info['vocab']} · **parameters** {sizes}\n\n**precision** target {target} · drafters "

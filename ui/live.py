@@ -210,7 +210,7 @@ def _run_summary(records, summary: GenerationSummary | None, speed: Speed | None
         spec, ar = timing.speculative, timing.autoregressive
         found["timing"] = {"speculative_tokens_per_second": spec.tokens_per_second, "autoregressive_tokens_per_second": ar.tokens_per_second,
                            "speedup": spec.tokens_per_second / max(ar.tokens_per_second, 1e-9), "tau": spec.tau, "others": timing.others,
-                           "threads": _threads_timed(timing.others)}
+                           "threads": shared.SERVICE.threads()}
     return found
 
 
@@ -242,20 +242,13 @@ def _sharing_note(active: int, background: int = 0) -> str:
             "and says whether the machine was shared then).")
 
 
-def _threads_timed(others: int) -> int:
-    """The torch threads a rerun's steps ran with, ``others`` the most other requests that shared the machine
-    meanwhile: the compute thread's policy (app.py), or torch's count where none is set."""
-    policy = shared.SERVICE.compute.thread_policy
-    return policy.plan(1 + others).threads if policy is not None else torch.get_num_threads()
-
-
-def _threads_words(others: int) -> str:
-    """:func:`_threads_timed` in words, for the speed sentence."""
-    policy = shared.SERVICE.compute.thread_policy
-    if policy is None:
+def _threads_words() -> str:
+    """The torch threads every run is timed with, for the speed sentence: the server's count (app.py), or torch's."""
+    threads = shared.SERVICE.compute.threads
+    if threads is None:
         count = torch.get_num_threads()
         return f"{count} torch thread{'s' if count != 1 else ''} (TEV_THREADS)"
-    return policy.words(others)
+    return threads.describe()
 
 
 def _timed_how(others: int, load: tuple[float, int] | None = None) -> str:
@@ -266,7 +259,7 @@ def _timed_how(others: int, load: tuple[float, int] | None = None) -> str:
     if load is None:
         return "timed again with no other run in this app's line"
     average, cpus = load
-    if average > _threads_timed(0) + 0.5:  # more than this app's own threads keep the cores busy
+    if average > shared.SERVICE.threads() + 0.5:  # more than this app's own threads keep the cores busy
         return (f"timed again with no other run in this app's line, but other processes loaded the machine (load average {average:.1f} "
                 f"on {cpus} CPUs): a quiet machine gives more")
     return f"timed again with no other run in this app's line (machine load average {average:.1f} on {cpus} CPUs)"
@@ -284,7 +277,7 @@ def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: Decod
     stages = " · ".join(f"{STAGE_LABELS[key]} {1e3 * spec.stage_seconds[key] / max(1, spec.rounds):.0f} ms" for key in ran)
     same = "the same text" if config.temperature == 0 else "the same settings and seed (plain decoding samples its own text)"
     precision = shared.SERVICE.target_precision()
-    threads = _threads_words(others) + (f", the target's {precision.label} forward" if precision else "")
+    threads = _threads_words() + (f", the target's {precision.label} forward" if precision else "")
     if config.budget == 0:
         return (f"**speed, {timed}** on {threads}, same prompt and {same}: budget 0 drafts nothing, so both runs are "
                 f"plain decoding, one token per target forward: the round loop {spec.tokens_per_second:.1f} tokens/s, the plain loop "

@@ -177,9 +177,9 @@ def _refusal(forward: RowInvariantForward, config) -> str | None:
 
 
 def thread_counts() -> tuple[int, ...]:
-    """The torch thread counts this process's target forwards may run with: the count in force as
-    the target loads (a server sets its lone run's count first) and one (each of several runs'
-    when they share the machine; :class:`~tev.util.cpus.ThreadPolicy`)."""
+    """The torch thread counts this process's target forwards are checked at: the count in force as
+    the target loads (a server's compute thread, at its runs' count) and one (a tool or a
+    ``TEV_THREADS`` that runs the same target at another count)."""
     return tuple(sorted({1, torch.get_num_threads()}))
 
 

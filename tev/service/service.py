@@ -246,7 +246,7 @@ class ModelService:
             "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
             "dtype": str(next(target.parameters()).dtype).replace("torch.", ""),
             "target_forward": bundle.precision.to_dict() if bundle.precision is not None else None,
-            "threads": self.threads_of_a_new_run(),
+            "threads": self.threads(),
             "context": bundle.context_length,
             "vocab": len(bundle.tokenizer),
             "parameters": sizes,
@@ -357,17 +357,15 @@ class ModelService:
 
         self.compute.call(warm)
 
-    def threads_of_a_new_run(self) -> int:
-        """The torch threads a run submitted now starts with: the compute thread's policy for the requests
-        open then (the server's one count), else torch's count."""
-        plan = self.compute.thread_plan(joining=1)
-        return plan.threads if plan is not None else torch.get_num_threads()
+    def threads(self) -> int:
+        """The torch threads the compute thread's steps run with: the server's count, else torch's."""
+        threads = self.compute.threads
+        return threads.count if threads is not None else torch.get_num_threads()
 
     def cost_curve(self) -> CostCurve:
-        """The process's cost curve for the target at the threads a new run starts with (a few seconds'
-        measurement on first use of that count, taken in the compute thread at that count); once measured
-        it is read here, without a turn of the compute thread."""
-        key = (id(self.bundle().target), self.threads_of_a_new_run())
+        """The process's cost curve for the target at the compute thread's count (a few seconds' measurement on
+        first use, taken in the compute thread); once measured it is read here, without a turn of the compute thread."""
+        key = (id(self.bundle().target), self.threads())
         if key not in self._cost_curves:
             self._cost_curves[key] = self.compute.call(machine_cost_curve, self.bundle().target)
         return self._cost_curves[key]

@@ -25,10 +25,9 @@ interactive step waits at most one background step, and nothing is queued beyond
 lookahead. Each background reader can say how long interactive work held it back
 (:attr:`Steps.held_seconds`), so a run that trained fewer steps under load says why.
 
-Threads: with :meth:`ComputeThread.use_threads` (the server sets it) each step runs with the torch
-threads a :class:`~tev.util.cpus.ThreadPolicy` gives for the requests active as it starts (the
-server's: one count for every run), set in this thread only when the count changes; torch's count
-is per OS thread (OpenMP's nthreads-var), so no other thread's count changes. Without it steps run
+Threads: with :meth:`ComputeThread.use_threads` (the server sets it) every step runs with the torch
+threads of a :class:`~tev.util.cpus.ServerThreads`, set in this thread before its first step; torch's
+count is per OS thread (OpenMP's nthreads-var), so no other thread's count changes. Without it steps run
 with whatever count this thread started with (torch's global setting when it first ran torch work).
 This thread should be the only one in the process that runs a team of several OpenMP threads: GNU
 OpenMP counts the threads of every team, and once they outnumber the cores it stops spinning at its
@@ -122,7 +121,7 @@ class ComputeThread:
         self._open = 0  # requests whose reader has not finished (one may be stepping, outside the line)
         self._open_background = 0  # those of them that are background work
         self._thread: threading.Thread | None = None
-        self._thread_policy = None  # a ThreadPolicy (tev.util.cpus), see use_threads; None: steps keep the thread's count
+        self._threads = None  # a ServerThreads (tev.util.cpus), see use_threads; None: steps keep the thread's count
         self._set_threads: Callable[[int], None] | None = None
         self._threads_now: int | None = None  # the count last set in the compute thread (None: never set here)
 
@@ -147,41 +146,28 @@ class ComputeThread:
         """``function(*args, **kwargs)`` computed in the compute thread as one step."""
         return result_of(self.steps(_once(function, args, kwargs)))
 
-    def use_threads(self, policy, set_threads: Callable[[int], None]) -> None:
-        """Run each step with the threads ``policy`` (a :class:`~tev.util.cpus.ThreadPolicy`) gives for the
-        requests active as it starts, set with ``set_threads`` (``torch.set_num_threads``) in the compute
-        thread, only when the count changes."""
+    def use_threads(self, threads, set_threads: Callable[[int], None]) -> None:
+        """Run every step with ``threads`` (a :class:`~tev.util.cpus.ServerThreads`), set with ``set_threads``
+        (``torch.set_num_threads``) in the compute thread before its next step."""
         with self._condition:
-            self._thread_policy, self._set_threads = policy, set_threads
+            self._threads, self._set_threads = threads, set_threads
 
     @property
-    def thread_policy(self):
-        """The :class:`~tev.util.cpus.ThreadPolicy` steps run under (None: none set; steps keep the thread's count)."""
-        return self._thread_policy
-
-    def thread_plan(self, joining: int = 0):
-        """The threads a step starting now would run with, and why (a :class:`~tev.util.cpus.ThreadPlan`;
-        None without a policy); ``joining``: interactive requests about to be submitted, counted as open."""
-        with self._condition:
-            return self._plan(joining)
-
-    def _plan(self, joining: int = 0):
-        """:meth:`thread_plan`, under the lock: every open request counts, the one about to step included."""
-        if self._thread_policy is None:
-            return None
-        return self._thread_policy.plan(self._open - self._open_background + joining, self._open_background)
+    def threads(self):
+        """The :class:`~tev.util.cpus.ServerThreads` steps run with (None: none set; steps keep the thread's count)."""
+        return self._threads
 
     def _apply_threads(self) -> None:
-        """Before a step: the policy's count for the requests active now, set in this thread when it changed."""
+        """Before a step: the count in force, set in this thread when it is not yet."""
         with self._condition:
-            plan, set_threads = self._plan(), self._set_threads
-        if plan is None or plan.threads == self._threads_now:
+            threads, set_threads = self._threads, self._set_threads
+        if threads is None or threads.count == self._threads_now:
             return
         try:
-            set_threads(plan.threads)
-            self._threads_now = plan.threads
+            set_threads(threads.count)
+            self._threads_now = threads.count
         except Exception:  # noqa: BLE001 - a step runs with the count it has rather than stop the thread
-            logging.getLogger(__name__).exception("setting %d torch threads failed", plan.threads)
+            logging.getLogger(__name__).exception("setting %d torch threads failed", threads.count)
 
     def in_compute_thread(self) -> bool:
         return threading.current_thread() is self._thread
