@@ -487,3 +487,20 @@ def test_generate_pressed_during_a_continue_ends_it_without_drawing_over_the_new
     assert all(LiveView(*view).state is None or LiveView(*view).state.get("summary") is None for view in rest)  # no finished view
     again = LiveView(*list(continue_live(cut.state, None, types.SimpleNamespace(session_hash="erin")))[-1])  # another session's is its own
     assert again.state["summary"].stop_reason in ("max_new_tokens", "eos")
+
+
+def test_every_tab_opens_on_the_pairs_default_drafter(monkeypatch):
+    """Live, the Walkthrough and the Verifier lab open on one drafter: the pair's default (here a pair
+    whose default is the path drafter), not each tab a kind of its own."""
+    import gradio as gr
+
+    import app
+    from ui import shared
+
+    monkeypatch.setattr(shared.SERVICE, "drafter_kinds", lambda: ["block", "exittrain", "path", "chain", "ar"])
+    monkeypatch.setattr(shared.SERVICE, "default_drafter_kind", lambda: "path")
+    demo = app.build_app()
+    radios = {block.elem_id or block.label: block.value for block in demo.blocks.values()
+              if isinstance(block, gr.Radio) and (block.label or "").startswith("drafter")}
+    assert len(radios) >= 3, radios  # Live, Walkthrough, Verifier lab
+    assert set(radios.values()) == {"path"}, radios

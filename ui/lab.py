@@ -78,7 +78,9 @@ def tab(prompt_text: str) -> None:
     gr.Markdown("Fix **one** tree and run each exact verifier many times: the exit-node frequencies follow the exit law w(v) and the mean block length is 1 + C(T), for TEV, predraw and sequential alike (fixed-tree equivalence).")
     with gr.Row():
         source = gr.Radio(["prompt", SYNTHETIC], value="prompt", label="tree from")
-        drafter = gr.Radio([kind for kind in shared.SERVICE.drafter_kinds() if kind != "ar"], value="block", label="drafter")  # the block drafter kinds
+        kinds = [kind for kind in shared.SERVICE.drafter_kinds() if kind != "ar"]  # the kinds that draft a tree of their own
+        default = shared.SERVICE.default_drafter_kind()
+        drafter = gr.Radio(kinds, value=default if default in kinds else kinds[0], label="drafter")  # the page's default, as Live
         budget = gr.Slider(1, LIMITS.max_lab_budget, value=16, step=1, label="budget B")
         temperature = gr.Slider(LIMITS.min_lab_temperature, LIMITS.max_temperature, value=1.0, step=0.05, label="temperature T")
         draws = gr.Slider(100, LIMITS.max_lab_draws, value=3000, step=100, label="draws per verifier")

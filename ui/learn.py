@@ -11,14 +11,15 @@ from ui.shared import FORMULAS
 from visual.style import token_label
 
 # The Walkthrough tab's opening round on the default pair (its first prompt, the tab's opening
-# settings), as traced by tev.engine.walkthrough.trace_round through transformers' float32 forward;
+# settings), as traced by tev.engine.walkthrough.trace_round through transformers' float32 forward (the drafter's head in int8);
 # tests/test_learn.py traces it again and checks these numbers.
 WORKED_ROUND = {
     "prompt": "Write a Python function that checks whether a string is a palindrome.",
-    "drafter": "block", "verifier": "tev", "budget": 16, "temperature": 0.7, "top_p": 0.9, "seed": 0,
+    "drafter": "path", "verifier": "tev", "budget": 16, "temperature": 0.7, "top_p": 0.9, "seed": 0,
     "first": "```", "first_reach": 0.811, "other": "Here", "other_reach": 0.189,  # the root's two children the target can draw
-    "chain": ("```", "python", "\n", "def"),  # the first guess and the path under it, each edge below it probability 1.00
-    "coverage": 3.434, "exit": "def", "exit_depth": 4, "bonus": " is", "block_length": 5,
+    "other_child": "'s", "other_child_reach": 0.116,  # the one drafted child under "Here" the target can draw
+    "chain": ("```", "python", "\n", "def", " is", "_", "pal", "ind"),  # the first guess and the path under it, each edge below it 1.00
+    "coverage": 6.796, "exit": "ind", "exit_depth": 8, "bonus": "rome", "block_length": 9,
 }
 
 
@@ -35,20 +36,26 @@ def _worked_example(r: dict) -> str:
     """The worked example's paragraph, every number from ``r`` (:data:`WORKED_ROUND`)."""
     chain = ", ".join(_code(token) for token in r["chain"][1:])
     accepted = r["block_length"] - 1
+    other, child = _code(r["other"]), _code(r["other_child"])
+    missing = 1 - r["other_child_reach"] / r["other_reach"]  # rho at the other guess
     return (
         f"**A worked example: the Walkthrough tab's first round.** On the default pair, with the tab's opening prompt "
-        f"(*{r['prompt']}*), $T = {r['temperature']}$, top-p ${r['top_p']}$, $B = {r['budget']}$ and seed {r['seed']}, the root is the "
-        f"newline that opens the answer. There the target draws the drafter's first guess {_code(r['first'])} with probability "
-        f"{r['first_reach']:.3f} and {_code(r['other'])} with {r['other_reach']:.3f}; below {_code(r['first'])} it is sure of {chain} "
-        f"(each edge 1.00). So the reach is $P$ = {r['first_reach']:.3f} at each of those {len(r['chain'])} nodes and "
-        f"{r['other_reach']:.3f} at {_code(r['other'])}; top-p gives the other {r['budget'] - len(r['chain']) - 1} nodes 0. Coverage: "
-        f"$C = {len(r['chain'])} \\times {r['first_reach']:.3f} + {r['other_reach']:.3f} \\approx$ **{r['coverage']:.3f}**, so "
-        f"TEV expects $1 + C$ = **{1 + r['coverage']:.3f}** tokens from this round. The walk leaves the tree at one of two nodes: "
-        f"at {_code(r['exit'])} (depth {r['exit_depth']}, the chain's end) with $w$ = {r['first_reach']:.3f}, or at {_code(r['other'])} with "
-        f"$w$ = {r['other_reach']:.3f}; every other node's $w$ is 0, and the two sum to 1. TEV drew the exit node {_code(r['exit'])}, so the round kept {accepted} draft "
-        f"tokens plus the bonus {_code(r['bonus'])}: $L$ = **{r['block_length']}**, {'more' if r['block_length'] > 1 + r['coverage'] else 'less'} "
-        f"than $1 + C$: one round's $L$ is a single draw, and may exceed the bound on the expected length. (Traced in float32; where the "
-        f"target runs in bfloat16, see the header, the reaches differ in the third decimal.) *Walkthrough: press Run one round and follow steps 5 to 8.*"
+        f"(*{r['prompt']}*), $T = {r['temperature']}$, top-p ${r['top_p']}$, $B = {r['budget']}$, the {r['drafter']} drafter and seed {r['seed']}, "
+        f"the root is the newline that opens the answer. There the target draws the drafter's first guess {_code(r['first'])} with "
+        f"probability {r['first_reach']:.3f} and {other} with {r['other_reach']:.3f}; below {_code(r['first'])} it is sure of {chain} "
+        f"(each edge 1.00), and below {other} it draws the drafted {child} with probability {r['other_child_reach'] / r['other_reach']:.2f}. "
+        f"So the reach is $P$ = {r['first_reach']:.3f} at each of those {len(r['chain'])} nodes, {r['other_reach']:.3f} at {other} and "
+        f"{r['other_child_reach']:.3f} at {child}; top-p gives the other {r['budget'] - len(r['chain']) - 2} nodes 0. Coverage: "
+        f"$C = {len(r['chain'])} \\times {r['first_reach']:.3f} + {r['other_reach']:.3f} + {r['other_child_reach']:.3f} \\approx$ "
+        f"**{r['coverage']:.3f}**, so TEV expects $1 + C$ = **{1 + r['coverage']:.3f}** tokens from this round. The walk leaves the tree "
+        f"at one of three nodes: at {_code(r['exit'])} (depth {r['exit_depth']}, the chain's end) with $w$ = {r['first_reach']:.3f}, at "
+        f"{child} with $w$ = {r['other_child_reach']:.3f}, or at {other} itself with $w = P \\rho$ = {r['other_reach']:.3f} $\\times$ "
+        f"{missing:.2f} = {r['other_reach'] - r['other_child_reach']:.3f}, where $\\rho$ = {missing:.2f} is {other}'s missing mass: the share of "
+        f"the target's next-token mass there that no drafted child holds. Every other node's $w$ is 0, and the three sum to 1. TEV drew the exit node {_code(r['exit'])}, "
+        f"so the round kept {accepted} draft tokens plus the bonus {_code(r['bonus'])}: $L$ = **{r['block_length']}**, "
+        f"{'more' if r['block_length'] > 1 + r['coverage'] else 'less'} than $1 + C$: one round's $L$ is a single draw, and may exceed "
+        f"the bound on the expected length. (Traced in float32 through transformers' forward, the drafter reading its head in int8 as the "
+        f"page does on a CPU; a forward that rounds otherwise can move the third decimal, or a near-tie in the tree.) *Walkthrough: press Run one round and follow steps 5 to 8.*"
     )
 
 

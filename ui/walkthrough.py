@@ -162,7 +162,7 @@ def tab(prompt_text: str) -> gr.Radio:
         with gr.Column(scale=3):
             prompt = gr.Textbox(label=f"prompt · at most {LIMITS.max_prompt_chars:,} characters", value=prompt_text, lines=3, elem_id="walk-prompt")
         with gr.Column(scale=2):
-            drafter = gr.Radio(shared.SERVICE.drafter_kinds(), value="block", label="drafter q", elem_id="walk-drafter")
+            drafter = gr.Radio(shared.SERVICE.drafter_kinds(), value=shared.SERVICE.default_drafter_kind(), label="drafter q", elem_id="walk-drafter")
             verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier")
             with gr.Row():  # two to a row: four in one cut the sliders' end labels (the budget's 64 read "6")
                 budget = gr.Slider(0, LIMITS.max_lab_budget, value=16, step=1, label="budget B", elem_id="walk-budget")
