@@ -820,6 +820,11 @@ def test_an_answer_cut_at_the_length_limit_continues_where_it_stopped(app_server
     first = page.inner_text("#text-view").split("above the line")[-1]
     count = lambda: int(re.search(r"tokens (\d+)", page.inner_text("#live-stats")).group(1))  # noqa: E731
     assert count() == 8
+    said = page.inner_text("#live-said")
+    page.get_by_label("prompt (Python code to continue)").fill("")  # a refused Generate leaves the answer and its Continue as they were
+    page.click("#generate-button")
+    page.wait_for_selector(f"{REFUSAL_LINE}:has-text('Not run')", timeout=10_000)
+    assert page.locator("#continue-button").is_visible() and page.inner_text("#live-said") == said
     page.evaluate(_RAN)
     page.click("#continue-button")
     page.wait_for_function("window.__ran && document.querySelector('#live-stats').innerText.includes('stopped')", timeout=120_000)

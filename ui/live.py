@@ -347,6 +347,18 @@ def arm_stop(request: gr.Request):
     return gr.update(visible=False)
 
 
+def _pressed(line):
+    """Generate pressed: ``line`` (:func:`refusal_line`) says whether the press is refused. A refused press changes
+    nothing else: the answer on the page keeps its Continue and its re-timing goes on (a run that will not start
+    replaces nothing); a press that runs arms it (:func:`arm_stop`). Returns (the line, Continue's update)."""
+
+    def press(settings: LiveSettings, memory=None, request: gr.Request = None):
+        said = line(*dataclasses.astuple(settings), memory)
+        return said, (gr.skip() if said["visible"] else arm_stop(request))
+
+    return press
+
+
 def stop_live(request: gr.Request):
     """Stop pressed: the session's generation ends after its current round (or before it starts), and its
     re-timing, if one runs, at its next step (the run's end then says so under the buttons; a line written here
@@ -734,9 +746,9 @@ def tab(examples: list[str]) -> gr.Radio:
     inputs = [fields[name] for name in LiveSettings.names()] + [budget_memory]  # in the handler's order: its parameters name /generate's
     # Stop is a flag the generation polls between rounds (not Gradio's cancel, which would
     # mark every output as failed and leave the figures of a half-drawn run)
-    pressed = generate.click(arm_stop, None, more, queue=False, api_name=False)
     # the line under Generate first, then the run (chained, not beside it: see refusal_line)
-    said = pressed.then(refusal_line(inputs, check_live, also={fields["drafter"]: is_adapted}), inputs, refused, queue=False, preprocess=False, api_name=False)
+    press = settings_handler(LiveSettings, _pressed(refusal_line(inputs, check_live, also={fields["drafter"]: is_adapted})), more=("memory",), name="press")
+    said = generate.click(press, inputs, [refused, more], queue=False, preprocess=False, api_name=False)
     # always_last: a press while a run (or its re-timing) is on starts one run as soon as it ends
     outputs = list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, run_summary, round_slider, budget_plot, run_state, said_line, more))
     checked_event(said.then, gpu.gpu_task("generate")(run_live), inputs, outputs, check_live, also={fields["drafter"]: is_adapted}, api_name="generate",
