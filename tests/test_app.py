@@ -350,9 +350,11 @@ def test_the_speed_sentence_says_how_it_was_timed_or_why_it_was_not():
     alone = _speed_verdict(spec, plain, config)
     assert "timed again with no other run in this app's line" in alone and "shared" not in alone and "idle" not in alone
     quiet = _speed_verdict(spec, plain, config, load=(0.4, 2))  # the machine's load said as measured, never "idle"
-    assert "no other run in this app's line (machine load average 0.4 on 2 CPUs)" in quiet
-    loaded = _speed_verdict(spec, plain, config, load=(9.5, 2))  # other processes on the machine
-    assert "other processes loaded the machine (load average 9.5 on 2 CPUs)" in loaded
+    assert "The machine's load average was 0.4 on 2 CPUs as it began" in quiet
+    loaded = _speed_verdict(spec, plain, config, load=(9.5, 2))  # other processes on the machine: beside the measured reason, not in its place
+    verdict, details = loaded.split("\n\n")
+    assert "other processes loaded the machine (load average 9.5 on 2 CPUs)" in details and "load" not in verdict
+    assert "**0.73x**. Why: a round of the re-timing cost **2.7 one-token steps** and gave **tau 2.00** tokens" in verdict  # the measured reason, where the verdict is
     shared = _speed_verdict(spec, plain, config, others=2)  # never called idle when it was not
     assert "timed again while 2 other runs shared the machine" in shared and "idle" not in shared and "lower than it gives one run alone" in shared
     records = [types.SimpleNamespace(block_length=2, emitted=[1, 2], flow=types.SimpleNamespace(tau_bound=2.5), choice=None, drafter="block")] * 32
@@ -504,3 +506,18 @@ def test_every_tab_opens_on_the_pairs_default_drafter(monkeypatch):
               if isinstance(block, gr.Radio) and (block.label or "").startswith("drafter")}
     assert len(radios) >= 3, radios  # Live, Walkthrough, Verifier lab
     assert set(radios.values()) == {"path"}, radios
+
+
+def test_the_speed_verdict_names_the_re_timings_tau_beside_the_answers():
+    """The headline's tau is the answer's; the verdict's is the re-timing's (budget auto sizes its trees by the clock of
+    its own moment, so they differ): each is named as whose it is."""
+    from tev.engine.decode import DecodeConfig, GenerationSummary
+    from ui.live import _speed_verdict
+
+    def summary(tokens, seconds, rounds):
+        return GenerationSummary([1], list(range(tokens)), "", rounds, [2] * rounds, [1.0] * rounds, seconds, 0.0, 0.01, "eos", stage_seconds={"forward": seconds})
+
+    spec, plain, auto = summary(58, 3.0, 40), summary(64, 4.0, 64), DecodeConfig(budget="auto", budget_cap=16, temperature=0.7, top_p=0.9)
+    differs = _speed_verdict(spec, plain, auto, own=(1.68, False)).split("\n\n")[0]
+    assert "gave **tau 1.45** tokens (the answer's rounds above gave tau 1.68: budget auto sized the re-timing's trees" in differs
+    assert "(as this Continue's rounds)" in _speed_verdict(spec, plain, auto, own=(1.45, True))

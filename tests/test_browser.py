@@ -763,7 +763,8 @@ def _said_after(page, words: str, seconds: float = 120) -> bool:
 def test_what_answers_a_press_is_said_where_it_was_pressed(app_server, browser):
     """In a 1400x1000 window, what answers a press is said under the buttons, in view and above the answer: that the
     run stopped because Stop was pressed (it sat under a long answer, out of sight), that the finished answer is being
-    re-timed and how to skip it, and, after a Stop then, that the speed was not measured."""
+    re-timed and how to skip it, after a Stop then, that the speed was not measured, and for an answer timed to the end, its
+    speed and the measured reason for it (a round's cost in one-token steps against its tau)."""
     page = _first_screen(app_server, browser)
     _slow_re_timing(page)
     for _ in range(3):  # a run that still ended before the page's own Stop landed: again
@@ -782,6 +783,12 @@ def test_what_answers_a_press_is_said_where_it_was_pressed(app_server, browser):
             break
     _said_where_pressed(page, RETIMING_SAYS)
     _said_where_pressed(page, "speed not measured")
+    for _ in range(3):  # an answer timed to the end: its verdict and the verdict's measured reason, both in view (not the machine's load)
+        page.evaluate(_PLACED, ["→", "Why: a round of the re-timing cost"])
+        if "speed, timed" in _run_to_end(page):
+            break
+    _said_where_pressed(page, "→")
+    _said_where_pressed(page, "Why: a round of the re-timing cost")
     assert _error_badges(page) == 0
     page.close()
 

@@ -66,6 +66,8 @@ class Speed:
     waiting: int = 0  # other runs in the app's line as it ended, when it was not re-timed for them
     recalled: IdleTiming | None = None  # then: the machine's latest idle re-timing of this kind of run, if any
     added: int | None = None  # the tokens this press added (a Continue's, not the whole answer's): what a re-timing times
+    rounds: int | None = None  # the rounds that added them
+    continued: bool = False  # the press was a Continue (the re-timing times its part of the answer)
 
 
 class LiveView(NamedTuple):
@@ -166,7 +168,8 @@ def _speed_line(speed: Speed | None, config: DecodeConfig | None) -> str | None:
     if speed is None:
         return None
     if speed.timing is not None and speed.timing.measured:
-        return _speed_verdict(speed.timing.speculative, speed.timing.autoregressive, config, speed.timing.others, speed.load)
+        own = (speed.added / speed.rounds, speed.continued) if speed.rounds else None
+        return _speed_verdict(speed.timing.speculative, speed.timing.autoregressive, config, speed.timing.others, speed.load, own)
     if speed.unmeasured == "busy":
         return _not_retimed(speed.waiting, speed.recalled, config)
     return UNMEASURED.get(speed.unmeasured) if speed.unmeasured else None
@@ -251,28 +254,50 @@ def _threads_words() -> str:
     return threads.describe()
 
 
-def _timed_how(others: int, load: tuple[float, int] | None = None) -> str:
+def _timed_how(others: int) -> str:
     """How the rerun was timed: with no other run in the app's line, or beside ``others`` other requests (what the
-    app measured of itself), and the machine's ``load`` (load average, CPUs) as it began, which counts every process."""
+    app measured of itself)."""
     if others > 0:
         return f"timed again while {others} other run{'s' if others > 1 else ''} shared the machine"
+    return "timed again with no other run in this app's line"
+
+
+def _load_note(load: tuple[float, int] | None) -> str:
+    """The machine's ``load`` (load average, CPUs) as the rerun began, which counts every process: a cause beside the
+    measured ones, never in place of them."""
     if load is None:
-        return "timed again with no other run in this app's line"
+        return ""
     average, cpus = load
     if average > shared.SERVICE.threads() + 0.5:  # more than this app's own threads keep the cores busy
-        return (f"timed again with no other run in this app's line, but other processes loaded the machine (load average {average:.1f} "
-                f"on {cpus} CPUs): a quiet machine gives more")
-    return f"timed again with no other run in this app's line (machine load average {average:.1f} on {cpus} CPUs)"
+        return (f" As it began, other processes loaded the machine (load average {average:.1f} on {cpus} CPUs): they took time from "
+                "both runs, and a quiet machine gives more.")
+    return f" The machine's load average was {average:.1f} on {cpus} CPUs as it began."
 
 
-def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: DecodeConfig, others: int = 0, load: tuple[float, int] | None = None) -> str:
-    """The speed of a rerun against plain decoding, and why, from the rerun's stage times; ``others``
-    the most other requests that shared the machine during it (they took turns with its rounds), ``load``
-    the machine's load average and CPUs as it began."""
-    timed = _timed_how(others, load)
+def _tau_named(tau: float, own: tuple[float, bool] | None, auto: bool) -> str:
+    """The re-timing's tau, named as its own, beside the answer's (``own``: its tau and whether it was a Continue's part)."""
+    said = f"**tau {tau:.2f}** tokens"
+    if own is None:
+        return said
+    own_tau, continued = own
+    whose = "this Continue's rounds" if continued else "the answer's rounds"
+    if abs(own_tau - tau) < 0.005:
+        return said + f" (as {whose})"
+    why = ": budget auto sized the re-timing's trees by that moment's clock" if auto else ""
+    return said + f" ({whose} above gave tau {own_tau:.2f}{why})"
+
+
+def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: DecodeConfig, others: int = 0, load: tuple[float, int] | None = None,
+                   own: tuple[float, bool] | None = None) -> str:
+    """The speed of a rerun against plain decoding and, in the same first paragraph, its measured reason (a round's
+    cost in one-token steps against the tokens it gave); then the rerun's stage times and what else weighed.
+    ``others`` the most other requests that shared the machine during it (they took turns with its rounds), ``load``
+    the machine's load average and CPUs as it began, ``own`` the answer's tau (see :func:`_tau_named`)."""
+    timed = _timed_how(others)
     speedup = spec.tokens_per_second / max(ar.tokens_per_second, 1e-9)
     step_ms = 1e3 * (ar.seconds - ar.prefill_seconds) / max(1, len(ar.token_ids))  # one target step
     round_ms = 1e3 * (spec.seconds - spec.prefill_seconds) / max(1, spec.rounds)
+    steps = round_ms / max(step_ms, 1e-9)
     ran = [key for key in STAGE_LABELS if key in spec.stage_seconds and not (config.budget == 0 and key in UNDRAFTED)]
     stages = " · ".join(f"{STAGE_LABELS[key]} {1e3 * spec.stage_seconds[key] / max(1, spec.rounds):.0f} ms" for key in ran)
     same = "the same text" if config.temperature == 0 else "the same settings and seed (plain decoding samples its own text)"
@@ -281,11 +306,12 @@ def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: Decod
     if config.budget == 0:
         return (f"**speed, {timed}** on {threads}, same prompt and {same}: budget 0 drafts nothing, so both runs are "
                 f"plain decoding, one token per target forward: the round loop {spec.tokens_per_second:.1f} tokens/s, the plain loop "
-                f"{ar.tokens_per_second:.1f} tokens/s. A round cost {round_ms:.0f} ms ({stages}), a plain step {step_ms:.0f} ms.")
+                f"{ar.tokens_per_second:.1f} tokens/s. A round cost {round_ms:.0f} ms ({stages}), a plain step {step_ms:.0f} ms.{_load_note(load)}")
     head = (f"**speed, {timed}** on {threads}, same prompt and {same}: speculation "
-            f"{spec.tokens_per_second:.1f} tokens/s, plain decoding {ar.tokens_per_second:.1f} tokens/s → **{speedup:.2f}x**")
-    why = (f"A round cost {round_ms:.0f} ms, the time of **{round_ms / max(step_ms, 1e-9):.1f} one-token steps** ({step_ms:.0f} ms each): "
-           f"{stages}; it produced **tau = {spec.tau:.2f} tokens**.")
+            f"{spec.tokens_per_second:.1f} tokens/s, plain decoding {ar.tokens_per_second:.1f} tokens/s → **{speedup:.2f}x**. "
+            f"Why: a round of the re-timing cost **{steps:.1f} one-token steps** and gave {_tau_named(spec.tau, own, config.budget == 'auto')}; "
+            f"speculation gains about tau over a round's steps ({spec.tau:.2f} / {steps:.1f} = {spec.tau / max(steps, 1e-9):.2f}).")
+    why = f"A round cost {round_ms:.0f} ms, a one-token step {step_ms:.0f} ms: {stages}."
     if speedup < 1 and config.budget == "auto":
         fixed = sum(1e3 * spec.stage_seconds.get(key, 0.0) for key in ("draft", "build", "head", "verify")) / max(1, spec.rounds)
         why += (f" Speculation did not pay on this prompt, on this machine: budget auto kept only the nodes its measured cost curve "
@@ -299,7 +325,7 @@ def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: Decod
     if others > 0:
         why += (f" {others} other run{'s' if others > 1 else ''} took turns with this rerun's rounds on the machine: the figures above are "
                 "lower than it gives one run alone; generate again on a quiet machine for that speed.")
-    return head + "\n\n" + why
+    return head + "\n\n" + why + _load_note(load)
 
 
 def _round_figures(records, index: int):
@@ -467,7 +493,7 @@ def _served(speculation, asked: Asked, memory, serving_note: str | None, request
     if replaced():
         return
     new = sum(len(r.emitted) for r in records[len(earlier):])
-    speed = Speed(shown=new / max(time.perf_counter() - started, 1e-9), added=new)
+    speed = Speed(shown=new / max(time.perf_counter() - started, 1e-9), added=new, rounds=len(records) - len(earlier), continued=bool(earlier))
     if asked.compare_ar and summary.stop_reason != "cancelled" and new >= MIN_TIMED_TOKENS:
         kind = IdleTimings.kind(records[-1].drafter, config)
         retiming = _retimed(speculation, quiet_sizing, records, summary, config, stop, request, kind, speed)
