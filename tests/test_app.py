@@ -406,20 +406,28 @@ def test_live_says_when_it_serves_the_adapted_drafter():
     assert _adapted_note("block") is None
 
 
-def test_a_finished_run_opens_at_its_fullest_round_not_its_last():
-    """The last round was often a stub as the answer ran out (B = 1-2, C = 0): the figures open at the fullest tree,
-    the most target mass among those, and the sentence says which and why."""
+def test_a_finished_run_opens_at_a_round_that_teaches_not_its_last():
+    """The last round was often a stub as the answer ran out (B = 1-2, C = 0), and the fullest tree often a degenerate
+    one (all its mass on one path: C(T) a whole number, nothing to see in the colours): the figures open at the most
+    target mass among the rounds whose mass leaves the tree at more than one node, and the sentence says which and why."""
     import types
+
+    import torch
 
     from ui.live import _opened_at, _richest_round
 
-    def round_of(budget, coverage):
-        return types.SimpleNamespace(tree=types.SimpleNamespace(budget=budget), flow=types.SimpleNamespace(coverage=coverage))
+    def round_of(budget, coverage, exits=(0.5, 0.5)):
+        flow = types.SimpleNamespace(coverage=coverage, exit_weight=torch.tensor(exits))
+        return types.SimpleNamespace(tree=types.SimpleNamespace(budget=budget), flow=flow)
 
-    records = [round_of(8, 0.9), round_of(16, 0.4), round_of(16, 1.2), round_of(16, 1.2), round_of(2, 0.0)]
-    assert _richest_round(records) == 2  # B = 16, C = 1.2, the earlier of two ties
-    assert "round 3 of 5, the run's fullest (B = 16" in _opened_at(records, 2) and "C(T) = 1.200" in _opened_at(records, 2)
-    assert _opened_at([round_of(0, 0.0)], 0) == ""  # budget 0: every round is the root alone
+    records = [round_of(8, 0.9), round_of(16, 0.4), round_of(16, 4.0, (0.0, 1.0)), round_of(11, 1.2), round_of(16, 1.2), round_of(2, 0.0, (1.0,))]
+    assert _richest_round(records) == 4  # C = 1.2 spread over two nodes, the fuller of two; not the degenerate C = 4.000
+    said = _opened_at(records, 4)
+    assert "round 5 of 6 (B = 16, C(T) = 1.200), chosen to teach" in said and "among the 4 rounds whose mass leaves the tree at more than one node" in said
+    greedy = [round_of(16, 3.0, (0.0, 1.0)), round_of(16, 5.0, (1.0, 0.0))]  # at T = 0 every round's mass leaves at one node
+    assert _richest_round(greedy) == 1 and "in every round the target was sure along one path" in _opened_at(greedy, 1, greedy=True)
+    assert "(as always at T = 0)" in _opened_at(greedy, 1, greedy=True)
+    assert _opened_at([round_of(0, 0.0, (1.0,))], 0) == ""  # budget 0: every round is the root alone
 
 
 def test_a_run_drawing_its_figures_still_counts_as_waiting_for_the_machine():

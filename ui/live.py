@@ -597,7 +597,7 @@ def _finished(records, summary: GenerationSummary, config: DecodeConfig, speed: 
         tree=tree,
         mass=mass,
         timeline=timeline_figure(records),
-        stats=_stats_markdown(records, summary, config, speed) + _opened_at(records, shown),
+        stats=_stats_markdown(records, summary, config, speed) + _opened_at(records, shown, config.temperature == 0),
         summary=_run_summary(records, summary, speed),
         rounds=gr.update(minimum=1, maximum=max(2, len(records)), value=shown + 1, step=1, interactive=len(records) > 1),  # a slider needs min < max
         budget=chosen,
@@ -607,20 +607,34 @@ def _finished(records, summary: GenerationSummary, config: DecodeConfig, speed: 
     )
 
 
+def _spread(record) -> bool:
+    """Whether a round's target mass leaves its tree at more than one node (its exit law is not all on one node)."""
+    return record.tree.budget > 0 and float(record.flow.exit_weight.max()) < 1 - 1e-3
+
+
 def _richest_round(records) -> int:
-    """The round a visitor learns most from: the fullest tree (most drafted nodes), and among those the one whose
-    tree holds the most target mass (largest C(T): the deepest reach, and the exit law spread over the most nodes).
-    The last round, shown before, was often a stub (B = 1-2, C = 0) as the answer ran out; ties go to the earliest."""
-    return max(range(len(records)), key=lambda i: (records[i].tree.budget, records[i].flow.coverage, -i))
+    """The round a visitor learns most from: among the rounds whose target mass leaves the tree at more than one
+    node (a round with all its mass on one path draws reach 1 or 0 at every node and a whole-number coverage: nothing
+    to see in the colours), the one whose tree holds the most target mass (largest C(T)), then the fullest tree; when
+    no round spreads its mass, the most mass. The last round, shown before, was often a stub (B = 1-2, C = 0) as the
+    answer ran out; ties go to the earliest."""
+    return max(range(len(records)), key=lambda i: (_spread(records[i]), records[i].flow.coverage, records[i].tree.budget, -i))
 
 
-def _opened_at(records, shown: int) -> str:
-    """Which round the figures open at, and why (nothing when no round drafted a node: every round is the root alone)."""
+def _opened_at(records, shown: int, greedy: bool = False) -> str:
+    """Which round the figures open at, and why (nothing when no round drafted a node: every round is the root alone);
+    ``greedy``: the run decoded at T = 0 (where every round's mass leaves at one node)."""
     record = records[shown]
     if record.tree.budget == 0:
         return ""
-    return (f"\n\nThe tree above is round {shown + 1} of {len(records)}, the run's fullest (B = {record.tree.budget}, the most target mass among those: "
-            f"C(T) = {record.flow.coverage:.3f}); browse every round with the slider below it.")
+    where = f"\n\nThe tree above is round {shown + 1} of {len(records)} (B = {record.tree.budget}, C(T) = {record.flow.coverage:.3f})"
+    if _spread(record):
+        spread = sum(_spread(r) for r in records)
+        return (f"{where}, chosen to teach: the most target mass among the {spread} round{'s' * (spread != 1)} whose mass leaves the tree at "
+                "more than one node; browse every round with the slider below it.")
+    return (f"{where}, the most target mass of the run: in every round the target was sure along one path, so its mass left the tree at one "
+            f"node and each reach is 1 or 0{' (as always at T = 0)' if greedy else ''}; a higher T or top-p "
+            "spreads it. Browse every round with the slider below it.")
 
 
 def _in_worker(work, tick, poll: float = 0.25):
