@@ -529,3 +529,27 @@ def test_the_speed_verdict_names_the_re_timings_tau_beside_the_answers():
     differs = _speed_verdict(spec, plain, auto, own=(1.68, False)).split("\n\n")[0]
     assert "gave **tau 1.45** tokens (the answer's rounds above gave tau 1.68: budget auto sized the re-timing's trees" in differs
     assert "(as this Continue's rounds)" in _speed_verdict(spec, plain, auto, own=(1.45, True))
+
+
+def test_the_round_browser_names_a_round_that_teaches_little(client):
+    """A finished run fills the round browser's sentence at once (it was empty until a round was browsed), and a
+    round whose mass lies on one path, or a one-deep fan, is named as such where it is drawn."""
+    import types
+
+    import torch
+
+    from ui.live import _round_info
+
+    result = generate(client)
+    opened = re.search(r"round (\d+) of", result["stats"])
+    assert opened and result["info"].startswith(f"round {opened.group(1)}:")
+
+    def record(parents, exits):
+        tree = types.SimpleNamespace(budget=len(parents) - 1, depths=torch.tensor([0] + [1 + (p > 0) for p in parents[1:]]))
+        flow = types.SimpleNamespace(coverage=1.0, tau_bound=2.0, exit_weight=torch.tensor(exits))
+        verdict = types.SimpleNamespace(exit_node=1, block_length=2, accepted_tokens=lambda tree: [5])
+        return types.SimpleNamespace(index=0, tree=tree, flow=flow, verdict=verdict, block_length=2, accepted_tokens=[5], choice=None)
+
+    assert "its mass on one path" in _round_info(record([-1, 0, 1], [0.0, 0.0, 1.0]))
+    assert "a one-deep fan: all 3 nodes" in _round_info(record([-1, 0, 0, 0], [0.1, 0.5, 0.3, 0.1])).replace("**", "")
+    assert "**" not in _round_info(record([-1, 0, 1], [0.2, 0.3, 0.5]))  # a round that spreads its mass, two deep: nothing to flag

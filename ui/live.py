@@ -84,6 +84,7 @@ class LiveView(NamedTuple):
     state: Any
     said: Any  # under the buttons: what answers the press (how the run stopped, the re-timing, the speed), in view where the user pressed
     more: Any  # the Continue button: shown when the answer stopped at the length limit
+    info: Any  # the round browser's sentence on the round the figures show
 
 
 class Asked(NamedTuple):
@@ -574,6 +575,7 @@ def _drawn(events, records: list, prompt: str):
             continue
         first, last_text = last_text == float("-inf"), now
         words = {"text": text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), "summary": None, "said": _said(None) if first else gr.skip(), "more": gr.update(visible=False) if first else gr.skip(),
+                 "info": "" if first else gr.skip(),
                  "stats": _stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active(), shared.SERVICE.compute.active_background()), "state": {"records": records, "summary": None}}
         if now - last_figures >= FIGURE_SECONDS:
             last_figures = now
@@ -589,7 +591,7 @@ def _finished(records, summary: GenerationSummary, config: DecodeConfig, speed: 
     if not records:
         message = "Stopped before the first round." if summary.stop_reason == "cancelled" else "The generation produced no rounds."
         return LiveView("", None, None, None, message, None, gr.update(minimum=1, maximum=2, value=1, interactive=False), gr.update(value=None, visible=False), state, said,
-                        gr.update(visible=False))
+                        gr.update(visible=False), "")
     shown = _richest_round(records)
     tree, mass, chosen = _round_figures(records, shown)
     return LiveView(
@@ -604,6 +606,7 @@ def _finished(records, summary: GenerationSummary, config: DecodeConfig, speed: 
         state=state,
         said=said,
         more=gr.update(visible=summary.stop_reason == "max_new_tokens"),
+        info=_round_info(records[shown]),
     )
 
 
@@ -687,15 +690,25 @@ def browse_round(round_number, state, delta=0) -> RoundView:
     records = _records(state)
     index = min(max(int(round_number or 1) + int(delta) - 1, 0), len(records) - 1)
     tree, mass, chosen = _round_figures(records, index)
-    record = records[index]
+    return RoundView(gr.update(value=index + 1) if delta else gr.skip(), tree, mass, _round_info(records[index]), chosen)
+
+
+def _round_info(record) -> str:
+    """The round browser's sentence on one round: its numbers, what kind of tree it is when it teaches little (its mass
+    on one path, a one-deep fan), and budget auto's choice."""
     info = (
-        f"round {index + 1}: budget {record.tree.budget}, coverage C = {record.flow.coverage:.3f}, 1 + C = {record.flow.tau_bound:.3f}, "
+        f"round {record.index + 1}: budget {record.tree.budget}, coverage C = {record.flow.coverage:.3f}, 1 + C = {record.flow.tau_bound:.3f}, "
         f"block length L = {record.block_length} (accepted {len(record.accepted_tokens)} + bonus), exit node {record.verdict.exit_node} "
         f"at depth {int(record.tree.depths[record.verdict.exit_node])}"
     )
+    if record.tree.budget > 0 and not _spread(record):
+        info += (" · **its mass on one path**: the target was sure of each drafted token along one path and of none beside it (at T = 0 "
+                 "it always is), so all its mass leaves the tree at one node and each reach is 1 or 0")
+    elif record.tree.budget > 1 and int(record.tree.depths.max()) == 1:
+        info += f" · **a one-deep fan**: all {record.tree.budget} nodes are guesses of the next token alone, none drafted past it"
     if record.choice is not None:
         info += "\n\n" + _choice_sentence(record)
-    return RoundView(gr.update(value=index + 1) if delta else gr.skip(), tree, mass, info, chosen)
+    return info
 
 
 def _choice_sentence(record) -> str:
@@ -790,7 +803,7 @@ def tab(examples: list[str]) -> gr.Radio:
     press = settings_handler(LiveSettings, _pressed(refusal_line(inputs, check_live, also={fields["drafter"]: is_adapted})), more=("memory",), name="press")
     said = generate.click(press, inputs, [refused, more], queue=False, preprocess=False, api_name=False)
     # always_last: a press while a run (or its re-timing) is on starts one run as soon as it ends
-    outputs = list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, run_summary, round_slider, budget_plot, run_state, said_line, more))
+    outputs = list(LiveView(text_view, tree_plot, mass_plot, timeline_plot, stats, run_summary, round_slider, budget_plot, run_state, said_line, more, round_info))
     checked_event(said.then, gpu.gpu_task("generate")(run_live), inputs, outputs, check_live, also={fields["drafter"]: is_adapted}, api_name="generate",
                   trigger_mode="always_last", **COMPUTE)
     # Continue: the answer cut at the length limit goes on, in the same way (refused under the buttons when there is none)
