@@ -96,7 +96,29 @@ def test_the_command_line_export_writes_the_steps(tmp_path, monkeypatch):
     out = tmp_path / "walk.html"
     walkthrough_export.main(["--prompt", "def add(a, b):\n    ", "--rounds", "2", "--out", str(out), "--budget", "6"])
     page = out.read_text()
-    assert page.count("class='step'") == 16 and "8. The commit" in page
+    assert page.count("class='step'") == 2 * len(STEP_TITLES) == 18 and "8. The commit" in page and "9. The best tree any drafter could draft here" in page
+
+
+def test_the_oracle_step_sets_the_best_tree_of_the_same_size_beside_the_drafter_s(pair):
+    """Step 9: the oracle tree (the target drafting for itself) at the same root, law and B, whose 1 + C no tree of
+    B nodes exceeds, beside this round's tree; at T = 0 it is the target's greedy path."""
+    target, drafters = pair
+    for law in (SamplingLaw(0.7, top_p=0.9), SamplingLaw(1.0)):
+        trace = trace_round(target, drafters["block"], PROMPT, law, "tev", 8, seed=1)
+        best, drafted = trace.oracle_flow, trace.flow
+        assert trace.oracle.num_nodes - 1 <= 8 and best.coverage >= drafted.coverage - 1e-5  # no tree of 8 nodes covers more
+        assert float(best.exit_weight.sum()) == pytest.approx(1.0, abs=1e-4)
+        step = walkthrough_step(trace, 8, str)
+        assert f"$1 + C$ = **{best.tau_bound:.3f}**" in step.text and f"$1 + C$ = **{drafted.tau_bound:.3f}**" in step.text
+        assert len(step.figure.layout.annotations) == 2  # the two trees' titles, side by side
+    greedy = trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.0), "greedy", 6, seed=0)
+    records, _ = run_to_end(speculative_generate(Request(target, drafters["block"], PROMPT, DecodeConfig(budget=0, temperature=0, max_new_tokens=6,
+                                                                                                            stop_at_eos=False))))
+    plain = [token for record in records for token in record.emitted]
+    chain = [greedy.oracle.tokens_list[v] for v in range(1, greedy.oracle.num_nodes)]
+    assert chain == plain[: len(chain)] and greedy.oracle_flow.coverage == pytest.approx(len(chain))  # the greedy path, each reach 1
+    assert "its greedy path" in walkthrough_step(greedy, 8, str).text
+    assert trace_round(target, drafters["block"], PROMPT, SamplingLaw(0.7), "tev", 0, seed=0).oracle is None  # B = 0: nothing to set beside
 
 
 def test_the_steps_say_what_this_round_shows(pair):
@@ -168,6 +190,24 @@ def test_a_degenerate_round_says_so_and_how_to_get_a_richer_one():
     assert said.startswith("**A degenerate round:**") and "exit node is v1 with probability 1" in said and "raise T or top-p" in said
     assert degenerate_note(round_([0.2, 0.8, 0.0], SamplingLaw(0.7, top_p=0.9))) == ""  # a spread to replay
     assert degenerate_note(round_([0.0, 1.0, 0.0], SamplingLaw(0.0))) == ""  # greedy: the replay is refused, saying why
+
+
+def test_every_step_flags_a_round_at_t_0_and_a_one_deep_fan():
+    """At T = 0 step 5 showed C(T) = 4.000 with no word, and B = 16 drew 16 next-token guesses side by side with none:
+    every step of such a round says what it is."""
+    import types
+
+    from ui.walkthrough import round_note
+
+    def round_(depths, law):
+        tree = types.SimpleNamespace(budget=len(depths), depths=torch.tensor([0, *depths]))
+        flow = types.SimpleNamespace(exit_weight=torch.tensor([0.1] * (len(depths) + 1)), tau_bound=1.5, coverage=0.5)
+        return types.SimpleNamespace(tree=tree, flow=flow, law=law)
+
+    sampled = SamplingLaw(0.7, top_p=0.9)
+    assert "**At T = 0**" in round_note(round_([1, 2, 3], SamplingLaw(0.0))) and "A one-deep fan" not in round_note(round_([1, 2, 3], SamplingLaw(0.0)))
+    assert "**A one-deep fan:** all 4 nodes guess the next token" in round_note(round_([1, 1, 1, 1], sampled))
+    assert round_note(round_([1, 2, 1], sampled)) == ""  # two deep, sampled, mass spread: nothing to flag
 
 
 def test_step_7_draws_the_removed_children_it_names(pair):

@@ -34,6 +34,7 @@ def _live(prompt, drafter, who, chat=True):
 def test_an_adapted_drafter_serves_only_its_session_in_live_and_the_walkthrough(chat_server, tmp_path):
     import ui.workload
     from ui.walkthrough import run_walkthrough, step_walkthrough
+    from visual.walkthrough import STEP_TITLES
 
     prompts = "\n".join(_prompt(k) for k in range(16))
     outputs = list(ui.workload.run_workload(ui.workload.OWN, prompts, 2, ui.workload.DEFAULT_RECIPE, visitor("alice")))
@@ -47,7 +48,7 @@ def test_an_adapted_drafter_serves_only_its_session_in_live_and_the_walkthrough(
     served = "adapted: my prompts" if chat_server.shared.ADAPTED.gains("alice", "adapted: my prompts")["T0"]["gain"] >= 0 else "block"  # where it measured a loss: the shipped one
     assert all(record.drafter == served for record in live[-1].state["records"])
     walk = run_walkthrough(_prompt(2), "adapted: my prompts", "tev", 8, 0.7, 0.9, 0, request=visitor("alice"))
-    for _ in range(8):  # through the first round's steps into the next round, drafted by the same adapted drafter
+    for _ in range(len(STEP_TITLES)):  # through the first round's steps into the next round, drafted by the same adapted drafter
         walk = step_walkthrough(1, walk.state, request=visitor("alice"))
     assert len(walk.state["traces"]) == 2
     # nobody else can use it by its label: a clear refusal, not a crash
@@ -93,7 +94,7 @@ def test_live_serves_an_adapted_drafter_only_at_the_laws_where_it_measured_no_wo
         drafters, stats = live(temperature)
         assert drafters == {"block"}
         assert stats.startswith("**adapted: sql** measured -12% ± 4% tokens per forward against the shipped drafter at T = 1")
-        assert "Live runs the shipped **block** drafter" in stats
+        assert "Live runs the shipped **block** drafter" in stats and "on its held-out prompts (a loss)" in stats  # the table's verdict, in its words
     drafters, stats = live(1.0, who="a script", name=chat_server.shared.ADAPTED.api_name("erin", label))  # the same rule through the API name
     assert drafters == {"block"} and stats.startswith("**adapted: sql** measured")
     import ui.workload
@@ -105,6 +106,12 @@ def test_live_serves_an_adapted_drafter_only_at_the_laws_where_it_measured_no_wo
     few = chat_server.shared.ADAPTED.keep("erin", "few", model, {key: {**gain, "prompts": 2} for key, gain in gains.items()})
     _, note = chat_server.shared.ADAPTED.serving("erin", few, SamplingLaw(1.0), types.SimpleNamespace(name="block"))
     assert "(from 2 held-out prompts: too few to tell a loss from the prompts drawn)" in note
+    # a figure below zero within two standard errors: the table says no measurable change, and Live and the tab say so too
+    noisy = {**gains, "T1": {"gain": -0.104, "se": 0.071}}
+    _, note = chat_server.shared.ADAPTED.serving("erin", chat_server.shared.ADAPTED.keep("erin", "noisy", model, noisy), SamplingLaw(1.0),
+                                                 types.SimpleNamespace(name="block"))
+    assert "measured -10% ± 7%" in note and "(within two standard errors: no measurable change, but below zero)" in note
+    assert "Live plays safe" in ui.workload._served_laws(noisy) and "Live plays safe" not in said
     assert measured_law(SamplingLaw(0.0)) == "T0" and measured_law(SamplingLaw(0.8, top_p=0.9)) == "T0.7" and measured_law(SamplingLaw(2.0)) == "T1"
 
 

@@ -1,4 +1,4 @@
-"""The walkthrough's eight steps of one round: a figure and a few sentences each, with the paper's
+"""The walkthrough's nine steps of one round: a figure and a few sentences each, with the paper's
 quantities and this round's numbers, all read from a :class:`~tev.engine.walkthrough.RoundTrace`.
 
 Every step's tree is the same tree (the trace's), and step 6's categorical is step 5's exit law.
@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from .layout import tidy_layout
 from .style import BONUS_COLOUR, EXIT_COLOUR, PATH_COLOUR, TokenText, floats, token_label
@@ -28,6 +29,7 @@ STEP_TITLES = (
     "6. The verifier's decision",
     "7. The bonus token",
     "8. The commit",
+    "9. The best tree any drafter could draft here",
 )
 GREY = "#bbbbbb"
 ACCEPT = "#2ca02c"
@@ -57,13 +59,13 @@ def _axis_token(token: int, token_text: TokenText) -> str:
 
 
 def walkthrough_step(trace, index: int, token_text: TokenText = str) -> Step:
-    """Step ``index`` (0-7) of ``trace`` (a :class:`~tev.engine.walkthrough.RoundTrace`)."""
+    """Step ``index`` (0-8) of ``trace`` (a :class:`~tev.engine.walkthrough.RoundTrace`)."""
     word = lambda t: _q(html.unescape(token_label(t, token_text, 24)))  # noqa: E731
     return Step(STEP_TITLES[index], *_BUILDERS[index](trace, token_text, word))
 
 
 def walkthrough_steps(trace, token_text: TokenText = str) -> list[Step]:
-    """The eight steps of ``trace``."""
+    """The nine steps of ``trace``."""
     return [walkthrough_step(trace, i, token_text) for i in range(len(STEP_TITLES))]
 
 
@@ -298,7 +300,68 @@ def _commit(trace, token_text, word):
     return text, fig
 
 
-_BUILDERS = (_context, _marginals, _builder, _forward, _rows, _decision, _bonus, _commit)
+def _oracle(trace, token_text, word):
+    """The drafter's tree beside the oracle's (the target drafting for itself, same root, law and B)."""
+    tree, flow, best, best_flow = trace.tree, trace.flow, trace.oracle, trace.oracle_flow
+    if best is None:
+        text = ("This round drafted no tree (B = 0), so there is nothing to set beside the best tree of its size." if tree.budget == 0 else
+                "The oracle tree was not traced for this round.")
+        return text, tree_figure(tree, flow, trace.verdict, token_text=token_text, title=f"Round {trace.round_index + 1}")
+    ours = tree_figure(tree, flow, trace.verdict, token_text=token_text, title="drafter")
+    theirs = tree_figure(best, best_flow, None, token_text=token_text, draft_logprob=False, title="oracle")
+    fig = _beside(ours, theirs, (f"the {trace.drafter} drafter's tree: C = {flow.coverage:.3f}", f"the oracle's tree: C = {best_flow.coverage:.3f}"))
+    share = flow.tau_bound / best_flow.tau_bound
+    drafted = _paths(tree)
+    # the oracle's nodes the drafter lacks, most reach first and, among equals, the shallowest (where the drafter left its path)
+    missed = sorted((-round(float(best_flow.reach[v]), 3), int(best.depths[v]), v) for v, path in enumerate(_paths(best)) if v and path not in drafted)
+    missed = [(-p, v) for p, _, v in missed if -p >= 5e-4][:3]
+    missing = ("; the oracle's nodes of most reach that the drafter did not draft: "
+               + ", ".join(f"{word(best.tokens_list[v])} at depth {int(best.depths[v])} (P = {p:.3f})" for p, v in missed)) if missed else ""
+    if trace.law.greedy:
+        law_words = (f"At T = 0 the target's law is a point mass, so the oracle is its greedy path, {best.num_nodes - 1} deep: C = "
+                     f"{best_flow.coverage:.0f}. A drafter reaches it only by guessing the greedy continuation token for token.")
+    else:
+        law_words = (f"At {trace.law.describe()} the target's own tree still loses mass: {_leaves(best, best_flow, word)}. That loss is "
+                     "the law's (its spread at each node), not any drafter's: no tree of this size holds it.")
+    text = (f"**How far this drafter stands from the best any drafter could do on this round.** Right: the **oracle tree**, the "
+            f"{best.num_nodes - 1} nodes of largest reach under the same root at the same law, grown best first from the target's own "
+            f"rows (one target forward per node: a measurement, not a drafter). As reach only falls along a path, no tree of "
+            f"B = {tree.budget} nodes covers more: its $1 + C$ = **{best_flow.tau_bound:.3f}** bounds what any drafter's tree of this size "
+            f"gives TEV here. Left: this round's tree, $1 + C$ = **{flow.tau_bound:.3f}**, **{share:.0%}** of the oracle's{missing}. "
+            f"Where the drafter's tree loses mass: {_leaves(tree, flow, word)}. {law_words}")
+    return text, fig
+
+
+def _paths(tree) -> list[tuple[int, ...]]:
+    """Each node's tokens from the root down (the root's is empty): the same node in another tree has the same path."""
+    paths = [()] * tree.num_nodes
+    for v in range(1, tree.num_nodes):
+        paths[v] = paths[tree.parents_list[v]] + (tree.tokens_list[v],)
+    return paths
+
+
+def _leaves(tree, flow, word) -> str:
+    """Where the most of the target's mass leaves a tree: its two nodes of largest exit weight w(v)."""
+    top = sorted(((float(w), v) for v, w in enumerate(flow.exit_weight.tolist())), reverse=True)[:2]
+    return " and ".join(f"{'the root' if v == 0 else word(tree.tokens_list[v])} (w = {w:.3f})" for w, v in top if w >= 5e-4) or "nowhere"
+
+
+def _beside(left: go.Figure, right: go.Figure, titles: tuple[str, str]) -> go.Figure:
+    """Two tree figures side by side, one colour scale (the right one's bar hidden)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[html.escape(t) for t in titles], horizontal_spacing=0.12)
+    for col, part in ((1, left), (2, right)):
+        for trace in part.data:
+            if col == 2 and getattr(trace, "marker", None) is not None and trace.marker.colorbar is not None:
+                trace.marker.showscale = False
+            fig.add_trace(trace, row=1, col=col)
+        fig.update_xaxes(title_text=part.layout.xaxis.title.text, range=part.layout.xaxis.range, dtick=1, showgrid=False, zeroline=False, row=1, col=col)
+        fig.update_yaxes(range=part.layout.yaxis.range, visible=False, row=1, col=col)
+    fig.update_layout(height=max(left.layout.height or 400, right.layout.height or 400), plot_bgcolor="white", hovermode="closest",
+                      margin=dict(l=20, r=20, t=70, b=50), legend=dict(orientation="h", yanchor="bottom", y=1.06, xanchor="right", x=1.0))
+    return fig
+
+
+_BUILDERS = (_context, _marginals, _builder, _forward, _rows, _decision, _bonus, _commit, _oracle)
 
 
 # ------------------------------------------------------------------------------- helpers

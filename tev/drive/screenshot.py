@@ -9,6 +9,7 @@ top-p 0.9), and saves a PNG of the Live tab. `--all DIR` also saves the other ta
 from __future__ import annotations
 
 import argparse
+import re
 import tempfile
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--all", help="also save every tab as PNG into this folder")
     parser.add_argument("--prompt", default="Write a Python function that checks whether a number is prime.")
     parser.add_argument("--workload", help="instead: adapt the drafter to this shipped pack in the ExitTrain tab and save the result (e.g. json-records)")
-    parser.add_argument("--walkthrough", type=int, help="instead: run one round in the Walkthrough tab and save this step (1-8) into --out")
+    parser.add_argument("--walkthrough", type=int, help="instead: run one round in the Walkthrough tab and save this step (1-9) into --out")
     parser.add_argument("--walkthrough-all", help="instead: run one round in the Walkthrough tab and save every step into this folder (step1.png ..)")
 
 
@@ -92,11 +93,13 @@ def walkthrough_screenshots(page, step: int | None, out: str, folder: str | None
     page.click("#walk-run")
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
-    last = step or 8
+    page.wait_for_function("/step 1 of \\d+/.test(document.querySelector('#walk-where').innerText)", timeout=120_000)
+    steps = int(re.search(r"step 1 of (\d+)", page.inner_text("#walk-where")).group(1))  # as many as the page has
+    last = step or steps
     for number in range(1, last + 1):
         if number > 1:
             page.click("#walk-next")
-        page.wait_for_function(f"document.querySelector('#walk-where').innerText.includes('step {number} of 8')", timeout=120_000)
+        page.wait_for_function(f"document.querySelector('#walk-where').innerText.includes('step {number} of {steps}')", timeout=120_000)
         if folder or number == step:
             page.wait_for_timeout(1500)
             top = page.locator("#walk-where").bounding_box()["y"] - 10

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tev.core.flow import TargetFlow
+from tev.core.flow import TargetFlow, flow_from_edge_prob
 from tev.core.sampling import SamplingLaw
 from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows, Verdict, exit_residual, verify_rows
 from tev.engine.drafters import DraftContext, Drafter
+from tev.engine.oracle_tree import oracle_tree
 from tev.engine.round import draft_and_forward, prefill, room_left
 from tev.engine.session import CausalLMSession
 
@@ -52,6 +53,8 @@ class RoundTrace:
             row is shown as softmax at T = 1 and the bonus is its argmax).
         rows: the target rows (for replaying the decision many times).
         seconds: wall time of the round (draft, forward, decision).
+        oracle: the oracle tree at the same root, law and budget (the target drafting for itself:
+            :func:`~tev.engine.oracle_tree.oracle_tree`), and ``oracle_flow`` its flow; None when not traced.
     """
 
     context: list[int]
@@ -69,6 +72,8 @@ class RoundTrace:
     bonus: dict
     rows: TargetRows = field(repr=False)
     seconds: float = 0.0
+    oracle: DraftTree | None = None
+    oracle_flow: TargetFlow | None = None
 
     @property
     def block(self) -> list[int]:
@@ -80,20 +85,24 @@ class RoundTrace:
         return self.context + self.block
 
 
-def trace_round(target, drafter: Drafter, context: list[int], law: SamplingLaw, verifier: str, budget: int, seed: int, round_index: int = 0) -> RoundTrace:
+def trace_round(target, drafter: Drafter, context: list[int], law: SamplingLaw, verifier: str, budget: int, seed: int, round_index: int = 0,
+                oracle: bool = True) -> RoundTrace:
     """Run one round after ``context`` (prompt and tokens committed so far) and keep every step.
 
     The target caches the context first (the decode loop's prefill); the round's randomness
-    comes from ``seed + round_index``, so the same settings give the same round.
+    comes from ``seed + round_index``, so the same settings give the same round. With ``oracle``,
+    also the oracle tree of the same budget at the same root and law, after the round (one target
+    forward per node; outside the round's time).
     """
     verifier = "greedy" if law.greedy else verifier
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
     state = drafter.new_state()
     prefill(session, context, state)
-    if room_left(session) < 1:
+    room = room_left(session)
+    if room < 1:
         raise ValueError("the context fills the target's context window; start again with a shorter prompt")
     round_start = time.perf_counter()
-    marginals = drafter.marginals(DraftContext(list(context), max_depth=room_left(session)), state)  # [K, V] log q_d, or None
+    marginals = drafter.marginals(DraftContext(list(context), max_depth=room), state)  # [K, V] log q_d, or None
     tree, output = draft_and_forward(session, drafter, list(context), budget, state)
     rows = output.rows(law)
     flow = rows.flow(tree)
@@ -107,7 +116,21 @@ def trace_round(target, drafter: Drafter, context: list[int], law: SamplingLaw, 
     if marginals is not None:
         probs, tokens = torch.softmax(marginals, dim=-1).topk(TOP_TOKENS, dim=-1)
         top = (tokens, probs)
-    return RoundTrace(list(context), round_index, drafter.name, shape, law, verifier, top, tree, positions, flow, verdict, decision, _bonus(tree, rows, verdict, law), rows, seconds)
+    best = best_flow = None
+    if oracle and budget > 0:
+        best, best_flow = _oracle(target, list(context), law, budget, horizon=min(budget, room))
+    return RoundTrace(list(context), round_index, drafter.name, shape, law, verifier, top, tree, positions, flow, verdict, decision, _bonus(tree, rows, verdict, law), rows,
+                      seconds, best, best_flow)
+
+
+def _oracle(target, context: list[int], law: SamplingLaw, budget: int, horizon: int) -> tuple[DraftTree, TargetFlow]:
+    """The oracle tree of ``budget`` nodes under ``context[-1]`` at ``law`` and its flow (each node's edge
+    probability is its recorded ``p``: the oracle grew it from the target's own rows)."""
+    session = CausalLMSession(target)
+    if len(context) > 1:
+        session.extend(context[:-1])
+    tree = oracle_tree(session, context, law, budget, horizon)
+    return tree, flow_from_edge_prob(tree, tree.draft_logprob.exp())
 
 
 def _bonus(tree, rows, verdict, law) -> dict:
