@@ -309,6 +309,7 @@ def test_exittrain_cancel_measures_nothing(app_server, browser):
 def test_the_walkthrough_steps_through_rounds_back_and_forth_and_exports_them(app_server, browser, tmp_path):
     from visual.walkthrough import STEP_TITLES
 
+    steps = len(STEP_TITLES)  # the last: the oracle's tree beside the drafter's
     page = _open(app_server, browser)
     page.get_by_role("tab", name="Walkthrough").click()
     # the budget slider's end reads 64 in full (with four controls to a row it was cut to "6")
@@ -325,17 +326,19 @@ def test_the_walkthrough_steps_through_rounds_back_and_forth_and_exports_them(ap
     assert "Press" in page.inner_text("#walk-where")  # nothing ran
     prompt.fill("def add(a, b):\n    ")  # the quick assets' context is 128 tokens
     page.click("#walk-run")
-    page.wait_for_function("document.querySelector('#walk-where').innerText.includes('step 1 of 8')", timeout=60_000)
+    page.wait_for_function(f"document.querySelector('#walk-where').innerText.includes('step 1 of {steps}')", timeout=60_000)
     for number, title in enumerate(STEP_TITLES, start=1):
-        page.wait_for_function(f"document.querySelector('#walk-where').innerText.includes('step {number} of 8')", timeout=30_000)
+        page.wait_for_function(f"document.querySelector('#walk-where').innerText.includes('step {number} of {steps}')", timeout=30_000)
         page.wait_for_function("title => document.querySelector('#walk-text').innerText.includes(title)", arg=title.split(". ", 1)[1], timeout=30_000)
         page.wait_for_selector("#walk-plot .js-plotly-plot .main-svg", timeout=30_000)  # the step's figure rendered
+        if number == steps:  # the oracle step: the two trees side by side, the oracle's 1 + C said
+            assert "oracle tree" in page.inner_text("#walk-text") and page.locator("#walk-plot .subplot").count() >= 2
         page.click("#walk-next")
-    page.wait_for_function("document.querySelector('#walk-where').innerText.includes('round 2 · step 1 of 8')", timeout=60_000)
+    page.wait_for_function(f"document.querySelector('#walk-where').innerText.includes('round 2 · step 1 of {steps}')", timeout=60_000)
     page.click("#walk-back")  # back across rounds: round 1's last step
-    page.wait_for_function("document.querySelector('#walk-where').innerText.includes('round 1 · step 8 of 8')", timeout=30_000)
+    page.wait_for_function(f"document.querySelector('#walk-where').innerText.includes('round 1 · step {steps} of {steps}')", timeout=30_000)
     page.click("#walk-next")  # forward to the kept round 2, not a new round
-    page.wait_for_function("document.querySelector('#walk-where').innerText.includes('round 2 · step 1 of 8')", timeout=30_000)
+    page.wait_for_function(f"document.querySelector('#walk-where').innerText.includes('round 2 · step 1 of {steps}')", timeout=30_000)
     page.click("#walk-replay")
     page.wait_for_function("document.querySelector('#walk-replay-table').innerText.includes('mean block length')", timeout=60_000)
     page.click("#walk-export")
@@ -601,10 +604,11 @@ KEPT = "kept for this browser session as"
 NO_VERDICT = "not enough held-out prompts decoded to tell"
 
 
-def _workload_on_page(browser, prompts: list[str]) -> tuple[list, str, str]:
+def _workload_on_page(browser, prompts: list[str]) -> tuple[list, str, str, str]:
     """A workload run of ``prompts`` pasted into the page of a fresh app (the chat_server fixture's
     objects): the samples of :data:`_SAMPLE_PROGRESS` from the press to the status saying the run
-    ended (a drafter kept, or nothing compared), the result table and the last status."""
+    ended (a drafter kept, or nothing compared), the result table, the last status, and what the figure of
+    where the mass leaves shows ("drawn", "hidden", or "empty": in view with no plot in it)."""
     import types
 
     from app import build_app
@@ -624,10 +628,12 @@ def _workload_on_page(browser, prompts: list[str]) -> tuple[list, str, str]:
         page.wait_for_timeout(300)  # the last view's draw
         samples = page.evaluate("clearInterval(window.__sampler), window.__samples")
         table, status = page.inner_text("#workload-table"), page.inner_text("#workload-status")
+        mass = page.locator("#workload-mass")
+        figure = "hidden" if not mass.is_visible() else "drawn" if mass.locator(".js-plotly-plot").count() else "empty"
         page.close()
     finally:
         demo.close()
-    return samples, table, status
+    return samples, table, status, figure
 
 
 def _chat_prompts(count: int) -> list[str]:
@@ -651,7 +657,7 @@ def test_a_workload_run_shows_one_bar_one_sentence_one_clock(chat_server, browse
     from the press to the verdict (it vanished for seconds between phases, so the run looked finished), the
     sentence is said again as time passes (one stayed 133 s), and the drafters have the result table's names
     everywhere (it said "exittrain" and "exit")."""
-    samples, table, _ = _workload_on_page(browser, _chat_prompts(16))
+    samples, table, _, figure = _workload_on_page(browser, _chat_prompts(16))
     first = next(i for i, (_, bars, _, _) in enumerate(samples) if bars)
     verdict = next(i for i, (_, _, status, _) in enumerate(samples) if KEPT in status)
     running = samples[first:verdict]
@@ -667,6 +673,8 @@ def test_a_workload_run_shows_one_bar_one_sentence_one_clock(chat_server, browse
     assert len({status for _, _, status, _ in running}) >= 3  # said again as the run goes
     assert "adapted (token loss only)" in table and "control: token loss + exit term" in table
     assert "adapted (token loss only)" in said and not re.search(r"\b(exittrain|exit|token_only)\b(?! term)", said), said
+    # where the mass leaves: drawn, or hidden with the reason under the table (it stayed in view, titled and empty)
+    assert figure == "drawn" or (figure == "hidden" and "No figure of where the target's mass leaves the trees:" in table), (figure, table)
 
 
 def test_a_workload_run_cut_short_in_its_heldout_decoding_gives_no_verdict(chat_server, browser, monkeypatch):
@@ -685,7 +693,7 @@ def test_a_workload_run_cut_short_in_its_heldout_decoding_gives_no_verdict(chat_
         return (yield from decode_each(run, served, names, ids))
 
     monkeypatch.setattr(workload_command, "_decode_each", cut_after_two)
-    _, table, status = _workload_on_page(browser, _chat_prompts(24))
+    _, table, status, _ = _workload_on_page(browser, _chat_prompts(24))
     assert len(prompts_begun) == 3
     said = table + "\n" + status
     assert NO_VERDICT in said.lower(), said

@@ -82,6 +82,10 @@ class WorkloadView(NamedTuple):
     tree_adapted: Any
 
 
+# The figure of where the mass leaves, hidden when a run has none to draw (its table or status says why).
+NO_FIGURE = gr.update(value=None, visible=False)
+
+
 def run_workload(pack, own_text, minutes, recipe, request: gr.Request):
     """Adapt the base drafter to a workload, streaming its progress (:class:`WorkloadView`: one bar, one
     sentence and one clock in the status, :class:`RunProgress`); each piece of work runs under the
@@ -117,7 +121,7 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request):
         finally:
             pieces.close()  # the compute thread closes the run before its next piece of work
         if cancel.cancelled or outcome is None:
-            yield WorkloadView("cancelled: nothing was measured (no comparison of an unfinished drafter is shown)", "", None, None, None)
+            yield WorkloadView("cancelled: nothing was measured (no comparison of an unfinished drafter is shown)", "", NO_FIGURE, None, None)
             return
         yield from _finished(bundle, kind, pack, prompts, outcome, owner, shown)
     finally:
@@ -130,7 +134,7 @@ def _finished(bundle, kind: str, pack: str, prompts: list[str], outcome: dict, o
     table = result_table(result)
     done = f"finished in {result['minutes']:.1f} min (trained {result['steps']} steps{priority_note(shown.held(), time.monotonic() - shown.start)})"
     if not result["compared"]:
-        yield WorkloadView(f"{done}: nothing compared, no adapted drafter kept", table, None, None, None)
+        yield WorkloadView(f"{done}: nothing compared, no adapted drafter kept", table, NO_FIGURE, None, None)
         return
     gains = {key: {**result["gain"][key]["adapted"], "prompts": result["eval_prompts"]} for key in LAWS}
     label = shared.ADAPTED.keep(owner, _workload_name(pack), outcome["drafter"], gains)
@@ -142,7 +146,11 @@ def _finished(bundle, kind: str, pack: str, prompts: list[str], outcome: dict, o
     if not has_verdict(result):
         kept = f"{NO_VERDICT} whether it gains (see the table); {kept}"
     mass = result.get("heldout_mass")
-    mass_figure = exit_mass_change_figure({"base": mass["base"], "adapted": mass["adapted"]}) if mass else None
+    if mass:
+        mass_figure = gr.update(value=exit_mass_change_figure({"base": mass["base"], "adapted": mass["adapted"]}), visible=True)
+    else:  # never a titled, empty figure: the table says why there is none
+        mass_figure = NO_FIGURE
+        table += f"\n\n*No figure of where the target's mass leaves the trees: {result.get('heldout_mass_note') or 'this run did not measure it'}.*"
     yield only(WorkloadView, status=shown.line(f"{done}; drawing both drafters' trees on a held-out prompt…"), table=table, mass=mass_figure)
     _, heldout = split_workload(prompts)
     adapted = tree_drafter_of(outcome["drafter"].served(), name="adapted")
@@ -212,8 +220,10 @@ def _served_laws(gains: dict) -> str:
         return "; Live serves it at every law (on its held-out prompts it got no fewer tokens per forward than the shipped drafter at any)"
     served = [LAWS[key].describe() for key in gains if key not in losses]
     lost = ", ".join(f"{LAWS[key].describe()} ({100 * gains[key]['gain']:+.0f}%)" for key in losses)
+    unmeasurable = any(gains[key]["gain"] >= -2 * gains[key]["se"] for key in losses)  # the table calls these no measurable change
     return (f"; on its held-out prompts it got fewer tokens per forward than the shipped drafter at {lost}, so Live runs the shipped drafter at the laws nearest to "
-            f"{'that' if len(losses) == 1 else 'those'} and serves the adapted one " + (f"at {', '.join(served)}" if served else "at none"))
+            f"{'that' if len(losses) == 1 else 'those'} and serves the adapted one " + (f"at {', '.join(served)}" if served else "at none")
+            + (" (Live plays safe: a figure below zero withholds it even where the table finds no measurable change)" if unmeasurable else ""))
 
 
 def remember_asked(prompt: str, chat, request) -> None:
@@ -275,7 +285,8 @@ def tab(drafters: list = ()) -> None:
         asked = gr.Button("Adapt to what I have asked (Live)", elem_id="workload-asked")
         cancel = gr.Button("Cancel")
     ui = {"status": gr.Markdown(visible=shown, elem_id="workload-status"), "table": gr.Markdown(visible=shown, elem_id="workload-table"),
-          "mass": gr.Plot(label="where the target's mass leaves the trees on the held-out answers: base / adapted", visible=shown)}
+          "mass": gr.Plot(label="where the target's mass leaves the trees on the held-out answers: base / adapted", visible=False,  # shown once drawn
+                          elem_id="workload-mass")}
     with gr.Row(visible=shown, elem_id="workload-trees"):
         ui["tree_base"] = gr.Plot(label="base drafter's tree (held-out prompt)")
         ui["tree_adapted"] = gr.Plot(label="adapted drafter's tree (same prompt)")

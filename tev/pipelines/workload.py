@@ -488,7 +488,7 @@ def _measure_mass(run: WorkloadRun, count: int):
         return
     cost = run.mass_seconds(count)
     if run.clock() + cost > run.deadline:
-        run.mass_note = f"where the mass leaves the trees was not measured: about {cost:.0f} s more than the minutes left"
+        run.mass_note = f"measuring it needed about {cost:.0f} s more than the minutes left"
         return
     yield Progress.start(Phase.MASS)
     run.mass = yield from within(heldout_mass(run.bundle, {"base": run.base, "adapted": run.work}, run.heldout_prompts[:count], run.seed, run.progress), Phase.MASS)

@@ -150,10 +150,18 @@ def verdict_lines(result: dict) -> list[str]:
 def _answered(result: dict) -> str:
     """What the target wrote to train on, in words: answers (over two tokens), to how many of the
     training prompts, at which laws."""
-    laws = result.get("answer_law", "T0").split("+")
-    at = " and ".join(result["laws"][key] for key in laws if key in result.get("laws", {})) or "T = 0 (greedy)"
+    laws = [key for key in result.get("answer_law", "T0").split("+") if key in result.get("laws", {})]
     offered = result.get("train_prompts_offered", result["train_prompts"])
-    return f"{result['train_prompts']} answers to {result.get('train_prompts_answered', offered)} of {offered} training prompts, at {at}"
+    asked = result.get("answers_asked")
+    if asked is None or not laws:  # a result from before the run counted what it asked for
+        at = " and ".join(result["laws"][key] for key in laws) or "T = 0 (greedy)"
+        return f"{result['train_prompts']} answers to {result.get('train_prompts_answered', offered)} of {offered} training prompts, at {at}"
+    # every training prompt at the first law, then at the next: how far the asking reached at each
+    reached = [(result["laws"][key], min(max(asked - i * offered, 0), offered)) for i, key in enumerate(laws)]
+    at = ", ".join(f"{count} of the {offered} training prompts at {law}" if count else f"none at {law} (the minutes ended first)" for law, count in reached)
+    kept = result["train_prompts"]
+    dropped = f"; {asked - kept} of two tokens or fewer dropped" if kept < asked else ""
+    return f"{kept} answers to train on, of {asked} asked for ({at}{dropped})"
 
 
 def summary_lines(result: dict) -> list[str]:

@@ -102,9 +102,11 @@ class AdaptedDrafters:
         measured, shown = kept.gains[key], label.split(KEY_MARK)[0]
         prompts = measured.get("prompts")
         few = f" (from {prompts} held-out prompt{'s' * (prompts != 1)}: too few to tell a loss from the prompts drawn)" if prompts is not None and prompts < MIN_VERDICT_PROMPTS else ""
+        if not few:  # the workload table's verdict on the same figure, in its words (a loss, or no measurable change)
+            few = " (a loss)" if measured["gain"] < -2 * measured["se"] else " (within two standard errors: no measurable change, but below zero)"
         return base, (f"**{shown}** measured {100 * measured['gain']:+.0f}% ± {100 * measured['se']:.0f}% tokens per forward against the shipped "
                       f"drafter at {LAWS[key].describe()} on its held-out prompts{few}, so at this law Live runs the shipped **{base.name}** drafter "
-                      "(an adapted drafter is served only at the laws where it measured no worse)")
+                      "(an adapted drafter is served only at the laws where its held-out figure is not below zero, measurable or not)")
 
     def gains(self, session: str, label: str) -> dict[str, dict]:
         """The held-out gains per law ``label`` was kept with."""
