@@ -360,6 +360,12 @@ def test_the_speed_sentence_says_how_it_was_timed_or_why_it_was_not():
     records = [types.SimpleNamespace(block_length=2, emitted=[1, 2], flow=types.SimpleNamespace(tau_bound=2.5), choice=None, drafter="block")] * 32
     stats = _stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(shown=7.25, timing=Retiming(spec, plain, 1)))
     assert "timed again while 1 other run shared the machine" in stats and "7.2 tokens/s as this page received the answer" in stats
+    stopped = _stats_markdown(records, summary(64, 3.0, 32, "cancelled"), config, Speed(shown=7.0))  # after Stop, a word on the speed too
+    # two pages at once: the first text reached the browser 10.7 s after the press where the page said 787 ms
+    waited = _stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(shown=3.1, waited=9.9, crowd=1))
+    assert "time to first token 9910 ms (9.9 s of it in this app's line behind other runs)" in waited
+    assert "3.1 tokens/s as this page received the answer, from the press (1 other run shared the machine while it streamed" in waited
+    assert "No speed comparison: you pressed Stop" in stopped
     for reason, words in (("stop", "you pressed Stop during the re-timing"), ("ended", "you pressed Stop as the answer ended"),
                           ("generate", "you pressed Generate during the re-timing")):
         stats = _stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(timing=Retiming(summary(10, 1.0, 5, "cancelled"), None, 0), unmeasured=reason))

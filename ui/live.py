@@ -68,6 +68,8 @@ class Speed:
     added: int | None = None  # the tokens this press added (a Continue's, not the whole answer's): what a re-timing times
     rounds: int | None = None  # the rounds that added them
     continued: bool = False  # the press was a Continue (the re-timing times its part of the answer)
+    waited: float = 0.0  # seconds from the press to the run's start: in the app's line behind other runs
+    crowd: int = 0  # the most other runs that shared the machine while it streamed
 
 
 class LiveView(NamedTuple):
@@ -139,7 +141,10 @@ def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeCo
     said = _speed_line(speed, config)
     if said:
         lines.append(said)
-    elif summary is not None and _added(speed, tokens) < MIN_TIMED_TOKENS and config is not None and summary.stop_reason != "cancelled":
+    elif summary is not None and summary.stop_reason == "cancelled" and config is not None:
+        lines.append("No speed comparison: you pressed Stop, so the answer was not timed again against plain decoding (only an answer "
+                     "that ends on its own is: a cut one would time a different length).")
+    elif summary is not None and _added(speed, tokens) < MIN_TIMED_TOKENS and config is not None:
         lines.append(f"No speed comparison: {_added(speed, tokens)} tokens{' (this Continue added)' * _continued(speed, tokens)} are too few to time (it needs at least {MIN_TIMED_TOKENS}; over a few "
                      "steps the first step's warm-up and the machine's jitter would decide the ratio).")
     return "\n\n".join(lines)
@@ -160,7 +165,13 @@ def _stopped_line(summary: GenerationSummary, config: DecodeConfig | None, speed
     if summary.stop_reason == "max_new_tokens":
         stopped = f"at the length limit ({config.max_new_tokens} new tokens): the answer may be cut short; press **Continue** to let it go on"
     rate = speed.shown if speed is not None and speed.shown is not None else summary.tokens_per_second
-    return f"stopped: {stopped} · time to first token {1e3 * summary.time_to_first_token:.0f} ms · {rate:.1f} tokens/s as this page received the answer"
+    waited, crowd = (speed.waited, speed.crowd) if speed is not None else (0.0, 0)
+    line = f"stopped: {stopped} · time to first token {1e3 * (waited + summary.time_to_first_token):.0f} ms"
+    line += f" ({waited:.1f} s of it in this app's line behind other runs)" if waited >= 0.5 else ""
+    line += f" · {rate:.1f} tokens/s as this page received the answer, from the press"
+    if crowd:
+        line += f" ({crowd} other run{'s' * (crowd > 1)} shared the machine while it streamed: each took its turn between its rounds)"
+    return line
 
 
 def _speed_line(speed: Speed | None, config: DecodeConfig | None) -> str | None:
@@ -200,10 +211,13 @@ def _run_summary(records, summary: GenerationSummary | None, speed: Speed | None
     tokens = sum(len(r.emitted) for r in records)
     found = {"rounds": len(records), "tokens": tokens, "tau": tokens / len(records), "mean_block_length": sum(r.block_length for r in records) / len(records),
              "mean_tau_bound": sum(r.flow.tau_bound for r in records) / len(records), "drafter": records[-1].drafter,
-             "stop_reason": None, "time_to_first_token_s": None, "tokens_per_second": None, "timing": None, "not_retimed_for": None, "idle_timing": None}
+             "stop_reason": None, "time_to_first_token_s": None, "tokens_per_second": None, "timing": None, "not_retimed_for": None, "idle_timing": None,
+             "waited_in_line_s": None, "shared_with": None}
     if summary is not None:
         shown = speed.shown if speed is not None and speed.shown is not None else summary.tokens_per_second
-        found.update(stop_reason=summary.stop_reason, time_to_first_token_s=summary.time_to_first_token, tokens_per_second=shown)
+        waited = speed.waited if speed is not None else 0.0
+        found.update(stop_reason=summary.stop_reason, time_to_first_token_s=waited + summary.time_to_first_token, tokens_per_second=shown,
+                     waited_in_line_s=waited, shared_with=speed.crowd if speed is not None else 0)
     if speed is not None and speed.unmeasured == "busy":
         found["not_retimed_for"] = speed.waiting
         if speed.recalled is not None:
@@ -355,6 +369,17 @@ def _stop_flag(request) -> threading.Event:
 _SUPERSEDED: LRU[str, threading.Event] = LRU(1024)
 
 
+# When each browser session last pressed Generate or Continue (a press that runs): the wait in the app's line
+# before its run starts counts in the times the page gives (an API call, which presses nothing, counts from its start).
+_PRESSED: LRU[str, float] = LRU(1024)
+
+
+def _waited(request, started: float) -> float:
+    """Seconds from this session's press to ``started`` (the run's start), 0 without a press before it."""
+    pressed = _PRESSED.peek(shared.session_of(request))
+    return started - pressed if pressed is not None and 0 <= started - pressed < 3600 else 0.0
+
+
 def _ended_by_next_press(request) -> threading.Event:
     """A fresh event, set when this session next presses Generate or Continue (:func:`arm_stop`)."""
     superseded = threading.Event()
@@ -371,6 +396,7 @@ def arm_stop(request: gr.Request):
     if running is not None:
         running.set()
     _stop_flag(request).clear()
+    _PRESSED.put(shared.session_of(request), time.perf_counter())
     return gr.update(visible=False)
 
 
@@ -485,16 +511,19 @@ def _served(speculation, asked: Asked, memory, serving_note: str | None, request
     stop = _stop_flag(request)
     records = list(earlier)
     started = time.perf_counter()
+    waited = _waited(request, started)
     replaced = superseded.is_set if superseded is not None else lambda: False
     events = shared.SERVICE.generate(speculation, should_stop=lambda: stop.is_set() or replaced(), auto=sizing)
     try:  # Gradio closes this generator when the client leaves: stop generating then
-        summary = yield from mapped(_drawn(events, records, asked.prompt), lambda view: _with_note(view, serving_note))
+        crowd = [0]  # the most other runs seen sharing the machine
+        summary = yield from mapped(_drawn(events, records, asked.prompt, crowd), lambda view: _with_note(view, serving_note))
     finally:
         events.close()
     if replaced():
         return
     new = sum(len(r.emitted) for r in records[len(earlier):])
-    speed = Speed(shown=new / max(time.perf_counter() - started, 1e-9), added=new, rounds=len(records) - len(earlier), continued=bool(earlier))
+    speed = Speed(shown=new / max(time.perf_counter() - started + waited, 1e-9), added=new, rounds=len(records) - len(earlier), continued=bool(earlier),
+                  waited=waited, crowd=crowd[0])
     if asked.compare_ar and summary.stop_reason != "cancelled" and new >= MIN_TIMED_TOKENS:
         kind = IdleTimings.kind(records[-1].drafter, config)
         retiming = _retimed(speculation, quiet_sizing, records, summary, config, stop, request, kind, speed)
@@ -557,10 +586,12 @@ def _with_note(view: LiveView, note: str | None) -> LiveView:
     return view._replace(stats=note + "\n\n" + view.stats)
 
 
-def _drawn(events, records: list, prompt: str):
+def _drawn(events, records: list, prompt: str, crowd: list | None = None):
     """Each round of ``events`` kept in ``records`` and drawn: the text and stats at most
     :data:`TEXT_SECONDS` apart, the figures at most :data:`FIGURE_SECONDS` apart (the first round
-    draws both); returns the generation's summary (PEP 380)."""
+    draws both); returns the generation's summary (PEP 380). ``crowd[0]`` keeps the most other runs
+    seen sharing the machine at a redraw."""
+    crowd = crowd if crowd is not None else [0]
     last_text = last_figures = float("-inf")
     offset = len(records)  # rounds a Continue goes on from: the new rounds are numbered after them
     while True:
@@ -574,9 +605,11 @@ def _drawn(events, records: list, prompt: str):
         if now - last_text < TEXT_SECONDS:
             continue
         first, last_text = last_text == float("-inf"), now
+        active, background = shared.SERVICE.compute.active(), shared.SERVICE.compute.active_background()
+        crowd[0] = max(crowd[0], active - 1 - background)
         words = {"text": text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), "summary": None, "said": _said(None) if first else gr.skip(), "more": gr.update(visible=False) if first else gr.skip(),
                  "info": "" if first else gr.skip(),
-                 "stats": _stats_markdown(records, None) + _sharing_note(shared.SERVICE.compute.active(), shared.SERVICE.compute.active_background()), "state": {"records": records, "summary": None}}
+                 "stats": _stats_markdown(records, None) + _sharing_note(active, background), "state": {"records": records, "summary": None}}
         if now - last_figures >= FIGURE_SECONDS:
             last_figures = now
             tree, mass, chosen = _round_figures(records, len(records) - 1)

@@ -25,7 +25,7 @@ KEPT_ROUNDS = 12  # rounds a session keeps for Back and the HTML export (each ho
 REPLAY_DRAWS = 3000
 RUN_FIRST = "press 'Run one round' first"
 
-__all__ = ["WalkView", "ReplayView", "degenerate_note", "check_walkthrough", "run_walkthrough", "step_walkthrough", "replay_walkthrough", "export_walkthrough", "tab"]
+__all__ = ["WalkView", "ReplayView", "degenerate_note", "round_note", "check_walkthrough", "run_walkthrough", "step_walkthrough", "replay_walkthrough", "export_walkthrough", "tab"]
 
 
 class WalkView(NamedTuple):
@@ -50,7 +50,7 @@ def _view(state: dict, replay_cleared: bool = True) -> WalkView:
     step = walkthrough_step(trace, state["step"], shared.SERVICE.token_text)
     where = (f"**round {trace.round_index + 1} · step {state['step'] + 1} of {len(STEP_TITLES)}** · {trace.law.describe()} · "
              f"verifier {trace.verifier} · B = {trace.tree.budget} · seed {state['seed']}")
-    note = degenerate_note(trace)  # every step of such a round says so, with how to get a richer one
+    note = round_note(trace)  # every step of such a round says so, with how to get a richer one
     where += f"\n\n{note}" if note else ""
     cleared = dict(replay_plot=None, replay_table="") if replay_cleared else {}
     return only(WalkView, where=where, text=f"### {step.title}\n\n{step.text}", plot=step.figure, state=state, **cleared)
@@ -68,6 +68,21 @@ def degenerate_note(trace) -> str:
             f"probability 1 and every verifier emits the same block (L = 1 + C = {trace.flow.tau_bound:.3f} every time, nothing to tell "
             "them apart). For a richer round raise T or top-p (T = 1, top-p 1.0 keep the target's whole law), press Next for another "
             "round, or give a prompt whose continuation is less certain.")
+
+
+def round_note(trace) -> str:
+    """Every step's flag on a round that shows less than its figures suggest, else "": a degenerate sampled round
+    (:func:`degenerate_note`), a round at T = 0 (reach 1 or 0 everywhere: C(T) a whole number), a one-deep fan."""
+    tree = trace.tree
+    notes = [degenerate_note(trace)]
+    if trace.law.greedy and tree.budget > 0:
+        notes.append(f"**At T = 0** the target puts all its mass on its most likely token: each reach is 1 or 0, the walk leaves the tree at "
+                     f"one node, and C(T) = {trace.flow.coverage:.3f} counts the drafted tokens it agrees with along one path. To see the "
+                     "mass spread over nodes, run a round at T > 0.")
+    if tree.budget > 1 and int(tree.depths.max()) == 1:
+        notes.append(f"**A one-deep fan:** all {tree.budget} nodes guess the next token and none goes past it (the drafter was unsure of "
+                     "it, so best-first growth spent the whole budget there): this round can accept at most one draft token, L <= 2.")
+    return "\n\n".join(note for note in notes if note)
 
 
 @once_per_click
