@@ -9,7 +9,8 @@ from gradio_client import Client
 
 from ui.exittrain import ExitTrainView
 from ui.lab import LabView
-from ui.live import MIN_TIMED_TOKENS, LiveView, RoundView
+from ui.live import LiveView, RoundView
+from visual.live_words import MIN_TIMED_TOKENS
 
 SHORT_PROMPT = "def add(a, b):\n    "
 
@@ -58,14 +59,14 @@ def test_a_short_continuation_of_a_long_answer_says_why_it_has_no_speed_ratio():
     import types
 
     from tev.engine.decode import DecodeConfig
-    from ui.live import MIN_TIMED_TOKENS, Speed, _stats_markdown
+    from visual.live_words import MIN_TIMED_TOKENS, Speed, stats_markdown
 
     rounds = [types.SimpleNamespace(block_length=1, emitted=[0] * 10, flow=types.SimpleNamespace(tau_bound=1.5), choice=None, drafter="block")] * 5
     summary = types.SimpleNamespace(stop_reason="max_new_tokens", time_to_first_token=0.01, tokens_per_second=9.0)
     config = DecodeConfig(budget=4, max_new_tokens=10)
-    stats = _stats_markdown(rounds, summary, config, Speed(shown=9.0, added=10))  # 50 tokens in all, this Continue's 10
+    stats = stats_markdown(rounds, summary, config, Speed(shown=9.0, added=10))  # 50 tokens in all, this Continue's 10
     assert 50 >= MIN_TIMED_TOKENS > 10 and "No speed comparison: 10 tokens (this Continue added) are too few" in stats
-    assert "No speed comparison" not in _stats_markdown(rounds, summary, config, Speed(shown=9.0, added=50))
+    assert "No speed comparison" not in stats_markdown(rounds, summary, config, Speed(shown=9.0, added=50))
 
 
 def test_a_continuation_samples_with_a_seed_of_its_own():
@@ -106,16 +107,16 @@ def test_a_refusal_goes_under_the_input_its_field_names():
 def test_live_tau_counts_the_tokens_the_answer_got_not_the_blocks_past_its_end():
     import types
 
-    from ui.live import _run_summary, _stats_markdown
+    from visual.live_words import run_summary, stats_markdown
 
     def round_of(length, emitted):
         return types.SimpleNamespace(block_length=length, emitted=list(range(emitted)), flow=types.SimpleNamespace(tau_bound=length + 0.5), choice=None, drafter="block")
 
     # the issue's case: the last round accepted <|im_end|>, a newline and <|im_end|>, and drew a bonus: 4 tokens, none emitted
     records = [round_of(2, 2), round_of(1, 1), round_of(4, 0)]
-    summary = _run_summary(records, None)
+    summary = run_summary(records, None)
     assert summary["tau"] == pytest.approx(3 / 3) and summary["mean_block_length"] == pytest.approx(7 / 3)
-    stats = _stats_markdown(records, None)
+    stats = stats_markdown(records, None)
     assert "**tokens** 3 · **tau** 1.00 · **mean block length** 2.33 · **mean 1 + C** 2.83" in stats
 
 
@@ -285,7 +286,7 @@ def test_budget_auto_with_a_cap_of_zero_decodes_plainly(client):
 
 def test_a_slower_run_at_budget_auto_says_why_in_the_machines_terms():
     from tev.engine.decode import DecodeConfig, GenerationSummary
-    from ui.live import _speed_verdict
+    from visual.live_words import speed_verdict
 
     def summary(tokens, seconds, rounds, stages=None, lengths=None):
         return GenerationSummary([1], list(range(tokens)), "", rounds, lengths or [1] * rounds, [1.0] * rounds, seconds, 0.0, 0.01, "max_new_tokens",
@@ -293,12 +294,12 @@ def test_a_slower_run_at_budget_auto_says_why_in_the_machines_terms():
 
     spec = summary(64, 4.0, 40, {"draft": 0.4, "build": 0.04, "forward": 3.0, "head": 0.4, "verify": 0.16}, [2] * 24 + [1] * 16)
     plain = summary(64, 3.2, 64)
-    auto = _speed_verdict(spec, plain, DecodeConfig(budget="auto", budget_cap=16, temperature=0.7, top_p=0.9))
+    auto = speed_verdict(spec, plain, DecodeConfig(budget="auto", budget_cap=16, temperature=0.7, top_p=0.9))
     assert "**0.80x**" in auto and "Speculation did not pay on this prompt, on this machine" in auto
     assert "fixed work (the drafter's pass and the decision, 25 ms here)" in auto and "tau 1.60" in auto
-    fixed = _speed_verdict(spec, plain, DecodeConfig(budget=16, temperature=0.7, top_p=0.9))
+    fixed = speed_verdict(spec, plain, DecodeConfig(budget=16, temperature=0.7, top_p=0.9))
     assert "a smaller budget" in fixed and "did not pay on this prompt" not in fixed
-    assert "did not pay" not in _speed_verdict(plain, spec, DecodeConfig(budget="auto", budget_cap=16))  # faster: no excuse
+    assert "did not pay" not in speed_verdict(plain, spec, DecodeConfig(budget="auto", budget_cap=16))  # faster: no excuse
 
 
 def test_a_retiming_counts_the_runs_that_shared_the_machine():
@@ -341,34 +342,34 @@ def test_the_speed_sentence_says_how_it_was_timed_or_why_it_was_not():
 
     from tev.engine.decode import DecodeConfig, GenerationSummary
     from tev.service.service import Retiming
-    from ui.live import Speed, _speed_verdict, _stats_markdown
+    from visual.live_words import Speed, speed_verdict, stats_markdown
 
     def summary(tokens, seconds, rounds, reason="max_new_tokens"):
         return GenerationSummary([1], list(range(tokens)), "", rounds, [2] * rounds, [1.0] * rounds, seconds, 0.0, 0.01, reason, stage_seconds={"forward": seconds})
 
     spec, plain, config = summary(64, 3.0, 32), summary(64, 2.2, 64), DecodeConfig(budget=16, temperature=0.7, top_p=0.9, max_new_tokens=64)
-    alone = _speed_verdict(spec, plain, config)
+    alone = speed_verdict(spec, plain, config)
     assert "timed again with no other run in this app's line" in alone and "shared" not in alone and "idle" not in alone
-    quiet = _speed_verdict(spec, plain, config, load=(0.4, 2))  # the machine's load said as measured, never "idle"
+    quiet = speed_verdict(spec, plain, config, load=(0.4, 2))  # the machine's load said as measured, never "idle"
     assert "The machine's load average was 0.4 on 2 CPUs as it began" in quiet
-    loaded = _speed_verdict(spec, plain, config, load=(9.5, 2))  # other processes on the machine: beside the measured reason, not in its place
+    loaded = speed_verdict(spec, plain, config, load=(9.5, 2))  # other processes on the machine: beside the measured reason, not in its place
     verdict, details = loaded.split("\n\n")
     assert "other processes loaded the machine (load average 9.5 on 2 CPUs)" in details and "load" not in verdict
     assert "**0.73x**. Why: a round of the re-timing cost **2.7 one-token steps** and gave **tau 2.00** tokens" in verdict  # the measured reason, where the verdict is
-    shared = _speed_verdict(spec, plain, config, others=2)  # never called idle when it was not
+    shared = speed_verdict(spec, plain, config, others=2)  # never called idle when it was not
     assert "timed again while 2 other runs shared the machine" in shared and "idle" not in shared and "lower than it gives one run alone" in shared
     records = [types.SimpleNamespace(block_length=2, emitted=[1, 2], flow=types.SimpleNamespace(tau_bound=2.5), choice=None, drafter="block")] * 32
-    stats = _stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(shown=7.25, timing=Retiming(spec, plain, 1)))
+    stats = stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(shown=7.25, timing=Retiming(spec, plain, 1)))
     assert "timed again while 1 other run shared the machine" in stats and "7.2 tokens/s as this page received the answer" in stats
-    stopped = _stats_markdown(records, summary(64, 3.0, 32, "cancelled"), config, Speed(shown=7.0))  # after Stop, a word on the speed too
+    stopped = stats_markdown(records, summary(64, 3.0, 32, "cancelled"), config, Speed(shown=7.0))  # after Stop, a word on the speed too
     # two pages at once: the first text reached the browser 10.7 s after the press where the page said 787 ms
-    waited = _stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(shown=3.1, waited=9.9, crowd=1))
+    waited = stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(shown=3.1, waited=9.9, crowd=1))
     assert "time to first token 9910 ms (9.9 s of it in this app's line behind other runs)" in waited
     assert "3.1 tokens/s as this page received the answer, from the press (1 other run shared the machine while it streamed" in waited
     assert "No speed comparison: you pressed Stop" in stopped
     for reason, words in (("stop", "you pressed Stop during the re-timing"), ("ended", "you pressed Stop as the answer ended"),
                           ("generate", "you pressed Generate during the re-timing")):
-        stats = _stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(timing=Retiming(summary(10, 1.0, 5, "cancelled"), None, 0), unmeasured=reason))
+        stats = stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(timing=Retiming(summary(10, 1.0, 5, "cancelled"), None, 0), unmeasured=reason))
         assert f"**speed not measured**: {words}" in stats and "**speed, timed" not in stats
 
 
@@ -381,6 +382,7 @@ def test_an_answer_is_not_re_timed_while_others_wait_and_says_whose_figure_it_gi
     from tev.engine.decode import DecodeConfig, GenerationSummary
     from tev.service.service import IdleTimings, Retiming
     from ui import live
+    from visual import live_words
 
     def summary(tokens, seconds, rounds, reason="max_new_tokens"):
         return GenerationSummary([1], list(range(tokens)), "", rounds, [2] * rounds, [1.0] * rounds, seconds, 0.0, 0.01, reason, stage_seconds={"forward": seconds})
@@ -393,15 +395,15 @@ def test_an_answer_is_not_re_timed_while_others_wait_and_says_whose_figure_it_gi
     retimed = []
     service = types.SimpleNamespace(others_waiting=lambda: 3, idle_timings=timings, retime=lambda *args: retimed.append(args))
     monkeypatch.setattr(live.shared, "SERVICE", service)
-    steps = live._retimed(None, None, [], None, config, threading.Event(), None, kind, live.Speed(shown=5.0))
+    steps = live._retimed(None, None, [], None, config, threading.Event(), None, kind, live_words.Speed(shown=5.0))
     with pytest.raises(StopIteration) as end:
         next(steps)  # nothing shown, nothing timed: the answer ends at once
     speed = end.value.value
     assert not retimed and speed.unmeasured == "busy" and speed.waiting == 3 and speed.recalled is timings.latest(kind)
-    said = live._speed_line(speed, config)
+    said = live_words.speed_line(speed, config)
     assert said.startswith("**speed not re-timed**: 3 other runs were in this app's line") and "timed again" not in said
     assert "latest re-timing of the same kind of run that had the app to itself" in said and "load average 1.2 on 2 CPUs then" in said and "**2.00x**" in said
-    assert "No re-timing of this kind of run has yet run alone here" in live._not_retimed(1, None, config)
+    assert "No re-timing of this kind of run has yet run alone here" in live_words.not_retimed(1, None, config)
 
 
 def test_live_says_when_it_serves_the_adapted_drafter():
@@ -420,20 +422,20 @@ def test_a_finished_run_opens_at_a_round_that_teaches_not_its_last():
 
     import torch
 
-    from ui.live import _opened_at, _richest_round
+    from visual.live_words import opened_at, teaching_round
 
     def round_of(budget, coverage, exits=(0.5, 0.5)):
         flow = types.SimpleNamespace(coverage=coverage, exit_weight=torch.tensor(exits))
         return types.SimpleNamespace(tree=types.SimpleNamespace(budget=budget), flow=flow)
 
     records = [round_of(8, 0.9), round_of(16, 0.4), round_of(16, 4.0, (0.0, 1.0)), round_of(11, 1.2), round_of(16, 1.2), round_of(2, 0.0, (1.0,))]
-    assert _richest_round(records) == 4  # C = 1.2 spread over two nodes, the fuller of two; not the degenerate C = 4.000
-    said = _opened_at(records, 4)
+    assert teaching_round(records) == 4  # C = 1.2 spread over two nodes, the fuller of two; not the degenerate C = 4.000
+    said = opened_at(records, 4)
     assert "round 5 of 6 (B = 16, C(T) = 1.200), chosen to teach" in said and "among the 4 rounds whose mass leaves the tree at more than one node" in said
     greedy = [round_of(16, 3.0, (0.0, 1.0)), round_of(16, 5.0, (1.0, 0.0))]  # at T = 0 every round's mass leaves at one node
-    assert _richest_round(greedy) == 1 and "in every round the target was sure along one path" in _opened_at(greedy, 1, greedy=True)
-    assert "(as always at T = 0)" in _opened_at(greedy, 1, greedy=True)
-    assert _opened_at([round_of(0, 0.0, (1.0,))], 0) == ""  # budget 0: every round is the root alone
+    assert teaching_round(greedy) == 1 and "in every round the target was sure along one path" in opened_at(greedy, 1, greedy=True)
+    assert "(as always at T = 0)" in opened_at(greedy, 1, greedy=True)
+    assert opened_at([round_of(0, 0.0, (1.0,))], 0) == ""  # budget 0: every round is the root alone
 
 
 def test_a_run_drawing_its_figures_still_counts_as_waiting_for_the_machine():
@@ -526,15 +528,15 @@ def test_the_speed_verdict_names_the_re_timings_tau_beside_the_answers():
     """The headline's tau is the answer's; the verdict's is the re-timing's (budget auto sizes its trees by the clock of
     its own moment, so they differ): each is named as whose it is."""
     from tev.engine.decode import DecodeConfig, GenerationSummary
-    from ui.live import _speed_verdict
+    from visual.live_words import speed_verdict
 
     def summary(tokens, seconds, rounds):
         return GenerationSummary([1], list(range(tokens)), "", rounds, [2] * rounds, [1.0] * rounds, seconds, 0.0, 0.01, "eos", stage_seconds={"forward": seconds})
 
     spec, plain, auto = summary(58, 3.0, 40), summary(64, 4.0, 64), DecodeConfig(budget="auto", budget_cap=16, temperature=0.7, top_p=0.9)
-    differs = _speed_verdict(spec, plain, auto, own=(1.68, False)).split("\n\n")[0]
+    differs = speed_verdict(spec, plain, auto, own=(1.68, False)).split("\n\n")[0]
     assert "gave **tau 1.45** tokens (the answer's rounds above gave tau 1.68: budget auto sized the re-timing's trees" in differs
-    assert "(as this Continue's rounds)" in _speed_verdict(spec, plain, auto, own=(1.45, True))
+    assert "(as this Continue's rounds)" in speed_verdict(spec, plain, auto, own=(1.45, True))
 
 
 def test_the_round_browser_names_a_round_that_teaches_little(client):
@@ -544,7 +546,7 @@ def test_the_round_browser_names_a_round_that_teaches_little(client):
 
     import torch
 
-    from ui.live import _round_info
+    from visual.live_words import round_info
 
     result = generate(client)
     opened = re.search(r"round (\d+) of", result["stats"])
@@ -556,6 +558,6 @@ def test_the_round_browser_names_a_round_that_teaches_little(client):
         verdict = types.SimpleNamespace(exit_node=1, block_length=2, accepted_tokens=lambda tree: [5])
         return types.SimpleNamespace(index=0, tree=tree, flow=flow, verdict=verdict, block_length=2, accepted_tokens=[5], choice=None)
 
-    assert "its mass on one path" in _round_info(record([-1, 0, 1], [0.0, 0.0, 1.0]))
-    assert "a one-deep fan: all 3 nodes" in _round_info(record([-1, 0, 0, 0], [0.1, 0.5, 0.3, 0.1])).replace("**", "")
-    assert "**" not in _round_info(record([-1, 0, 1], [0.2, 0.3, 0.5]))  # a round that spreads its mass, two deep: nothing to flag
+    assert "its mass on one path" in round_info(record([-1, 0, 1], [0.0, 0.0, 1.0]))
+    assert "a one-deep fan: all 3 nodes" in round_info(record([-1, 0, 0, 0], [0.1, 0.5, 0.3, 0.1])).replace("**", "")
+    assert "**" not in round_info(record([-1, 0, 1], [0.2, 0.3, 0.5]))  # a round that spreads its mass, two deep: nothing to flag

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-from dataclasses import dataclass
 import sys
 import threading
 import time
@@ -20,21 +19,17 @@ from tev.engine.decode import DecodeConfig, GenerationSummary
 from tev.engine.models import DRAFTERS
 from tev.service.adapted import ADAPTED_PREFIX, KEY_MARK, is_adapted
 from tev.service.live_settings import LiveInput, LiveSettings
-from tev.service.service import DEFAULT_SAMPLING, LIMITS, IdleTiming, IdleTimings, Retiming, UserInputError, as_text, check_settings, machine_load, records_to_json
+from tev.service.service import DEFAULT_SAMPLING, LIMITS, IdleTimings, UserInputError, as_text, machine_load, records_to_json
 from ui import gpu, shared
-from tev.util.compute_thread import BACKGROUND_SHARE, mapped
+from tev.util.compute_thread import mapped
 from tev.util.lru import LRU
 from ui.components import KEEP_TYPED, checked_event, once_per_click, refusal_line, settings_handler
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
 from ui.workload import remember_asked
 from visual import mass_by_depth_figure, text_view_html, timeline_figure, tree_figure
 from visual.budget_view import budget_figure
+from visual.live_words import MIN_TIMED_TOKENS, RETIMING, STOPPED, Machine, Speed, opened_at, round_info, run_summary, said_at_end, sharing_note, stats_markdown, teaching_round
 
-# A round's stages as the engine names them (their times sum to the round's), in the order they run.
-STAGE_LABELS = {"draft": "draft", "build": "tree build", "forward": "target forward", "head": "head (rows, truncation)", "verify": "verify", "commit": "commit"}
-UNDRAFTED = ("draft", "build")  # at budget 0 nothing is drafted or built: these stages are not named
-# Below this many tokens a tokens-per-second ratio is mostly noise (a few steps' jitter, the first step's warm-up): not given.
-MIN_TIMED_TOKENS = 32
 # Budget auto at the page's opening: measured at least as fast as B = 16 at the opening law (T = 0.7, top-p 0.9) on each
 # of 9 chat prompts, interleaved prompt by prompt (docs/benchmarks.md, budget "auto").
 AUTO_DEFAULT = True
@@ -44,32 +39,6 @@ DEFAULT_NEW_TOKENS = 224
 # While a run streams the page redraws its text at most this often and its figures (plotly, costly in the browser)
 # far less: at 4 redraws a second of both a 48 s run kept the browser's main thread busy 12 s.
 TEXT_SECONDS, FIGURE_SECONDS = 0.1, 1.0
-STOPPED = {"eos": "the answer ended", "stop_string": "a stop string", "cancelled": "you pressed Stop", "context_limit": "the target's context is full"}
-# While the finished answer is timed again; then, when that did not end, why there is no speed.
-RETIMING = ("**re-timing**: speculation and plain decoding run again on this prompt, timed, while the page draws nothing… "
-            "press Stop to skip it, or Generate to skip it and start a new run")
-UNMEASURED = {
-    "ended": "**speed not measured**: you pressed Stop as the answer ended, so it was not re-timed against plain decoding.",
-    "stop": "**speed not measured**: you pressed Stop during the re-timing (speculation and plain decoding run again, timed), so there is no speedup to give.",
-    "generate": "**speed not measured**: you pressed Generate during the re-timing, which ends it; your new run starts now.",
-}
-
-
-@dataclass(frozen=True)
-class Speed:
-    """What the stats say of a finished run's speed."""
-
-    shown: float | None = None  # tokens a second as the page received the answer (wall clock, the run's start to its last round)
-    timing: Retiming | None = None  # this answer timed again
-    load: tuple[float, int] | None = None  # the machine's load average and CPUs as it was timed again (machine_load)
-    unmeasured: str | None = None  # why it was not (a key of UNMEASURED)
-    waiting: int = 0  # other runs in the app's line as it ended, when it was not re-timed for them
-    recalled: IdleTiming | None = None  # then: the machine's latest idle re-timing of this kind of run, if any
-    added: int | None = None  # the tokens this press added (a Continue's, not the whole answer's): what a re-timing times
-    rounds: int | None = None  # the rounds that added them
-    continued: bool = False  # the press was a Continue (the re-timing times its part of the answer)
-    waited: float = 0.0  # seconds from the press to the run's start: in the app's line behind other runs
-    crowd: int = 0  # the most other runs that shared the machine while it streamed
 
 
 class LiveView(NamedTuple):
@@ -121,143 +90,10 @@ class RoundView(NamedTuple):
     budget: Any  # budget auto's choice for that round
 
 
-def _stats_markdown(records, summary: GenerationSummary | None, config: DecodeConfig | None = None, speed: Speed | None = None) -> str:
-    """The stats' sentences; ``speed`` what is known of the finished run's speed (:class:`Speed`)."""
-    if not records:
-        return "No rounds yet."
-    lengths = [r.block_length for r in records]
-    bounds = [r.flow.tau_bound for r in records]
-    tokens = sum(len(r.emitted) for r in records)
-    lines = [
-        f"**rounds** {len(records)} · **tokens** {tokens} · **tau** {tokens / len(records):.2f} · **mean block length** {sum(lengths) / len(lengths):.2f} · "
-        f"**mean 1 + C** {sum(bounds) / len(bounds):.2f}",
-        "tau = tokens the answer got per target forward; a block (accepted draft tokens + the bonus token) can run past the answer's end, "
-        "and its mean length is what 1 + C bounds; see the Learn tab for other tools' figures.",
-    ]
-    if records[-1].choice is not None:
-        lines.append(_auto_line(records))
-    if summary is not None:
-        lines.append(_stopped_line(summary, config, speed))
-    said = _speed_line(speed, config)
-    if said:
-        lines.append(said)
-    elif summary is not None and summary.stop_reason == "cancelled" and config is not None:
-        lines.append("No speed comparison: you pressed Stop, so the answer was not timed again against plain decoding (only an answer "
-                     "that ends on its own is: a cut one would time a different length).")
-    elif summary is not None and _added(speed, tokens) < MIN_TIMED_TOKENS and config is not None:
-        lines.append(f"No speed comparison: {_added(speed, tokens)} tokens{' (this Continue added)' * _continued(speed, tokens)} are too few to time (it needs at least {MIN_TIMED_TOKENS}; over a few "
-                     "steps the first step's warm-up and the machine's jitter would decide the ratio).")
-    return "\n\n".join(lines)
-
-
-def _added(speed: Speed | None, tokens: int) -> int:
-    """The tokens the last press added: a Continue's own, else the whole answer's ``tokens``."""
-    return speed.added if speed is not None and speed.added is not None else tokens
-
-
-def _continued(speed: Speed | None, tokens: int) -> bool:
-    return _added(speed, tokens) != tokens
-
-
-def _stopped_line(summary: GenerationSummary, config: DecodeConfig | None, speed: Speed | None) -> str:
-    """Why the run stopped, its time to first token, and the rate the page received its text at."""
-    stopped = STOPPED.get(summary.stop_reason, summary.stop_reason)
-    if summary.stop_reason == "max_new_tokens":
-        stopped = f"at the length limit ({config.max_new_tokens} new tokens): the answer may be cut short; press **Continue** to let it go on"
-    rate = speed.shown if speed is not None and speed.shown is not None else summary.tokens_per_second
-    waited, crowd = (speed.waited, speed.crowd) if speed is not None else (0.0, 0)
-    line = f"stopped: {stopped} · time to first token {1e3 * (waited + summary.time_to_first_token):.0f} ms"
-    line += f" ({waited:.1f} s of it in this app's line behind other runs)" if waited >= 0.5 else ""
-    line += f" · {rate:.1f} tokens/s as this page received the answer, from the press"
-    if crowd:
-        line += f" ({crowd} other run{'s' * (crowd > 1)} shared the machine while it streamed: each took its turn between its rounds)"
-    return line
-
-
-def _speed_line(speed: Speed | None, config: DecodeConfig | None) -> str | None:
-    """The speed comparison's sentence: this answer timed again, or why it was not (with the machine's latest idle
-    figure when a crowd kept it from being timed); None when there is nothing to say."""
-    if speed is None:
-        return None
-    if speed.timing is not None and speed.timing.measured:
-        own = (speed.added / speed.rounds, speed.continued) if speed.rounds else None
-        return _speed_verdict(speed.timing.speculative, speed.timing.autoregressive, config, speed.timing.others, speed.load, own)
-    if speed.unmeasured == "busy":
-        return _not_retimed(speed.waiting, speed.recalled, config)
-    return UNMEASURED.get(speed.unmeasured) if speed.unmeasured else None
-
-
-def _not_retimed(waiting: int, recalled: IdleTiming | None, config: DecodeConfig) -> str:
-    """Why an answer was not re-timed (``waiting`` other runs in the app's line), and this machine's latest idle
-    re-timing of the same kind of run, named as such (never as this answer's timing)."""
-    runs = f"{waiting} other run{'s were' if waiting > 1 else ' was'}"
-    head = (f"**speed not re-timed**: {runs} in this app's line as your answer ended, and re-timing it (speculation and plain decoding "
-            f"again, on this machine's shared cores) would have held {'them' if waiting > 1 else 'it'} up.")
-    if recalled is None:
-        return head + "\n\nNo re-timing of this kind of run has yet run alone here: generate again when the page is quiet for one."
-    spec, plain = recalled.timing.speculative, recalled.timing.autoregressive
-    minutes = max(0.0, time.time() - recalled.at) / 60
-    return (head + f"\n\nThis machine's latest re-timing of the same kind of run that had the app to itself (another answer, {minutes:.0f} min ago; "
-            f"load average {recalled.load:.1f} on {recalled.cpus} CPUs then): speculation {spec.tokens_per_second:.1f} tokens/s, plain decoding "
-            f"{plain.tokens_per_second:.1f} tokens/s → **{spec.tokens_per_second / max(plain.tokens_per_second, 1e-9):.2f}x** (tau {spec.tau:.2f}).")
-
-
-def _run_summary(records, summary: GenerationSummary | None, speed: Speed | None = None) -> dict:
-    """The run in numbers, beside :func:`_stats_markdown`'s sentences: rounds, tokens, tau (tokens
-    emitted per target forward), mean block length, mean 1 + C, the drafter, how it stopped and its speed: ``timing`` this
-    answer's rerun against plain decoding (``others``: the most other requests that shared the machine meanwhile), else
-    ``not_retimed_for`` (other runs in the app's line as it ended) and ``idle_timing``, the machine's latest lone re-timing."""
-    timing = speed.timing if speed is not None else None
-    tokens = sum(len(r.emitted) for r in records)
-    found = {"rounds": len(records), "tokens": tokens, "tau": tokens / len(records), "mean_block_length": sum(r.block_length for r in records) / len(records),
-             "mean_tau_bound": sum(r.flow.tau_bound for r in records) / len(records), "drafter": records[-1].drafter,
-             "stop_reason": None, "time_to_first_token_s": None, "tokens_per_second": None, "timing": None, "not_retimed_for": None, "idle_timing": None,
-             "waited_in_line_s": None, "shared_with": None}
-    if summary is not None:
-        shown = speed.shown if speed is not None and speed.shown is not None else summary.tokens_per_second
-        waited = speed.waited if speed is not None else 0.0
-        found.update(stop_reason=summary.stop_reason, time_to_first_token_s=waited + summary.time_to_first_token, tokens_per_second=shown,
-                     waited_in_line_s=waited, shared_with=speed.crowd if speed is not None else 0)
-    if speed is not None and speed.unmeasured == "busy":
-        found["not_retimed_for"] = speed.waiting
-        if speed.recalled is not None:
-            spec, ar = speed.recalled.timing.speculative, speed.recalled.timing.autoregressive
-            found["idle_timing"] = {"speculative_tokens_per_second": spec.tokens_per_second, "autoregressive_tokens_per_second": ar.tokens_per_second,
-                                    "age_s": time.time() - speed.recalled.at, "load": speed.recalled.load}
-    if timing is not None and timing.measured:
-        spec, ar = timing.speculative, timing.autoregressive
-        found["timing"] = {"speculative_tokens_per_second": spec.tokens_per_second, "autoregressive_tokens_per_second": ar.tokens_per_second,
-                           "speedup": spec.tokens_per_second / max(ar.tokens_per_second, 1e-9), "tau": spec.tau, "others": timing.others,
-                           "threads": shared.SERVICE.threads()}
-    return found
-
-
-def _auto_line(records) -> str:
-    """How budget auto sized this run's trees, and the cost curve it weighed them against."""
-    sizes = [r.tree.budget for r in records]
-    choice = records[-1].choice
-    cost = choice.cost  # seconds of a round whose forward holds n = 1 .. M + 1 tokens
-    steps = " · ".join(f"{n} tokens {float(cost[n - 1] / cost[0]):.2f}" for n in (2, 5, 9, 17, 33) if n <= len(cost))
-    plain = sum(1 for k in sizes if k == 0)
-    return (f"**budget auto** (cap {choice.cap}): kept {sum(sizes) / len(sizes):.1f} nodes a round on average (from {min(sizes)} to {max(sizes)}; "
-            f"{plain} of {len(sizes)} rounds plain decoding). A round whose forward holds n tokens costs here, in plain-decoding rounds: {steps}; "
-            f"the drafter's path probabilities are scaled by c = {choice.calibration:.2f} (realised coverage over the drafter's estimate so far).")
-
-
-def _sharing_note(active: int, background: int = 0) -> str:
-    """While a run streams: how many other requests the compute thread steps in turn with it
-    (``active`` in all, ``background`` of them fine-tunes or measuring runs, which step after your rounds)."""
-    others = active - 1 - background
-    notes = []
-    if others > 0:
-        notes.append(f"{others} other run{'s' if others > 1 else ''} share{'' if others > 1 else 's'} the machine now: each takes its turn between your rounds")
-    if background > 0:
-        notes.append(f"{'a' if background == 1 else background} background run{'s' * (background > 1)} (fine-tuning, measuring) share{'s' * (background == 1)} the "
-                     f"machine now: your rounds go first, and {'it gets' if background == 1 else 'they get'} about {BACKGROUND_SHARE:.0%} of its time")
-    if not notes:
-        return ""
-    return ("\n\n" + "; ".join(notes) + ", so this run is slower than it would be alone (the speed comparison is timed again after the answer, "
-            "and says whether the machine was shared then).")
+def _machine() -> Machine:
+    """What runs run on here, for the speed sentences: the server's thread count and the target's forward."""
+    precision = shared.SERVICE.target_precision()
+    return Machine(shared.SERVICE.threads(), _threads_words(), precision.label if precision else None)
 
 
 def _threads_words() -> str:
@@ -267,80 +103,6 @@ def _threads_words() -> str:
         count = torch.get_num_threads()
         return f"{count} torch thread{'s' if count != 1 else ''} (TEV_THREADS)"
     return threads.describe()
-
-
-def _timed_how(others: int) -> str:
-    """How the rerun was timed: with no other run in the app's line, or beside ``others`` other requests (what the
-    app measured of itself)."""
-    if others > 0:
-        return f"timed again while {others} other run{'s' if others > 1 else ''} shared the machine"
-    return "timed again with no other run in this app's line"
-
-
-def _load_note(load: tuple[float, int] | None) -> str:
-    """The machine's ``load`` (load average, CPUs) as the rerun began, which counts every process: a cause beside the
-    measured ones, never in place of them."""
-    if load is None:
-        return ""
-    average, cpus = load
-    if average > shared.SERVICE.threads() + 0.5:  # more than this app's own threads keep the cores busy
-        return (f" As it began, other processes loaded the machine (load average {average:.1f} on {cpus} CPUs): they took time from "
-                "both runs, and a quiet machine gives more.")
-    return f" The machine's load average was {average:.1f} on {cpus} CPUs as it began."
-
-
-def _tau_named(tau: float, own: tuple[float, bool] | None, auto: bool) -> str:
-    """The re-timing's tau, named as its own, beside the answer's (``own``: its tau and whether it was a Continue's part)."""
-    said = f"**tau {tau:.2f}** tokens"
-    if own is None:
-        return said
-    own_tau, continued = own
-    whose = "this Continue's rounds" if continued else "the answer's rounds"
-    if abs(own_tau - tau) < 0.005:
-        return said + f" (as {whose})"
-    why = ": budget auto sized the re-timing's trees by that moment's clock" if auto else ""
-    return said + f" ({whose} above gave tau {own_tau:.2f}{why})"
-
-
-def _speed_verdict(spec: GenerationSummary, ar: GenerationSummary, config: DecodeConfig, others: int = 0, load: tuple[float, int] | None = None,
-                   own: tuple[float, bool] | None = None) -> str:
-    """The speed of a rerun against plain decoding and, in the same first paragraph, its measured reason (a round's
-    cost in one-token steps against the tokens it gave); then the rerun's stage times and what else weighed.
-    ``others`` the most other requests that shared the machine during it (they took turns with its rounds), ``load``
-    the machine's load average and CPUs as it began, ``own`` the answer's tau (see :func:`_tau_named`)."""
-    timed = _timed_how(others)
-    speedup = spec.tokens_per_second / max(ar.tokens_per_second, 1e-9)
-    step_ms = 1e3 * (ar.seconds - ar.prefill_seconds) / max(1, len(ar.token_ids))  # one target step
-    round_ms = 1e3 * (spec.seconds - spec.prefill_seconds) / max(1, spec.rounds)
-    steps = round_ms / max(step_ms, 1e-9)
-    ran = [key for key in STAGE_LABELS if key in spec.stage_seconds and not (config.budget == 0 and key in UNDRAFTED)]
-    stages = " · ".join(f"{STAGE_LABELS[key]} {1e3 * spec.stage_seconds[key] / max(1, spec.rounds):.0f} ms" for key in ran)
-    same = "the same text" if config.temperature == 0 else "the same settings and seed (plain decoding samples its own text)"
-    precision = shared.SERVICE.target_precision()
-    threads = _threads_words() + (f", the target's {precision.label} forward" if precision else "")
-    if config.budget == 0:
-        return (f"**speed, {timed}** on {threads}, same prompt and {same}: budget 0 drafts nothing, so both runs are "
-                f"plain decoding, one token per target forward: the round loop {spec.tokens_per_second:.1f} tokens/s, the plain loop "
-                f"{ar.tokens_per_second:.1f} tokens/s. A round cost {round_ms:.0f} ms ({stages}), a plain step {step_ms:.0f} ms.{_load_note(load)}")
-    head = (f"**speed, {timed}** on {threads}, same prompt and {same}: speculation "
-            f"{spec.tokens_per_second:.1f} tokens/s, plain decoding {ar.tokens_per_second:.1f} tokens/s → **{speedup:.2f}x**. "
-            f"Why: a round of the re-timing cost **{steps:.1f} one-token steps** and gave {_tau_named(spec.tau, own, config.budget == 'auto')}; "
-            f"speculation gains about tau over a round's steps ({spec.tau:.2f} / {steps:.1f} = {spec.tau / max(steps, 1e-9):.2f}).")
-    why = f"A round cost {round_ms:.0f} ms, a one-token step {step_ms:.0f} ms: {stages}."
-    if speedup < 1 and config.budget == "auto":
-        fixed = sum(1e3 * spec.stage_seconds.get(key, 0.0) for key in ("draft", "build", "head", "verify")) / max(1, spec.rounds)
-        why += (f" Speculation did not pay on this prompt, on this machine: budget auto kept only the nodes its measured cost curve "
-                f"said would pay, yet each round's fixed work (the drafter's pass and the decision, {fixed:.0f} ms here) was more than "
-                f"the drafter's reach on this text gave back (tau {spec.tau:.2f}). A prompt the drafter predicts well (code, lists, "
-                "a workload it was adapted to) or T = 0 pays; on a GPU a tree forward costs about one step.")
-    elif speedup < 1:
-        why += (" Speculation pays only when a round yields more tokens than it costs steps: here it does not. On a CPU a "
-                "forward over the B + 1 tree tokens costs more than a one-token step (on a GPU about the same); a smaller "
-                "budget, T = 0, or a prompt the drafter predicts well (code, lists) shifts the balance.")
-    if others > 0:
-        why += (f" {others} other run{'s' if others > 1 else ''} took turns with this rerun's rounds on the machine: the figures above are "
-                "lower than it gives one run alone; generate again on a quiet machine for that speed.")
-    return head + "\n\n" + why + _load_note(load)
 
 
 def _round_figures(records, index: int):
@@ -545,7 +307,7 @@ def _retimed(speculation, quiet_sizing, records, summary, config: DecodeConfig, 
     if waiting > 0:  # a crowd: re-timing (a minute on the default pair) would hold every one of them up
         return dataclasses.replace(speed, unmeasured="busy", waiting=waiting, recalled=shared.SERVICE.idle_timings.latest(kind))
     superseded = _ended_by_next_press(request)
-    yield only(LiveView, stats=_stats_markdown(records, summary, config, speed), said=_said(RETIMING))
+    yield only(LiveView, stats=stats_markdown(records, summary, config, speed, _machine()), said=_said(RETIMING))
     load = machine_load()
 
     def again(should_stop):
@@ -561,14 +323,6 @@ def _retimed(speculation, quiet_sizing, records, summary, config: DecodeConfig, 
 def _said(text: str | None):
     """The line under the buttons that answers a press: ``text``, or hidden when there is none."""
     return gr.update(value=text or "", visible=bool(text))
-
-
-def _said_at_end(summary: GenerationSummary, config: DecodeConfig, speed: Speed) -> str:
-    """Under the buttons at a run's end: how it stopped, and the speed comparison's first sentence."""
-    stopped = ("at the length limit (max new tokens): press **Continue** to go on" if summary.stop_reason == "max_new_tokens"
-               else STOPPED.get(summary.stop_reason, summary.stop_reason))
-    said = _speed_line(speed, config)
-    return f"stopped: {stopped}" + ("\n\n" + said.split("\n\n")[0] if said else "")
 
 
 def _adapted_note(drafter: str) -> str | None:
@@ -609,7 +363,7 @@ def _drawn(events, records: list, prompt: str, crowd: list | None = None):
         crowd[0] = max(crowd[0], active - 1 - background)
         words = {"text": text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), "summary": None, "said": _said(None) if first else gr.skip(), "more": gr.update(visible=False) if first else gr.skip(),
                  "info": "" if first else gr.skip(),
-                 "stats": _stats_markdown(records, None) + _sharing_note(active, background), "state": {"records": records, "summary": None}}
+                 "stats": stats_markdown(records, None) + sharing_note(active, background), "state": {"records": records, "summary": None}}
         if now - last_figures >= FIGURE_SECONDS:
             last_figures = now
             tree, mass, chosen = _round_figures(records, len(records) - 1)
@@ -619,58 +373,29 @@ def _drawn(events, records: list, prompt: str, crowd: list | None = None):
 
 def _finished(records, summary: GenerationSummary, config: DecodeConfig, speed: Speed, prompt: str, state: dict) -> LiveView:
     """The finished run's view: every figure, the stats and the summary, what answers the press under the buttons,
-    the round browser at the round a visitor learns most from (:func:`_richest_round`)."""
-    said = _said(_said_at_end(summary, config, speed))
+    the round browser at the round a visitor learns most from (:func:`~visual.live_words.teaching_round`)."""
+    machine = _machine()
+    said = _said(said_at_end(summary, config, speed, machine))
     if not records:
         message = "Stopped before the first round." if summary.stop_reason == "cancelled" else "The generation produced no rounds."
         return LiveView("", None, None, None, message, None, gr.update(minimum=1, maximum=2, value=1, interactive=False), gr.update(value=None, visible=False), state, said,
                         gr.update(visible=False), "")
-    shown = _richest_round(records)
+    shown = teaching_round(records)
     tree, mass, chosen = _round_figures(records, shown)
     return LiveView(
         text=text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt),
         tree=tree,
         mass=mass,
         timeline=timeline_figure(records),
-        stats=_stats_markdown(records, summary, config, speed) + _opened_at(records, shown, config.temperature == 0),
-        summary=_run_summary(records, summary, speed),
+        stats=stats_markdown(records, summary, config, speed, machine) + opened_at(records, shown, config.temperature == 0),
+        summary=run_summary(records, summary, speed, machine),
         rounds=gr.update(minimum=1, maximum=max(2, len(records)), value=shown + 1, step=1, interactive=len(records) > 1),  # a slider needs min < max
         budget=chosen,
         state=state,
         said=said,
         more=gr.update(visible=summary.stop_reason == "max_new_tokens"),
-        info=_round_info(records[shown]),
+        info=round_info(records[shown]),
     )
-
-
-def _spread(record) -> bool:
-    """Whether a round's target mass leaves its tree at more than one node (its exit law is not all on one node)."""
-    return record.tree.budget > 0 and float(record.flow.exit_weight.max()) < 1 - 1e-3
-
-
-def _richest_round(records) -> int:
-    """The round a visitor learns most from: among the rounds whose target mass leaves the tree at more than one
-    node (a round with all its mass on one path draws reach 1 or 0 at every node and a whole-number coverage: nothing
-    to see in the colours), the one whose tree holds the most target mass (largest C(T)), then the fullest tree; when
-    no round spreads its mass, the most mass. The last round, shown before, was often a stub (B = 1-2, C = 0) as the
-    answer ran out; ties go to the earliest."""
-    return max(range(len(records)), key=lambda i: (_spread(records[i]), records[i].flow.coverage, records[i].tree.budget, -i))
-
-
-def _opened_at(records, shown: int, greedy: bool = False) -> str:
-    """Which round the figures open at, and why (nothing when no round drafted a node: every round is the root alone);
-    ``greedy``: the run decoded at T = 0 (where every round's mass leaves at one node)."""
-    record = records[shown]
-    if record.tree.budget == 0:
-        return ""
-    where = f"\n\nThe tree above is round {shown + 1} of {len(records)} (B = {record.tree.budget}, C(T) = {record.flow.coverage:.3f})"
-    if _spread(record):
-        spread = sum(_spread(r) for r in records)
-        return (f"{where}, chosen to teach: the most target mass among the {spread} round{'s' * (spread != 1)} whose mass leaves the tree at "
-                "more than one node; browse every round with the slider below it.")
-    return (f"{where}, the most target mass of the run: in every round the target was sure along one path, so its mass left the tree at one "
-            f"node and each reach is 1 or 0{' (as always at T = 0)' if greedy else ''}; a higher T or top-p "
-            "spreads it. Browse every round with the slider below it.")
 
 
 def _in_worker(work, tick, poll: float = 0.25):
@@ -723,35 +448,7 @@ def browse_round(round_number, state, delta=0) -> RoundView:
     records = _records(state)
     index = min(max(int(round_number or 1) + int(delta) - 1, 0), len(records) - 1)
     tree, mass, chosen = _round_figures(records, index)
-    return RoundView(gr.update(value=index + 1) if delta else gr.skip(), tree, mass, _round_info(records[index]), chosen)
-
-
-def _round_info(record) -> str:
-    """The round browser's sentence on one round: its numbers, what kind of tree it is when it teaches little (its mass
-    on one path, a one-deep fan), and budget auto's choice."""
-    info = (
-        f"round {record.index + 1}: budget {record.tree.budget}, coverage C = {record.flow.coverage:.3f}, 1 + C = {record.flow.tau_bound:.3f}, "
-        f"block length L = {record.block_length} (accepted {len(record.accepted_tokens)} + bonus), exit node {record.verdict.exit_node} "
-        f"at depth {int(record.tree.depths[record.verdict.exit_node])}"
-    )
-    if record.tree.budget > 0 and not _spread(record):
-        info += (" · **its mass on one path**: the target was sure of each drafted token along one path and of none beside it (at T = 0 "
-                 "it always is), so all its mass leaves the tree at one node and each reach is 1 or 0")
-    elif record.tree.budget > 1 and int(record.tree.depths.max()) == 1:
-        info += f" · **a one-deep fan**: all {record.tree.budget} nodes are guesses of the next token alone, none drafted past it"
-    if record.choice is not None:
-        info += "\n\n" + _choice_sentence(record)
-    return info
-
-
-def _choice_sentence(record) -> str:
-    """Budget auto's choice for one round, in words (every number from ``record.choice``)."""
-    choice = record.choice
-    k, drafted = choice.size, len(choice.path_prob)
-    kept = "plain decoding (no node)" if k == 0 else f"the drafter's best {k} of {drafted} nodes"
-    return (f"budget auto chose **{k}**: {kept}, cap {choice.cap}. Expected block 1 + c·Σq = {float(choice.expected[k]):.2f} tokens "
-            f"(the drafter's Σq = {choice.estimate:.2f}, calibration c = {choice.calibration:.2f}) for a round of {1e3 * float(choice.cost[k]):.0f} ms; "
-            f"a node was kept while its expected tokens paid for its time at {choice.going_rate:.1f} tokens/s, the rate of the rounds before it.")
+    return RoundView(gr.update(value=index + 1) if delta else gr.skip(), tree, mass, round_info(records[index]), chosen)
 
 
 def export_run(state):
