@@ -12,7 +12,7 @@ import random
 import resource
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
@@ -84,46 +84,87 @@ def bench_e2e(
     a folder to the pair's drafter of its kind): ``drafters_paired`` then compares their tokens/s prompt by
     prompt (:func:`_paired_drafters`).
     """
-    device = next(bundle.target.parameters()).device
+    plan = _Plan(bundle, tuple(budgets), [fit_prompt(bundle.tokenizer, p, bundle.context_length - max_new_tokens) for p in prompts],
+                 [p.get("domain", "all") for p in prompts], repeats, seed, max_new_tokens, dict(truncation or {}), budget_cap, tuple(forwards),
+                 tuple(peers), _peer_models(bundle, peers))
     reference = weight_read_reference(bundle.target)
-    encoded = [fit_prompt(bundle.tokenizer, p, bundle.context_length - max_new_tokens) for p in prompts]
-    domains = [p.get("domain", "all") for p in prompts]
-    suffixes = {forward: ("" if len(forwards) == 1 else f"@{forward or 'chosen'}") for forward in forwards}
-    baselines = [(f"autoregressive{suffix}", None, None) for suffix in suffixes.values()] + [(peer, None, None) for peer in peers]
-    peer_models = _peer_models(bundle, peers)
     order_rng = random.Random(seed)
     results, comparisons, drafters_paired = [], [], []
-    jobs = [(temperature, [(name + suffix, drafter, verifier) for suffix in suffixes.values() for name, drafter, verifier in _method_names(bundle, methods, temperature)])
+    jobs = [(temperature, [(name + suffix, drafter, verifier) for suffix in plan.suffixes.values() for name, drafter, verifier in _method_names(bundle, methods, temperature)])
             for temperature in temperatures]
-    total = sum(len(names) * len(budgets) + len(baselines) for _, names in jobs) * len(encoded) * repeats
+    total = sum(len(names) * len(budgets) + len(plan.baselines) for _, names in jobs) * len(plan.encoded) * repeats
     bar = tqdm(total=total, desc="bench e2e", disable=not progress)
     for temperature, names in jobs:
-        # one user asking in turn: budget auto carries its calibration and rate from prompt to prompt
-        memory = {name: (Calibration(), RoundRate()) for name, _, _ in names}
-        runs = {(name, budget): [] for name, _, _ in names for budget in budgets}
-        base_runs = {name: [] for name, _, _ in baselines}
-        for repeat in range(repeats):
-            for i, ids in enumerate(encoded):
-                config = DecodeConfig(budget_cap=budget_cap, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 1000 * repeat + i, **((truncation or {}) if temperature > 0 else {}))
-                order = [(name, None, None, None) for name, _, _ in baselines] + [(name, drafter, verifier, budget) for name, drafter, verifier in names for budget in budgets]
-                order_rng.shuffle(order)
-                paired = {}
-                for name, drafter, verifier, budget in order:
-                    forward = next((f for f, suffix in suffixes.items() if suffix and name.endswith(suffix)), forwards[0])
-                    with contextlib.nullcontext() if forward is None else forced_target_forward(bundle.target, forward):
-                        auto = AutoBudget.for_target(bundle.target, budget_cap, *memory[name]) if budget == "auto" else None  # the curve of the forward in force
-                        paired[(name, budget)] = _one_run(bundle, name.split("@")[0], drafter, verifier, budget, ids, config, auto, peer_models)
-                    bar.update(1)
-                for (name, budget), summary in paired.items():
-                    own_loop = "autoregressive" + (name[name.index("@"):] if "@" in name else suffixes[forwards[0]])  # a peer: the first forward's loop
-                    (base_runs[name] if budget is None else runs[(name, budget)]).append(_run_record(summary, paired, domains[i], own_loop))
-        results += _rows(temperature, budgets, runs, base_runs, reference, domains)
+        runs, base_runs = _runs_at(plan, temperature, names, order_rng, bar)
+        results += _rows(temperature, budgets, runs, base_runs, reference, plan.domains)
         comparisons += _auto_against_fixed(temperature, budgets, runs)
         drafters_paired += _paired_drafters(temperature, runs, names, against or {})
     bar.close()
+    return {**_setting(plan), "weight_read": reference, "rows": results, "auto_vs_fixed": comparisons, "drafters_paired": drafters_paired}
+
+
+def _setting(plan: "_Plan") -> dict:
+    """What a result says it was measured on and with: the machine, the precision and forward, the run's settings."""
+    bundle = plan.bundle
+    device = next(bundle.target.parameters()).device
     return {"machine": machine_info(device), "precision": figure_precision(device, bundle.target, bundle.drafters, bundle.precision.label if bundle.precision else None),
-            "target_forward": bundle.precision.to_dict() if bundle.precision else None, "forwards": [f or "chosen" for f in forwards], "seed": seed, "max_new_tokens": max_new_tokens, "repeats": repeats, "prompts": len(encoded), "truncation": dict(truncation or {}),
-            "weight_read": reference, "rows": results, "auto_vs_fixed": comparisons, "drafters_paired": drafters_paired}
+            "target_forward": bundle.precision.to_dict() if bundle.precision else None, "forwards": [f or "chosen" for f in plan.forwards], "seed": plan.seed,
+            "max_new_tokens": plan.max_new_tokens, "repeats": plan.repeats, "prompts": len(plan.encoded), "truncation": dict(plan.truncation)}
+
+
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """What every run of :func:`bench_e2e` shares: the models, the budgets, the prompts (encoded) and their domains,
+    the repeats and seed, the decoding settings, the forwards and the peers (with their models)."""
+
+    bundle: object
+    budgets: tuple
+    encoded: list
+    domains: list[str]
+    repeats: int
+    seed: int
+    max_new_tokens: int
+    truncation: dict
+    budget_cap: int
+    forwards: tuple
+    peers: tuple
+    peer_models: dict
+
+    @property
+    def suffixes(self) -> dict:
+        """Each forward's suffix on a method's name: none with one forward, else ``@forward``."""
+        return {forward: ("" if len(self.forwards) == 1 else f"@{forward or 'chosen'}") for forward in self.forwards}
+
+    @property
+    def baselines(self) -> list[tuple[str, None, None]]:
+        """The autoregressive loop in each forward, then the peers: each runs once a prompt and serves every budget."""
+        return [(f"autoregressive{suffix}", None, None) for suffix in self.suffixes.values()] + [(peer, None, None) for peer in self.peers]
+
+
+def _runs_at(plan: _Plan, temperature: float, names: list, order_rng: random.Random, bar) -> tuple[dict, dict]:
+    """Every method at every budget, and every baseline, on every prompt at ``temperature``, in a shuffled order per
+    prompt and repeat; returns (runs by (method, budget), baseline runs by name), each a list of run records."""
+    memory = {name: (Calibration(), RoundRate()) for name, _, _ in names}  # one user asking in turn: budget auto carries its state from prompt to prompt
+    runs = {(name, budget): [] for name, _, _ in names for budget in plan.budgets}
+    base_runs = {name: [] for name, _, _ in plan.baselines}
+    suffixes = plan.suffixes
+    for repeat in range(plan.repeats):
+        for i, ids in enumerate(plan.encoded):
+            config = DecodeConfig(budget_cap=plan.budget_cap, temperature=temperature, max_new_tokens=plan.max_new_tokens, seed=plan.seed + 1000 * repeat + i,
+                                  **(plan.truncation if temperature > 0 else {}))
+            order = [(name, None, None, None) for name, _, _ in plan.baselines] + [(name, drafter, verifier, budget) for name, drafter, verifier in names for budget in plan.budgets]
+            order_rng.shuffle(order)
+            paired = {}
+            for name, drafter, verifier, budget in order:
+                forward = next((f for f, suffix in suffixes.items() if suffix and name.endswith(suffix)), plan.forwards[0])
+                with contextlib.nullcontext() if forward is None else forced_target_forward(plan.bundle.target, forward):
+                    auto = AutoBudget.for_target(plan.bundle.target, plan.budget_cap, *memory[name]) if budget == "auto" else None  # the curve of the forward in force
+                    paired[(name, budget)] = _one_run(plan.bundle, name.split("@")[0], drafter, verifier, budget, ids, config, auto, plan.peer_models)
+                bar.update(1)
+            for (name, budget), summary in paired.items():
+                own_loop = "autoregressive" + (name[name.index("@"):] if "@" in name else suffixes[plan.forwards[0]])  # a peer: the first forward's loop
+                (base_runs[name] if budget is None else runs[(name, budget)]).append(_run_record(summary, paired, plan.domains[i], own_loop))
+    return runs, base_runs
 
 
 def _method_names(bundle, methods, temperature: float) -> list[tuple[str, str, str]]:
