@@ -17,6 +17,7 @@ outside the most frequent few thousand is rarely one a tree would keep.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import shlex
@@ -207,11 +208,17 @@ def _stage_json(path: Path, make):
     return value
 
 
-def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: DrafterRecipe, command: str, allow_download: bool = False, progress: bool = True,
-                           target_name: str | None = None) -> dict:
-    """Run every stage (cached in ``work``) and install the drafter into ``out``; returns its report
-    (its target named ``target_name``, else ``target_source``)."""
+@contextlib.contextmanager
+def _stage(timings: dict, key: str):
+    """Time the ``with`` block into ``timings[key]`` (seconds)."""
     start = time.time()
+    yield
+    timings[key] = time.time() - start
+
+
+def _claim_work(work: Path, recipe: DrafterRecipe) -> None:
+    """Mark ``work`` as this recipe's: data of another recipe is refused; the same data with other training
+    settings keeps the data and drops the stale checkpoint."""
     work.mkdir(parents=True, exist_ok=True)
     recipe_path = work / "recipe.json"
     if recipe_path.is_file() and json.loads(recipe_path.read_text()) != asdict(recipe):
@@ -220,55 +227,69 @@ def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: Dr
             raise ValueError(f"{work} holds data of another recipe; pass a new --work-dir (or delete it) to start over")
         shutil.rmtree(work / "checkpoint", ignore_errors=True)  # same data, new training: only the checkpoint is stale
     recipe_path.write_text(json.dumps(asdict(recipe), indent=1))
-    torch.manual_seed(recipe.seed)
-    tokenizer = load_tokenizer(target_source, allow_download)
-    # the data writer and the feature forward run in bfloat16 only where this CPU is faster at it
+
+
+def _frozen_target(target_source: str, allow_download: bool):
+    """The target, frozen; the data writer and the feature forward run in bfloat16 only where this CPU is faster at it."""
     target = load_causal_lm(target_source, device="cpu", dtype=low_precision("cpu"), allow_download=allow_download).eval()
     for parameter in target.parameters():
         parameter.requires_grad_(False)
-    template = ChatTemplate.of(tokenizer)
-    eval_prompts = load_prompt_set("chat")
-    timings = {}
+    return target
 
-    t = time.time()
-    shards_read = sum((_shard_folder(work, shard) / "conversations.json").is_file() for shard in range(recipe.shards))
-    conversations = write_shards(target, tokenizer, work, recipe, [p["text"] for p in eval_prompts], progress)
-    timings["conversations_s"] = time.time() - t
-    train_part, heldout_part = split_conversations(conversations, recipe)
 
-    vocab, coverage = draft_vocabulary(train_part, min(recipe.drafter.draft_vocab_size, target.config.vocab_size), always=(template.end_of_turn,))
-    drafter_config = fit_to_target(
-        recipe.drafter, target, draft_vocab_size=int(vocab.numel()),
-        notes={"trained_by": command, "loss": (f"cross-entropy against the target's top-{recipe.train.soft_top} next-token distributions" if recipe.train.soft_top
-                                               else "token-level cross-entropy") + " on the target's own chat responses"},
-    )
-    t = time.time()
-    parts_before = _feature_parts(work)
+def _datasets(work: Path, target, parts: dict, end_of_turn: int, feature_layers, vocab, recipe: DrafterRecipe, progress: bool) -> dict:
+    """``{"train", "heldout"}``: each part's conversations as training data with the target's features and soft
+    labels (cached in ``work``)."""
     datasets = {}
-    for name, part in (("train", train_part), ("heldout", heldout_part)):
-        data = datasets[name] = TrainData.from_lists(part.sequences, part.prompt_lengths.tolist(), template.end_of_turn)
-        data.features, data.soft = cached_features(work / f"features-{name}", target, data.token_ids, data.lengths, drafter_config.feature_layers, vocab,
+    for name, part in parts.items():
+        data = datasets[name] = TrainData.from_lists(part.sequences, part.prompt_lengths.tolist(), end_of_turn)
+        data.features, data.soft = cached_features(work / f"features-{name}", target, data.token_ids, data.lengths, feature_layers, vocab,
                                                    max(recipe.train.soft_top, STORED_SOFT_TOP), progress)
         data.soft = data.soft.top(recipe.train.soft_top) if recipe.train.soft_top else None
-    timings["features_s"] = time.time() - t
-    parts = _feature_parts(work)
+    return datasets
 
+
+def _drafter_config(recipe: DrafterRecipe, target, vocab, command: str):
+    """The recipe's drafter fitted to the target and the draft vocabulary, its notes naming how it was trained."""
+    loss = (f"cross-entropy against the target's top-{recipe.train.soft_top} next-token distributions" if recipe.train.soft_top
+            else "token-level cross-entropy") + " on the target's own chat responses"
+    return fit_to_target(recipe.drafter, target, draft_vocab_size=int(vocab.numel()), notes={"trained_by": command, "loss": loss})
+
+
+def train_drafter_pipeline(target_source: str, out: Path, work: Path, recipe: DrafterRecipe, command: str, allow_download: bool = False, progress: bool = True,
+                           target_name: str | None = None) -> dict:
+    """Run every stage (cached in ``work``) and install the drafter into ``out``; returns its report
+    (its target named ``target_name``, else ``target_source``)."""
+    start, timings = time.time(), {}
+    _claim_work(work, recipe)
+    torch.manual_seed(recipe.seed)
+    tokenizer = load_tokenizer(target_source, allow_download)
+    target = _frozen_target(target_source, allow_download)
+    template = ChatTemplate.of(tokenizer)
+    eval_prompts = load_prompt_set("chat")
+    with _stage(timings, "conversations_s"):
+        shards_read = sum((_shard_folder(work, shard) / "conversations.json").is_file() for shard in range(recipe.shards))
+        conversations = write_shards(target, tokenizer, work, recipe, [p["text"] for p in eval_prompts], progress)
+    train_part, heldout_part = split_conversations(conversations, recipe)
+    vocab, coverage = draft_vocabulary(train_part, min(recipe.drafter.draft_vocab_size, target.config.vocab_size), always=(template.end_of_turn,))
+    drafter_config = _drafter_config(recipe, target, vocab, command)
+    with _stage(timings, "features_s"):
+        parts_before = _feature_parts(work)
+        datasets = _datasets(work, target, {"train": train_part, "heldout": heldout_part}, template.end_of_turn, drafter_config.feature_layers, vocab, recipe, progress)
+    parts = _feature_parts(work)
     torch.manual_seed(recipe.seed + 3)
     drafter = drafter_model_class(drafter_config).for_target(drafter_config, target).float()
     drafter.set_draft_vocab(vocab)
-    t = time.time()
-    resumed_at, _ = checkpoint_history(work / "checkpoint")
-    for _ in with_progress(train(drafter, datasets["train"], recipe.train, checkpoint=work / "checkpoint", heldout=datasets["heldout"]), progress=progress):
-        pass
-    timings["training_s"] = time.time() - t
+    with _stage(timings, "training_s"):
+        resumed_at, _ = checkpoint_history(work / "checkpoint")
+        for _ in with_progress(train(drafter, datasets["train"], recipe.train, checkpoint=work / "checkpoint", heldout=datasets["heldout"]), progress=progress):
+            pass
     _, history = checkpoint_history(work / "checkpoint")  # every step's record, also those of a run this one resumed
     heldout = heldout_loss(drafter, datasets["heldout"], soft=recipe.train.soft_top > 0)
-
-    t = time.time()
-    inference = drafter.served()
-    target = target.float()  # tau as served: the default pair runs in float32
-    rows = chat_prompt_tau(target, tokenizer, inference, eval_prompts, recipe, progress)
-    timings["evaluation_s"] = time.time() - t
+    with _stage(timings, "evaluation_s"):
+        inference = drafter.served()
+        target = target.float()  # tau as served: the default pair runs in float32
+        rows = chat_prompt_tau(target, tokenizer, inference, eval_prompts, recipe, progress)
     report = {
         "target": target_name or target_source,
         "recipe": asdict(recipe),
