@@ -317,7 +317,7 @@ def test_a_retiming_counts_the_runs_that_shared_the_machine():
         found = ModelService.__new__(ModelService)
         found.compute = types.SimpleNamespace(active=lambda: next(counts, 1))
 
-        def generate(request, should_stop, auto=None):
+        def generate(request, should_stop, sizing=None):
             for _ in range(3):
                 if should_stop():
                     return summary("cancelled")

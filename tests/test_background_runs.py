@@ -81,7 +81,7 @@ def test_a_live_exittrain_run_scores_and_trains_as_background_work(chat_server, 
 
     def cancel_at_step_2(fraction, desc=""):
         if desc.startswith("step 2/"):
-            chat_server.shared.EXITTRAIN_SLOT.cancel("carol")
+            chat_server.shared.TRAINING_SLOT.cancel("carol")
 
     outputs = list(ui.exittrain.run_exittrain("math", "exit", 5, 0.1, types.SimpleNamespace(session_hash="carol"), progress=cancel_at_step_2))
     assert outputs[-1].status == "cancelled after 2 steps"

@@ -264,7 +264,7 @@ def test_sampling_at_auto_is_lossless(small_target, verifier):
     samples, sizes = [], []
     for seed in range(2500):
         config = DecodeConfig(budget="auto", budget_cap=6, temperature=1.0, verifier=verifier, max_new_tokens=3, seed=seed, stop_at_eos=False)
-        records, summary = run_to_end(speculative_generate(Request(small_target, drafter, prompt, config), auto=auto))
+        records, summary = run_to_end(speculative_generate(Request(small_target, drafter, prompt, config), sizing=auto))
         sizes += summary.tree_sizes
         samples.append(tuple(summary.token_ids))
     assert min(sizes.count(0), sizes.count(4)) > len(sizes) / 10, "the rule must often choose both plain decoding and a tree here"
@@ -283,7 +283,7 @@ def test_greedy_speculation_at_auto_equals_greedy_decoding(kind):
         reference = greedy_reference(target, prompt, 40, eos=False)
         config = DecodeConfig(budget="auto", budget_cap=16, temperature=0.0, max_new_tokens=40, stop_at_eos=False)
         auto = AutoBudget(CostCurve(curve, frozen=True), cap=16) if curve else None
-        records, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config), auto=auto))
+        records, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config), sizing=auto))
         assert summary.token_ids == reference.token_ids, (kind, seed)
         assert all(r.choice is not None and r.tree.budget == r.choice.size for r in records)
         sizes |= set(summary.tree_sizes)
@@ -294,14 +294,14 @@ def test_a_seeded_run_on_a_frozen_curve_repeats_exactly():
     target = tiny_target(VOCAB, scale=2.0)
     drafter = tiny_block_drafter(target)
     config = DecodeConfig(budget="auto", budget_cap=16, temperature=1.0, max_new_tokens=20, seed=5, stop_at_eos=False)
-    runs = [run_to_end(speculative_generate(Request(target, drafter, [3, 9, 27], config), auto=AutoBudget(CostCurve(STEP, frozen=True), cap=16)))[1] for _ in range(2)]
+    runs = [run_to_end(speculative_generate(Request(target, drafter, [3, 9, 27], config), sizing=AutoBudget(CostCurve(STEP, frozen=True), cap=16)))[1] for _ in range(2)]
     assert runs[0].token_ids == runs[1].token_ids and runs[0].tree_sizes == runs[1].tree_sizes
 
 
 def test_an_auto_budget_needs_budget_auto():
     target = tiny_target(VOCAB)
     with pytest.raises(ValueError, match="auto"):
-        run_to_end(speculative_generate(Request(target, tiny_block_drafter(target), [1, 2], DecodeConfig(budget=4)), auto=AutoBudget(CostCurve(CURVE))))
+        run_to_end(speculative_generate(Request(target, tiny_block_drafter(target), [1, 2], DecodeConfig(budget=4)), sizing=AutoBudget(CostCurve(CURVE))))
     with pytest.raises(ValueError, match="auto"):
         DecodeConfig(budget="big")
     with pytest.raises(ValueError, match="budget_cap"):
@@ -331,7 +331,7 @@ def test_generate_command_line_at_auto_records_each_choice(tmp_path, capsys):
 def test_budget_figure_reads_the_rounds_choice():
     target = tiny_target(VOCAB, scale=2.0)
     config = DecodeConfig(budget="auto", budget_cap=16, temperature=1.0, max_new_tokens=12, stop_at_eos=False)
-    records, _ = run_to_end(speculative_generate(Request(target, tiny_block_drafter(target), [3, 9, 27], config), auto=AutoBudget(CostCurve(CURVE, frozen=True), cap=16)))
+    records, _ = run_to_end(speculative_generate(Request(target, tiny_block_drafter(target), [3, 9, 27], config), sizing=AutoBudget(CostCurve(CURVE, frozen=True), cap=16)))
     record = records[-1]
     fig = budget_figure(record)
     line, going, chosen = fig.data
@@ -428,7 +428,7 @@ def test_auto_drafts_twice_the_largest_recent_kept_tree_and_grows_when_a_round_k
     drafter.propose = lambda context, budget, state, timer=None: drafted.append(budget) or propose(context, budget, state, timer)
     config = DecodeConfig(budget="auto", budget_cap=32, temperature=1.0, max_new_tokens=40, seed=3, stop_at_eos=False)
     auto = AutoBudget(CostCurve(STEP, frozen=True), cap=32)
-    records, summary = run_to_end(speculative_generate(Request(target, drafter, [3, 9, 27], config), auto=auto))
+    records, summary = run_to_end(speculative_generate(Request(target, drafter, [3, 9, 27], config), sizing=auto))
     kept = summary.tree_sizes
     assert drafted[0] == 32  # nothing kept yet: the cap
     expected = [min(32, max(MIN_DRAFTED, 2 * max(kept[max(0, i - KEPT_MEMORY):i]))) for i in range(1, len(kept))]
@@ -444,7 +444,7 @@ def test_auto_gives_the_drafter_half_the_least_probable_kept_nodes_path_probabil
     propose = drafter.propose
     drafter.propose = lambda context, budget, state, timer=None: floors.append(context.min_path_prob) or propose(context, budget, state, timer)
     config = DecodeConfig(budget="auto", budget_cap=16, temperature=1.0, max_new_tokens=40, seed=3, stop_at_eos=False)
-    records, _ = run_to_end(speculative_generate(Request(target, drafter, [3, 9, 27], config), auto=AutoBudget(CostCurve(STEP, frozen=True), cap=16)))
+    records, _ = run_to_end(speculative_generate(Request(target, drafter, [3, 9, 27], config), sizing=AutoBudget(CostCurve(STEP, frozen=True), cap=16)))
     least = [float(r.tree.path_logprob[1:].exp().min()) if r.tree.num_nodes > 1 else None for r in records]
     assert floors[0] == 0.0  # nothing kept yet
     for i in range(1, len(records)):

@@ -122,6 +122,6 @@ def test_live_the_walkthrough_and_the_lab_run_the_path_drafter(smollm2_server):
     outputs = client.predict(*chat(QUESTION, drafter="path", budget=8, max_new=8), api_name="/generate")
     assert "rounds" in outputs[4]
     walk = client.predict(QUESTION, "path", "tev", 8, 0.7, 0.9, 0, api_name="/walkthrough")
-    assert "round 1 · step 1 of 8" in walk[0] and "The context and the root" in walk[1]
+    assert "round 1 · step 1 of 9" in walk[0] and "The context and the root" in walk[1]  # the ninth: the oracle's tree beside the drafter's
     figure, tree, table = client.predict("prompt", QUESTION, "path", 8, 1.0, 200, 0, api_name="/verifier_lab")
     assert all(f"| {verifier} |" in table for verifier in ("tev", "predraw", "sequential")) and "200 draws per verifier" in table

@@ -423,11 +423,11 @@ def test_the_tab_refuses_too_few_prompts_and_cancel_shows_no_comparison(tmp_path
     run = ui.workload.run_workload(ui.workload.OWN, prompts, 2, ui.workload.DEFAULT_RECIPE, request)
     first = next(run)
     assert "answers" in first[0]
-    assert shared.EXITTRAIN_SLOT.cancel("visitor")
+    assert shared.TRAINING_SLOT.cancel("visitor")
     outputs = list(run)
     assert outputs[-1][0].startswith("cancelled") and outputs[-1][1] == ""
-    assert shared.EXITTRAIN_SLOT.acquire("next visitor")  # the slot was released
-    shared.EXITTRAIN_SLOT.release()
+    assert shared.TRAINING_SLOT.acquire("next visitor")  # the slot was released
+    shared.TRAINING_SLOT.release()
 
 
 def test_the_model_card_shows_each_packs_measured_adaptation():

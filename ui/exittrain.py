@@ -83,7 +83,7 @@ def _checked(domain, tree_term, steps, lambda_tree):
     """The run's bundle, settings, data and domain (None without domains); raises ``ValueError``
     (or ``FileNotFoundError``: the data is missing) saying what to change."""
     steps = check_number("steps", steps, LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, integer=True)
-    lambda_tree = check_number("lambda_tree", lambda_tree, 0, LIMITS.max_lambda_exit)
+    lambda_tree = check_number("lambda_tree", lambda_tree, 0, LIMITS.max_lambda_tree)
     bundle = shared.EXITTRAIN_SERVICE.bundle()
     if "block" not in bundle.drafters:
         raise UserInputError("ExitTrain needs the block drafter, which is not loaded")
@@ -104,12 +104,12 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
         bundle, settings, data, domain = _checked(domain, tree_term, steps, lambda_tree)
     except (ValueError, FileNotFoundError) as error:
         raise _user_error(error) from None
-    if not shared.EXITTRAIN_SLOT.acquire(owner):
+    if not shared.TRAINING_SLOT.acquire(owner):
         raise gr.Error("another ExitTrain run is in progress on this server; wait for it to finish, then start again", print_exception=False)
     try:
         started = time.monotonic()
         experiment = live_experiment(bundle, settings, data)
-        cancel = shared.EXITTRAIN_SLOT.trainer = Cancel()
+        cancel = shared.TRAINING_SLOT.trainer = Cancel()
         # training stops in time for the 'after' scoring, which costs what the 'before' did, and the trees
         out_of_time = lambda: time.monotonic() >= started + RUN_SECONDS - experiment.seconds.get("before", 0.0) - TREES_SECONDS  # noqa: E731
         run = shared.SERVICE.compute.steps(experiment.phases(stop_training=lambda: cancel.cancelled or out_of_time()), background=True)  # users' rounds go first
@@ -127,7 +127,7 @@ def run_exittrain(domain, tree_term, steps, lambda_tree, request: gr.Request, pr
             return
         yield _measured(bundle, experiment, settings, shown.history, tree_term, domain)._replace(status=f"{shown.trained()}; {time.monotonic() - started:.0f} s in all")
     finally:
-        shared.EXITTRAIN_SLOT.release()
+        shared.TRAINING_SLOT.release()
 
 
 class _LiveProgress:
@@ -203,7 +203,7 @@ _NO_HEADROOM = ("\n\nWhy so little: the base drafter was distilled on these very
 
 def cancel_exittrain(request: gr.Request):
     owner = shared.session_of(request)
-    return "cancelling after this step…" if shared.EXITTRAIN_SLOT.cancel(owner) else "no ExitTrain run of yours is in progress"
+    return "cancelling after this step…" if shared.TRAINING_SLOT.cancel(owner) else "no ExitTrain run of yours is in progress"
 
 
 def compare_shipped(progress=gr.Progress()):
@@ -275,7 +275,7 @@ def _control_note(bundle, domain: str | None) -> str:
 # ------------------------------------------------------------------------------ the tab
 def check_free(*inputs):
     """Refuses a start while any ExitTrain run (live or workload) holds the server's one slot."""
-    if shared.EXITTRAIN_SLOT.owner is not None:
+    if shared.TRAINING_SLOT.owner is not None:
         raise UserInputError("another ExitTrain run is in progress on this server; wait for it to finish, then start again")
 
 
@@ -296,7 +296,7 @@ def tab() -> None:
         domain = gr.Radio(list(DOMAINS), value="dialogue", label="domain (train and judge on it; the base drafter does worst on dialogue)", visible=shared.EXITTRAIN_CHAT)
         tree_term = gr.Radio(list(TREE_TERMS), value="exit", label="tree term (exit: the method; prefix, none: controls)")
         steps = gr.Slider(LIMITS.min_exittrain_steps, LIMITS.max_exittrain_steps, value=CHAT_TAB_STEPS if shared.EXITTRAIN_CHAT else live.steps, step=1, label="steps (training stops early if the 3 minutes run out)")
-        lambda_tree = gr.Slider(0, LIMITS.max_lambda_exit, value=live.lambda_tree, step=1, label="lambda_tree (weight of L_tree)")
+        lambda_tree = gr.Slider(0, LIMITS.max_lambda_tree, value=live.lambda_tree, step=1, label="lambda_tree (weight of L_tree)")
     with gr.Row():
         start = gr.Button("Start fine-tune", variant="primary", elem_id="exittrain-start")
         cancel = gr.Button("Cancel", elem_id="exittrain-cancel")

@@ -275,7 +275,7 @@ def _served(speculation, asked: Asked, memory, serving_note: str | None, request
     started = time.perf_counter()
     waited = _waited(request, started)
     replaced = superseded.is_set if superseded is not None else lambda: False
-    events = shared.SERVICE.generate(speculation, should_stop=lambda: stop.is_set() or replaced(), auto=sizing)
+    events = shared.SERVICE.generate(speculation, should_stop=lambda: stop.is_set() or replaced(), sizing=sizing)
     try:  # Gradio closes this generator when the client leaves: stop generating then
         crowd = [0]  # the most other runs seen sharing the machine
         summary = yield from mapped(_drawn(events, records, asked.prompt, crowd), lambda view: _with_note(view, serving_note))

@@ -12,7 +12,7 @@ import gradio as gr
 
 from tev.engine.models import PAIRS, default_pair
 from tev.service.adapted import AdaptedDrafters, AskedPrompts
-from tev.service.service import ExitTrainSlot, ModelService
+from tev.service.service import TrainingSlot, ModelService
 
 # "auto": CUDA when torch sees it (on ZeroGPU the spaces package makes it visible at start-up
 # and moves the weights when a @spaces.GPU call begins), else the CPU
@@ -29,7 +29,7 @@ SHARES_EXITTRAIN = SERVICE.target_source is None and DTYPE in ("auto", "float32"
 EXITTRAIN_SERVICE = SERVICE if SHARES_EXITTRAIN else ModelService(pair=default_pair(), device=DEVICE)
 EXITTRAIN_SERVICE.compute = SERVICE.compute
 EXITTRAIN_CHAT = PAIRS[default_pair()].has_domains  # its data has domains (dialogue, code, math)
-EXITTRAIN_SLOT = ExitTrainSlot()
+TRAINING_SLOT = TrainingSlot()
 ADAPTED = AdaptedDrafters()  # each session's adapted drafters (for the ExitTrain pair's target), least recently used dropped first
 ASKED = AskedPrompts()  # each session's chat prompts sent in Live: a workload of its own
 SERVICE.adapted = ADAPTED if SHARES_EXITTRAIN else None  # Live and the walkthrough serve them where they were made for its target

@@ -104,10 +104,10 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request):
             raise ValueError("workload adaptation needs a chat target and its shipped drafter (the default pair)")
     except (ValueError, FileNotFoundError) as error:
         raise _user_error(error) from None
-    if not shared.EXITTRAIN_SLOT.acquire(owner):
+    if not shared.TRAINING_SLOT.acquire(owner):
         raise gr.Error("another ExitTrain run is in progress on this server; wait for it to finish, then start again", print_exception=False)
     cancel = Cancel()
-    shared.EXITTRAIN_SLOT.trainer = cancel
+    shared.TRAINING_SLOT.trainer = cancel
     try:
         settings = workload_settings(term)
         run = adaptation(bundle, prompts, shipped_drafter(bundle.pair, kind), minutes, settings, progress=False)  # the control: the other recipe
@@ -125,7 +125,7 @@ def run_workload(pack, own_text, minutes, recipe, request: gr.Request):
             return
         yield from _finished(bundle, kind, pack, prompts, outcome, owner, shown)
     finally:
-        shared.EXITTRAIN_SLOT.release()
+        shared.TRAINING_SLOT.release()
 
 
 def _finished(bundle, kind: str, pack: str, prompts: list[str], outcome: dict, owner: str, shown: "RunProgress"):
@@ -223,7 +223,7 @@ def _served_laws(gains: dict) -> str:
     unmeasurable = any(gains[key]["gain"] >= -2 * gains[key]["se"] for key in losses)  # the table calls these no measurable change
     return (f"; on its held-out prompts it got fewer tokens per forward than the shipped drafter at {lost}, so Live runs the shipped drafter at the laws nearest to "
             f"{'that' if len(losses) == 1 else 'those'} and serves the adapted one " + (f"at {', '.join(served)}" if served else "at none")
-            + (" (Live plays safe: a figure below zero withholds it even where the table finds no measurable change)" if unmeasurable else ""))
+            + (" (Live plays safe: a figure below zero withholds it, whether or not it lies outside two standard errors)" if unmeasurable else ""))
 
 
 def remember_asked(prompt: str, chat, request) -> None:

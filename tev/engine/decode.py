@@ -241,7 +241,7 @@ class _Output:
 
 
 def speculative_generate(
-    request: Request, tokenizer=None, should_stop: Callable[[], bool] | None = None, auto: AutoBudget | None = None
+    request: Request, tokenizer=None, should_stop: Callable[[], bool] | None = None, sizing: AutoBudget | None = None
 ) -> Generator[RoundRecord, None, GenerationSummary]:
     """Generate with tree speculation; yields a RoundRecord per round and returns the summary.
 
@@ -255,10 +255,10 @@ def speculative_generate(
     """
     target, drafter, config = request.target, request.drafter, request.config
     if config.budget != "auto":
-        if auto is not None:
+        if sizing is not None:
             raise ValueError("an AutoBudget needs config.budget == 'auto'")
-    elif auto is None:
-        auto = AutoBudget.for_target(target, config.budget_cap)
+    elif sizing is None:
+        sizing = AutoBudget.for_target(target, config.budget_cap)
     start = time.perf_counter()
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
     prompt = list(request.prompt_ids)
@@ -284,7 +284,7 @@ def speculative_generate(
             output.stop_reason = "context_limit"
             break
         timer = StageTimer(device)
-        record = speculation_round(session, drafter, committed, config.budget, verifier, config.law, generator, state, timer, auto)
+        record = speculation_round(session, drafter, committed, config.budget, verifier, config.law, generator, state, timer, sizing)
         block = record.verdict.block_tokens(record.tree)
         record.index = index
         record.emitted, record.text = output.add(block)

@@ -133,19 +133,19 @@ def prefill(session: CausalLMSession, prompt_ids: list[int], state: DraftState) 
 
 
 def draft_tree(
-    session: CausalLMSession, drafter: Drafter, committed: list[int], budget: int | str, state: DraftState, timer: StageTimer, auto: AutoBudget | None = None
+    session: CausalLMSession, drafter: Drafter, committed: list[int], budget: int | str, state: DraftState, timer: StageTimer, sizing: AutoBudget | None = None
 ) -> tuple[DraftTree, BudgetChoice | None]:
-    """Draft a tree of at most ``budget`` nodes under ``committed[-1]``; with ``auto`` (budget
+    """Draft a tree of at most ``budget`` nodes under ``committed[-1]``; with ``sizing`` (budget
     ``"auto"``), draft :meth:`AutoBudget.draft_size` nodes (at most its cap) and keep the best-first prefix the machine pays for
     (chosen from the drafter and past rounds only, before the target sees the tree)."""
     room = room_left(session)
-    drafted = budget if auto is None else auto.draft_size()  # nodes drafted: the budget, or what the auto rule may keep a prefix of
-    context = DraftContext(committed, max_depth=room, min_path_prob=0.0 if auto is None else auto.draft_floor())
+    drafted = budget if sizing is None else sizing.draft_size()  # nodes drafted: the budget, or what the auto rule may keep a prefix of
+    context = DraftContext(committed, max_depth=room, min_path_prob=0.0 if sizing is None else sizing.draft_floor())
     tree = drafter.propose(context, drafted if room > 0 else 0, state, timer)
-    if auto is None:
+    if sizing is None:
         return tree, None
     with timer.stage("build"):
-        return auto.choose(tree)
+        return sizing.choose(tree)
 
 
 def draft_and_forward(
@@ -178,7 +178,7 @@ def speculation_round(
     generator: torch.Generator,
     state: DraftState,
     timer: StageTimer,
-    auto: AutoBudget | None = None,
+    sizing: AutoBudget | None = None,
 ) -> RoundRecord:
     """One round on ``session``: draft, target forward, head, verdict, then commit the accepted
     path to the cache and the drafter's ``state``. ``committed`` is read, not changed (the caller
@@ -190,9 +190,9 @@ def speculation_round(
     (:class:`StageTimer` on a CUDA device synchronises around each stage).
 
     With ``auto`` (``budget`` is then ``"auto"``) the round's size is chosen by the cost-aware rule
-    and the round's coverage and stage times feed ``auto`` for the rounds after it."""
+    and the round's coverage and stage times feed ``sizing`` for the rounds after it."""
     position = session.length
-    tree, choice = draft_tree(session, drafter, committed, budget, state, timer, auto)
+    tree, choice = draft_tree(session, drafter, committed, budget, state, timer, sizing)
     output = _forward(session, tree, timer)
     with timer.stage("head"):
         rows = output.rows(law)
@@ -203,7 +203,7 @@ def speculation_round(
         session.commit(verdict.path)
         if output.features is not None:
             state.add_features(output.features[torch.as_tensor(verdict.path).to(output.features.device, non_blocking=True)])
-    if auto is not None:  # after the verdict: this round's rows inform only later rounds
+    if sizing is not None:  # after the verdict: this round's rows inform only later rounds
         seconds = timer.seconds
-        auto.observe(tree, choice, flow.coverage, seconds["forward"] + seconds["head"] + seconds["verify"], sum(seconds.values()), verdict.block_length)
+        sizing.observe(tree, choice, flow.coverage, seconds["forward"] + seconds["head"] + seconds["verify"], sum(seconds.values()), verdict.block_length)
     return RoundRecord(tree, flow, verdict, dict(timer.seconds), drafter.name, verifier, position, choice=choice)

@@ -30,7 +30,7 @@ from tev.service.live_settings import LiveInput, LiveSettings
 from tev.util.compute_thread import ComputeThread, result_of as _result
 from tev.engine.prompt_text import encode_chat, encode_prompt
 
-__all__ = ["Limits", "LIMITS", "DEFAULT_SAMPLING", "ModelService", "Retiming", "IdleTiming", "IdleTimings", "machine_load", "as_text", "check_number", "finite_number", "check_settings", "records_to_json", "ExitTrainSlot", "UserInputError"]
+__all__ = ["Limits", "LIMITS", "DEFAULT_SAMPLING", "ModelService", "Retiming", "IdleTiming", "IdleTimings", "machine_load", "as_text", "check_number", "finite_number", "check_settings", "records_to_json", "TrainingSlot", "UserInputError"]
 
 
 class UserInputError(ValueError):
@@ -116,7 +116,7 @@ class Limits:
     max_lab_draws: int = 20000
     min_exittrain_steps: int = 5
     max_exittrain_steps: int = 400
-    max_lambda_exit: float = 100
+    max_lambda_tree: float = 100
 
 
 LIMITS = Limits()
@@ -335,11 +335,11 @@ class ModelService:
         except ValueError as error:
             raise UserInputError(str(error)) from None
 
-    def generate(self, request: Request, should_stop=None, auto: AutoBudget | None = None):
+    def generate(self, request: Request, should_stop=None, sizing: AutoBudget | None = None):
         """Yields a RoundRecord per round (each a step of the compute thread) and returns the
         GenerationSummary (PEP 380: ``summary = yield from ...``). ``auto``: budget auto's rule and
         what it learned (one user's; see :meth:`auto_budget`)."""
-        return (yield from self.compute.steps(speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop, auto=auto)))
+        return (yield from self.compute.steps(speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop, sizing=sizing)))
 
     def auto_budget(self, config: DecodeConfig, calibration: Calibration, rate: RoundRate) -> AutoBudget:
         """Budget auto for one request: the machine's cost curve (measured in the compute thread
@@ -395,7 +395,7 @@ class ModelService:
         bundle = self.bundle()  # the whole run is one step: nothing else runs while it is timed
         return self.compute.call(autoregressive_generate, bundle.target, prompt_ids, config, bundle.tokenizer, should_stop=should_stop)
 
-    def retime(self, request: Request, should_stop, auto: AutoBudget | None = None) -> Retiming:
+    def retime(self, request: Request, should_stop, sizing: AutoBudget | None = None) -> Retiming:
         """``request`` decoded again by speculation, then by plain decoding of the same prompt, both
         timed (:class:`Retiming`); ``should_stop`` is polled between rounds and after every plain
         token. Counts the other requests that shared the compute thread meanwhile, sampled at each poll."""
@@ -405,7 +405,7 @@ class ModelService:
             seen["others"] = max(seen["others"], self.compute.active() - 1)  # this request is one of the active
             return should_stop()
 
-        speculative = _result(self.generate(request, should_stop=halted, auto=auto))
+        speculative = _result(self.generate(request, should_stop=halted, sizing=sizing))
         plain = None if speculative.stop_reason == "cancelled" else self.autoregressive(list(request.prompt_ids), request.config, should_stop=halted)
         return Retiming(speculative, plain, seen["others"])
 
@@ -429,8 +429,8 @@ def records_to_json(records: list[RoundRecord], summary: GenerationSummary | Non
 
 
 @dataclass
-class ExitTrainSlot:
-    """Only one ExitTrain run at a time on the server; others are told to wait."""
+class TrainingSlot:
+    """Only one fine-tune at a time on the server (an ExitTrain run or a workload adaptation); others are told to wait."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     owner: str | None = None
