@@ -35,6 +35,8 @@ def browser():
 
 def test_page_generates_and_draws_the_tree(app_server, browser, tmp_path):
     page = _open(app_server, browser)
+    # before the first round the tree's place says what it will hold (plotly drawn at load, not in the first run's stream)
+    page.wait_for_function("document.querySelector('#tree-plot').innerText.includes('Press Generate')", timeout=30_000)
     page.get_by_label("prompt (Python code to continue)").fill("def add(a, b):\n    ")
     page.click("#generate-button")
     # the tree plot is a plotly graph with node markers; the stats line counts rounds
@@ -241,6 +243,13 @@ def test_a_refusal_is_said_under_generate(app_server, browser):
     page.click("#generate-button")
     page.wait_for_selector(REFUSAL_LINE, state="hidden", timeout=30_000)
     _stopped(page)
+    # a 20,000-character prompt: the box grows a little and scrolls; its refusal is read in the first screen, not at its edge
+    page.get_by_label("prompt (Python code to continue)").fill("word " * 4000)
+    page.evaluate("window.scrollTo(0, 0)")
+    page.click("#generate-button")
+    line = page.wait_for_selector(REFUSAL_LINE, state="visible", timeout=30_000)
+    said = line.bounding_box()
+    assert "characters" in line.inner_text() and said["y"] + said["height"] <= 850, said
     page.close()
 
 

@@ -26,7 +26,7 @@ from tev.util.lru import LRU
 from ui.components import KEEP_TYPED, checked_event, once_per_click, refusal_line, settings_handler
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
 from ui.workload import remember_asked
-from visual import mass_by_depth_figure, text_view_html, timeline_figure, tree_figure
+from visual import mass_by_depth_figure, note_figure, text_view_html, timeline_figure, tree_figure
 from visual.budget_view import budget_figure
 from visual.live_words import MIN_TIMED_TOKENS, RETIMING, STOPPED, Machine, Speed, opened_at, round_info, run_summary, said_at_end, sharing_note, stats_markdown, teaching_round
 
@@ -38,7 +38,9 @@ AUTO_DEFAULT = True
 DEFAULT_NEW_TOKENS = 224
 # While a run streams the page redraws its text at most this often and its figures (plotly, costly in the browser)
 # far less: at 4 redraws a second of both a 48 s run kept the browser's main thread busy 12 s.
-TEXT_SECONDS, FIGURE_SECONDS = 0.1, 1.0
+# On the default pair each redraw of the three figures kept the browser's main thread busy about 300 ms (at one a
+# second, long tasks filled 28-33% of a 25 s stream on a 2-core machine serving the page): a redraw every 3 s.
+TEXT_SECONDS, FIGURE_SECONDS = 0.1, 3.0
 
 
 class LiveView(NamedTuple):
@@ -488,7 +490,7 @@ def tab(examples: list[str]) -> gr.Radio:
         with gr.Column(scale=3):
             prompt = gr.Textbox(  # no max_length: a longer prompt is refused with a message, never cut silently
                 label=("your message to the model" if shared.CHAT_DEFAULT else "prompt (Python code to continue)") + f" · at most {LIMITS.max_prompt_chars:,} characters",
-                value=examples[0], lines=5 if shared.CHAT_DEFAULT else 8, max_lines=20,
+                value=examples[0], lines=5 if shared.CHAT_DEFAULT else 8, max_lines=12,  # a long prompt scrolls: Generate and its refusal stay in view
             )
             with gr.Row():  # right under the prompt: in view without scrolling
                 generate = gr.Button("Generate", variant="primary", elem_id="generate-button")
@@ -509,7 +511,9 @@ def tab(examples: list[str]) -> gr.Radio:
             )
         fields = {"prompt": prompt, "chat": chat, **_settings_column()}
     with gr.Row():
-        tree_plot = gr.Plot(label="draft tree of the round", elem_id="tree-plot")
+        # a note, not an empty frame, until the first round; drawing it at page load also loads plotly then, not in the first run
+        tree_plot = gr.Plot(note_figure("Press Generate: each round's draft tree is drawn here, coloured by the target's reach", height=240),
+                            label="draft tree of the round", elem_id="tree-plot")
     with gr.Row():
         mass_plot = gr.Plot(label="where the tree loses target mass", elem_id="mass-plot")
         timeline_plot = gr.Plot(label="rounds", elem_id="timeline-plot")

@@ -15,13 +15,15 @@ from tev.engine.round import STAGES
 
 from .style import BONUS_COLOUR, EXIT_COLOUR, PATH_COLOUR, TokenText, floats, token_label
 
-__all__ = ["before_after_figure", "exit_mass_change_figure", "mass_by_depth_figure", "timeline_figure", "training_figure", "verifier_lab_figure"]
+__all__ = ["note_figure", "before_after_figure", "exit_mass_change_figure", "mass_by_depth_figure", "timeline_figure", "training_figure", "verifier_lab_figure"]
 
 
-def _empty_figure(message: str) -> go.Figure:
-    """A blank figure whose title says why there is nothing to draw."""
+def note_figure(message: str, height: int | None = None) -> go.Figure:
+    """A blank figure whose title says why there is nothing to draw (or what will be drawn)."""
     fig = go.Figure()
     fig.update_layout(title=message, xaxis=dict(visible=False), yaxis=dict(visible=False), plot_bgcolor="white")
+    if height:
+        fig.update_layout(height=height)
     return fig
 
 
@@ -57,7 +59,7 @@ def mass_by_depth_figure(flow_or_flows) -> go.Figure:
     """
     flows = list(flow_or_flows) if isinstance(flow_or_flows, (list, tuple)) else [flow_or_flows]
     if not flows:
-        return _empty_figure("Mass by depth: no rounds yet")
+        return note_figure("Mass by depth: no rounds yet")
     reach, exits, nodes = _mean_by_depth(flows)
     depths = list(range(len(reach)))
     continues = [0.0] + [max(0.0, reach[d] - exits[d]) for d in depths[1:]]
@@ -102,7 +104,7 @@ def exit_mass_change_figure(summaries: dict) -> go.Figure:
     (the tree ended there). Trace names: ``"<name>: missing"``, ``"<name>: tree ended"``.
     """
     if not summaries:
-        return _empty_figure("Exit mass by depth: nothing measured yet")
+        return note_figure("Exit mass by depth: nothing measured yet")
     palette = ["#7f7f7f", EXIT_COLOUR, "#3b7dd8", "#2ca02c"]
     fig = go.Figure()
     for i, (name, summary) in enumerate(summaries.items()):
@@ -138,7 +140,7 @@ def timeline_figure(records) -> go.Figure:
     """
     records = list(records)
     if not records:
-        return _empty_figure("Timeline: no rounds yet")
+        return note_figure("Timeline: no rounds yet")
     auto = any(r.choice is not None for r in records)
     # at auto the right axis ("nodes kept") needs room before the histogram, whose count the subplot title names
     # (an axis title of its own overlapped "nodes kept")
@@ -195,7 +197,7 @@ def training_figure(history) -> go.Figure:
     """
     history = list(history)
     if not history:
-        return _empty_figure("Training: no steps yet")
+        return note_figure("Training: no steps yet")
     fig = make_subplots(rows=1, cols=2, subplot_titles=("loss", "expected block length 1 + C(T)"))
     steps = [h["step"] for h in history]
     styles = {"loss": dict(color=PATH_COLOUR, width=2), "loss_tok": dict(color="#3b7dd8"), "loss_tree": dict(color=EXIT_COLOUR)}
@@ -237,7 +239,7 @@ def before_after_figure(rows, title: str | None = None, yaxis: str = "tau = mean
     """
     rows = list(rows)
     if not rows:
-        return _empty_figure("Before / after: no measurements yet")
+        return note_figure("Before / after: no measurements yet")
     drafters = list(dict.fromkeys(r["drafter"] for r in rows))
     fig = go.Figure()
     for drafter in drafters:
