@@ -100,8 +100,11 @@ def _marginals(trace, token_text, word):
             x=depths[1:], y=q[1:], mode="markers+text", text=[html.escape(html.unescape(token_label(t, token_text))) for t in trace.tree.tokens_list[1:]],
             textposition="middle right", marker=dict(size=10, color="#3b7dd8"), hovertemplate="depth %{x}<br>q = %{y:.3f}<extra></extra>"))
         _plain(fig, "the drafter's q of each token it proposed, by depth", xaxis="depth d", yaxis="q")
-        text = ("This drafter is a small language model: it grows the tree depth by depth (EAGLE-2 style), one forward per depth, "
-                "each node's children its most likely next tokens $q(\\cdot \\mid \\text{path})$. The dots are the $q$ of every token it proposed.")
+        what = ("This drafter is a small language model" if trace.drafter == "ar" else
+                f"The {trace.drafter} drafter reads the target's hidden states at the committed tokens and the path drafted so far")
+        text = (f"{what}: its $q$ at a node is conditional on the path to it, so there are no per-depth marginals to show. It grows the "
+                "tree depth by depth (EAGLE-2 style), one forward per depth over the best frontier nodes together, each node's children "
+                "its most likely next tokens $q(\\cdot \\mid \\text{path})$. The dots are the $q$ of every token it proposed.")
         return text, fig
     tokens, probs = trace.marginals
     depth_count, top = tokens.shape
@@ -144,7 +147,7 @@ def _builder(trace, token_text, word):
                  f"adding it as a node (its parent is always already in the tree), until the budget **B = {tree.budget}** is spent. "),
         "chain": (f"The chain drafter keeps only the top guess of each depth: one path of at most B = {tree.budget} nodes, however "
                   "sure or unsure each guess is (a tree would spend the same budget on second guesses where $q$ is spread). "),
-        "dynamic": (f"The AR drafter grew the tree depth by depth, expanding the best frontier nodes by path score, and kept the "
+        "dynamic": (f"The drafter grew the tree depth by depth, expanding the best frontier nodes by path score, and kept the "
                     f"B = {tree.budget} best nodes overall (a child never outscores its parent, so they form a tree). "),
     }[trace.shape]
     text = how + (f"It took {word(tree.tokens_list[1])} first (path score {scores[1]:.3f}) and {word(tree.tokens_list[last])} last "
@@ -348,7 +351,9 @@ def _leaves(tree, flow, word) -> str:
 
 def _beside(left: go.Figure, right: go.Figure, titles: tuple[str, str]) -> go.Figure:
     """Two tree figures side by side, one colour scale (the right one's bar hidden)."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=[html.escape(t) for t in titles], horizontal_spacing=0.12)
+    spans = [max(2.0, part.layout.xaxis.range[1] - part.layout.xaxis.range[0]) for part in (left, right)]  # depth drawn: each tree's share of the width
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[html.escape(t) for t in titles], horizontal_spacing=0.08,
+                        column_widths=[span / sum(spans) for span in spans])
     for col, part in ((1, left), (2, right)):
         for trace in part.data:
             if col == 2 and getattr(trace, "marker", None) is not None and trace.marker.colorbar is not None:
