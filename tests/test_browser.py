@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from tev.drive.browser import live_summary
+from tev.drive.browser import RAN_JS as _RAN, STREAMED_JS as _STREAMED, WATCH_RUN_JS as _WATCH_RUN, live_summary
 from tev.service.service import LIMITS
 
 pytestmark = pytest.mark.browser
@@ -485,42 +485,9 @@ def test_the_speed_sentence_says_what_happened_to_the_re_timing(app_server, brow
     page.close()
 
 
-_WATCH_RUN = """() => {
-    // long tasks (the main thread busy 50 ms or more) and tree redraws while the answer streams (until the stats say it stopped)
-    window.__run = {start: performance.now(), streamed: null, busy: 0, tasks: 0, longest: 0, titles: new Set()};
-    const run = window.__run, stats = document.querySelector('#live-stats'), tree = document.querySelector('#tree-plot');
-    if (!window.__tasks) {
-        window.__tasks = [];
-        new PerformanceObserver(list => { for (const task of list.getEntries()) window.__tasks.push(task); }).observe({type: 'longtask'});
-    }
-    window.__tasks.length = 0;
-    new MutationObserver((_, watcher) => {  // this run's rounds first (the last run's stats said 'stopped' already)
-        const text = stats.innerText;
-        if (text.includes('rounds') && !text.includes('stopped')) run.running = true;
-        else if (run.running && text.includes('stopped')) { run.streamed = performance.now(); watcher.disconnect(); }
-    }).observe(stats, {childList: true, subtree: true, characterData: true});
-    new MutationObserver((_, watcher) => {
-        if (run.streamed !== null) { watcher.disconnect(); return; }
-        const title = (tree.innerText.match(/round \\d+ of \\d+/) || [null])[0];
-        if (title) run.titles.add(title);
-    }).observe(tree, {childList: true, subtree: true, characterData: true});
-}"""
-
-_STREAMED = """() => {
-    const run = window.__run, during = window.__tasks.filter(t => t.startTime + t.duration <= run.streamed);  // the final view's draw excluded
-    return {seconds: (run.streamed - run.start) / 1e3, busy: during.reduce((s, t) => s + t.duration, 0) / 1e3, tasks: during.length,
-            longest: Math.max(0, ...during.map(t => t.duration)), redraws: run.titles.size};
-}"""
 
 
-_RAN = """() => {
-    window.__ran = false;
-    const stats = document.querySelector('#live-stats');
-    const watcher = new MutationObserver(() => {
-        if (stats.innerText.includes('rounds') && !stats.innerText.includes('stopped')) { window.__ran = true; watcher.disconnect(); }
-    });
-    watcher.observe(stats, {childList: true, subtree: true, characterData: true});
-}"""
+
 
 
 def _generated(page) -> None:
@@ -738,7 +705,9 @@ def _said_where_pressed(page, words: str) -> None:
     except Exception:
         raise AssertionError(f"{words!r} never shown; the stats: {page.inner_text('#live-stats')[-700:]}") from None
     places = page.evaluate("word => window.__placed[word]", words)
-    assert any(p["stop"] - 2 <= p["top"] and p["bottom"] <= p["answer"] + 2 and p["bottom"] <= p["window"] for p in places), (words, places)
+    line = page.locator("#live-said")
+    assert any(p["stop"] - 2 <= p["top"] and p["bottom"] <= p["answer"] + 2 and p["bottom"] <= p["window"] for p in places), \
+        (words, places, "the line under the buttons:", line.is_visible() and line.inner_text()[:300])
 
 
 def _press_when_page_says(page, words: str, button: str) -> None:

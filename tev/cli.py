@@ -11,7 +11,7 @@ import sys
 
 from tev.bench import ablation, data_writer, drafter_tau, e2e, oracle_reach, reach, report, row_cost, verifiers_bench, workload_table
 from tev.core.verify import VERIFIERS
-from tev.drive import gpu_check, loadtest, page_speed, screenshot, workload_path
+from tev.drive import gpu_check, loadtest, page_load, page_speed, screenshot, workload_path
 from tev.engine.generate_command import generate_command
 from tev.engine.models import DRAFTERS
 from tev.pipelines.arguments import add_budget_cap_argument, add_data_arguments, add_model_arguments, add_training_arguments, add_truncation_arguments, budget_value
@@ -43,6 +43,7 @@ BENCH = {
     # what starts the app or drives it from outside (tev/drive)
     "loadtest": (loadtest, "load test of the app through its public API: users, seeds, own outputs, queue full, memory"),
     "page-speed": (page_speed, "the Live page's speed figure, read from a real browser (or --api)"),
+    "page-load": (page_load, "what a streaming answer costs the browser: long tasks on the page's main thread"),
     "workload-path": (workload_path, "a visitor's workload path in a real browser: paste, adapt, generate in Live"),
     "screenshot": (screenshot, "the README screenshot (and the other tabs, the walkthrough steps) from the real app"),
     "gpu-check": (gpu_check, "one prepared check for a lent CUDA machine (bash scripts/gpu-check.sh runs it)"),

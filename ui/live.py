@@ -323,8 +323,9 @@ def _retimed(speculation, quiet_sizing, records, summary, config: DecodeConfig, 
 
 
 def _said(text: str | None):
-    """The line under the buttons that answers a press: ``text``, or hidden when there is none."""
-    return gr.update(value=text or "", visible=bool(text))
+    """The line under the buttons that answers a press: ``text``, or hidden when there is none (kept in the page:
+    removed and mounted again when shown, it came after the stats it answers, and a loaded machine's browser test saw it not come)."""
+    return gr.update(value=text or "", visible=True if text else "hidden")
 
 
 def _adapted_note(drafter: str) -> str | None:
@@ -498,7 +499,7 @@ def tab(examples: list[str]) -> gr.Radio:
                 more = gr.Button("Continue", elem_id="continue-button", visible=False)  # shown when an answer stopped at the length limit
             # a refused press says why here, where the user pressed (the validator's message sits under the input, maybe out of sight)
             refused = gr.Markdown(visible=False, elem_id="live-refusal")
-            said_line = gr.Markdown(visible=False, elem_id="live-said")  # what answers a press (Stop, the re-timing, the speed), above the answer
+            said_line = gr.Markdown(visible="hidden", elem_id="live-said")  # what answers a press (Stop, the re-timing, the speed), above the answer
             gr.Markdown(gpu.quota_note("generate"), visible=gpu.ZERO_GPU)
             # the answer streams under the prompt, in the first screen (beneath the settings it started out of sight)
             text_view = gr.HTML(elem_id="text-view", elem_classes="tev-text")

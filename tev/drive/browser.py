@@ -14,7 +14,7 @@ try:  # a development dependency: the rest of ``python -m tev`` runs without it
 except ImportError:
     sync_playwright = None
 
-__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "BUDGET_LABEL", "AUTO_LABEL", "open_page", "set_number", "live_summary"]
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "BUDGET_LABEL", "AUTO_LABEL", "RAN_JS", "WATCH_RUN_JS", "STREAMED_JS", "open_page", "set_number", "live_summary"]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -59,3 +59,43 @@ def live_summary(page, timeout_ms: int = 120_000) -> dict:
     once the page shows it."""
     page.wait_for_function(_SUMMARY_SHOWN, timeout=timeout_ms)
     return json.loads(page.inner_text("#live-summary"))
+
+
+# What a streaming run costs the browser, watched from the page itself (the measurements and the browser tests share them):
+# RAN_JS marks when this press's run began streaming, WATCH_RUN_JS records long tasks and tree redraws until the stats
+# say it stopped, STREAMED_JS reads them back.
+RAN_JS = """() => {
+    window.__ran = false;
+    const stats = document.querySelector('#live-stats');
+    const watcher = new MutationObserver(() => {
+        if (stats.innerText.includes('rounds') && !stats.innerText.includes('stopped')) { window.__ran = true; watcher.disconnect(); }
+    });
+    watcher.observe(stats, {childList: true, subtree: true, characterData: true});
+}"""
+
+WATCH_RUN_JS = """() => {
+    // long tasks (the main thread busy 50 ms or more) and tree redraws while the answer streams (until the stats say it stopped)
+    window.__run = {start: performance.now(), streamed: null, busy: 0, tasks: 0, longest: 0, titles: new Set()};
+    const run = window.__run, stats = document.querySelector('#live-stats'), tree = document.querySelector('#tree-plot');
+    if (!window.__tasks) {
+        window.__tasks = [];
+        new PerformanceObserver(list => { for (const task of list.getEntries()) window.__tasks.push(task); }).observe({type: 'longtask'});
+    }
+    window.__tasks.length = 0;
+    new MutationObserver((_, watcher) => {  // this run's rounds first (the last run's stats said 'stopped' already)
+        const text = stats.innerText;
+        if (text.includes('rounds') && !text.includes('stopped')) run.running = true;
+        else if (run.running && text.includes('stopped')) { run.streamed = performance.now(); watcher.disconnect(); }
+    }).observe(stats, {childList: true, subtree: true, characterData: true});
+    new MutationObserver((_, watcher) => {
+        if (run.streamed !== null) { watcher.disconnect(); return; }
+        const title = (tree.innerText.match(/round \\d+ of \\d+/) || [null])[0];
+        if (title) run.titles.add(title);
+    }).observe(tree, {childList: true, subtree: true, characterData: true});
+}"""
+
+STREAMED_JS = """() => {
+    const run = window.__run, during = window.__tasks.filter(t => t.startTime + t.duration <= run.streamed);  // the final view's draw excluded
+    return {seconds: (run.streamed - run.start) / 1e3, busy: during.reduce((s, t) => s + t.duration, 0) / 1e3, tasks: during.length,
+            longest: Math.max(0, ...during.map(t => t.duration)), redraws: run.titles.size};
+}"""

@@ -42,6 +42,7 @@ VERSIONS = {
     "row-cost": 1,  # bench row-cost --json
     "data-writer": 1,  # bench data-writer --json
     "page-speed": 1,  # bench page-speed --json
+    "page-load": 1,  # bench page-load --json
     "loadtest": 1,  # bench loadtest: loadtest.json
     "gpu-check": 2,  # bench gpu-check: gpu-check.json (2: seconds_allowed)
     "drafter-tau": 1,  # bench drafter-tau --json
