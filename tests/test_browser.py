@@ -685,12 +685,14 @@ _PLACED = """words => {
         const answer = document.querySelector('#text-view').getBoundingClientRect();
         for (const word of words) {
             const placed = window.__placed[word] = window.__placed[word] || [];
-            if (placed.length > 200) continue;
             const holding = e => e.offsetParent !== null && (e.innerText || '').includes(word);
             const shown = [...document.querySelectorAll('.prose p, .prose li, .prose strong, .prose em')].filter(e => holding(e) && ![...e.children].some(holding));
             for (const e of shown) {
                 const box = e.getBoundingClientRect();
-                placed.push({top: box.top, bottom: box.bottom, stop: stop.bottom, answer: answer.top, window: innerHeight});
+                const where = {top: box.top, bottom: box.bottom, stop: stop.bottom, answer: answer.top, window: innerHeight};
+                // each placement once: the final figures' draw fires a hundred checks, and a cap on repeats of the stats'
+                // placements once left no room for the line under the buttons, which is drawn a moment later
+                if (placed.length < 200 && !placed.some(p => JSON.stringify(p) === JSON.stringify(where))) placed.push(where);
             }
         }
     };
