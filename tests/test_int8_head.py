@@ -62,3 +62,11 @@ def test_the_int8_rows_hold_a_quarter_of_the_float_bytes_and_say_so():
     head = Int8Head(rows)
     assert head.nbytes == 300 * 64 + 300 * 8  # int8 rows and a float64 scale per row
     assert head.nbytes < rows.numel() * rows.element_size() / 3
+
+
+def test_the_direct_kernel_call_is_the_quantised_modules_own_product_bit_for_bit():
+    generator = torch.Generator().manual_seed(1)
+    head = Int8Head(torch.randn(257, 96, generator=generator))
+    for rows in (1, 3, 16):
+        hidden = torch.randn(rows, 96, generator=generator)
+        assert torch.equal(head(hidden), head._linear(hidden))

@@ -186,3 +186,18 @@ def test_a_session_starts_with_the_pairs_default_drafter_where_it_ships_it(tmp_p
     (path / "drafter.safetensors").write_bytes(b"")
     assert models.default_kind(pair) == "path"
     assert models.default_kind(models.PAIRS["tiny"]) == "block"
+
+
+@pytest.mark.parametrize("conditioning", ["marginal", "path"])
+def test_a_rounds_state_keeps_only_the_window_it_reads_and_drafts_the_same_tree(target, conditioning):
+    drafter = tiny_block_drafter(target, conditioning=conditioning)
+    width = drafter.model.config.context_window
+    history = torch.randn(3 * width + 1, drafter.model.config.feature_size)
+    state = drafter.new_state()
+    for start in range(0, history.shape[0], 3):  # a round's accepted path at a time
+        state.add_features(history[start:start + 3])
+    assert torch.equal(state.features, history[-width:])
+    whole = type(state)(features=history)  # every row kept, as before the window
+    context = DraftContext([1, 2, 5], max_depth=6)
+    kept, full = drafter.propose(context, 8, state), drafter.propose(context, 8, whole)
+    assert torch.equal(kept.tokens, full.tokens) and torch.equal(kept.parents, full.parents)

@@ -57,19 +57,24 @@ class DraftState:
     """What a drafter keeps from round to round of one generation.
 
     Attributes:
-        features: `Tensor[committed - 1, F]` the target's features at every committed position
-            before the root (None while there are none, or for a drafter that reads none); the
-            round appends the accepted path's rows (:meth:`add_features`).
+        features: `Tensor[k, F]` the target's features at the last ``k`` committed positions
+            before the root (``k``: all of them, or at most ``window``; None while there are none,
+            or for a drafter that reads none); the round appends the accepted path's rows
+            (:meth:`add_features`).
         cache: the drafter's own model session (an AR drafter's KV cache), else None.
+        window: the most recent rows the drafter reads (None: every row is kept); older rows
+            are dropped, so a round copies ``window`` rows, not the whole history.
     """
 
     features: torch.Tensor | None = None
     cache: CausalLMSession | None = None
+    window: int | None = None
 
     def add_features(self, rows: torch.Tensor | None) -> None:
         """Append `Tensor[n, F]` rows (the newly committed positions' features)."""
         if rows is not None:
-            self.features = rows if self.features is None else torch.cat([self.features, rows])
+            kept = rows if self.features is None else torch.cat([self.features, rows])
+            self.features = kept if self.window is None else kept[-self.window:]
 
 
 class Drafter(Protocol):
@@ -115,7 +120,7 @@ class BlockTreeDrafter:
         self.horizon = min(horizon or model.config.horizon, model.config.horizon)  # deepest depth used
 
     def new_state(self) -> DraftState:
-        return DraftState()
+        return DraftState(window=self.model.config.context_window)
 
     def marginals(self, context: DraftContext, state: DraftState) -> torch.Tensor:
         """`Tensor[K', V]` log ``q_d`` on the host, ``K' = min(horizon, context.max_depth)``."""

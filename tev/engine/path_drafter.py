@@ -243,7 +243,7 @@ class PathTreeDrafter:
         self.horizon = min(horizon or model.config.horizon, model.config.horizon)
 
     def new_state(self) -> DraftState:
-        return DraftState()
+        return DraftState(window=self.model.config.context_window)
 
     def warm(self) -> None:
         """Build the fused inference weights now rather than in the first round (0.7 s for the shipped drafter)."""
