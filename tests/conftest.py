@@ -16,6 +16,9 @@ os.environ.setdefault("TEV_FETCH_TARGET", "0")
 os.environ.setdefault("TEV_CPU_BF16", "0")
 # Likewise drafters read their head rows in float32 (tev.util.int8_head); the int8 branch's tests force "1".
 os.environ.setdefault("TEV_INT8_HEAD", "0")
+# Each test measures what it checks: no start's measurements are read back from an earlier one
+# (tev.util.machine_cache); the cache's own tests name a folder.
+os.environ.setdefault("TEV_MACHINE_CACHE", "off")
 warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
 
 

@@ -22,6 +22,10 @@ plain decoding so pays about 10% for trees a quarter cheaper and greedy equality
 the reason says both figures. (The old rule, 10% of the fastest pass, chose either forward from start
 to start there, and a 15% margin on medians still flipped one start in three.)
 
+The check and the times are kept for the next start on the same machine (:mod:`tev.util.machine_cache`:
+the same CPU, torch, threads and model shapes run the same kernels), which reads them back instead of
+spending about 10 s on them; the reason then says when they were measured.
+
 Where bfloat16 is emulated (:func:`~tev.util.precision.bf16_speedup` measures it far below float32's
 speed: AVX2-only CPUs) the bfloat16 candidate is not built at all. ``TEV_TARGET_FORWARD`` forces a candidate: ``bfloat16`` or ``float32`` (row-invariant, still
 checked), or ``transformers``. On CUDA the target runs through transformers as loaded.
@@ -42,6 +46,7 @@ from transformers import DynamicCache
 
 from tev.engine.row_invariant import BLOCK, RowInvariantForward, unsupported_reason
 from tev.engine.row_products import MAX_ROWS, invariance_failures, packed_products_available
+from tev.util.machine_cache import model_shape, recall, remember
 from tev.util.precision import bf16_speedup
 
 __all__ = ["TargetPrecision", "choose_target_forward", "forced_target_forward", "target_forward", "target_precision", "tree_rows_differ",
@@ -220,11 +225,24 @@ def _checked(model, dtype: str) -> tuple[RowInvariantForward | None, str | None]
         else:
             try:
                 forward = RowInvariantForward(model, _DTYPES[dtype])
-                problem = _refusal(forward, model.config)
+                problem = _checked_here(forward, model, dtype)
             except Exception as error:  # noqa: BLE001 - a forward that cannot run here is refused with why, never a failed load
                 forward, problem = None, f"it failed on this model: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
             built[dtype] = (None if problem else forward, problem)
     return built[dtype]
+
+
+def _checked_here(forward: RowInvariantForward, model, dtype: str) -> str | None:
+    """:func:`_refusal` on this machine, from an earlier start's check where one was kept
+    (:mod:`tev.util.machine_cache`: the same CPU, torch, threads and model shapes run the same
+    kernels, and the check reads no weight's value)."""
+    parts = {"model": model_shape(model), "dtype": dtype, "threads": thread_counts(), "check": "products, 12 tree rows, threads"}
+    kept = recall("row-invariance", parts)
+    if kept is not None and "problem" in kept:
+        return kept["problem"]
+    problem = _refusal(forward, model.config)
+    remember("row-invariance", parts, {"problem": problem})
+    return problem
 
 
 def _step_seconds(model, forward: RowInvariantForward | None, count: int, cache: DynamicCache, vocab: int) -> float:
@@ -271,6 +289,25 @@ def _measure(model, candidates: dict[str, RowInvariantForward | None], passes: i
             if repeat:  # the first pass warms the kernels
                 times[(name, count)].append(seconds)
     return {name: {str(count): round(1e3 * statistics.median(times[(name, count)]), 2) for count in _TIMED_SIZES} for name in candidates}
+
+
+def _measured_here(model, candidates: dict[str, RowInvariantForward | None]) -> tuple[dict[str, dict[str, float]], str | None]:
+    """:func:`_measure`'s times, and the date an earlier start on this machine measured them (None:
+    measured now). A start reads them back, so it does not spend about 6 s on them, and several
+    starts on one machine make one choice."""
+    parts = {"model": model_shape(model), "candidates": sorted(candidates), "passes": _PASSES, "sizes": _TIMED_SIZES, "context": _CONTEXT}
+    kept = recall("forward-times", parts)
+    if kept is not None and _readable(kept.get("step_ms"), candidates):
+        return kept["step_ms"], kept.get("measured_at", "an earlier day")
+    step_ms = _measure(model, candidates)
+    remember("forward-times", parts, {"step_ms": step_ms})
+    return step_ms, None
+
+
+def _readable(step_ms, candidates) -> bool:
+    """Whether a kept ``step_ms`` holds a positive time at every timed size for each candidate."""
+    return (isinstance(step_ms, dict) and set(step_ms) == set(candidates)
+            and all(isinstance(ms, dict) and all(isinstance(ms.get(str(n)), (int, float)) and ms[str(n)] > 0 for n in _TIMED_SIZES) for ms in step_ms.values()))
 
 
 def _decide(step_ms: dict) -> tuple[str, str]:
@@ -336,9 +373,11 @@ def choose_target_forward(model, force: str | None = None, measure: bool = True)
                                                 refused=refused), candidates[name])
     if own != "float32":
         return _remember(model, TargetPrecision("transformers", own, f"the target was loaded in {own} (TEV_DTYPE)", refused=refused), None)
-    step_ms = _measure(model, {**candidates, "transformers float32": None})
+    step_ms, measured_at = _measured_here(model, {**candidates, "transformers float32": None})
     name, why = _decide(step_ms)
-    why += f" (medians of {_PASSES} interleaved passes at {torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() != 1 else ''})"
+    threads = torch.get_num_threads()
+    when = f", measured at a start on {measured_at}" if measured_at else ""
+    why += f" (medians of {_PASSES} interleaved passes at {threads} torch thread{'s' if threads != 1 else ''}{when})"
     forward, dtype = name.split()
     for other in [d for d in _CHECKED.get(model, {}) if f"row-invariant {d}" != name]:  # the losers' packed weights go (rebuilt if forced)
         del _CHECKED[model][other]
