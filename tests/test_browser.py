@@ -205,7 +205,10 @@ def test_the_answer_streams_in_the_first_screen(app_server, browser):
     page.click("#generate-button")
     answer = page.wait_for_selector("#text-view [data-round]", timeout=60_000)  # the first round's tokens
     box = answer.bounding_box()
-    assert page.evaluate("window.scrollY") == 0 and 0 <= box["y"] and box["y"] + box["height"] <= 1000, box
+    above = page.evaluate("""() => ['#device-info', '#generate-button', '#live-refusal', '#live-said', '#text-view'].map(s => {
+        const e = document.querySelector(s); const b = e && e.getBoundingClientRect();
+        return [s, b && Math.round(b.top), b && Math.round(b.height), e && e.innerText.slice(0, 200)]; })""")
+    assert page.evaluate("window.scrollY") == 0 and 0 <= box["y"] and box["y"] + box["height"] <= 1000, (box, above)
     _stopped(page)
     page.close()
 
