@@ -17,20 +17,23 @@ INTRO = (
 )
 
 
-def target_precision_words(info: dict) -> str:
-    """How the target computes here, and what that means for exactness."""
+def target_precision_words(info: dict) -> tuple[str, str | None]:
+    """How the target computes here and what that means for exactness, in a few words; and why (the start's
+    measurement, whose figures vary from start to start), kept out of view until asked for: a longer reason
+    once wrapped the header a line further and pushed the answer below a 1000-pixel window's first screen."""
     chosen = info.get("target_forward")
+    why = chosen["reason"] if chosen else None
     if chosen and chosen["forward"] == "row-invariant":
-        how = "forced with TEV_TARGET_FORWARD" if chosen["reason"].startswith("forced") else f"chosen by measurement on this machine: {chosen['reason']}"
-        return (f"**row-invariant {chosen['dtype']}** ({how}): its matrix products run in "
-                f"{chosen['dtype']}, norms, attention and the residual stream in float32, and a row comes out bit for bit the same inside "
-                "a tree as alone, so greedy speculation equals greedy decoding by construction (`TEV_TARGET_FORWARD` forces another)")
-    why = f" ({chosen['reason']})" if chosen else ""
+        how = "forced with TEV_TARGET_FORWARD" if chosen["reason"].startswith("forced") else "chosen by measurement on this machine"
+        return (f"**row-invariant {chosen['dtype']}** ({how}): a row comes out bit for bit the same inside a tree as alone, so greedy "
+                "speculation equals greedy decoding by construction",
+                f"{why}. Its matrix products run in {chosen['dtype']}; norms, attention and the residual stream in float32 "
+                "(`TEV_TARGET_FORWARD` forces another forward).")
     if info["dtype"] == "float32":
-        return (f"float32 through transformers{why}: exact in law; a tree's rows differ from one-token steps in their last bits, so greedy "
-                "speculation equals greedy decoding wherever those bits flip no near-tie (every prompt tested), not by construction")
-    return (f"{info['dtype']} through transformers (TEV_DTYPE){why}: a tree forward and a one-token forward round differently, so greedy "
-            "speculation can part from greedy decoding where the model's two best tokens nearly tie (see the README)")
+        return ("float32 through transformers: exact in law; a tree's rows differ from one-token steps in their last bits, so greedy "
+                "speculation equals greedy decoding wherever those bits flip no near-tie (every prompt tested), not by construction", why)
+    return (f"{info['dtype']} through transformers (TEV_DTYPE): a tree forward and a one-token forward round differently, so greedy "
+            "speculation can part from greedy decoding where the model's two best tokens nearly tie (see the README)", why)
 
 
 def device_markdown() -> str:
@@ -43,7 +46,7 @@ def device_markdown() -> str:
     sizes = ", ".join(f"{name} {count / 1e6:.2f}M" for name, count in info["parameters"].items())
     pair = PAIRS[info["pair"]].description if info["pair"] in PAIRS else info["target_source"]
     machine = precision_record(info["device"].split(" ")[0])
-    target = target_precision_words(info)
+    target, why = target_precision_words(info)
     speed = f", bfloat16 products {machine['bf16_matmul_speedup']:.2f}x float32's speed" if "bf16_matmul_speedup" in machine else ""
     server_threads = shared.SERVICE.compute.threads  # the server's count (app.py); none set: torch's count
     threads = server_threads.describe() if server_threads is not None else info["threads"]
@@ -52,6 +55,7 @@ def device_markdown() -> str:
         f"**vocabulary** {info['vocab']} · **parameters** {sizes}\n\n**precision** target {target} · drafters "
         f"{', '.join(f'{kind} {dtype}' for kind, dtype in drafters.items())} (a drafter only proposes: its precision changes how often its "
         f"guesses are kept, never the output; the block drafters run in the bfloat16 they are stored in) · this CPU: {machine['cpu_capability']}{speed}"
+        + (f"\n\n<details><summary>why this forward</summary>\n\n{why}\n\n</details>" if why else "")
     )
 
 
