@@ -10,7 +10,6 @@ import contextlib
 import json
 import math
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -24,7 +23,6 @@ from tev.engine.auto_budget import AutoBudget
 from tev.engine.cost_curve import CostCurve, machine_cost_curve
 from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, DecodeConfig, GenerationSummary, autoregressive_generate, Request, speculative_generate
 from tev.engine.round import RoundRecord
-from tev.engine.run_speed import Machine
 from tev.engine.models import DRAFTER_KINDS, ModelBundle, Pair, default_kind, default_pair, load_bundle, offered_kinds, pair_record
 from tev.pipelines.workload import adapted_kind
 from tev.service.adapted import AdaptedDrafters, is_adapted
@@ -337,12 +335,11 @@ class ModelService:
         except ValueError as error:
             raise UserInputError(str(error)) from None
 
-    def generate(self, request: Request, should_stop=None, sizing: AutoBudget | None = None, first_round: int = 0):
+    def generate(self, request: Request, should_stop=None, sizing: AutoBudget | None = None):
         """Yields a RoundRecord per round (each a step of the compute thread) and returns the
-        GenerationSummary (PEP 380: ``summary = yield from ...``). ``sizing``: budget auto's rule and
-        what it learned (one user's; see :meth:`auto_budget`); ``first_round``: the first round's number."""
-        return (yield from self.compute.steps(speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop, sizing=sizing,
-                                                                   first_round=first_round)))
+        GenerationSummary (PEP 380: ``summary = yield from ...``). ``auto``: budget auto's rule and
+        what it learned (one user's; see :meth:`auto_budget`)."""
+        return (yield from self.compute.steps(speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop, sizing=sizing)))
 
     def auto_budget(self, config: DecodeConfig, calibration: Calibration, rate: RoundRate) -> AutoBudget:
         """Budget auto for one request: the machine's cost curve (measured in the compute thread
@@ -360,33 +357,10 @@ class ModelService:
 
         self.compute.call(warm)
 
-    def warm_in_background(self) -> None:
-        """Measure the machine's cost curve for budget auto and prepare the drafters' inference weights from a
-        background thread (a few seconds, as steps of the compute thread), so the first request waits on neither
-        (the path drafter's fused weights took 0.7 s in its first round); a failure is reported in one line and
-        the first request does the work again."""
-
-        def measure():
-            try:
-                self.cost_curve()
-                self.warm_drafters()
-            except Exception as error:  # noqa: BLE001 - reported, not raised: the page serves on
-                print(f"TEV Explorer: the cost curve for budget auto could not be measured: {error}", file=sys.stderr, flush=True)
-
-        threading.Thread(target=measure, name="tev-cost-curve", daemon=True).start()
-
     def threads(self) -> int:
         """The torch threads the compute thread's steps run with: the server's count, else torch's."""
         threads = self.compute.threads
         return threads.count if threads is not None else torch.get_num_threads()
-
-    def machine(self) -> Machine:
-        """What runs run on here, as the speed sentences name it: the threads (the server's count in words, or
-        torch's) and the target's forward (None before the models load)."""
-        threads, precision = self.compute.threads, self.target_precision()
-        count = self.threads()
-        words = threads.describe() if threads is not None else f"{count} torch thread{'s' if count != 1 else ''} (TEV_THREADS)"
-        return Machine(count, words, precision.label if precision else None)
 
     def cost_curve(self) -> CostCurve:
         """The process's cost curve for the target at the compute thread's count (a few seconds' measurement on
