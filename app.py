@@ -15,7 +15,8 @@ import gradio as gr
 import torch
 
 from tev.data.prompts import load_prompt_set
-from tev.util.cpus import ServerThreads, server_threads
+from tev.util.cpu_load import OtherLoad
+from tev.util.cpus import ServerThreads, available_cpus, server_threads
 from tev.util.memory import limit_malloc_arenas
 from ui import exittrain, gpu, header, lab, learn, live, shared, walkthrough, workload
 from ui.components import PAGE_JS
@@ -71,9 +72,10 @@ def _warm_up() -> None:
 
 
 def _server_threads() -> ServerThreads:
-    """Torch threads for every step of the compute thread (:func:`~tev.util.cpus.server_threads`):
-    ``TEV_THREADS`` fixes them; else one core fewer than the container may use, for every run (a seed
-    gives one answer whoever else is served)."""
+    """Torch threads for the compute thread's steps (:func:`~tev.util.cpus.server_threads`): ``TEV_THREADS``
+    fixes one count; else every core the container may use for interactive steps and one fewer for background
+    work and while another process holds a core (one count where the target's forward would round a row
+    differently at another)."""
     try:
         return server_threads()
     except ValueError as error:
@@ -87,7 +89,8 @@ def main() -> None:
     # thread to sleep instead of spinning; on a 2-core AVX2 EPYC plain decoding at 2 threads in a worker thread fell
     # from 17-19 to 10-12 tokens/s (1 thread: 15). The models load and are timed in the compute thread.
     torch.set_num_threads(1)
-    shared.SERVICE.compute.use_threads(_server_threads(), torch.set_num_threads)  # set in the compute thread before its first step
+    # set in the compute thread before each step; the full count only while no other process holds a core
+    shared.SERVICE.compute.use_threads(_server_threads(), torch.set_num_threads, OtherLoad(available_cpus()).holds_a_core)
     demo = build_app()
     # Load the models before serving (a few seconds): the first Generate then streams at once
     # instead of waiting on a load, and ZeroGPU moves the weights to its GPU at start-up.

@@ -315,7 +315,7 @@ def test_a_retiming_counts_the_runs_that_shared_the_machine():
         """A service whose compute thread reports ``active`` requests at each poll (this request included)."""
         counts = iter(active)
         found = ModelService.__new__(ModelService)
-        found.compute = types.SimpleNamespace(active=lambda: next(counts, 1))
+        found.compute = types.SimpleNamespace(active=lambda: next(counts, 1), threads=None, count_now=lambda: None)
 
         def generate(request, should_stop, sizing=None):
             for _ in range(3):
@@ -325,10 +325,10 @@ def test_a_retiming_counts_the_runs_that_shared_the_machine():
             return summary()
 
         found.generate = generate
-        found.autoregressive = lambda ids, config, should_stop: summary("cancelled" if should_stop() else "max_new_tokens")
+        found.autoregressive = lambda ids, config, should_stop, threads=None: summary("cancelled" if should_stop() else "max_new_tokens")
         return found
 
-    request = types.SimpleNamespace(prompt_ids=(1,), config=None)
+    request = types.SimpleNamespace(prompt_ids=(1,), config=None, drafter=None)
     alone = service([1, 1, 1, 1]).retime(request, lambda: False)
     assert alone.measured and alone.others == 0
     shared = service([1, 3, 2, 1]).retime(request, lambda: False)  # two other requests took turns during one round
@@ -342,7 +342,7 @@ def test_the_speed_sentence_says_how_it_was_timed_or_why_it_was_not():
 
     from tev.engine.decode import DecodeConfig, GenerationSummary
     from tev.service.service import Retiming
-    from visual.live_words import Speed, speed_verdict, stats_markdown
+    from visual.live_words import Machine, Speed, run_summary, speed_verdict, stats_markdown
 
     def summary(tokens, seconds, rounds, reason="max_new_tokens"):
         return GenerationSummary([1], list(range(tokens)), "", rounds, [2] * rounds, [1.0] * rounds, seconds, 0.0, 0.01, reason, stage_seconds={"forward": seconds})
@@ -361,6 +361,13 @@ def test_the_speed_sentence_says_how_it_was_timed_or_why_it_was_not():
     records = [types.SimpleNamespace(block_length=2, emitted=[1, 2], flow=types.SimpleNamespace(tau_bound=2.5), choice=None, drafter="block")] * 32
     stats = stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(shown=7.25, timing=Retiming(spec, plain, 1)))
     assert "timed again while 1 other run shared the machine" in stats and "7.2 tokens/s as this page received the answer" in stats
+    # the re-timing names the thread counts its steps ran with: the lone count, and fewer while other work shared the machine
+    machine = Machine(2, "2 torch threads, 1 while other processes use a core", "row-invariant float32")
+    alone_at_2 = stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(timing=Retiming(spec, plain, 0, (2,))), machine)
+    assert "on 2 torch threads, the target's row-invariant float32 forward" in alone_at_2
+    both = stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(timing=Retiming(spec, plain, 1, (1, 2))), machine)
+    assert "on 2 torch threads (1 while another process used a core), the target's row-invariant float32 forward" in both
+    assert run_summary(records, summary(64, 3.0, 32, "eos"), Speed(timing=Retiming(spec, plain, 1, (1, 2))), machine)["timing"]["thread_counts"] == [1, 2]
     stopped = stats_markdown(records, summary(64, 3.0, 32, "cancelled"), config, Speed(shown=7.0))  # after Stop, a word on the speed too
     # two pages at once: the first text reached the browser 10.7 s after the press where the page said 787 ms
     waited = stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(shown=3.1, waited=9.9, crowd=1))

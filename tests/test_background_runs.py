@@ -15,9 +15,9 @@ def _submissions(compute, monkeypatch) -> list:
     """``(name of the submitted generator, background)`` for every ``compute.steps`` call from now on."""
     seen, steps = [], compute.steps
 
-    def recorded(work, background=False):
+    def recorded(work, background=False, threads=None):
         seen.append((getattr(work, "__name__", type(work).__name__), background))
-        return steps(work, background=background)
+        return steps(work, background=background, threads=threads)
 
     monkeypatch.setattr(compute, "steps", recorded)
     return seen

@@ -11,7 +11,7 @@ from tev.engine.cost_curve import machine_cost_curve
 from tev.engine.target_precision import choose_target_forward, forced_target_forward
 from tev.util import machine_cache
 from tev.util.machine_cache import CACHE_ENV, cache_file, recall, remember
-from tests.tiny import tiny_target
+from tests.tiny import tiny_block_drafter, tiny_target
 
 
 @pytest.fixture
@@ -82,3 +82,18 @@ def test_a_second_start_reads_the_cost_curve_back(cache, monkeypatch):
     choose_target_forward(third)
     with pytest.raises(pytest.fail.Exception, match="measured again"):
         machine_cost_curve(third)
+
+
+def test_a_drafters_thread_check_is_read_back_on_the_next_start(tmp_path, monkeypatch):
+    """The server's check that a drafter's rounds are the same at both thread counts runs once per machine."""
+    from tev.engine import drafter_threads
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    target = tiny_target(48, context=256)
+    drafter = tiny_block_drafter(target)
+    runs = []
+    monkeypatch.setattr(drafter_threads, "proposals_agree_across_threads", lambda *args: runs.append(args) or False)
+    assert drafter_threads.agree_here(target, drafter, (1, 2)) is False and len(runs) == 1
+    assert drafter_threads.agree_here(target, drafter, (1, 2)) is False and len(runs) == 1  # read back
+    drafter_threads.agree_here(target, drafter, (1, 3))  # other counts: checked again
+    assert len(runs) == 2

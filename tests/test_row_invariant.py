@@ -4,6 +4,8 @@ through it; the load-time check catches a forward whose rows move; the choice is
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -14,6 +16,7 @@ from tests.tiny import tiny_ar_drafter, tiny_block_drafter, tiny_target
 from tev.bench.exactness import ALPHA, chi_square_against
 from tev.bench.row_cost import forward_rows_differ, operation_invariance, time_forwards
 from tev.engine.drafters import BlockTreeDrafter
+from tev.engine.drafter_threads import proposals_agree_across_threads
 from tev.engine.decode import DecodeConfig, Request, autoregressive_generate, run_to_end, speculative_generate
 from tev.engine.row_invariant import BLOCK, RowInvariantForward
 from tev.engine.row_products import RowProducts, invariance_failures, packed_products_available
@@ -231,3 +234,46 @@ def test_the_row_cost_tool_times_every_forward_and_finds_which_rows_move():
     checks = operation_invariance(target)
     assert checks["prepacked, 2-64 rows, head"] == [] and isinstance(checks["attention over a cache plus a masked tree (SDPA)"], bool)
     assert target_forward(target) is None  # the tool's switches leave no forward behind
+
+
+@pytest.mark.parametrize("kind", ["block", "path", "ar"])
+def test_a_seeded_run_gives_the_same_rounds_at_one_and_two_threads(kind):
+    """What lets the server give a lone run two threads and each of a crowd's runs one: through the row-invariant
+    forward a seed's rounds (trees, coverage, exits, tokens) do not depend on the count a step ran with."""
+    _skip_without(torch.float32)
+    target = tiny_target(VOCAB, scale=3.0, context=256)
+    drafter = {"block": lambda: tiny_block_drafter(target), "path": lambda: tiny_block_drafter(target, conditioning="path"),
+               "ar": lambda: tiny_ar_drafter(VOCAB)}[kind]()
+    prompt = torch.randint(1, VOCAB, (37,), generator=torch.Generator().manual_seed(5)).tolist()
+    config = DecodeConfig(budget=16, temperature=0.7, top_p=0.9, max_new_tokens=40, seed=3, stop_at_eos=False)
+    before, runs = torch.get_num_threads(), []
+    with running(target, "float32"):
+        try:
+            for count in (1, 2, 1):
+                torch.set_num_threads(count)
+                records, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config)))
+                runs.append((summary.token_ids, [(r.tree.tokens.tolist(), float(r.flow.coverage), r.verdict.exit_node) for r in records]))
+        finally:
+            torch.set_num_threads(before)
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_a_drafter_is_checked_for_its_rounds_at_both_thread_counts():
+    """The server's check before it lets a drafter's runs take a lone run's count: the same rounds at both counts, or
+    every step at the crowd's. A drafter whose probabilities move with the count (as the bfloat16 block drafter's do on
+    an AVX2 CPU, where bfloat16 is emulated) is caught."""
+    _skip_without(torch.float32)
+    target = tiny_target(VOCAB, scale=3.0, context=256)
+    drafter = tiny_block_drafter(target, conditioning="path")
+    with running(target, "float32"):
+        assert proposals_agree_across_threads(target, drafter, (1, 2))
+        honest = drafter.propose
+
+        def shifty(*args, **kwargs):  # draft probabilities that depend on the thread count
+            tree = honest(*args, **kwargs)
+            return dataclasses.replace(tree, draft_logprob=tree.draft_logprob * (1 + 1e-6 * torch.get_num_threads()))
+
+        drafter.propose = shifty
+        before = torch.get_num_threads()
+        assert not proposals_agree_across_threads(target, drafter, (1, 2))
+        assert torch.get_num_threads() == before  # the caller's count as it was

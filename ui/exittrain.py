@@ -243,7 +243,7 @@ def side_by_side(bundle, drafters: dict, prompt: dict, budget: int = 32) -> list
     ids = fit_prompt(bundle.tokenizer, prompt, bundle.context_length - 8)
     figures = []
     for name, drafter in drafters.items():
-        lab = shared.SERVICE.compute.call(tree_from_prompt, bundle.target, drafter, ids, budget, 1.0)
+        lab = shared.EXITTRAIN_SERVICE.call_with(drafter, tree_from_prompt, bundle.target, drafter, ids, budget, 1.0)
         figures.append(tree_figure(lab.tree, lab.flow, None, token_text=shared.EXITTRAIN_SERVICE.token_text,
                                    title=name))  # the figure adds B, C(T) and 1 + C: a longer title was cut off in half the page's width
     return figures

@@ -47,7 +47,8 @@ def run_verifier_lab(source, prompt, drafter, budget, temperature, draws, seed, 
             token_text = SYNTHETIC_WORDS.__getitem__
         else:
             bundle = shared.SERVICE.bundle()
-            lab = shared.SERVICE.compute.call(tree_from_prompt, bundle.target, bundle.drafter(drafter), ids, budget, temperature)
+            chosen = bundle.drafter(drafter)
+            lab = shared.SERVICE.call_with(chosen, tree_from_prompt, bundle.target, chosen, ids, budget, temperature)
             token_text = shared.SERVICE.token_text
     except ValueError as error:  # the validator refuses bad settings first; an API call that skips it lands here
         raise _user_error(error) from None

@@ -173,8 +173,10 @@ terms in the same order alone, in a tree, or in a long prompt. Which precision r
 where its one-token step costs at most 25% more than transformers' and its 9-token tree less (float32 where bfloat16
 is emulated, on AVX2-only CPUs: there, at two threads, its step cost 0.82-0.85x transformers' and a 9-token tree
 0.60x), transformers' own float32 forward where none qualifies (its rows then agree with one-token steps to the last
-bits only where no near-tie flips). *Header: the target's
-precision; Live tab: the speed line's one-token steps.*
+bits only where no near-tie flips). The same kernels give a row the same bits at one thread and at two, so the server
+gives visitors' rounds every core and drops to one fewer while another process holds a core without changing an
+answer; a drafter whose trees move with the thread count (checked at start) runs at the lower count throughout. *Header:
+the target's precision and threads; Live tab: the speed line's one-token steps and threads.*
 
 **Calibration (budget auto).** A drafter's $q$ is not calibrated: the shipped block drafter's realised $C(T)$ runs about
 1.2x its $\sum q$. Budget auto's $c$ is that ratio, realised coverage over the drafter's estimate, followed over the

@@ -99,7 +99,7 @@ def _machine() -> Machine:
 
 
 def _threads_words() -> str:
-    """The torch threads every run is timed with, for the speed sentence: the server's count (app.py), or torch's."""
+    """The torch threads runs are served with, for the speed sentence: the server's counts (app.py), or torch's."""
     threads = shared.SERVICE.compute.threads
     if threads is None:
         count = torch.get_num_threads()

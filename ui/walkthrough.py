@@ -100,8 +100,8 @@ def run_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed,
     try:
         config, context = check_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed)
         bundle = shared.SERVICE.bundle()
-        trace = shared.SERVICE.compute.call(trace_round, bundle.target, shared.SERVICE.chosen_drafter(drafter, shared.session_of(request)), context, config.law, config.verifier,
-                                            config.budget, config.seed)
+        chosen = shared.SERVICE.chosen_drafter(drafter, shared.session_of(request))
+        trace = shared.SERVICE.call_with(chosen, trace_round, bundle.target, chosen, context, config.law, config.verifier, config.budget, config.seed)
     except ValueError as error:  # the validator refuses bad settings first; an API call that skips it lands here
         raise _user_error(error) from None
     return _view({"traces": [trace], "round": 0, "step": 0, "seed": config.seed, "drafter": drafter, "prompt": as_text(prompt)})
@@ -125,8 +125,9 @@ def step_walkthrough(delta, state, request: gr.Request = None) -> WalkView:
             last = traces[-1]
             bundle = shared.SERVICE.bundle()
             try:
-                trace = shared.SERVICE.compute.call(trace_round, bundle.target, shared.SERVICE.chosen_drafter(state["drafter"], shared.session_of(request)), last.next_context,
-                                                    last.law, last.verifier, last.tree.budget, state["seed"], round_index=last.round_index + 1)
+                chosen = shared.SERVICE.chosen_drafter(state["drafter"], shared.session_of(request))
+                trace = shared.SERVICE.call_with(chosen, trace_round, bundle.target, chosen, last.next_context, last.law, last.verifier, last.tree.budget,
+                                                 state["seed"], round_index=last.round_index + 1)
             except ValueError as error:  # the context is full: say so
                 raise _user_error(error) from None
             traces = (traces + [trace])[-KEPT_ROUNDS:]

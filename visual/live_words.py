@@ -30,6 +30,16 @@ class Machine:
     def described(self) -> str:
         return self.threads_words + (f", the target's {self.precision} forward" if self.precision else "")
 
+    def ran_at(self, counts) -> "Machine":
+        """This machine as a run that ran its steps with the torch thread ``counts`` saw it (empty: as it is)."""
+        counts = sorted(set(counts))
+        if not counts:
+            return self
+        words = f"{counts[-1]} torch thread{'s' if counts[-1] != 1 else ''}"
+        if len(counts) > 1:
+            words += f" ({' or '.join(map(str, counts[:-1]))} while another process used a core)"
+        return Machine(counts[-1], words, self.precision)
+
 
 # A round's stages as the engine names them (their times sum to the round's), in the order they run.
 STAGE_LABELS = {"draft": "draft", "build": "tree build", "forward": "target forward", "head": "head (rows, truncation)", "verify": "verify", "commit": "commit"}
@@ -125,6 +135,7 @@ def speed_line(speed: Speed | None, config: DecodeConfig | None, machine: Machin
         return None
     if speed.timing is not None and speed.timing.measured:
         own = (speed.added / speed.rounds, speed.continued) if speed.rounds else None
+        machine = machine.ran_at(getattr(speed.timing, "threads", ()))
         return speed_verdict(speed.timing.speculative, speed.timing.autoregressive, config, speed.timing.others, speed.load, own, machine)
     if speed.unmeasured == "busy":
         return not_retimed(speed.waiting, speed.recalled, config)
@@ -172,7 +183,7 @@ def run_summary(records, summary: GenerationSummary | None, speed: Speed | None 
         spec, ar = timing.speculative, timing.autoregressive
         found["timing"] = {"speculative_tokens_per_second": spec.tokens_per_second, "autoregressive_tokens_per_second": ar.tokens_per_second,
                            "speedup": spec.tokens_per_second / max(ar.tokens_per_second, 1e-9), "tau": spec.tau, "others": timing.others,
-                           "threads": machine.threads}
+                           "threads": machine.ran_at(getattr(timing, "threads", ())).threads, "thread_counts": list(getattr(timing, "threads", ()))}
     return found
 
 

@@ -183,15 +183,16 @@ def _refusal(forward: RowInvariantForward, config) -> str | None:
 
 def thread_counts() -> tuple[int, ...]:
     """The torch thread counts this process's target forwards are checked at: the count in force as
-    the target loads (a server's compute thread, at its runs' count) and one (a tool or a
-    ``TEV_THREADS`` that runs the same target at another count)."""
-    return tuple(sorted({1, torch.get_num_threads()}))
+    the target loads (a server's compute thread, at its full count), one fewer (its reduced count while
+    another process holds a core) and one (a tool or a ``TEV_THREADS`` that runs the same target at another count)."""
+    count = torch.get_num_threads()
+    return tuple(sorted({1, max(1, count - 1), count}))
 
 
 def rows_agree_across_threads(forward: RowInvariantForward, config, counts: tuple[int, ...], size: int = 9, seed: int = 1) -> bool:
     """Whether a random tree's logits after a short context are bit for bit the same at every
-    thread count of ``counts``: a server that gives a lone run more threads than each of several
-    runs switches counts between one round and the next, so a row must not depend on them either."""
+    thread count of ``counts``: a server that gives a visitor's rounds more threads than background work
+    switches counts between one step and the next, so a row must not depend on them either."""
     generator = torch.Generator().manual_seed(seed)
     vocab = forward.head.out_features
     context = min(BLOCK + 6, forward.max_positions - size - 1)

@@ -21,6 +21,7 @@ from tev.core.budget import Calibration, RoundRate
 from tev.core.sampling import SamplingLaw
 from tev.engine.auto_budget import AutoBudget
 from tev.engine.cost_curve import CostCurve, machine_cost_curve
+from tev.engine.drafter_threads import agree_here
 from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, DecodeConfig, GenerationSummary, autoregressive_generate, Request, speculative_generate
 from tev.engine.round import RoundRecord
 from tev.engine.models import DRAFTER_KINDS, ModelBundle, Pair, default_kind, default_pair, load_bundle, offered_kinds, pair_record
@@ -47,16 +48,22 @@ class UserInputError(ValueError):
 class Retiming:
     """A finished generation timed again (:meth:`ModelService.retime`): speculation, then plain
     decoding (None when the first was stopped), and ``others``, the most other requests seen
-    sharing the compute thread while either ran (0: the machine was this request's alone)."""
+    sharing the compute thread while either ran (0: the machine was this request's alone), and ``threads``, the
+    torch thread counts its steps ran with (empty where the server set none)."""
 
     speculative: GenerationSummary
     autoregressive: GenerationSummary | None
     others: int
+    threads: tuple[int, ...] = ()
 
     @property
     def measured(self) -> bool:
         """Both runs went to their end (neither was stopped)."""
         return self.autoregressive is not None and "cancelled" not in (self.speculative.stop_reason, self.autoregressive.stop_reason)
+
+
+def _count_words(count: int) -> str:
+    return f"{count} torch thread{'s' if count != 1 else ''}"
 
 
 def machine_load() -> tuple[float, int]:
@@ -194,6 +201,7 @@ class ModelService:
         self.idle_timings = IdleTimings()  # the latest re-timing that ran alone, per kind of run
         self._runs = 0  # interactive runs being served (see serving), with the lock below
         self._runs_lock = threading.Lock()
+        self._thread_free: dict[int, bool] = {}  # per drafter (its id): whether its rounds are the same at both thread counts
         self._cost_curves: dict[tuple, CostCurve] = {}  # per target and torch thread count, as machine_cost_curve keeps them
         # each browser session's adapted drafters for this target (set by the app where its workload runs adapt this
         # target's drafter); None: this service serves no adapted drafter
@@ -201,15 +209,24 @@ class ModelService:
 
     def bundle(self) -> ModelBundle:
         """The models, loaded on first use in the compute thread: the target's forward is checked and
-        timed there, at the threads its runs will have, and no other thread starts an OpenMP team of
+        timed there, at the threads a visitor's run will have, and no other thread starts an OpenMP team of
         several threads (see :mod:`tev.util.compute_thread`, "Threads")."""
         if self._bundle is None:
-            self.compute.call(self._load)  # one step at a time: two first requests load once
+            threads = self.compute.threads  # one step at a time: two first requests load once
+            if threads is None:
+                self.compute.call(self._load)
+            else:
+                self.compute.call_at(threads.full, self._load)
         return self._bundle
 
     def _load(self) -> None:
         if self._bundle is None:
-            self._bundle = load_bundle(self.target_source, self.draft_source, device=self.device, dtype=self.dtype, pair=self.pair)
+            bundle = load_bundle(self.target_source, self.draft_source, device=self.device, dtype=self.dtype, pair=self.pair)
+            threads = self.compute.threads
+            if threads is not None and threads.switches and not (bundle.precision is not None and bundle.precision.invariant):
+                # transformers' forward rounds a row differently at another count: one count, so a seed gives one answer
+                self.compute.keep_one_count()
+            self._bundle = bundle
 
     def _shipped_pair(self) -> Pair | None:
         """The shipped pair this service serves (None for a target or drafter given by path)."""
@@ -338,8 +355,45 @@ class ModelService:
     def generate(self, request: Request, should_stop=None, sizing: AutoBudget | None = None):
         """Yields a RoundRecord per round (each a step of the compute thread) and returns the
         GenerationSummary (PEP 380: ``summary = yield from ...``). ``auto``: budget auto's rule and
-        what it learned (one user's; see :meth:`auto_budget`)."""
-        return (yield from self.compute.steps(speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop, sizing=sizing)))
+        what it learned (one user's; see :meth:`auto_budget`). Its steps run at the threads :meth:`run_threads` gives
+        its drafter."""
+        work = speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop, sizing=sizing)
+        return (yield from self.compute.steps(work, threads=self.run_threads(request.drafter)))
+
+    def run_threads(self, drafter) -> int | None:
+        """The torch threads a run through ``drafter`` steps with: None (the server's policy: the full count while no
+        other process holds a core) where the drafter's rounds were checked the same at both counts, else the reduced
+        count for its every step, so a seed gives one answer whatever else runs (a drafter not yet checked, an adapted one)."""
+        threads = self.compute.threads
+        if threads is None or not threads.switches or self._thread_free.get(id(drafter), False):
+            return None
+        return threads.reduced
+
+    def threads_note(self) -> str:
+        """For the header: which drafters' runs keep the reduced count, and why ("" where the count never switches)."""
+        threads = self.compute.threads
+        if threads is None or not threads.switches or self._bundle is None:
+            return ""
+        drafters = self._bundle.drafters
+        moved = [kind for kind, drafter in drafters.items() if self._thread_free.get(id(drafter)) is False]
+        waiting = [kind for kind, drafter in drafters.items() if id(drafter) not in self._thread_free]
+        said = []
+        if moved:
+            said.append(f"Runs through the {', '.join(moved)} drafter{'s' if len(moved) > 1 else ''} keep {_count_words(threads.reduced)}: "
+                        f"{'their' if len(moved) > 1 else 'its'} trees came out with other bits at {threads.reduced} and {threads.full} "
+                        "threads when checked at start, and a seed must give one answer whatever else runs.")
+        if waiting:
+            said.append(f"The {', '.join(waiting)} drafter{'s are' if len(waiting) > 1 else ' is'} still being checked at both thread counts; "
+                        f"until then {'their' if len(waiting) > 1 else 'its'} runs keep {_count_words(threads.reduced)}.")
+        return " ".join(said)
+
+    def call_with(self, drafter, function, *args, **kwargs):
+        """``function(*args, **kwargs)`` as one step of the compute thread at the threads of a run through ``drafter``
+        (:meth:`run_threads`): a walkthrough's or the lab's tree."""
+        threads = self.run_threads(drafter)
+        if threads is None:
+            return self.compute.call(function, *args, **kwargs)
+        return self.compute.call_at(threads, function, *args, **kwargs)
 
     def auto_budget(self, config: DecodeConfig, calibration: Calibration, rate: RoundRate) -> AutoBudget:
         """Budget auto for one request: the machine's cost curve (measured in the compute thread
@@ -349,25 +403,36 @@ class ModelService:
 
     def warm_drafters(self) -> None:
         """Prepare every drafter's inference weights now, in the compute thread (a drafter with a ``warm``
-        method builds them on first use otherwise, in a visitor's first round)."""
+        method builds them on first use otherwise, in a visitor's first round); where the server's thread count
+        switches, check each drafter's rounds at both counts (:meth:`run_threads`), one drafter
+        a step (a second or so each), so a visitor's rounds take turns with them."""
         def warm() -> None:
             for drafter in self.bundle().drafters.values():
                 if hasattr(drafter, "warm"):
                     drafter.warm()
 
         self.compute.call(warm)
+        threads = self.compute.threads
+        if threads is None or not threads.switches:
+            return
+        target = self.bundle().target
+        for drafter in self.bundle().drafters.values():
+            if id(drafter) not in self._thread_free:
+                counts = (threads.reduced, threads.full)
+                self._thread_free[id(drafter)] = self.compute.call_at(threads.full, agree_here, target, drafter, counts)
 
     def threads(self) -> int:
-        """The torch threads the compute thread's steps run with: the server's count, else torch's."""
+        """The torch threads a visitor's run steps with on free cores: the server's full count, else torch's."""
         threads = self.compute.threads
-        return threads.count if threads is not None else torch.get_num_threads()
+        return threads.full if threads is not None else torch.get_num_threads()
 
     def cost_curve(self) -> CostCurve:
-        """The process's cost curve for the target at the compute thread's count (a few seconds' measurement on
-        first use, taken in the compute thread); once measured it is read here, without a turn of the compute thread."""
+        """The process's cost curve for the target at the full count (a few seconds' measurement on first use,
+        taken in the compute thread at that count whoever else is served); once measured it is read here, without a
+        turn of the compute thread. Runs at the reduced count are priced with it too."""
         key = (id(self.bundle().target), self.threads())
         if key not in self._cost_curves:
-            self._cost_curves[key] = self.compute.call(machine_cost_curve, self.bundle().target)
+            self._cost_curves[key] = self.compute.call_at(self.threads(), machine_cost_curve, self.bundle().target)
         return self._cost_curves[key]
 
     @contextlib.contextmanager
@@ -390,24 +455,30 @@ class ModelService:
             runs = self._runs - 1
         return max(runs, self.compute.active() - self.compute.active_background())
 
-    def autoregressive(self, prompt_ids: list[int], config: DecodeConfig, should_stop=None) -> GenerationSummary:
-        """The autoregressive baseline; ``should_stop`` is polled after every token."""
+    def autoregressive(self, prompt_ids: list[int], config: DecodeConfig, should_stop=None, threads: int | None = None) -> GenerationSummary:
+        """The autoregressive baseline; ``should_stop`` is polled after every token; ``threads``: run it at this count
+        (a re-timing's, as its speculative run had; None: the server's policy)."""
         bundle = self.bundle()  # the whole run is one step: nothing else runs while it is timed
+        if threads is not None:
+            return self.compute.call_at(threads, autoregressive_generate, bundle.target, prompt_ids, config, bundle.tokenizer, should_stop=should_stop)
         return self.compute.call(autoregressive_generate, bundle.target, prompt_ids, config, bundle.tokenizer, should_stop=should_stop)
 
     def retime(self, request: Request, should_stop, sizing: AutoBudget | None = None) -> Retiming:
         """``request`` decoded again by speculation, then by plain decoding of the same prompt, both
         timed (:class:`Retiming`); ``should_stop`` is polled between rounds and after every plain
         token. Counts the other requests that shared the compute thread meanwhile, sampled at each poll."""
-        seen = {"others": 0}
+        seen, counts = {"others": 0}, set()
 
-        def halted() -> bool:
+        def halted() -> bool:  # called inside the runs' steps, in the compute thread
             seen["others"] = max(seen["others"], self.compute.active() - 1)  # this request is one of the active
+            if self.compute.threads is not None and self.compute.count_now() is not None:
+                counts.add(self.compute.count_now())
             return should_stop()
 
         speculative = _result(self.generate(request, should_stop=halted, sizing=sizing))
-        plain = None if speculative.stop_reason == "cancelled" else self.autoregressive(list(request.prompt_ids), request.config, should_stop=halted)
-        return Retiming(speculative, plain, seen["others"])
+        plain = (None if speculative.stop_reason == "cancelled" else  # plain decoding at the speculative run's threads: a fair ratio
+                 self.autoregressive(list(request.prompt_ids), request.config, should_stop=halted, threads=self.run_threads(request.drafter)))
+        return Retiming(speculative, plain, seen["others"], tuple(sorted(counts)))
 
     def token_text(self, token: int) -> str:
         return self.bundle().tokenizer.decode([token], clean_up_tokenization_spaces=False)

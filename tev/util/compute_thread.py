@@ -26,8 +26,12 @@ lookahead. Each background reader can say how long interactive work held it back
 (:attr:`Steps.held_seconds`), so a run that trained fewer steps under load says why.
 
 Threads: with :meth:`ComputeThread.use_threads` (the server sets it) every step runs with the torch
-threads of a :class:`~tev.util.cpus.ServerThreads`, set in this thread before its first step; torch's
-count is per OS thread (OpenMP's nthreads-var), so no other thread's count changes. Without it steps run
+threads of a :class:`~tev.util.cpus.ServerThreads`, set in this thread before the step: its ``full``
+count when the step's request is interactive and no other process holds a core (``others_busy``,
+:class:`~tev.util.cpu_load.OtherLoad`), its ``reduced`` count otherwise, or
+the count a request was submitted with (``steps(work, threads=n)``: a measurement at a given count);
+torch's count is per OS thread (OpenMP's nthreads-var), so no other thread's count changes. Each
+request notes the counts its steps ran with (:attr:`Steps.thread_counts`). Without it steps run
 with whatever count this thread started with (torch's global setting when it first ran torch work).
 This thread should be the only one in the process that runs a team of several OpenMP threads: GNU
 OpenMP counts the threads of every team, and once they outnumber the cores it stops spinning at its
@@ -65,6 +69,8 @@ class _Request:
         self.result = None  # what the work returned (PEP 380), once done
         self.done = False
         self.cancelled = False
+        self.threads: int | None = None  # the count its steps run with (None: the server's policy decides each step)
+        self.counts: set[int] = set()  # the counts its steps ran with, where a policy set them
 
 
 class Steps(Generic[T]):
@@ -91,6 +97,12 @@ class Steps(Generic[T]):
         """Seconds interactive steps ran while this background request was ready to step (0 for
         interactive work and for work run in place)."""
         return self._request.held if self._request is not None else 0.0
+
+    @property
+    def thread_counts(self) -> frozenset[int]:
+        """The torch thread counts the work's steps ran with so far, where the server's policy set them
+        (empty for work run in place or without a policy)."""
+        return frozenset(self._request.counts) if self._request is not None else frozenset()
 
 
 class ComputeThread:
@@ -123,17 +135,23 @@ class ComputeThread:
         self._thread: threading.Thread | None = None
         self._threads = None  # a ServerThreads (tev.util.cpus), see use_threads; None: steps keep the thread's count
         self._set_threads: Callable[[int], None] | None = None
+        self._others_busy: Callable[[], bool] | None = None  # whether other processes hold one of this process's cores
         self._threads_now: int | None = None  # the count last set in the compute thread (None: never set here)
 
-    def steps(self, work: Iterator[T], background: bool = False) -> Steps[T]:
+    def steps(self, work: Iterator[T], background: bool = False, threads: int | None = None) -> Steps[T]:
         """Submit ``work`` now; the returned iterator yields what each of its steps yields (each
         step computed in the compute thread), returns what ``work`` returned (``yield from`` takes
         it) and re-raises a step's exception. Closing it before the end cancels ``work``.
         ``background``: work nobody waits on step by step (training, scoring, measuring), which
-        steps when no interactive request is ready, or when it is owed its share of the time."""
+        steps when no interactive request is ready, or when it is owed its share of the time.
+        ``threads``: run every step with this many torch threads whatever else runs (a measurement of
+        what a count costs), where :meth:`use_threads` set a policy; None: the count it gives each step."""
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
         if self.in_compute_thread():  # work that submits work: run it here, in turn with nothing
             return Steps(iter(work))
         request = _Request(work, background)
+        request.threads = threads
         with self._condition:
             self._turns.append(request)
             self._open += 1
@@ -146,28 +164,51 @@ class ComputeThread:
         """``function(*args, **kwargs)`` computed in the compute thread as one step."""
         return result_of(self.steps(_once(function, args, kwargs)))
 
-    def use_threads(self, threads, set_threads: Callable[[int], None]) -> None:
-        """Run every step with ``threads`` (a :class:`~tev.util.cpus.ServerThreads`), set with ``set_threads``
-        (``torch.set_num_threads``) in the compute thread before its next step."""
+    def call_at(self, threads: int, function: Callable[..., T], *args, **kwargs) -> T:
+        """:meth:`call` with ``threads`` torch threads, whoever else is served."""
+        return result_of(self.steps(_once(function, args, kwargs), threads=threads))
+
+    def use_threads(self, threads, set_threads: Callable[[int], None], others_busy: Callable[[], bool] | None = None) -> None:
+        """Run each step with the count ``threads`` (a :class:`~tev.util.cpus.ServerThreads`) gives it, set with
+        ``set_threads`` (``torch.set_num_threads``) in the compute thread before the step; ``others_busy``: whether
+        other processes hold a core now (then no step takes the full count; None: never asked)."""
         with self._condition:
-            self._threads, self._set_threads = threads, set_threads
+            self._threads, self._set_threads, self._others_busy = threads, set_threads, others_busy
+
+    def keep_one_count(self) -> None:
+        """From now on every step runs with the policy's reduced count (:meth:`ServerThreads.single`)."""
+        with self._condition:
+            if self._threads is not None:
+                self._threads = self._threads.single()
+
+    def count_now(self) -> int | None:
+        """The torch threads of the step in progress (read from inside it), else of the last one (None: never set here)."""
+        return self._threads_now
 
     @property
     def threads(self):
         """The :class:`~tev.util.cpus.ServerThreads` steps run with (None: none set; steps keep the thread's count)."""
         return self._threads
 
-    def _apply_threads(self) -> None:
-        """Before a step: the count in force, set in this thread when it is not yet."""
+    def _apply_threads(self, request: _Request) -> None:
+        """Before a step of ``request``: its count (its own, else the policy's: full when it is interactive and no
+        other process holds a core), set in this thread when it is not yet, and noted on the request."""
         with self._condition:
-            threads, set_threads = self._threads, self._set_threads
-        if threads is None or threads.count == self._threads_now:
+            threads, set_threads, others_busy = self._threads, self._set_threads, self._others_busy
+        if set_threads is None:  # no policy: steps keep the thread's count
             return
-        try:
-            set_threads(threads.count)
-            self._threads_now = threads.count
-        except Exception:  # noqa: BLE001 - a step runs with the count it has rather than stop the thread
-            logging.getLogger(__name__).exception("setting %d torch threads failed", threads.count)
+        free = not request.background
+        if free and request.threads is None and threads.switches and others_busy is not None:
+            free = not others_busy()
+        count = request.threads if request.threads is not None else threads.for_step(free)
+        if count != self._threads_now:
+            try:
+                set_threads(count)
+                self._threads_now = count
+            except Exception:  # noqa: BLE001 - a step runs with the count it has rather than stop the thread
+                logging.getLogger(__name__).exception("setting %d torch threads failed", count)
+                return
+        request.counts.add(count)
 
     def in_compute_thread(self) -> bool:
         return threading.current_thread() is self._thread
@@ -248,7 +289,7 @@ class ComputeThread:
                     request.done = True
                     self._condition.notify_all()
                 continue
-            self._apply_threads()
+            self._apply_threads(request)
             started = self._clock()
             try:
                 result, ended, error = next(request.work), False, None

@@ -34,40 +34,69 @@ def available_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
 
 @dataclass(frozen=True)
 class ServerThreads:
-    """The torch threads every step of the server's compute thread runs with (:meth:`ComputeThread.use_threads`).
+    """The torch threads the server's compute thread runs a step with (:meth:`ComputeThread.use_threads`).
 
-    One count for every run, lone or in a crowd: the drafters' products and transformers' forward round
-    differently at another thread count, so a run's tokens under a seed would otherwise depend on who else
-    was served. Torch's count belongs to the OS thread that sets it (OpenMP's nthreads-var is per thread),
-    so the compute thread setting it changes its own OpenMP team only.
+    ``full`` for an interactive step (a Live round, a walkthrough step: someone waits on it) while no other process
+    holds a core (:class:`~tev.util.cpu_load.OtherLoad`), however many visitors' runs take turns; ``reduced`` for
+    background work (a fine-tune, a measurement: its results then do not depend on who else is served) and for every
+    step while another process (a browser or a test worker on the same machine) holds a core, where an OpenMP thread
+    that finds its core taken makes its whole team wait at each barrier. Torch's count belongs to the OS thread that
+    sets it (OpenMP's nthreads-var is per thread), so the compute thread setting it changes its own team only.
+
+    Two counts only where a run's tokens under a seed do not depend on them: the target's forward must give every
+    row the same bits at both (the row-invariant forward is checked for it as it is chosen), else the server runs
+    one count (:meth:`single`); a drafter is checked the same way before its runs take the full count
+    (:meth:`ModelService.run_threads`). Budget auto's cost curve is measured at ``full``.
 
     Attributes:
-        count: the threads; fixed: whether ``TEV_THREADS`` set it.
+        full: threads of an interactive step on free cores; reduced: of every other (None: ``full``);
+        fixed: whether ``TEV_THREADS`` set them (one count).
     """
 
-    count: int
+    full: int
+    reduced: int | None = None
     fixed: bool = False
 
     def __post_init__(self):
-        if self.count < 1:
-            raise ValueError(f"threads must be >= 1, got {self.count}")
+        if self.reduced is None:
+            object.__setattr__(self, "reduced", self.full)
+        if min(self.full, self.reduced) < 1:
+            raise ValueError(f"threads must be >= 1, got {self.full} and {self.reduced}")
+
+    @property
+    def switches(self) -> bool:
+        """Whether some steps get another count than others."""
+        return self.full != self.reduced
+
+    def for_step(self, free: bool) -> int:
+        """The count of a step: ``free`` when it is interactive and no other process holds a core."""
+        return self.full if free else self.reduced
+
+    def single(self) -> "ServerThreads":
+        """One count for every step (the reduced one): for a target forward whose rows change with the count."""
+        return ServerThreads(self.reduced, fixed=self.fixed)
 
     def describe(self) -> str:
-        """The count in words, for the page's header and speed sentence."""
-        words = f"{self.count} torch thread{'s' if self.count != 1 else ''}"
-        return f"{words} (TEV_THREADS)" if self.fixed else f"{words} (TEV_THREADS sets another count)"
+        """The counts in words, for the page's header and speed sentence."""
+        if self.switches:
+            return f"{_threads(self.full)}, {self.reduced} while other processes use a core"
+        return f"{_threads(self.full)} (TEV_THREADS)" if self.fixed else f"{_threads(self.full)} (TEV_THREADS sets another count)"
+
+
+def _threads(count: int) -> str:
+    return f"{count} torch thread{'s' if count != 1 else ''}"
 
 
 def server_threads(environ=None, cpus: int | None = None) -> ServerThreads:
-    """The server's :class:`ServerThreads`: ``TEV_THREADS`` fixes the count (ValueError when it is not a whole
-    number >= 1); else one core fewer than the container may use (``cpus``).
+    """The server's :class:`ServerThreads`: ``TEV_THREADS`` fixes one count (ValueError when it is not a whole
+    number >= 1); else every core the container may use (``cpus``) for interactive steps, one fewer for background
+    work and while another process holds a core.
 
-    On a 2-core AVX2 EPYC two threads gave a lone run 25% more tokens/s on an otherwise idle machine (once
-    the models load in the compute thread, see :mod:`tev.util.compute_thread`), but with other busy
-    processes on the same two cores (a browser on the same machine, a second test worker) the server at two
-    threads served 5 requests of a 20-second load test where one thread serves 8 or more, and the page's
-    main thread went past its long-task limits: OpenMP's threads wait on each other when a core is taken.
-    So the default leaves a core free; ``TEV_THREADS=2`` suits a machine that serves only this app."""
+    Measured on a 2-core AVX2 EPYC with no browser on the machine (docs/benchmarks.md, "Threads by measurement"):
+    a lone visitor received the page's answer at a median 22.4 tokens/s at two threads against 17.6 at one, and two
+    visitors at once were served 55 answers in four minutes at two threads against 38 with one each; with another
+    busy process on the same two cores (a browser, a second test worker) two threads served a short load test 5
+    answers where one served 8, hence one fewer while another process holds a core."""
     environ = os.environ if environ is None else environ
     text = environ.get("TEV_THREADS", "").strip()
     if text:
@@ -75,4 +104,4 @@ def server_threads(environ=None, cpus: int | None = None) -> ServerThreads:
             raise ValueError(f"TEV_THREADS must be a whole number >= 1, got {text!r}")
         return ServerThreads(int(text), fixed=True)
     cpus = available_cpus() if cpus is None else cpus
-    return ServerThreads(max(1, cpus - 1))
+    return ServerThreads(cpus, max(1, cpus - 1))
