@@ -26,6 +26,7 @@ from typing import Protocol
 import torch
 
 from tev.core.tree import DraftTree
+from tev.core.visibility import slot_visibility
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.session import CausalLMSession
 from tev.engine.tree_growth import GrowingTree, Step, frontier_width, grow_tree
@@ -193,11 +194,7 @@ class ARTreeDrafter:
                     cache.rollback(committed)
                 out = cache.extend(context.token_ids[cache.length :])
                 return torch.log_softmax(out.last_logits(), dim=-1)[None]  # [1, V]
-            visible = torch.zeros(len(nodes), cache.length + len(nodes), dtype=torch.bool)  # [n, held + n]
-            visible[:, :committed] = True
-            for row, v in enumerate(nodes):
-                visible[row, [committed + s for s in tree.ancestor_slots(v)]] = True
-                visible[row, cache.length + row] = True
+            visible = slot_visibility(committed, cache.length - committed, [tree.ancestor_slots(v) for v in nodes])  # [n, held + n]
             out = cache.forward_masked([tree.tokens[v] for v in nodes], [committed + tree.depths[v] for v in nodes], visible)
             return torch.log_softmax(out.logits, dim=-1)  # [n, V]
 

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from tev.core.tree import DraftTree
+from tev.core.visibility import slot_visibility
 from tev.engine.block_drafter import DrafterBody
 from tev.engine.drafters import DraftContext, DraftState, _check_shape
 from tev.engine.tree_growth import GrowingTree, Step, frontier_width, grow_tree
@@ -109,12 +110,8 @@ class PathDrafter(DrafterBody):
         step, device = cache.step, self.mask_embed.device
         n, held, width = len(tokens), cache.slots, cache.context_rows
         x = step.slots(torch.tensor(tokens, device=device), torch.tensor(depths, device=device))  # [n, D]
-        columns = width + held + n
-        seen = [row * columns + c for row in range(n) for c in range(width)]
-        seen += [row * columns + width + s for row, above in enumerate(ancestors) for s in above]
-        seen += [row * columns + width + held + row for row in range(n)]
-        bias = torch.full((n, columns), float("-inf"), dtype=step.dtype, device=device)  # [n, M]: 0 where a slot may look
-        bias.view(-1)[torch.tensor(seen, device=device)] = 0.0
+        visible = slot_visibility(width, held, ancestors).to(device)
+        bias = torch.full(visible.shape, float("-inf"), dtype=step.dtype, device=device).masked_fill_(visible, 0.0)  # [n, M]: 0 where a slot may look
         cache.slots += n
         return step.forward(x, cache.memory, bias)
 

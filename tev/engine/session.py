@@ -27,6 +27,7 @@ from tev.core.head_screen import HeadScreen
 from tev.core.sampling import SamplingLaw, as_law
 from tev.core.tree import DraftTree
 from tev.core.verify import LogitRows, TargetRows
+from tev.core.visibility import tree_visibility
 from tev.engine.row_invariant import RowInvariantForward
 from tev.engine.row_products import MAX_ROWS
 from tev.engine.target_precision import target_forward
@@ -249,8 +250,7 @@ class CausalLMSession:
             pieces = [self.extend(piece) for piece in ids.split(MAX_ROWS)]
             features = None if pieces[0].features is None else torch.cat([piece.features for piece in pieces])
             return ForwardOutput(torch.cat([piece.hidden for piece in pieces]), self.head, features, project=self.invariant.project)
-        visible = torch.ones(count, self.length + count, dtype=torch.bool)
-        visible[:, self.length :] = torch.ones(count, count, dtype=torch.bool).tril()
+        visible = tree_visibility(self.length, torch.ones(count, count, dtype=torch.bool).tril())  # a chain
         return self.forward_masked(ids, torch.arange(self.length, self.length + count), visible)
 
     def forward_masked(self, token_ids, positions, visible: torch.Tensor) -> ForwardOutput:
@@ -280,8 +280,7 @@ class CausalLMSession:
         Node ``v`` sits at position ``length + d(v)`` and sees the cache plus its ancestors.
         The tree's entries stay in the cache until :meth:`commit` keeps the accepted path.
         """
-        visible = torch.ones(tree.num_nodes, self.length + tree.num_nodes, dtype=torch.bool)
-        visible[:, self.length :] = tree.ancestors
+        visible = tree_visibility(self.length, tree.ancestors)
         base = self.length
         out = self.forward_masked(tree.tokens, base + tree.depths, visible)
         self.length = base  # the tree is provisional until commit

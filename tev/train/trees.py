@@ -20,6 +20,7 @@ import torch
 from tev.core.flow import flow_from_edge_prob
 from tev.core.tree import DraftTree
 from tev.core.verify import LogitRows
+from tev.core.visibility import tree_visibility
 from tev.engine.session import CausalLMSession, max_positions
 from tev.train.data import SoftLabels, TrainData
 from tev.train.teacher import top_law
@@ -151,12 +152,9 @@ def score_trees(row: TargetPass, trees: list[DraftTree], roots: list[int], tempe
     if n:
         tokens = torch.cat([t.tokens[1:] for t in trees])
         positions = torch.cat([root + t.depths[1:] for t, root in zip(trees, roots)])
-        visible = torch.zeros(n, cached + n, dtype=torch.bool)
-        offset = 0
-        for tree, root, size in zip(trees, roots, sizes):
-            visible[offset : offset + size, : root + 1] = True
-            visible[offset : offset + size, cached + offset : cached + offset + size] = tree.ancestors[1:, 1:]
-            offset += size
+        # each tree's nodes see the text up to its root and their own path: the trees side by side, blind to each other
+        prefix = torch.cat([torch.full((size,), root + 1) for root, size in zip(roots, sizes)])
+        visible = tree_visibility(cached, torch.block_diag(*[t.ancestors[1:, 1:] for t in trees]), prefix)
         node_logits = session.forward_masked(tokens, positions, visible).logits
         session.rollback(cached)
     reach, exit_weight, coverage, edges, node_soft = [], [], [], [], []

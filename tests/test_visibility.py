@@ -1,0 +1,30 @@
+"""Tree attention's one rule: each new row sees a prefix of the cache and its own path, nothing else."""
+
+import torch
+
+from tev.core.tree import DraftTree
+from tev.core.visibility import slot_visibility, tree_visibility
+
+
+def test_a_tree_after_the_cache_sees_the_cache_and_its_own_path():
+    tree = DraftTree.from_parents([5, 6, 7, 8], [-1, 0, 0, 1], [0.0, -0.1, -0.2, -0.3])
+    visible = tree_visibility(3, tree.ancestors)
+    assert visible.shape == (4, 7) and visible[:, :3].all()
+    assert visible[:, 3:].tolist() == [[True, False, False, False], [True, True, False, False], [True, False, True, False], [True, True, False, True]]
+    chain = tree_visibility(2, torch.ones(3, 3, dtype=torch.bool).tril())
+    assert chain.tolist() == [[True, True, True, False, False], [True, True, True, True, False], [True, True, True, True, True]]
+
+
+def test_trees_side_by_side_each_see_the_text_up_to_their_own_root_and_not_each_other():
+    block = torch.block_diag(torch.ones(2, 2, dtype=torch.bool).tril(), torch.ones(1, 1, dtype=torch.bool))
+    visible = tree_visibility(4, block, torch.tensor([2, 2, 4]))
+    assert visible.tolist() == [[True, True, False, False, True, False, False], [True, True, False, False, True, True, False],
+                                [True, True, True, True, False, False, True]]
+    assert tree_visibility(4, block, 1)[:, :4].sum(dim=1).tolist() == [1, 1, 1]
+
+
+def test_a_depth_of_a_growing_tree_sees_the_prefix_its_ancestors_slots_and_itself():
+    visible = slot_visibility(2, 3, [[0], [0, 2], []])
+    assert visible.shape == (3, 8)
+    assert visible.tolist() == [[True, True, True, False, False, True, False, False], [True, True, True, False, True, False, True, False],
+                                [True, True, False, False, False, False, False, True]]

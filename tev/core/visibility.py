@@ -1,0 +1,49 @@
+"""Which entries each new row of a forward may attend to: tree attention's one rule, written once.
+
+A forward of ``n`` new rows after ``held`` entries already in a cache gives each row a
+`BoolTensor` row over ``held + n`` columns, True where it may look. Every row sees a prefix of
+the cache (the committed context) and, of the rows after it, only those on its own path: its
+ancestors and itself. Two shapes of that rule occur:
+
+- :func:`tree_visibility`: the new rows are a tree (or a chain, or several trees side by side):
+  the new block is their ancestor matrix;
+- :func:`slot_visibility`: the new rows extend a tree grown depth by depth, whose earlier nodes
+  already sit in the cache as slots after the prefix: each row sees its ancestors' slots and itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["tree_visibility", "slot_visibility"]
+
+
+def tree_visibility(held: int, ancestors: torch.Tensor, prefix: int | torch.Tensor | None = None) -> torch.Tensor:
+    """`BoolTensor[n, held + n]` for ``n`` new rows after ``held`` cached entries.
+
+    Args:
+        ancestors: `BoolTensor[n, n]`, ``ancestors[i, j]``: new row ``i`` sees new row ``j`` (its path, itself included).
+        prefix: the cached entries each row sees, from the first: all ``held`` (None), one count for every row,
+            or `LongTensor[n]`, a count per row (trees side by side, each after its own root).
+    """
+    n = ancestors.shape[0]
+    visible = torch.zeros(n, held + n, dtype=torch.bool)
+    if prefix is None or isinstance(prefix, int):
+        visible[:, : held if prefix is None else prefix] = True
+    else:
+        visible[:, :held] = torch.arange(held)[None, :] < torch.as_tensor(prefix)[:, None]
+    visible[:, held:] = ancestors
+    return visible
+
+
+def slot_visibility(prefix: int, held: int, ancestor_slots: list[list[int]]) -> torch.Tensor:
+    """`BoolTensor[n, prefix + held + n]` for ``n`` new rows after a cache of ``prefix`` entries every row sees
+    and ``held`` slots of earlier rows: row ``i`` sees the prefix, the slots ``ancestor_slots[i]`` (its
+    ancestors' places among the ``held``) and itself."""
+    n = len(ancestor_slots)
+    visible = torch.zeros(n, prefix + held + n, dtype=torch.bool)
+    visible[:, :prefix] = True
+    for row, slots in enumerate(ancestor_slots):
+        visible[row, [prefix + s for s in slots]] = True
+        visible[row, prefix + held + row] = True
+    return visible
