@@ -50,6 +50,7 @@ def device_markdown() -> str:
     speed = f", bfloat16 products {machine['bf16_matmul_speedup']:.2f}x float32's speed" if "bf16_matmul_speedup" in machine else ""
     server_threads = shared.SERVICE.compute.threads  # the server's count (app.py); none set: torch's count
     threads = server_threads.describe() if server_threads is not None else info["threads"]
+    threads_note = shared.SERVICE.threads_note()  # which drafters keep the reduced thread count, and why
     drafter_note = ("A drafter only proposes: its precision changes how often its guesses are kept, never the output; the block "
                     "drafters run in the bfloat16 they are stored in.")
     return (
@@ -57,7 +58,7 @@ def device_markdown() -> str:
         f"**vocabulary** {info['vocab']} · **parameters** {sizes}\n\n**precision** target {target} · drafters "
         f"{', '.join(f'{kind} {dtype}' for kind, dtype in drafters.items())} · this CPU: {machine['cpu_capability']}{speed}"
         f"\n\n<details><summary>why this forward, the threads, and the drafters' precision</summary>\n\n{why + ' ' if why else ''}"
-        f"{shared.SERVICE.threads_note() + ' ' if shared.SERVICE.threads_note() else ''}{drafter_note}\n\n</details>"
+        f"{threads_note + ' ' if threads_note else ''}{drafter_note}\n\n</details>"
     )
 
 

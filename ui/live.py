@@ -22,6 +22,7 @@ from tev.service.live_settings import LiveInput, LiveSettings
 from tev.service.service import DEFAULT_SAMPLING, LIMITS, IdleTimings, UserInputError, as_text, machine_load, records_to_json
 from ui import gpu, shared
 from tev.util.compute_thread import mapped
+from tev.util.cpus import threads_words
 from tev.util.lru import LRU
 from ui.components import KEEP_TYPED, checked_event, once_per_click, refusal_line, settings_handler
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
@@ -102,8 +103,7 @@ def _threads_words() -> str:
     """The torch threads runs are served with, for the speed sentence: the server's counts (app.py), or torch's."""
     threads = shared.SERVICE.compute.threads
     if threads is None:
-        count = torch.get_num_threads()
-        return f"{count} torch thread{'s' if count != 1 else ''} (TEV_THREADS)"
+        return f"{threads_words(torch.get_num_threads())} (TEV_THREADS)"
     return threads.describe()
 
 

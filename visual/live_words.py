@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from tev.engine.decode import DecodeConfig, GenerationSummary
 from tev.util.compute_thread import BACKGROUND_SHARE
+from tev.util.cpus import threads_words
 
 __all__ = ["STAGE_LABELS", "MIN_TIMED_TOKENS", "STOPPED", "RETIMING", "UNMEASURED", "Speed", "Machine", "stats_markdown", "speed_line",
            "speed_verdict", "not_retimed", "run_summary", "sharing_note", "said_at_end", "teaching_round", "opened_at", "round_info"]
@@ -35,7 +36,7 @@ class Machine:
         counts = sorted(set(counts))
         if not counts:
             return self
-        words = f"{counts[-1]} torch thread{'s' if counts[-1] != 1 else ''}"
+        words = threads_words(counts[-1])
         if len(counts) > 1:
             words += f" ({' or '.join(map(str, counts[:-1]))} while another process used a core)"
         return Machine(counts[-1], words, self.precision)
@@ -135,7 +136,7 @@ def speed_line(speed: Speed | None, config: DecodeConfig | None, machine: Machin
         return None
     if speed.timing is not None and speed.timing.measured:
         own = (speed.added / speed.rounds, speed.continued) if speed.rounds else None
-        machine = machine.ran_at(getattr(speed.timing, "threads", ()))
+        machine = machine.ran_at(speed.timing.threads)
         return speed_verdict(speed.timing.speculative, speed.timing.autoregressive, config, speed.timing.others, speed.load, own, machine)
     if speed.unmeasured == "busy":
         return not_retimed(speed.waiting, speed.recalled, config)
@@ -183,7 +184,7 @@ def run_summary(records, summary: GenerationSummary | None, speed: Speed | None 
         spec, ar = timing.speculative, timing.autoregressive
         found["timing"] = {"speculative_tokens_per_second": spec.tokens_per_second, "autoregressive_tokens_per_second": ar.tokens_per_second,
                            "speedup": spec.tokens_per_second / max(ar.tokens_per_second, 1e-9), "tau": spec.tau, "others": timing.others,
-                           "threads": machine.ran_at(getattr(timing, "threads", ())).threads, "thread_counts": list(getattr(timing, "threads", ()))}
+                           "threads": machine.ran_at(timing.threads).threads, "thread_counts": list(timing.threads)}
     return found
 
 

@@ -29,6 +29,7 @@ from tev.pipelines.workload import adapted_kind
 from tev.service.adapted import AdaptedDrafters, is_adapted
 from tev.service.live_settings import LiveInput, LiveSettings
 from tev.util.compute_thread import ComputeThread, result_of as _result
+from tev.util.cpus import threads_words
 from tev.engine.prompt_text import encode_chat, encode_prompt
 
 __all__ = ["Limits", "LIMITS", "DEFAULT_SAMPLING", "ModelService", "Retiming", "IdleTiming", "IdleTimings", "machine_load", "as_text", "check_number", "finite_number", "check_settings", "records_to_json", "TrainingSlot", "UserInputError"]
@@ -60,10 +61,6 @@ class Retiming:
     def measured(self) -> bool:
         """Both runs went to their end (neither was stopped)."""
         return self.autoregressive is not None and "cancelled" not in (self.speculative.stop_reason, self.autoregressive.stop_reason)
-
-
-def _count_words(count: int) -> str:
-    return f"{count} torch thread{'s' if count != 1 else ''}"
 
 
 def machine_load() -> tuple[float, int]:
@@ -213,10 +210,7 @@ class ModelService:
         several threads (see :mod:`tev.util.compute_thread`, "Threads")."""
         if self._bundle is None:
             threads = self.compute.threads  # one step at a time: two first requests load once
-            if threads is None:
-                self.compute.call(self._load)
-            else:
-                self.compute.call_at(threads.full, self._load)
+            self.compute.call_at(threads.full if threads is not None else None, self._load)
         return self._bundle
 
     def _load(self) -> None:
@@ -379,21 +373,18 @@ class ModelService:
         waiting = [kind for kind, drafter in drafters.items() if id(drafter) not in self._thread_free]
         said = []
         if moved:
-            said.append(f"Runs through the {', '.join(moved)} drafter{'s' if len(moved) > 1 else ''} keep {_count_words(threads.reduced)}: "
+            said.append(f"Runs through the {', '.join(moved)} drafter{'s' if len(moved) > 1 else ''} keep {threads_words(threads.reduced)}: "
                         f"{'their' if len(moved) > 1 else 'its'} trees came out with other bits at {threads.reduced} and {threads.full} "
                         "threads when checked at start, and a seed must give one answer whatever else runs.")
         if waiting:
             said.append(f"The {', '.join(waiting)} drafter{'s are' if len(waiting) > 1 else ' is'} still being checked at both thread counts; "
-                        f"until then {'their' if len(waiting) > 1 else 'its'} runs keep {_count_words(threads.reduced)}.")
+                        f"until then {'their' if len(waiting) > 1 else 'its'} runs keep {threads_words(threads.reduced)}.")
         return " ".join(said)
 
     def call_with(self, drafter, function, *args, **kwargs):
         """``function(*args, **kwargs)`` as one step of the compute thread at the threads of a run through ``drafter``
         (:meth:`run_threads`): a walkthrough's or the lab's tree."""
-        threads = self.run_threads(drafter)
-        if threads is None:
-            return self.compute.call(function, *args, **kwargs)
-        return self.compute.call_at(threads, function, *args, **kwargs)
+        return self.compute.call_at(self.run_threads(drafter), function, *args, **kwargs)
 
     def auto_budget(self, config: DecodeConfig, calibration: Calibration, rate: RoundRate) -> AutoBudget:
         """Budget auto for one request: the machine's cost curve (measured in the compute thread
@@ -459,9 +450,7 @@ class ModelService:
         """The autoregressive baseline; ``should_stop`` is polled after every token; ``threads``: run it at this count
         (a re-timing's, as its speculative run had; None: the server's policy)."""
         bundle = self.bundle()  # the whole run is one step: nothing else runs while it is timed
-        if threads is not None:
-            return self.compute.call_at(threads, autoregressive_generate, bundle.target, prompt_ids, config, bundle.tokenizer, should_stop=should_stop)
-        return self.compute.call(autoregressive_generate, bundle.target, prompt_ids, config, bundle.tokenizer, should_stop=should_stop)
+        return self.compute.call_at(threads, autoregressive_generate, bundle.target, prompt_ids, config, bundle.tokenizer, should_stop=should_stop)
 
     def retime(self, request: Request, should_stop, sizing: AutoBudget | None = None) -> Retiming:
         """``request`` decoded again by speculation, then by plain decoding of the same prompt, both
@@ -471,7 +460,7 @@ class ModelService:
 
         def halted() -> bool:  # called inside the runs' steps, in the compute thread
             seen["others"] = max(seen["others"], self.compute.active() - 1)  # this request is one of the active
-            if self.compute.threads is not None and self.compute.count_now() is not None:
+            if self.compute.count_now() is not None:  # None: no policy sets the threads here
                 counts.add(self.compute.count_now())
             return should_stop()
 

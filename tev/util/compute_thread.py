@@ -30,8 +30,8 @@ threads of a :class:`~tev.util.cpus.ServerThreads`, set in this thread before th
 count when the step's request is interactive and no other process holds a core (``others_busy``,
 :class:`~tev.util.cpu_load.OtherLoad`), its ``reduced`` count otherwise, or
 the count a request was submitted with (``steps(work, threads=n)``: a measurement at a given count);
-torch's count is per OS thread (OpenMP's nthreads-var), so no other thread's count changes. Each
-request notes the counts its steps ran with (:attr:`Steps.thread_counts`). Without it steps run
+torch's count is per OS thread (OpenMP's nthreads-var), so no other thread's count changes; a step
+reads its own with :meth:`ComputeThread.count_now`. Without it steps run
 with whatever count this thread started with (torch's global setting when it first ran torch work).
 This thread should be the only one in the process that runs a team of several OpenMP threads: GNU
 OpenMP counts the threads of every team, and once they outnumber the cores it stops spinning at its
@@ -70,7 +70,6 @@ class _Request:
         self.done = False
         self.cancelled = False
         self.threads: int | None = None  # the count its steps run with (None: the server's policy decides each step)
-        self.counts: set[int] = set()  # the counts its steps ran with, where a policy set them
 
 
 class Steps(Generic[T]):
@@ -97,12 +96,6 @@ class Steps(Generic[T]):
         """Seconds interactive steps ran while this background request was ready to step (0 for
         interactive work and for work run in place)."""
         return self._request.held if self._request is not None else 0.0
-
-    @property
-    def thread_counts(self) -> frozenset[int]:
-        """The torch thread counts the work's steps ran with so far, where the server's policy set them
-        (empty for work run in place or without a policy)."""
-        return frozenset(self._request.counts) if self._request is not None else frozenset()
 
 
 class ComputeThread:
@@ -164,8 +157,8 @@ class ComputeThread:
         """``function(*args, **kwargs)`` computed in the compute thread as one step."""
         return result_of(self.steps(_once(function, args, kwargs)))
 
-    def call_at(self, threads: int, function: Callable[..., T], *args, **kwargs) -> T:
-        """:meth:`call` with ``threads`` torch threads, whoever else is served."""
+    def call_at(self, threads: int | None, function: Callable[..., T], *args, **kwargs) -> T:
+        """:meth:`call` with ``threads`` torch threads whatever else runs (None: the count the policy gives it)."""
         return result_of(self.steps(_once(function, args, kwargs), threads=threads))
 
     def use_threads(self, threads, set_threads: Callable[[int], None], others_busy: Callable[[], bool] | None = None) -> None:
@@ -192,7 +185,7 @@ class ComputeThread:
 
     def _apply_threads(self, request: _Request) -> None:
         """Before a step of ``request``: its count (its own, else the policy's: full when it is interactive and no
-        other process holds a core), set in this thread when it is not yet, and noted on the request."""
+        other process holds a core), set in this thread when it is not yet."""
         with self._condition:
             threads, set_threads, others_busy = self._threads, self._set_threads, self._others_busy
         if set_threads is None:  # no policy: steps keep the thread's count
@@ -207,8 +200,6 @@ class ComputeThread:
                 self._threads_now = count
             except Exception:  # noqa: BLE001 - a step runs with the count it has rather than stop the thread
                 logging.getLogger(__name__).exception("setting %d torch threads failed", count)
-                return
-        request.counts.add(count)
 
     def in_compute_thread(self) -> bool:
         return threading.current_thread() is self._thread

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["available_cpus", "ServerThreads", "server_threads"]
+__all__ = ["available_cpus", "ServerThreads", "server_threads", "threads_words"]
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" or "max <period>"
 
@@ -79,11 +79,12 @@ class ServerThreads:
     def describe(self) -> str:
         """The counts in words, for the page's header and speed sentence."""
         if self.switches:
-            return f"{_threads(self.full)}, {self.reduced} while other processes use a core"
-        return f"{_threads(self.full)} (TEV_THREADS)" if self.fixed else f"{_threads(self.full)} (TEV_THREADS sets another count)"
+            return f"{threads_words(self.full)}, {self.reduced} while other processes use a core"
+        return f"{threads_words(self.full)} (TEV_THREADS)" if self.fixed else f"{threads_words(self.full)} (TEV_THREADS sets another count)"
 
 
-def _threads(count: int) -> str:
+def threads_words(count: int) -> str:
+    """``count`` torch threads in words: "1 torch thread", "2 torch threads"."""
     return f"{count} torch thread{'s' if count != 1 else ''}"
 
 
