@@ -181,7 +181,7 @@ def test_a_drafters_runs_take_the_full_count_only_once_its_rounds_are_checked_th
     checked = []
 
     def agree(target, drafter, counts):
-        checked.append((drafter, counts, threading.current_thread().name))
+        checked.append((drafter, counts, threading.current_thread().name, models.compute.active_background()))
         return drafter is steady
 
     monkeypatch.setattr(service_module, "agree_here", agree)
@@ -193,8 +193,9 @@ def test_a_drafters_runs_take_the_full_count_only_once_its_rounds_are_checked_th
     models.warm_drafters()
     note = models.threads_note()  # the header says which drafters keep the reduced count, and why
     assert note.startswith("Runs through the block drafter keep 1 torch thread: its trees came out with other bits at 1 and 2 threads") and "path" not in note
-    assert [(drafter, counts) for drafter, counts, _ in checked] == [(steady, (1, 2)), (shifty, (1, 2))]
-    assert {name for _, _, name in checked} == {"tev-compute"}
+    assert [(drafter, counts) for drafter, counts, _, _ in checked] == [(steady, (1, 2)), (shifty, (1, 2))]
+    # in the compute thread, as background work: a run ending meanwhile is not told others wait in the app's line
+    assert {(name, background) for _, _, name, background in checked} == {("tev-compute", 1)}
     assert models.run_threads(steady) is None and models.run_threads(shifty) == 1 and models.run_threads(adapted) == 1
     seen = []
     assert models.call_with(shifty, lambda: seen.append(models.compute.count_now()) or "tree") == "tree" and seen == [1]

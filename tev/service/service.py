@@ -28,7 +28,7 @@ from tev.engine.models import DRAFTER_KINDS, ModelBundle, Pair, default_kind, de
 from tev.pipelines.workload import adapted_kind
 from tev.service.adapted import AdaptedDrafters, is_adapted
 from tev.service.live_settings import LiveInput, LiveSettings
-from tev.util.compute_thread import ComputeThread, result_of as _result
+from tev.util.compute_thread import ComputeThread, one_step, result_of as _result
 from tev.util.cpus import threads_words
 from tev.engine.prompt_text import encode_chat, encode_prompt
 
@@ -396,7 +396,8 @@ class ModelService:
         """Prepare every drafter's inference weights now, in the compute thread (a drafter with a ``warm``
         method builds them on first use otherwise, in a visitor's first round); where the server's thread count
         switches, check each drafter's rounds at both counts (:meth:`run_threads`), one drafter
-        a step (a second or so each), so a visitor's rounds take turns with them."""
+        a step (a second or so each) as background work: a visitor's rounds go first, and a run ending meanwhile is
+        not told that other runs wait in the app's line (its re-timing would be skipped for them)."""
         def warm() -> None:
             for drafter in self.bundle().drafters.values():
                 if hasattr(drafter, "warm"):
@@ -410,7 +411,8 @@ class ModelService:
         for drafter in self.bundle().drafters.values():
             if id(drafter) not in self._thread_free:
                 counts = (threads.reduced, threads.full)
-                self._thread_free[id(drafter)] = self.compute.call_at(threads.full, agree_here, target, drafter, counts)
+                check = self.compute.steps(one_step(agree_here, target, drafter, counts), background=True, threads=threads.full)
+                self._thread_free[id(drafter)] = _result(check)
 
     def threads(self) -> int:
         """The torch threads a visitor's run steps with on free cores: the server's full count, else torch's."""

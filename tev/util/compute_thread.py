@@ -48,7 +48,7 @@ import threading
 import time
 from typing import Callable, Generic, Iterator, TypeVar
 
-__all__ = ["ComputeThread", "Steps", "result_of", "mapped", "BACKGROUND_SHARE"]
+__all__ = ["ComputeThread", "Steps", "result_of", "mapped", "one_step", "BACKGROUND_SHARE"]
 
 # While interactive requests keep the thread busy, the share of its time background work still gets: small, so a
 # visitor's answer beside a workload run takes at most about 1 / 0.9 of its time alone (the load goal allows +18%).
@@ -155,11 +155,11 @@ class ComputeThread:
 
     def call(self, function: Callable[..., T], *args, **kwargs) -> T:
         """``function(*args, **kwargs)`` computed in the compute thread as one step."""
-        return result_of(self.steps(_once(function, args, kwargs)))
+        return result_of(self.steps(one_step(function, *args, **kwargs)))
 
     def call_at(self, threads: int | None, function: Callable[..., T], *args, **kwargs) -> T:
         """:meth:`call` with ``threads`` torch threads whatever else runs (None: the count the policy gives it)."""
-        return result_of(self.steps(_once(function, args, kwargs), threads=threads))
+        return result_of(self.steps(one_step(function, *args, **kwargs), threads=threads))
 
     def use_threads(self, threads, set_threads: Callable[[int], None], others_busy: Callable[[], bool] | None = None) -> None:
         """Run each step with the count ``threads`` (a :class:`~tev.util.cpus.ServerThreads`) gives it, set with
@@ -328,7 +328,7 @@ def mapped(steps: Iterator, function: Callable[[object], object]) -> Iterator:
             close()
 
 
-def _once(function, args, kwargs) -> Iterator:
+def one_step(function, *args, **kwargs) -> Iterator:
     """One step: ``function(*args, **kwargs)``, returned (PEP 380)."""
     return function(*args, **kwargs)
     yield  # noqa: unreachable - makes this a generator, so the call runs at its first step, in the compute thread
