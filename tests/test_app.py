@@ -362,7 +362,7 @@ def test_the_speed_sentence_says_how_it_was_timed_or_why_it_was_not():
     stats = stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(shown=7.25, timing=Retiming(spec, plain, 1)))
     assert "timed again while 1 other run shared the machine" in stats and "7.2 tokens/s as this page received the answer" in stats
     # the re-timing names the thread counts its steps ran with: the lone count, and fewer while other work shared the machine
-    machine = Machine(2, "2 torch threads, 1 while other processes use a core", "row-invariant float32")
+    machine = Machine(2, "2 torch threads, 1 when cores are busy", "row-invariant float32")
     alone_at_2 = stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(timing=Retiming(spec, plain, 0, (2,))), machine)
     assert "on 2 torch threads, the target's row-invariant float32 forward" in alone_at_2
     both = stats_markdown(records, summary(64, 3.0, 32, "eos"), config, Speed(timing=Retiming(spec, plain, 1, (1, 2))), machine)

@@ -20,7 +20,7 @@ def test_unset_visitors_get_every_core_and_other_work_one_fewer():
     threads = server_threads({}, cpus=2)
     assert threads == ServerThreads(2, 1) and threads.switches
     assert threads.for_step(free=True) == 2 and threads.for_step(free=False) == 1
-    assert threads.describe() == "2 torch threads, 1 while other processes use a core"
+    assert threads.describe() == "2 torch threads, 1 when cores are busy"
     assert server_threads({"TEV_THREADS": ""}, cpus=4) == ServerThreads(4, 3)  # empty: unset
     one = server_threads({}, cpus=1)
     assert one == ServerThreads(1) and not one.switches and one.describe() == "1 torch thread (TEV_THREADS sets another count)"

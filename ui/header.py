@@ -57,7 +57,7 @@ def device_markdown() -> str:
         f"**models** {pair} · **device** {info['device']} · **threads** {threads} · **context** {info['context']} tokens · "
         f"**vocabulary** {info['vocab']} · **parameters** {sizes}\n\n**precision** target {target} · drafters "
         f"{', '.join(f'{kind} {dtype}' for kind, dtype in drafters.items())} · this CPU: {machine['cpu_capability']}{speed}"
-        f"\n\n<details><summary>why this forward, the threads, and the drafters' precision</summary>\n\n{why + ' ' if why else ''}"
+        f"\n\n<details><summary>why this forward and these threads</summary>\n\n{why + ' ' if why else ''}"
         f"{threads_note + ' ' if threads_note else ''}{drafter_note}\n\n</details>"
     )
 

@@ -79,7 +79,7 @@ class ServerThreads:
     def describe(self) -> str:
         """The counts in words, for the page's header and speed sentence."""
         if self.switches:
-            return f"{threads_words(self.full)}, {self.reduced} while other processes use a core"
+            return f"{threads_words(self.full)}, {self.reduced} when cores are busy"
         return f"{threads_words(self.full)} (TEV_THREADS)" if self.fixed else f"{threads_words(self.full)} (TEV_THREADS sets another count)"
 
 
