@@ -96,7 +96,7 @@ def main() -> None:
     # instead of waiting on a load, and ZeroGPU moves the weights to its GPU at start-up.
     _warm_up()
     if not gpu.ZERO_GPU:  # there the target reaches its GPU only inside a request: the first auto request measures
-        live.warm_cost_curve()
+        shared.SERVICE.warm_in_background()
     demo.queue(max_size=32, default_concurrency_limit=2).launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),

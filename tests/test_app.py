@@ -10,7 +10,7 @@ from gradio_client import Client
 from ui.exittrain import ExitTrainView
 from ui.lab import LabView
 from ui.live import LiveView, RoundView
-from visual.live_words import MIN_TIMED_TOKENS
+from tev.engine.run_speed import MIN_TIMED_TOKENS
 
 SHORT_PROMPT = "def add(a, b):\n    "
 
@@ -59,7 +59,8 @@ def test_a_short_continuation_of_a_long_answer_says_why_it_has_no_speed_ratio():
     import types
 
     from tev.engine.decode import DecodeConfig
-    from visual.live_words import MIN_TIMED_TOKENS, Speed, stats_markdown
+    from tev.engine.run_speed import MIN_TIMED_TOKENS, Speed
+    from visual.live_words import stats_markdown
 
     rounds = [types.SimpleNamespace(block_length=1, emitted=[0] * 10, flow=types.SimpleNamespace(tau_bound=1.5), choice=None, drafter="block")] * 5
     summary = types.SimpleNamespace(stop_reason="max_new_tokens", time_to_first_token=0.01, tokens_per_second=9.0)
@@ -72,8 +73,8 @@ def test_a_short_continuation_of_a_long_answer_says_why_it_has_no_speed_ratio():
 def test_a_continuation_samples_with_a_seed_of_its_own():
     """A Continue must not reuse the numbers that drew the answer so far (prompt + answer would then not be a sample
     of the target): its seed comes from the answer's seed and where it starts, the same for the same press."""
+    from tev.service.live_runs import continuation_seed
     from tev.service.service import LIMITS
-    from ui.live import continuation_seed
 
     seeds = {continuation_seed(seed, position) for seed in (0, 1, 7) for position in (10, 11, 250)}
     assert len(seeds) == 9 and all(0 <= s <= LIMITS.max_seed for s in seeds) and not seeds & {0, 1, 7}
@@ -342,7 +343,8 @@ def test_the_speed_sentence_says_how_it_was_timed_or_why_it_was_not():
 
     from tev.engine.decode import DecodeConfig, GenerationSummary
     from tev.service.service import Retiming
-    from visual.live_words import Machine, Speed, run_summary, speed_verdict, stats_markdown
+    from tev.engine.run_speed import Machine, Speed
+    from visual.live_words import run_summary, speed_verdict, stats_markdown
 
     def summary(tokens, seconds, rounds, reason="max_new_tokens"):
         return GenerationSummary([1], list(range(tokens)), "", rounds, [2] * rounds, [1.0] * rounds, seconds, 0.0, 0.01, reason, stage_seconds={"forward": seconds})
@@ -387,8 +389,9 @@ def test_an_answer_is_not_re_timed_while_others_wait_and_says_whose_figure_it_gi
     import types
 
     from tev.engine.decode import DecodeConfig, GenerationSummary
+    from tev.engine.run_speed import Speed
+    from tev.service.live_runs import Asked, LiveRuns
     from tev.service.service import IdleTimings, Retiming
-    from ui import live
     from visual import live_words
 
     def summary(tokens, seconds, rounds, reason="max_new_tokens"):
@@ -401,8 +404,8 @@ def test_an_answer_is_not_re_timed_while_others_wait_and_says_whose_figure_it_gi
     timings.remember(kind, Retiming(summary(64, 4.0, 32), summary(64, 8.0, 64), 0), (1.2, 2))
     retimed = []
     service = types.SimpleNamespace(others_waiting=lambda: 3, idle_timings=timings, retime=lambda *args: retimed.append(args))
-    monkeypatch.setattr(live.shared, "SERVICE", service)
-    steps = live._retimed(None, None, [], None, config, threading.Event(), None, kind, live_words.Speed(shown=5.0))
+    asked = Asked((1,), "", "path", config, True, session="frank")
+    steps = LiveRuns()._timed_again(service, None, None, [types.SimpleNamespace(drafter="path")], None, asked, Speed(shown=5.0))
     with pytest.raises(StopIteration) as end:
         next(steps)  # nothing shown, nothing timed: the answer ends at once
     speed = end.value.value

@@ -469,7 +469,12 @@ def test_the_speed_sentence_says_what_happened_to_the_re_timing(app_server, brow
     try:
         stats = timed()
         assert "other run shared the machine" in stats or "other runs shared the machine" in stats, stats
-        assert "page idle" not in stats and live_summary(page)["timing"]["others"] >= 1
+        summary = live_summary(page)
+        # twice, beside other tests, the page's JSON showed "timing": {} here while the stats beside it gave the re-timing:
+        # the markup around it says whether the viewer had folded that object
+        html = page.inner_html("#live-summary")
+        folded = html[html.find("timing"):][:1500]
+        assert "page idle" not in stats and (summary["timing"] or {}).get("others", 0) >= 1, f"{summary}\n{stats}\n{folded}"
         for press, words in (("#stop-button", "you pressed Stop during the re-timing"), ("#generate-button", "you pressed Generate during the re-timing")):
             for _ in range(4):  # a press that the busy page sent after the re-timing ended changes nothing: again
                 page.evaluate(_COLLECT_STATS)

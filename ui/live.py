@@ -2,34 +2,27 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import hashlib
-import sys
 import threading
 import time
 from typing import Any, NamedTuple
 
 import gradio as gr
-import torch
 
-from tev.core.budget import Calibration, RoundRate
 from tev.core.verify import VERIFIERS
 from tev.engine.decode import DecodeConfig, GenerationSummary
 from tev.engine.models import DRAFTERS
 from tev.service.adapted import ADAPTED_PREFIX, KEY_MARK, is_adapted
+from tev.service.live_runs import WAITING, Asked, Finished, Round, TimingAgain, continuation
 from tev.service.live_settings import LiveInput, LiveSettings
-from tev.service.service import DEFAULT_SAMPLING, LIMITS, IdleTimings, UserInputError, as_text, machine_load, records_to_json
+from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, as_text, records_to_json
 from ui import gpu, shared
-from tev.util.compute_thread import mapped
-from tev.util.cpus import threads_words
-from tev.util.lru import LRU
 from ui.components import KEEP_TYPED, checked_event, once_per_click, refusal_line, settings_handler
 from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
 from ui.workload import remember_asked
 from visual import mass_by_depth_figure, note_figure, text_view_html, timeline_figure, tree_figure
 from visual.budget_view import budget_figure
-from visual.live_words import MIN_TIMED_TOKENS, RETIMING, STOPPED, Machine, Speed, opened_at, round_info, run_summary, said_at_end, sharing_note, stats_markdown, teaching_round
+from visual.live_words import RETIMING, STOPPED, opened_at, round_info, run_summary, said_at_end, sharing_note, stats_markdown, teaching_round
 
 # Budget auto at the page's opening: measured at least as fast as B = 16 at the opening law (T = 0.7, top-p 0.9) on each
 # of 9 chat prompts, interleaved prompt by prompt (docs/benchmarks.md, budget "auto").
@@ -61,28 +54,6 @@ class LiveView(NamedTuple):
     info: Any  # the round browser's sentence on the round the figures show
 
 
-class Asked(NamedTuple):
-    """What a Live answer was asked with (a Continue goes on with it): the prompt's token ids and text, the
-    drafter chosen, the checked settings, whether the answer is timed against plain decoding, and the browser
-    session that asked (whose adapted drafter a Continue serves)."""
-
-    prompt_ids: tuple[int, ...]
-    prompt: str
-    drafter: str
-    config: DecodeConfig
-    compare_ar: bool
-    presses: tuple[dict, ...] = ()  # each press's seed and first round (Generate, then each Continue), for the export
-    session: str = "anonymous"
-
-
-def continuation_seed(seed: int, position: int) -> int:
-    """The seed a Continue samples with: drawn from the answer's seed and where the continuation starts, so no
-    press reuses another's random numbers (with the same seed, the continuation would draw the numbers that chose
-    the answer's first tokens, and prompt + answer would no longer be a sample of the target)."""
-    digest = hashlib.sha256(f"tev-continue:{seed}:{position}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") % (LIMITS.max_seed + 1)
-
-
 class RoundView(NamedTuple):
     """The round browser's outputs."""
 
@@ -91,20 +62,6 @@ class RoundView(NamedTuple):
     mass: Any
     info: Any
     budget: Any  # budget auto's choice for that round
-
-
-def _machine() -> Machine:
-    """What runs run on here, for the speed sentences: the server's thread count and the target's forward."""
-    precision = shared.SERVICE.target_precision()
-    return Machine(shared.SERVICE.threads(), _threads_words(), precision.label if precision else None)
-
-
-def _threads_words() -> str:
-    """The torch threads runs are served with, for the speed sentence: the server's counts (app.py), or torch's."""
-    threads = shared.SERVICE.compute.threads
-    if threads is None:
-        return f"{threads_words(torch.get_num_threads())} (TEV_THREADS)"
-    return threads.describe()
 
 
 def _round_figures(records, index: int):
@@ -116,51 +73,12 @@ def _round_figures(records, index: int):
     return tree_figure(record.tree, record.flow, record.verdict, token_text=text, title=title), mass_by_depth_figure(record.flow), chosen
 
 
-# Each browser session's Stop flag: Generate clears it (arm_stop), Stop sets it, the running
-# generation polls it between rounds and ends as a finished run would, its figures kept; the
-# 1024 most recently used sessions keep theirs.
-_STOP_FLAGS: LRU[str, threading.Event] = LRU(1024)
-
-
-def _stop_flag(request) -> threading.Event:
-    return _STOP_FLAGS.get_or_put(shared.session_of(request), threading.Event)
-
-
-# Each browser session's work that its next press of Generate (or Continue) ends: a finished answer's re-timing, or a
-# Continue's rounds (the new run's event is another one, so it would stream beside them into the same outputs; a
-# Generate during a Generate's rounds waits for them instead: always_last). The work that registered last; a finished
-# one's event stays until replaced, and setting it then does nothing.
-_SUPERSEDED: LRU[str, threading.Event] = LRU(1024)
-
-
-# When each browser session last pressed Generate or Continue (a press that runs): the wait in the app's line
-# before its run starts counts in the times the page gives (an API call, which presses nothing, counts from its start).
-_PRESSED: LRU[str, float] = LRU(1024)
-
-
-def _waited(request, started: float) -> float:
-    """Seconds from this session's press to ``started`` (the run's start), 0 without a press before it."""
-    pressed = _PRESSED.peek(shared.session_of(request))
-    return started - pressed if pressed is not None and 0 <= started - pressed < 3600 else 0.0
-
-
-def _ended_by_next_press(request) -> threading.Event:
-    """A fresh event, set when this session next presses Generate or Continue (:func:`arm_stop`)."""
-    superseded = threading.Event()
-    _SUPERSEDED.put(shared.session_of(request), superseded)
-    return superseded
-
-
 def arm_stop(request: gr.Request):
     """Generate (or Continue) pressed: the session's re-timing or streaming Continue, if one runs, ends, and this press's run starts
     as the old one ends (the event runs its last press after the current one: ``always_last``); a Stop
-    from before this press does not stop the new run. Hides Continue at once: the answer it would go on from is
-    being replaced (a press of it now would continue the old answer beside the new run)."""
-    running = _SUPERSEDED.peek(shared.session_of(request))
-    if running is not None:
-        running.set()
-    _stop_flag(request).clear()
-    _PRESSED.put(shared.session_of(request), time.perf_counter())
+    from before this press does not stop the new run (:meth:`~tev.service.live_runs.LiveRuns.press`). Hides Continue at once:
+    the answer it would go on from is being replaced (a press of it now would continue the old answer beside the new run)."""
+    shared.RUNS.press(shared.session_of(request))
     return gr.update(visible=False)
 
 
@@ -180,7 +98,7 @@ def stop_live(request: gr.Request):
     """Stop pressed: the session's generation ends after its current round (or before it starts), and its
     re-timing, if one runs, at its next step (the run's end then says so under the buttons; a line written here
     could land after that end and hide it)."""
-    _stop_flag(request).set()
+    shared.RUNS.stop(shared.session_of(request))
 
 
 def _check(settings: LiveSettings, memory=None) -> LiveInput:
@@ -194,25 +112,11 @@ def _check(settings: LiveSettings, memory=None) -> LiveInput:
 check_live = once_per_click(settings_handler(LiveSettings, _check, more=("memory",), request=False, name="check_live"))
 
 
-def _auto_budget(config: DecodeConfig, drafter: str, memory: dict | None):
-    """Budget auto for this browser session's request: its own calibration and rate per drafter
-    (``memory``, the session's state, updated in place by the rounds), so each answer starts from
-    what the session's earlier answers taught and no user's rounds steer another's trees.
-    Returns (the rule for the live run, a copy for the quiet re-timing, which starts where the
-    live run started); (None, None) at a fixed budget."""
-    if config.budget != "auto":
-        return None, None
-    memory = memory if memory is not None else {}
-    calibration, rate = memory.setdefault(drafter, (Calibration(), RoundRate()))
-    quiet = copy.deepcopy((calibration, rate))
-    return shared.SERVICE.auto_budget(config, calibration, rate), shared.SERVICE.auto_budget(config, *quiet)
-
-
 def _run(settings: LiveSettings, memory=None, request: gr.Request = None):
     """Stream a generation (:class:`LiveView`): text, current tree, mass by depth, stats; then the
     timeline. With ``chat`` the prompt is a user message (chat template, generation prompt added).
     With ``auto`` each round keeps the drafter's best nodes this machine pays for, at most
-    ``budget`` (``memory``: the browser session's state, see :func:`_auto_budget`).
+    ``budget`` (``memory``: the browser session's state, see :meth:`~tev.service.live_runs.LiveRuns.serve`).
     Stop (:func:`stop_live`) ends it between rounds, with every figure drawn for what ran."""
     try:
         prompt_ids, config = check_live(*dataclasses.astuple(settings), memory)  # as the validator called it: checked once
@@ -224,7 +128,7 @@ def _run(settings: LiveSettings, memory=None, request: gr.Request = None):
         raise _user_error(error) from None
     with shared.SERVICE.serving():  # other runs in the app's line see this one (others_waiting)
         asked = Asked(prompt_ids, as_text(settings.prompt), settings.drafter, config, bool(settings.compare_ar), session=shared.session_of(request))
-        return (yield from _served(speculation, asked, memory, serving_note, request))
+        return (yield from _served(speculation, asked, memory, serving_note))
 
 
 # The Live handler: /generate's parameters are LiveSettings' fields, then the session's budget auto state.
@@ -248,78 +152,42 @@ def continue_live(state, memory=None, request: gr.Request = None):
     """Continue pressed: the answer cut at the length limit goes on from its last token, with the same drafter and
     settings, for up to max new tokens more; its rounds join the answer's (the text, the round browser, the
     stats over the whole answer). The target reads the prompt and the answer so far as its context and the
-    continuation samples with a seed of its own (:func:`continuation_seed`), so prompt + answer stays a sample of
+    continuation samples with a seed of its own (:func:`~tev.service.live_runs.continuation_seed`), so prompt + answer stays a sample of
     the target's law (at T = 0, the one longer greedy answer); the speed comparison, when asked for, times the new part."""
     try:
         records, asked = check_continue(state)
-        so_far = asked.prompt_ids + tuple(token for record in records for token in record.emitted)
-        config = dataclasses.replace(asked.config, seed=continuation_seed(asked.config.seed, len(so_far)))
-        served, serving_note = shared.SERVICE.served_drafter(asked.drafter, shared.session_of(request), config.law)
-        speculation = shared.SERVICE.request(so_far, served, config)
-        asked = asked._replace(config=config)
+        speculation, asked, serving_note = continuation(shared.SERVICE, records, asked, shared.session_of(request))
     except ValueError as error:  # the validator refuses these first; an API call that skips it lands here
         raise _user_error(error) from None
-    superseded = _ended_by_next_press(request)
+    superseded = shared.RUNS.ended_by_next_press(shared.session_of(request))
     with shared.SERVICE.serving():
-        return (yield from _served(speculation, asked, memory, serving_note or _adapted_note(asked.drafter), request, earlier=records,
-                                   superseded=superseded))
+        return (yield from _served(speculation, asked, memory, serving_note or _adapted_note(asked.drafter), earlier=records, superseded=superseded))
 
 
-def _served(speculation, asked: Asked, memory, serving_note: str | None, request, earlier: list = (), superseded: threading.Event | None = None):
-    """:func:`run_live`'s generation, checked: the rounds streamed (after ``earlier``, the rounds a Continue goes
-    on from), then the speed comparison of the new rounds and the finished view; once ``superseded`` is set (a new
-    run took the page) it ends after its round and draws nothing more."""
-    config = asked.config
-    asked = asked._replace(presses=(*asked.presses, {"seed": config.seed, "max_new_tokens": config.max_new_tokens, "first_round": len(earlier)}))
-    sizing, quiet_sizing = _auto_budget(config, asked.drafter, memory)
-    stop = _stop_flag(request)
-    records = list(earlier)
-    started = time.perf_counter()
-    waited = _waited(request, started)
-    replaced = superseded.is_set if superseded is not None else lambda: False
-    events = shared.SERVICE.generate(speculation, should_stop=lambda: stop.is_set() or replaced(), sizing=sizing)
-    try:  # Gradio closes this generator when the client leaves: stop generating then
-        crowd = [0]  # the most other runs seen sharing the machine
-        summary = yield from mapped(_drawn(events, records, asked.prompt, crowd), lambda view: _with_note(view, serving_note))
+def _served(speculation, asked: Asked, memory, serving_note: str | None, earlier: list = (), superseded: threading.Event | None = None):
+    """The run's events (:meth:`~tev.service.live_runs.LiveRuns.serve`) drawn: each round's text and stats at most
+    :data:`TEXT_SECONDS` apart and its figures at most :data:`FIGURE_SECONDS` apart (the first round draws both),
+    the line under the buttons while the answer is timed again, then the finished view; ``serving_note`` (why
+    another drafter than the one chosen runs) above the stats throughout."""
+    events = shared.RUNS.serve(shared.SERVICE, speculation, asked, memory, list(earlier), superseded)
+    last_text = last_figures = float("-inf")
+    try:  # Gradio closes this generator when the client leaves: the run's generator is closed with it
+        for event in events:
+            if isinstance(event, Round):
+                now = time.perf_counter()
+                if now - last_text < TEXT_SECONDS:
+                    continue
+                first, figures = last_text == float("-inf"), now - last_figures >= FIGURE_SECONDS
+                view, last_text, last_figures = _drawn(event, asked.prompt, first, figures), now, (now if figures else last_figures)
+            elif isinstance(event, TimingAgain):
+                view = only(LiveView, stats=stats_markdown(event.records, event.summary, asked.config, event.speed, shared.SERVICE.machine()), said=_said(RETIMING))
+            elif event is WAITING:
+                view = only(LiveView)
+            else:
+                view = _finished(event, asked.config, asked.prompt)
+            yield _with_note(view, serving_note)
     finally:
         events.close()
-    if replaced():
-        return
-    new = sum(len(r.emitted) for r in records[len(earlier):])
-    speed = Speed(shown=new / max(time.perf_counter() - started + waited, 1e-9), added=new, rounds=len(records) - len(earlier), continued=bool(earlier),
-                  waited=waited, crowd=crowd[0])
-    if asked.compare_ar and summary.stop_reason != "cancelled" and new >= MIN_TIMED_TOKENS:
-        kind = IdleTimings.kind(records[-1].drafter, config)
-        retiming = _retimed(speculation, quiet_sizing, records, summary, config, stop, request, kind, speed)
-        speed = yield from mapped(retiming, lambda view: _with_note(view, serving_note))  # the note stays above the stats meanwhile
-    # the export: the settings of the first press, then each press's seed and first round; the summary is the last press's
-    state = {"records": records, "summary": summary, "asked": asked,
-             "settings": {"prompt": asked.prompt, "drafter": asked.drafter, **dataclasses.asdict(config), "seed": asked.presses[0]["seed"],
-                          "presses": list(asked.presses)}}
-    yield _with_note(_finished(records, summary, config, speed, asked.prompt, state), serving_note)
-
-
-def _retimed(speculation, quiet_sizing, records, summary, config: DecodeConfig, stop: threading.Event, request, kind: tuple, speed: Speed):
-    """The finished answer timed again against plain decoding, while it says so under the buttons, unless a Stop
-    landed as it ended, or other runs wait in the app's line (then the machine's latest lone re-timing of this
-    ``kind`` of run is given, named as such); returns the :class:`Speed` to show (PEP 380)."""
-    if stop.is_set():  # a Stop that landed as the answer ended: nothing is timed
-        return dataclasses.replace(speed, unmeasured="ended")
-    waiting = shared.SERVICE.others_waiting()
-    if waiting > 0:  # a crowd: re-timing (a minute on the default pair) would hold every one of them up
-        return dataclasses.replace(speed, unmeasured="busy", waiting=waiting, recalled=shared.SERVICE.idle_timings.latest(kind))
-    superseded = _ended_by_next_press(request)
-    yield only(LiveView, stats=stats_markdown(records, summary, config, speed, _machine()), said=_said(RETIMING))
-    load = machine_load()
-
-    def again(should_stop):
-        return shared.SERVICE.retime(speculation, lambda: should_stop() or stop.is_set() or superseded.is_set(), quiet_sizing)
-
-    timing = yield from _in_worker(again, tick=only(LiveView))
-    if not timing.measured:
-        return dataclasses.replace(speed, unmeasured="generate" if superseded.is_set() else "stop")
-    shared.SERVICE.idle_timings.remember(kind, timing, load)
-    return dataclasses.replace(speed, timing=timing, load=load)
 
 
 def _said(text: str | None):
@@ -343,41 +211,23 @@ def _with_note(view: LiveView, note: str | None) -> LiveView:
     return view._replace(stats=note + "\n\n" + view.stats)
 
 
-def _drawn(events, records: list, prompt: str, crowd: list | None = None):
-    """Each round of ``events`` kept in ``records`` and drawn: the text and stats at most
-    :data:`TEXT_SECONDS` apart, the figures at most :data:`FIGURE_SECONDS` apart (the first round
-    draws both); returns the generation's summary (PEP 380). ``crowd[0]`` keeps the most other runs
-    seen sharing the machine at a redraw."""
-    crowd = crowd if crowd is not None else [0]
-    last_text = last_figures = float("-inf")
-    offset = len(records)  # rounds a Continue goes on from: the new rounds are numbered after them
-    while True:
-        try:
-            record = next(events)
-        except StopIteration as end:
-            return end.value
-        record.index += offset
-        records.append(record)
-        now = time.perf_counter()
-        if now - last_text < TEXT_SECONDS:
-            continue
-        first, last_text = last_text == float("-inf"), now
-        active, background = shared.SERVICE.compute.active(), shared.SERVICE.compute.active_background()
-        crowd[0] = max(crowd[0], active - 1 - background)
-        words = {"text": text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), "summary": None, "said": _said(None) if first else gr.skip(), "more": gr.update(visible=False) if first else gr.skip(),
-                 "info": "" if first else gr.skip(),
-                 "stats": stats_markdown(records, None) + sharing_note(active, background), "state": {"records": records, "summary": None}}
-        if now - last_figures >= FIGURE_SECONDS:
-            last_figures = now
-            tree, mass, chosen = _round_figures(records, len(records) - 1)
-            words.update(tree=tree, mass=mass, budget=chosen)
-        yield only(LiveView, **words)
+def _drawn(event: Round, prompt: str, first: bool, figures: bool) -> LiveView:
+    """A round's redraw: the text and stats (and the round's figures when ``figures``); the ``first`` round also
+    clears what the last run left under the buttons."""
+    records = event.records
+    words = {"text": text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt), "summary": None,
+             "said": _said(None) if first else gr.skip(), "more": gr.update(visible=False) if first else gr.skip(), "info": "" if first else gr.skip(),
+             "stats": stats_markdown(records, None) + sharing_note(event.active, event.background), "state": {"records": records, "summary": None}}
+    if figures:
+        words["tree"], words["mass"], words["budget"] = _round_figures(records, len(records) - 1)
+    return only(LiveView, **words)
 
 
-def _finished(records, summary: GenerationSummary, config: DecodeConfig, speed: Speed, prompt: str, state: dict) -> LiveView:
+def _finished(event: Finished, config: DecodeConfig, prompt: str) -> LiveView:
     """The finished run's view: every figure, the stats and the summary, what answers the press under the buttons,
     the round browser at the round a visitor learns most from (:func:`~visual.live_words.teaching_round`)."""
-    machine = _machine()
+    records, summary, speed, state = event.records, event.summary, event.speed, event.state
+    machine = shared.SERVICE.machine()
     said = _said(said_at_end(summary, config, speed, machine))
     if not records:
         message = "Stopped before the first round." if summary.stop_reason == "cancelled" else "The generation produced no rounds."
@@ -399,37 +249,6 @@ def _finished(records, summary: GenerationSummary, config: DecodeConfig, speed: 
         more=gr.update(visible=summary.stop_reason == "max_new_tokens"),
         info=round_info(records[shown]),
     )
-
-
-def _in_worker(work, tick, poll: float = 0.25):
-    """Run ``work(should_stop)`` in a worker thread, yielding ``tick`` every ``poll`` seconds
-    while it runs; returns its result (use with ``yield from``).
-
-    A long call inside a generator handler would hold the request's slot, and keep computing,
-    after its client cancelled or left: Gradio can only close the generator between yields.
-    Here closing it sets the stop flag that ``work`` polls, so the work ends within a step.
-    """
-    stop = threading.Event()
-    box = {}
-
-    def target():
-        try:
-            box["value"] = work(stop.is_set)
-        except BaseException as error:  # re-raised in the request's own thread below
-            box["error"] = error
-
-    worker = threading.Thread(target=target, name="tev-worker", daemon=True)
-    worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(poll)
-            if worker.is_alive():
-                yield tick
-    finally:
-        stop.set()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def _records(state) -> list:
@@ -556,19 +375,3 @@ def tab(examples: list[str]) -> gr.Radio:
         checked_event(button.click, browse_round, inputs, views, check_browse, api_name=False)
     export.click(export_run, run_state, export_file, api_name="export")
     return fields["drafter"]
-
-
-def warm_cost_curve() -> None:
-    """Measure the machine's cost curve for budget auto and prepare the drafters' inference weights in a
-    background thread (a few seconds, in the compute thread), so the first request waits on neither (the path
-    drafter's fused weights took 0.7 s in its first round); a failure is reported in one line and the first
-    request does the work again."""
-
-    def measure():
-        try:
-            shared.SERVICE.cost_curve()
-            shared.SERVICE.warm_drafters()
-        except Exception as error:  # noqa: BLE001 - reported, not raised: the page serves on
-            print(f"TEV Explorer: the cost curve for budget auto could not be measured: {error}", file=sys.stderr, flush=True)
-
-    threading.Thread(target=measure, name="tev-cost-curve", daemon=True).start()

@@ -12,6 +12,7 @@ import gradio as gr
 
 from tev.engine.models import PAIRS, default_pair
 from tev.service.adapted import AdaptedDrafters, AskedPrompts
+from tev.service.live_runs import LiveRuns
 from tev.service.service import TrainingSlot, ModelService
 
 # "auto": CUDA when torch sees it (on ZeroGPU the spaces package makes it visible at start-up
@@ -32,6 +33,7 @@ EXITTRAIN_CHAT = PAIRS[default_pair()].has_domains  # its data has domains (dial
 TRAINING_SLOT = TrainingSlot()
 ADAPTED = AdaptedDrafters()  # each session's adapted drafters (for the ExitTrain pair's target), least recently used dropped first
 ASKED = AskedPrompts()  # each session's chat prompts sent in Live: a workload of its own
+RUNS = LiveRuns()  # each session's Live run state: its Stop, the work its next press ends, when it pressed
 SERVICE.adapted = ADAPTED if SHARES_EXITTRAIN else None  # Live and the walkthrough serve them where they were made for its target
 CHAT_DEFAULT = SERVICE.target_source is None and PAIRS[default_pair()].chat  # a chat target: prompts are user messages
 

@@ -1,5 +1,6 @@
 """The Live tab's words: what the stats, the line under the buttons and the round browser say of a run, every
-number from the run's rounds, its summary and its timing (the sentences only; ``ui.live`` runs the protocol).
+number from the run's rounds, its summary and its timing (:class:`~tev.engine.run_speed.Speed`); the sentences only
+(:mod:`tev.service.live_runs` runs the protocol, ``ui.live`` draws it).
 
 ``p`` is the target, ``q`` the drafter; a run's ``records`` are its rounds
 (:class:`~tev.engine.round.RoundRecord`), its ``summary`` a :class:`~tev.engine.decode.GenerationSummary`.
@@ -8,45 +9,19 @@ number from the run's rounds, its summary and its timing (the sentences only; ``
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from tev.engine.decode import DecodeConfig, GenerationSummary
+from tev.engine.run_speed import MIN_TIMED_TOKENS, Machine, Speed
 from tev.util.compute_thread import BACKGROUND_SHARE
 from tev.util.cpus import threads_words
 
-__all__ = ["STAGE_LABELS", "MIN_TIMED_TOKENS", "STOPPED", "RETIMING", "UNMEASURED", "Speed", "Machine", "stats_markdown", "speed_line",
+__all__ = ["STAGE_LABELS", "STOPPED", "RETIMING", "UNMEASURED", "stats_markdown", "speed_line",
            "speed_verdict", "not_retimed", "run_summary", "sharing_note", "said_at_end", "teaching_round", "opened_at", "round_info"]
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What a run ran on, as the speed sentences name it: the torch ``threads`` every run is timed with, those
-    threads in words (``threads_words``), and the target's forward and precision (``precision``, e.g. "row-invariant
-    float32"; None before the models load)."""
-
-    threads: int = 1
-    threads_words: str = "1 torch thread"
-    precision: str | None = None
-
-    def described(self) -> str:
-        return self.threads_words + (f", the target's {self.precision} forward" if self.precision else "")
-
-    def ran_at(self, counts) -> "Machine":
-        """This machine as a run that ran its steps with the torch thread ``counts`` saw it (empty: as it is)."""
-        counts = sorted(set(counts))
-        if not counts:
-            return self
-        words = threads_words(counts[-1])
-        if len(counts) > 1:
-            words += f" ({' or '.join(map(str, counts[:-1]))} while another process used a core)"
-        return Machine(counts[-1], words, self.precision)
 
 
 # A round's stages as the engine names them (their times sum to the round's), in the order they run.
 STAGE_LABELS = {"draft": "draft", "build": "tree build", "forward": "target forward", "head": "head (rows, truncation)", "verify": "verify", "commit": "commit"}
 UNDRAFTED = ("draft", "build")  # at budget 0 nothing is drafted or built: these stages are not named
-# Below this many tokens a tokens-per-second ratio is mostly noise (a few steps' jitter, the first step's warm-up): not given.
-MIN_TIMED_TOKENS = 32
 STOPPED = {"eos": "the answer ended", "stop_string": "a stop string", "cancelled": "you pressed Stop", "context_limit": "the target's context is full"}
 # While the finished answer is timed again; then, when that did not end, why there is no speed.
 RETIMING = ("**re-timing**: speculation and plain decoding run again on this prompt, timed, while the page draws nothing… "
@@ -56,23 +31,6 @@ UNMEASURED = {
     "stop": "**speed not measured**: you pressed Stop during the re-timing (speculation and plain decoding run again, timed), so there is no speedup to give.",
     "generate": "**speed not measured**: you pressed Generate during the re-timing, which ends it; your new run starts now.",
 }
-
-
-@dataclass(frozen=True)
-class Speed:
-    """What the stats say of a finished run's speed."""
-
-    shown: float | None = None  # tokens a second as the page received the answer (wall clock, the press to its last round)
-    timing: object = None  # this answer timed again (the service's Retiming: its speculative and autoregressive summaries, others)
-    load: tuple[float, int] | None = None  # the machine's load average and CPUs as it was timed again (machine_load)
-    unmeasured: str | None = None  # why it was not (a key of UNMEASURED)
-    waiting: int = 0  # other runs in the app's line as it ended, when it was not re-timed for them
-    recalled: object = None  # then: the machine's latest idle re-timing of this kind of run, if any
-    added: int | None = None  # the tokens this press added (a Continue's, not the whole answer's): what a re-timing times
-    rounds: int | None = None  # the rounds that added them
-    continued: bool = False  # the press was a Continue (the re-timing times its part of the answer)
-    waited: float = 0.0  # seconds from the press to the run's start: in the app's line behind other runs
-    crowd: int = 0  # the most other runs that shared the machine while it streamed
 
 
 def stats_markdown(records, summary: GenerationSummary | None, config: DecodeConfig | None = None, speed: Speed | None = None,

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from tev.engine.batch_generate import generate_batch
+from tev.engine.llama_layer import LayerWeights
 from tev.engine.row_invariant import rms_norm, rotary_table, rotate, unsupported_reason
 from tev.util.precision import low_precision
 
@@ -79,24 +80,14 @@ class WriterPrompt:
     seed: int
 
 
-class _Weights:
-    """One decoder layer's products in ``dtype`` (qkv and gate/up fused) and its norm gains."""
+def _linear(dtype: torch.dtype):
+    """The writer's products: ``linear`` over the weight (and bias) in ``dtype``."""
 
-    def __init__(self, layer, dtype: torch.dtype):
-        attention, mlp = layer.self_attn, layer.mlp
-        projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-        self.qkv = torch.cat([p.weight.detach() for p in projections]).to(dtype).contiguous()
-        self.qkv_bias = None if projections[0].bias is None else torch.cat([p.bias.detach() for p in projections]).to(dtype)
-        self.qkv_sizes = [p.weight.shape[0] for p in projections]
-        self.o = attention.o_proj.weight.detach().to(dtype).contiguous()
-        self.o_bias = None if attention.o_proj.bias is None else attention.o_proj.bias.detach().to(dtype)
-        self.gate_up = torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()]).to(dtype).contiguous()
-        self.down = mlp.down_proj.weight.detach().to(dtype).contiguous()
-        self.input_norm = layer.input_layernorm.weight.detach().to(dtype)
-        self.post_norm = layer.post_attention_layernorm.weight.detach().to(dtype)
-        q_norm = getattr(attention, "q_norm", None)  # Qwen3: a norm over each head's dimension
-        self.q_norm = None if q_norm is None else q_norm.weight.detach().to(dtype)
-        self.k_norm = None if q_norm is None else attention.k_norm.weight.detach().to(dtype)
+    def product(weight: torch.Tensor, bias: torch.Tensor | None):
+        weight, bias = weight.to(dtype).contiguous(), None if bias is None else bias.to(dtype)
+        return lambda x: torch.nn.functional.linear(x, weight, bias)
+
+    return product
 
 
 class BatchWriter:
@@ -116,7 +107,7 @@ class BatchWriter:
         config, body = model.config, model.model
         self.dtype, self.capacity, self.max_length = dtype, slots, max_length
         self.embed = body.embed_tokens.weight.detach().to(dtype)
-        self.layers = [_Weights(layer, dtype) for layer in body.layers[: config.num_hidden_layers]]
+        self.layers = [LayerWeights.read(layer, _linear(dtype), lambda gain: gain.to(dtype)) for layer in body.layers[: config.num_hidden_layers]]
         self.norm = body.norm.weight.detach().to(dtype)
         self.head = model.get_output_embeddings().weight.detach().to(dtype).contiguous()
         self.eps = float(config.rms_norm_eps)
@@ -137,10 +128,10 @@ class BatchWriter:
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, weight, self.eps)
 
-    def _layer_inputs(self, layer: _Weights, x: torch.Tensor, positions: torch.Tensor):
+    def _layer_inputs(self, layer: LayerWeights, x: torch.Tensor, positions: torch.Tensor):
         """Queries, keys and values of rows ``x [..., H]`` at ``positions [...]``: `[..., heads, d]`."""
         h = self._norm(x, layer.input_norm)
-        q, k, v = torch.nn.functional.linear(h, layer.qkv, layer.qkv_bias).split(layer.qkv_sizes, dim=-1)
+        q, k, v = layer.qkv(h).split(layer.qkv_sizes, dim=-1)
         lead, d = x.shape[:-1], self.head_dim
         q, k, v = q.view(*lead, self.num_heads, d), k.view(*lead, self.num_kv, d), v.view(*lead, self.num_kv, d)
         if layer.q_norm is not None:
@@ -148,11 +139,11 @@ class BatchWriter:
         cos, sin = self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
         return rotate(q, cos, sin, self.half_turn), rotate(k, cos, sin, self.half_turn), v
 
-    def _layer_outputs(self, layer: _Weights, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+    def _layer_outputs(self, layer: LayerWeights, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The residual stream after the attention output ``attended [..., heads * d]`` and the MLP."""
-        x = x + torch.nn.functional.linear(attended, layer.o, layer.o_bias)
-        gate, up = torch.nn.functional.linear(self._norm(x, layer.post_norm), layer.gate_up).chunk(2, dim=-1)
-        return x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, layer.down)
+        x = x + layer.o(attended)
+        gate, up = layer.gate_up(self._norm(x, layer.post_norm)).chunk(2, dim=-1)
+        return x + layer.down(torch.nn.functional.silu(gate) * up)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(self._norm(x, self.norm), self.head).float()

@@ -241,7 +241,7 @@ class _Output:
 
 
 def speculative_generate(
-    request: Request, tokenizer=None, should_stop: Callable[[], bool] | None = None, sizing: AutoBudget | None = None
+    request: Request, tokenizer=None, should_stop: Callable[[], bool] | None = None, sizing: AutoBudget | None = None, first_round: int = 0
 ) -> Generator[RoundRecord, None, GenerationSummary]:
     """Generate with tree speculation; yields a RoundRecord per round and returns the summary.
 
@@ -249,9 +249,10 @@ def speculative_generate(
         request: the target, the drafter, the prompt and the settings (checked as it was made).
         tokenizer: for text and EOS (optional; without it only token ids are produced).
         should_stop: polled between rounds; returning True ends the generation ("cancelled").
-        auto: with ``config.budget == "auto"``, the rule's state (default: the process's cost
+        sizing: with ``config.budget == "auto"``, the rule's state (default: the process's cost
             curve for ``target``, measured before the clock starts on first use, and a fresh
             calibration); a caller may pass one to share it across generations.
+        first_round: the first round's ``index`` (a continuation's rounds follow the answer's).
     """
     target, drafter, config = request.target, request.drafter, request.config
     if config.budget != "auto":
@@ -286,7 +287,7 @@ def speculative_generate(
         timer = StageTimer(device)
         record = speculation_round(session, drafter, committed, config.budget, verifier, config.law, generator, state, timer, sizing)
         block = record.verdict.block_tokens(record.tree)
-        record.index = index
+        record.index = first_round + index
         record.emitted, record.text = output.add(block)
         committed.extend(block)
         if first_token_at is None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from tev.engine.llama_layer import LayerWeights
 from tev.engine.row_products import RowProducts
 
 __all__ = ["RowInvariantForward", "SUPPORTED_TYPES", "unsupported_reason", "rms_norm", "rotary_table", "rotate", "BLOCK", "WINDOW"]
@@ -116,28 +117,6 @@ def _chunked(rows: torch.Tensor, product) -> torch.Tensor:
     return torch.cat([product(chunk) for chunk in rows.split(QUERY_CHUNK, dim=1)], dim=1)[:, :count]
 
 
-class _Layer:
-    """One decoder layer's weights, packed for :class:`RowProducts` (norm gains float32)."""
-
-    def __init__(self, layer, dtype: torch.dtype):
-        attention, mlp = layer.self_attn, layer.mlp
-        projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-        biases = [p.bias for p in projections]
-        # query, key and value are one product, and so are gate and up: fewer, larger kernel calls
-        self.qkv = RowProducts(torch.cat([p.weight for p in projections]), dtype,
-                               None if biases[0] is None else torch.cat(biases))
-        self.qkv_sizes = [p.weight.shape[0] for p in projections]
-        self.o = RowProducts(attention.o_proj.weight, dtype, attention.o_proj.bias)
-        self.gate_up = RowProducts(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), dtype)
-        self.down = RowProducts(mlp.down_proj.weight, dtype)
-        self.input_norm = layer.input_layernorm.weight.detach().float()
-        self.post_norm = layer.post_attention_layernorm.weight.detach().float()
-        self.q_norm = getattr(attention, "q_norm", None)  # Qwen3: a norm over each head's dimension
-        self.k_norm = getattr(attention, "k_norm", None)
-        if self.q_norm is not None:
-            self.q_norm, self.k_norm = self.q_norm.weight.detach().float(), self.k_norm.weight.detach().float()
-
-
 class _Keys:
     """Where each row's keys are, shared by every layer of one forward.
 
@@ -198,7 +177,8 @@ class RowInvariantForward:
         self.dtype = dtype
         self.head_dtype = head_dtype or dtype
         self.embed = body.embed_tokens.weight.detach()
-        self.layers = [_Layer(layer, dtype) for layer in body.layers[: config.num_hidden_layers]]
+        self.layers = [LayerWeights.read(layer, lambda weight, bias: RowProducts(weight, dtype, bias), lambda gain: gain.float())
+                       for layer in body.layers[: config.num_hidden_layers]]
         self.norm = body.norm.weight.detach().float()
         self.eps = float(config.rms_norm_eps)
         self.head = RowProducts(model.get_output_embeddings().weight, self.head_dtype)
@@ -258,7 +238,7 @@ class RowInvariantForward:
         picked = torch.cat([features[i % (self.num_layers + 1)] for i in feature_layers], dim=-1) if feature_layers else None
         return x, picked
 
-    def _attention(self, layer: _Layer, h: torch.Tensor, keys: _Keys, rotary, cached) -> torch.Tensor:
+    def _attention(self, layer: LayerWeights, h: torch.Tensor, keys: _Keys, rotary, cached) -> torch.Tensor:
         n, d, heads = h.shape[0], self.head_dim, self.num_heads
         qkv = layer.qkv(h)  # [n, (heads + 2 kv) d]
         qk = qkv[:, : (heads + self.num_kv) * d].view(n, heads + self.num_kv, d)

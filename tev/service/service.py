@@ -10,6 +10,7 @@ import contextlib
 import json
 import math
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -24,6 +25,7 @@ from tev.engine.cost_curve import CostCurve, machine_cost_curve
 from tev.engine.drafter_threads import agree_here
 from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, DecodeConfig, GenerationSummary, autoregressive_generate, Request, speculative_generate
 from tev.engine.round import RoundRecord
+from tev.engine.run_speed import Machine
 from tev.engine.models import DRAFTER_KINDS, ModelBundle, Pair, default_kind, default_pair, load_bundle, offered_kinds, pair_record
 from tev.pipelines.workload import adapted_kind
 from tev.service.adapted import AdaptedDrafters, is_adapted
@@ -198,6 +200,7 @@ class ModelService:
         self.idle_timings = IdleTimings()  # the latest re-timing that ran alone, per kind of run
         self._runs = 0  # interactive runs being served (see serving), with the lock below
         self._runs_lock = threading.Lock()
+        self._curve_lock = threading.Lock()  # one cost curve measurement at a time (the start's and a first request's)
         self._thread_free: dict[int, bool] = {}  # per drafter (its id): whether its rounds are the same at both thread counts
         self._cost_curves: dict[tuple, CostCurve] = {}  # per target and torch thread count, as machine_cost_curve keeps them
         # each browser session's adapted drafters for this target (set by the app where its workload runs adapt this
@@ -346,12 +349,12 @@ class ModelService:
         except ValueError as error:
             raise UserInputError(str(error)) from None
 
-    def generate(self, request: Request, should_stop=None, sizing: AutoBudget | None = None):
+    def generate(self, request: Request, should_stop=None, sizing: AutoBudget | None = None, first_round: int = 0):
         """Yields a RoundRecord per round (each a step of the compute thread) and returns the
-        GenerationSummary (PEP 380: ``summary = yield from ...``). ``auto``: budget auto's rule and
-        what it learned (one user's; see :meth:`auto_budget`). Its steps run at the threads :meth:`run_threads` gives
-        its drafter."""
-        work = speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop, sizing=sizing)
+        GenerationSummary (PEP 380: ``summary = yield from ...``). ``sizing``: budget auto's rule and
+        what it learned (one user's; see :meth:`auto_budget`); ``first_round``: the first round's number. Its steps
+        run at the threads :meth:`run_threads` gives its drafter."""
+        work = speculative_generate(request, self.bundle().tokenizer, should_stop=should_stop, sizing=sizing, first_round=first_round)
         return (yield from self.compute.steps(work, threads=self.run_threads(request.drafter)))
 
     def run_threads(self, drafter) -> int | None:
@@ -396,14 +399,14 @@ class ModelService:
         """Prepare every drafter's inference weights now, in the compute thread (a drafter with a ``warm``
         method builds them on first use otherwise, in a visitor's first round); where the server's thread count
         switches, check each drafter's rounds at both counts (:meth:`run_threads`), one drafter
-        a step (a second or so each) as background work: a visitor's rounds go first, and a run ending meanwhile is
-        not told that other runs wait in the app's line (its re-timing would be skipped for them)."""
+        a step (a second or so each). All of it is background work: a visitor's rounds go first, and a run ending
+        meanwhile is not told that other runs wait in the app's line (its re-timing would be skipped for them)."""
         def warm() -> None:
             for drafter in self.bundle().drafters.values():
                 if hasattr(drafter, "warm"):
                     drafter.warm()
 
-        self.compute.call(warm)
+        _result(self.compute.steps(one_step(warm), background=True))
         threads = self.compute.threads
         if threads is None or not threads.switches:
             return
@@ -414,18 +417,45 @@ class ModelService:
                 check = self.compute.steps(one_step(agree_here, target, drafter, counts), background=True, threads=threads.full)
                 self._thread_free[id(drafter)] = _result(check)
 
+    def warm_in_background(self) -> None:
+        """Measure the machine's cost curve for budget auto and prepare the drafters' inference weights from a
+        background thread (a few seconds, as steps of the compute thread), so the first request waits on neither
+        (the path drafter's fused weights took 0.7 s in its first round); a failure is reported in one line and
+        the first request does the work again."""
+
+        def measure():
+            try:
+                self.cost_curve(background=True)
+                self.warm_drafters()
+            except Exception as error:  # noqa: BLE001 - reported, not raised: the page serves on
+                print(f"TEV Explorer: the cost curve for budget auto could not be measured: {error}", file=sys.stderr, flush=True)
+
+        threading.Thread(target=measure, name="tev-cost-curve", daemon=True).start()
+
     def threads(self) -> int:
         """The torch threads a visitor's run steps with on free cores: the server's full count, else torch's."""
         threads = self.compute.threads
         return threads.full if threads is not None else torch.get_num_threads()
 
-    def cost_curve(self) -> CostCurve:
+    def machine(self) -> Machine:
+        """What runs run on here, as the speed sentences name it: the threads (the server's count in words, or
+        torch's) and the target's forward (None before the models load)."""
+        threads, precision = self.compute.threads, self.target_precision()
+        count = self.threads()
+        words = threads.describe() if threads is not None else f"{threads_words(count)} (TEV_THREADS)"
+        return Machine(count, words, precision.label if precision else None)
+
+    def cost_curve(self, background: bool = False) -> CostCurve:
         """The process's cost curve for the target at the full count (a few seconds' measurement on first use,
-        taken in the compute thread at that count whoever else is served); once measured it is read here, without a
-        turn of the compute thread. Runs at the reduced count are priced with it too."""
+        one step of the compute thread at that count whoever else is served; ``background``: the start's, which a
+        run ending meanwhile does not count as a run in the app's line); once measured it is read here, without a
+        turn of the compute thread. Runs at the reduced count are priced with it too. A first request that comes
+        while the start measures waits for that measurement rather than taking another."""
         key = (id(self.bundle().target), self.threads())
-        if key not in self._cost_curves:
-            self._cost_curves[key] = self.compute.call_at(self.threads(), machine_cost_curve, self.bundle().target)
+        with self._curve_lock:
+            if key not in self._cost_curves:
+                measure = one_step(machine_cost_curve, self.bundle().target)
+                self._cost_curves[key] = _result(self.compute.steps(measure, background=background, threads=self.threads()))
         return self._cost_curves[key]
 
     @contextlib.contextmanager
