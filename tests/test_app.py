@@ -84,10 +84,13 @@ def test_a_continuation_samples_with_a_seed_of_its_own():
 def test_the_load_test_sends_the_live_settings_by_their_names():
     import dataclasses
 
-    from tev.drive.loadtest import Settings
+    from tev.drive.loadtest import LOAD_DEFAULTS, live_request
     from tev.service.live_settings import LiveSettings
 
-    assert [field.name for field in dataclasses.fields(Settings)] == list(LiveSettings.names())
+    sent = live_request("p", "path", "tev", 8, top_p=0.9)  # positional in the page's order, then by name
+    assert isinstance(sent, LiveSettings) and list(dataclasses.asdict(sent)) == list(LiveSettings.names())
+    assert (sent.drafter, sent.budget, sent.top_p, sent.temperature, sent.auto) == ("path", 8, 0.9, LOAD_DEFAULTS["temperature"], False)
+    assert set(LOAD_DEFAULTS) <= set(LiveSettings.names())
 
 
 def test_a_refusal_goes_under_the_input_its_field_names():

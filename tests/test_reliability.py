@@ -27,13 +27,14 @@ from gradio_client import Client
 
 from tev.drive import loadtest
 from tev.drive.appserver import REPO, AppServer
+from tev.service.live_settings import LiveSettings
 from tev.engine.decode import DecodeConfig, run_to_end, Request, speculative_generate
 from tev.engine.models import ModelLoadError, load_bundle
 from tev.engine.prompt_text import encode_prompt
 from tev.util.memory import limit_malloc_arenas
 from ui.live import RoundView
 
-Settings, run_one, new_client = loadtest.Settings, loadtest.run_one, loadtest.new_client
+live_request, run_one, new_client = loadtest.live_request, loadtest.run_one, loadtest.new_client
 
 PROMPT = "def add(a, b):\n    "
 RANGE = r"minimum value|maximum value|must be from"  # the component's own range check, or the tab's validator naming the input
@@ -76,7 +77,7 @@ def sha256_tree(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def leave_after(url: str, settings: Settings, until: str = "first", api: str = "/generate") -> subprocess.Popen:
+def leave_after(url: str, settings: LiveSettings, until: str = "first", api: str = "/generate") -> subprocess.Popen:
     """A client in its own process that submits, then exits abruptly (a closed tab) once it
     sees its first streamed output, or an output whose stats contain ``until``."""
     code = f"""
@@ -155,13 +156,13 @@ def slow_server(quick_assets_dir, tmp_path_factory):
     server = AppServer(quick_assets_dir, folder.parent / "app.log", extra_env=env)
     try:
         server.wait_ready()
-        run_one(new_client(server.url), Settings(PROMPT, drafter="chain", verifier="greedy", budget=4, temperature=0.0, max_new_tokens=4), 0)  # models loaded
+        run_one(new_client(server.url), live_request(PROMPT, drafter="chain", verifier="greedy", budget=4, temperature=0.0, max_new_tokens=4), 0)  # models loaded
         yield server
     finally:
         server.stop()
 
 
-LONG = Settings(PROMPT, drafter="chain", verifier="greedy", budget=4, temperature=0.0, max_new_tokens=256, seed=0)
+LONG = live_request(PROMPT, drafter="chain", verifier="greedy", budget=4, temperature=0.0, max_new_tokens=256, seed=0)
 
 
 def test_clients_that_leave_free_their_slots_and_stop_generating(slow_server):
@@ -169,11 +170,11 @@ def test_clients_that_leave_free_their_slots_and_stop_generating(slow_server):
     vanishes, right after its first streamed output: a new request starts at once and the
     server goes idle (a generation left running would keep a thread computing for seconds)."""
     gone = leave_after(slow_server.url, LONG)
-    job = LONG.submit(new_client(slow_server.url))
+    job = loadtest.submit(LONG, new_client(slow_server.url))
     wait_for_output(job)
     job.cancel()
     assert gone.wait(timeout=120) == 0
-    fresh = run_one(new_client(slow_server.url), Settings(PROMPT, drafter="chain", verifier="greedy", budget=4, temperature=0.0, max_new_tokens=8, seed=1), 0)
+    fresh = run_one(new_client(slow_server.url), live_request(PROMPT, drafter="chain", verifier="greedy", budget=4, temperature=0.0, max_new_tokens=8, seed=1), 0)
     assert fresh.outcome == "ok" and fresh.queue_wait < 2.0, (fresh.outcome, fresh.message, fresh.queue_wait)
     time.sleep(0.5)
     assert busiest_thread(slow_server.pid) < BUSY
@@ -183,12 +184,12 @@ def test_leaving_during_the_autoregressive_comparison_stops_it(slow_server):
     """The speedup's quiet reruns (speculation, then plain decoding) are one long call: they run in a worker that a closed
     generator stops. A client that vanishes there leaves the server idle, and a cancel there
     returns at once (before the fix: ~5 s more of CPU, and a /cancel that timed out)."""
-    settings = Settings(**{**LONG.__dict__, "max_new_tokens": 192, "compare_ar": True})
+    settings = dataclasses.replace(LONG, max_new_tokens=192, compare_ar=True)
     gone = leave_after(slow_server.url, settings, until="**re-timing**")
     assert gone.wait(timeout=120) == 0, gone.stdout.read()
     time.sleep(0.5)
     assert busiest_thread(slow_server.pid) < BUSY
-    job = settings.submit(new_client(slow_server.url))
+    job = loadtest.submit(settings, new_client(slow_server.url))
     while not (job.outputs() and "**re-timing**" in str(job.outputs()[-1])):
         assert not job.done(), "the run ended before its autoregressive comparison"
         time.sleep(0.01)
@@ -204,7 +205,7 @@ def test_old_sessions_are_dropped_beyond_the_session_capacity(slow_server):
     """Gradio keeps each session's state in memory; TEV_SESSION_CAPACITY (4 here) bounds it:
     the oldest session's rounds are gone (a clear "generate first"), the newest still browse."""
     clients = [new_client(slow_server.url) for _ in range(6)]
-    short = Settings(PROMPT, drafter="chain", verifier="greedy", budget=4, temperature=0.0, max_new_tokens=4)
+    short = live_request(PROMPT, drafter="chain", verifier="greedy", budget=4, temperature=0.0, max_new_tokens=4)
     for client in clients:
         assert run_one(client, short, 0).outcome == "ok"
     with pytest.raises(Exception, match="generate first"):
@@ -284,7 +285,7 @@ def test_killing_the_server_mid_exittrain_leaves_the_assets_intact(exittrain_ser
     restarted = AppServer(folder, folder.parent / "app-restarted.log")
     try:
         restarted.wait_ready()
-        served = run_one(new_client(restarted.url), Settings(PROMPT, budget=8, max_new_tokens=16), 0)
+        served = run_one(new_client(restarted.url), live_request(PROMPT, budget=8, max_new_tokens=16), 0)
         assert served.outcome == "ok", served.message
     finally:
         restarted.stop()
@@ -359,7 +360,7 @@ def test_the_app_with_a_broken_target_says_so_and_keeps_serving(broken_server):
     client = new_client(server.url)
     expected = f"could not load the model from folder {target}: SafetensorError"
     # the ExitTrain tab runs on the tiny pair whatever TEV_TARGET says, so only these two meet the broken target
-    for api, args, named in (("/generate", (), dataclasses.asdict(Settings(PROMPT))), ("/verifier_lab", ("prompt", PROMPT, "block", 8, 1.0, 300, 0), {})):
+    for api, args, named in (("/generate", (), dataclasses.asdict(live_request(PROMPT))), ("/verifier_lab", ("prompt", PROMPT, "block", 8, 1.0, 300, 0), {})):
         with pytest.raises(Exception, match=re.escape(expected)):
             client.predict(*args, **named, api_name=api)
     figure, tree, table = client.predict("synthetic example", PROMPT, "block", 8, 1.0, 300, 0, api_name="/verifier_lab")  # needs no model
@@ -544,7 +545,7 @@ def test_malformed_requests_are_refused_and_the_server_carries_on(app_server):
     assert httpx.post(f"{base}/gradio_api/call/generate", content=b"hello", headers={"content-type": "application/json"}).status_code == 422
     assert httpx.post(f"{base}/gradio_api/call/generate", json={"data": 5}).status_code == 422
     assert post_raw(app_server.url, "generate", json.dumps([PROMPT]))[0] == 400  # too few inputs
-    assert run_one(new_client(app_server.url), Settings(PROMPT, max_new_tokens=4), 0).outcome == "ok"
+    assert run_one(new_client(app_server.url), live_request(PROMPT, max_new_tokens=4), 0).outcome == "ok"
 
 
 EXPECTED_IN_LOG = (  # what Gradio itself logs, with a traceback, for input it refuses

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tev.drive.appserver import REPO, AppServer
-from tests.test_reliability import OK, Settings, new_client, post_raw, run_one, sha256_tree
+from tests.test_reliability import OK, live_request, new_client, post_raw, run_one, sha256_tree
 from tev.engine import default_target
 from ui.workload import DEFAULT_RECIPE
 
@@ -80,7 +80,7 @@ def test_invalid_utf8_and_lone_surrogates_in_a_chat_message_are_refused_and_the_
     assert refused.status_code == 400, refused.text  # the request is refused before any handler runs
     status, text = post_raw(smollm2_server.url, "generate", '["hi \\ud800"' + rest)
     assert status == 422 and "invalid Unicode" in text, (status, text[-400:])
-    served = run_one(new_client(smollm2_server.url), Settings(QUESTION, budget=8, max_new_tokens=8, chat=True), 0)
+    served = run_one(new_client(smollm2_server.url), live_request(QUESTION, budget=8, max_new_tokens=8, chat=True), 0)
     assert served.outcome == "ok", served.message
 
 
@@ -107,7 +107,7 @@ def test_killing_the_server_mid_workload_run_leaves_every_asset_and_the_cache_in
     restarted = AppServer(folder, tmp_path / "app-restarted.log", SMOLLM2)
     try:
         restarted.wait_ready(timeout=300)
-        served = run_one(new_client(restarted.url), Settings(QUESTION, budget=8, max_new_tokens=8, chat=True), 0)
+        served = run_one(new_client(restarted.url), live_request(QUESTION, budget=8, max_new_tokens=8, chat=True), 0)
         assert served.outcome == "ok", served.message
     finally:
         restarted.stop()

@@ -50,7 +50,7 @@ import re
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 try:  # gradio's own client (installed with gradio); the GPU check's machine, which has no gradio, never runs this
@@ -63,6 +63,7 @@ except ImportError:
 from tev.core.verify import SAMPLING_VERIFIERS, VERIFIERS
 from tev.data.prompts import load_prompt_set
 from tev.drive.appserver import AppServer
+from tev.service.live_settings import LiveSettings
 from tev.util.paths import assets_dir
 from tev.util.stats import quantile
 from tev.util.stored import write_result
@@ -120,26 +121,21 @@ def prompt_shown(view_html: str) -> str:
 
 
 # ----------------------------------------------------------------------------- one request
-@dataclass
-class Settings:
-    """One Live request, its fields named as ``/generate`` names its parameters (the page's inputs), sent by name."""
+# A load test's request where the page's fields (LiveSettings) have no default of their own; budget auto stays off
+# (LiveSettings' default): its sizes follow the machine's timing, so identical seeds could differ.
+LOAD_DEFAULTS = {"drafter": "block", "verifier": "tev", "budget": 16, "temperature": 1.0, "max_new_tokens": 32, "seed": 0}
 
-    prompt: str
-    drafter: str = "block"
-    verifier: str = "tev"
-    budget: int = 16
-    temperature: float = 1.0
-    max_new_tokens: int = 32
-    seed: int = 0
-    compare_ar: bool = False
-    chat: bool = False
-    top_p: float = 1.0
-    top_k: int = 0
-    auto: bool = False  # budget auto off: its sizes follow the machine's timing, so identical seeds could differ
 
-    def submit(self, client):
-        """``/generate`` submitted with these settings, each by its parameter's name."""
-        return client.submit(**asdict(self), api_name="/generate")
+def live_request(prompt: str, *values, **changes) -> LiveSettings:
+    """One Live request, as ``/generate`` names its parameters (:class:`LiveSettings`' fields): ``prompt``, then the
+    other fields in their order (``values``) or by name (``changes``); the rest :data:`LOAD_DEFAULTS`, else the page's."""
+    positional = dict(zip(LiveSettings.names()[1:], values))
+    return LiveSettings(prompt=prompt, **{**LOAD_DEFAULTS, **positional, **changes})
+
+
+def submit(settings: LiveSettings, client):
+    """``/generate`` submitted with ``settings``, each by its parameter's name."""
+    return client.submit(**asdict(settings), api_name="/generate")
 
 
 def generate_outputs(client) -> dict[str, int]:
@@ -149,17 +145,17 @@ def generate_outputs(client) -> dict[str, int]:
     return {"text": kinds.index("html"), "tree": kinds.index("plot"), "summary": kinds.index("json")}
 
 
-def opening_settings(client) -> Settings:
+def opening_settings(client) -> LiveSettings:
     """The page's opening settings, as ``/generate`` declares its parameters' defaults (the page's own)."""
     parameters = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
     opening = {p["parameter_name"]: p["parameter_default"] for p in parameters if p.get("parameter_has_default")}
-    return Settings(**{f.name: opening[f.name] for f in fields(Settings) if f.name in opening})
+    return live_request(**{name: opening[name] for name in LiveSettings.names() if name in opening})
 
 
 @dataclass
 class Result:
     user: int
-    settings: Settings
+    settings: LiveSettings
     outcome: str = "ok"  # ok | app_error | queue_full | transport | timeout
     message: str = ""
     latency: float = float("nan")
@@ -182,10 +178,10 @@ def offered_drafters(client) -> tuple[str, ...]:
     of the drafter registry (``tev.engine.models.DRAFTERS``) that the served pair ships, in the
     registry's order (``ModelService.drafter_kinds``)."""
     inputs = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
-    return tuple(inputs[[f.name for f in fields(Settings)].index("drafter")]["type"]["enum"])
+    return tuple(inputs[LiveSettings.names().index("drafter")]["type"]["enum"])
 
 
-def warm_up_settings(user: int, drafters: tuple[str, ...]) -> Settings:
+def warm_up_settings(user: int, drafters: tuple[str, ...]) -> LiveSettings:
     """User ``user``'s warm-up request. The first ``len(VERIFIERS)`` take each code path once at
     its largest size (greedy with the autoregressive comparison, which also makes the head
     screen's 56 MB bfloat16 copy; then each sampling verifier), so a path's one-time allocations are in the
@@ -193,16 +189,16 @@ def warm_up_settings(user: int, drafters: tuple[str, ...]) -> Settings:
     heavy warm-ups at once would wait past the client's timeout on two cores)."""
     prompt = f"# user {user}\n" + PROMPTS[user % len(PROMPTS)]
     if user >= len(VERIFIERS):
-        return Settings(prompt=prompt, budget=16, max_new_tokens=32, seed=user)
+        return live_request(prompt=prompt, budget=16, max_new_tokens=32, seed=user)
     verifier = ("greedy", *SAMPLING_VERIFIERS)[user]
-    return Settings(prompt=prompt, drafter=drafters[user % len(drafters)], verifier=verifier, budget=64,
+    return live_request(prompt=prompt, drafter=drafters[user % len(drafters)], verifier=verifier, budget=64,
                     temperature=0.0 if verifier == "greedy" else 1.0, max_new_tokens=96, seed=user, compare_ar=verifier == "greedy")
 
 
-def random_settings(rng: random.Random, user: int, drafters: tuple[str, ...]) -> Settings:
+def random_settings(rng: random.Random, user: int, drafters: tuple[str, ...]) -> LiveSettings:
     verifier = rng.choice(VERIFIERS)
     temperature = 0.0 if verifier == "greedy" else rng.choice(TEMPERATURES)
-    return Settings(
+    return live_request(
         prompt=f"# user {user}\n" + rng.choice(PROMPTS),  # each user's prompts are its own
         drafter=rng.choice(drafters),
         verifier=verifier,
@@ -214,12 +210,12 @@ def random_settings(rng: random.Random, user: int, drafters: tuple[str, ...]) ->
     )
 
 
-def page_settings(rng: random.Random, user: int, opening: Settings, max_new_tokens: int = PAGE_NEW_TOKENS) -> Settings:
+def page_settings(rng: random.Random, user: int, opening: LiveSettings, max_new_tokens: int = PAGE_NEW_TOKENS) -> LiveSettings:
     """A visitor asking Live at the page's ``opening`` settings (:func:`opening_settings`: its drafter, law, budget,
     the autoregressive re-timing) with ``max_new_tokens`` and a seed of its own; the prompt is one of the held-out
     chat prompts where the page sends chat, else one of the code prompts, marked as this user's."""
     prompt = rng.choice(load_prompt_set("chat"))["text"] if opening.chat else rng.choice(PROMPTS)
-    return Settings(**{**asdict(opening), "prompt": f"# user {user}\n" + prompt, "max_new_tokens": max_new_tokens, "seed": rng.randrange(0, 2**31 - 1)})
+    return replace(opening, prompt=f"# user {user}\n" + prompt, max_new_tokens=max_new_tokens, seed=rng.randrange(0, 2**31 - 1))
 
 
 def classify(error: BaseException) -> tuple[str, str]:
@@ -233,12 +229,12 @@ def classify(error: BaseException) -> tuple[str, str]:
     return "transport", f"{type(error).__name__}: {message}"
 
 
-def run_one(client, settings: Settings, user: int, timeout: float = 180.0, poll: float = 0.02, phase: str = "load") -> Result:
+def run_one(client, settings: LiveSettings, user: int, timeout: float = 180.0, poll: float = 0.02, phase: str = "load") -> Result:
     """Submit one /generate request and time it (see the module docstring)."""
     result = Result(user=user, settings=settings, phase=phase)
     t0 = time.perf_counter()
     try:
-        job = settings.submit(client)
+        job = submit(settings, client)
         while not job.done():
             now = time.perf_counter() - t0
             if result.queue_wait != result.queue_wait and job.status().code.value in STARTED:
@@ -316,7 +312,7 @@ def workload_outcome(job, started: float, timeout: float) -> dict:
 
 
 def run_level(url: str, pid: int | None, users: int, seconds: float, drafters: tuple[str, ...], seed: int = 0, timeout: float = 180.0, poll: float = 0.02,
-              workload: str | None = None, opening: Settings | None = None) -> tuple[dict, list[Result]]:
+              workload: str | None = None, opening: LiveSettings | None = None) -> tuple[dict, list[Result]]:
     """N users, each looping /generate for ``seconds`` after one warm-up request each, with random
     settings over ``drafters``; with ``workload`` (a shipped pack), a workload ExitTrain run starts
     with the loop and the level waits for it to end. With ``opening`` (the page's opening settings) every
@@ -416,8 +412,8 @@ def level_summary(users: int, elapsed: float, hung: int, results: list[Result], 
 # ----------------------------------------------------------------------------- checks
 def check_identical_seeds(url: str, copies: int = 4, timeout: float = 180.0) -> dict:
     """``copies`` users with the same settings+seed and ``copies`` with another seed, all at once."""
-    base = Settings(prompt=PROMPTS[1], drafter="block", verifier="tev", budget=16, temperature=1.0, max_new_tokens=48, seed=1234)
-    other = Settings(**{**asdict(base), "seed": 4321})
+    base = live_request(prompt=PROMPTS[1], drafter="block", verifier="tev", budget=16, temperature=1.0, max_new_tokens=48, seed=1234)
+    other = replace(base, seed=4321)
     solo_client = new_client(url)
     solo = {s.seed: run_one(solo_client, s, -1, timeout, phase="solo") for s in (base, other)}
     clients = [new_client(url) for _ in range(2 * copies)]
@@ -475,10 +471,10 @@ def check_own_outputs(url: str, results: list[Result], sample: int = 24, seed: i
 
 def check_queue_full(url: str, max_size: int = 32, extra: int = 8, timeout: float = 120.0) -> dict:
     """Submit ``max_size + extra`` long requests at once; the excess must be refused clearly."""
-    long = Settings(prompt=PROMPTS[0], budget=64, temperature=1.0, max_new_tokens=256, seed=0)
+    long = live_request(prompt=PROMPTS[0], budget=64, temperature=1.0, max_new_tokens=256, seed=0)
     client = new_client(url)
     t0 = time.perf_counter()
-    jobs = [Settings(**{**asdict(long), "seed": i}).submit(client) for i in range(max_size + extra)]
+    jobs = [submit(replace(long, seed=i), client) for i in range(max_size + extra)]
     submitted = time.perf_counter() - t0
     deadline = time.perf_counter() + 30
     while time.perf_counter() < deadline and not all(j.done() or j.status().code.value in ("IN_QUEUE", *STARTED) for j in jobs):
@@ -501,7 +497,7 @@ def check_queue_full(url: str, max_size: int = 32, extra: int = 8, timeout: floa
         if not job.done():
             job.cancel()
     time.sleep(2.0)
-    after = run_one(new_client(url), Settings(prompt=PROMPTS[0], budget=8, max_new_tokens=16, seed=1), 0, timeout, phase="after-queue-full")
+    after = run_one(new_client(url), live_request(prompt=PROMPTS[0], budget=8, max_new_tokens=16, seed=1), 0, timeout, phase="after-queue-full")
     clear = refused > 0 and all("queue is full" in m.lower() for m in messages)
     return {
         "submitted": len(jobs),

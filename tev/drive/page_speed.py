@@ -29,7 +29,7 @@ from pathlib import Path
 from tev.data.prompts import load_prompt_set, spread_evenly
 from tev.drive.appserver import AppServer
 from tev.drive.browser import AUTO_LABEL, BUDGET_LABEL, live_summary, open_page, set_number
-from tev.drive.loadtest import Settings, generate_outputs, new_client
+from tev.drive.loadtest import generate_outputs, live_request, new_client, submit
 from tev.engine.models import DEFAULT_PAIR
 from tev.util.paths import assets_dir
 from tev.util.stored import write_result
@@ -98,8 +98,8 @@ def api_rows(url: str, prompts: list[dict], temperatures, budget: int, auto: boo
     for temperature in temperatures:
         for index, prompt in enumerate(prompts):
             for drafter in drafters if index % 2 == 0 else drafters[::-1]:
-                settings = Settings(prompt["text"], drafter, "tev", budget, temperature, 64, 0, compare_ar=True, chat=True, top_p=0.9, auto=auto)
-                outputs = settings.submit(client).result()
+                settings = live_request(prompt["text"], drafter, "tev", budget, temperature, 64, 0, compare_ar=True, chat=True, top_p=0.9, auto=auto)
+                outputs = submit(settings, client).result()
                 rows.append(row(outputs[summary_at], temperature, prompt))
     return rows
 
