@@ -88,3 +88,31 @@ def test_the_bench_scores_each_drafters_tree_under_the_oracles_bound(target):
     assert 0 < summary["drafters"]["path"]["share_of_oracle"]["6"] <= 1 + 1e-6
     text = format_oracle_report({"budgets": [2, 6], "horizon": 4, "laws": {"T = 1": {"summary": summary}}})
     assert "| T = 1 | 3 | oracle |" in text and "| T = 1 | | path |" in text
+
+
+def test_paired_coverage_scores_both_drafters_on_the_same_anchors_without_the_oracle(target):
+    """``bench adapted-coverage`` reads each drafter's coverage at the same anchors as ``bench oracle-reach`` (the
+    oracle left out), pairs them per anchor and gives the change, its error over prompts and the prompts won."""
+    from types import SimpleNamespace
+
+    from tests.tiny import tiny_block_drafter
+    from tev.bench.adapted_coverage import _law_summary, format_paired_coverage
+    from tev.bench.oracle_reach import anchor_coverages
+
+    drafters = {"base": tiny_block_drafter(target), "adapted": tiny_block_drafter(target, conditioning="path")}
+    law, bundle = SamplingLaw(0.7, top_p=0.9), SimpleNamespace(target=target)
+    per_prompt = []
+    for seed in (1, 2, 3):
+        answer = autoregressive_generate(target, CONTEXT, DecodeConfig(temperature=0.7, top_p=0.9, max_new_tokens=8, seed=seed, stop_at_eos=False)).token_ids
+        alone = anchor_coverages(bundle, drafters, CONTEXT, answer, [0, 2, 4], law, [4], horizon=4, with_oracle=False)
+        beside = anchor_coverages(bundle, drafters, CONTEXT, answer, [0, 2, 4], law, [4], horizon=4)
+        assert all("oracle" not in row for row in alone) and [row["drafters"] for row in alone] == [row["drafters"] for row in beside]
+        per_prompt.append({"pairs": [(row["drafters"]["base"]["4"], row["drafters"]["adapted"]["4"]) for row in alone]})
+    summary = _law_summary(per_prompt)
+    pairs = [pair for row in per_prompt for pair in row["pairs"]]
+    base, adapted = 1 + sum(p[0] for p in pairs) / len(pairs), 1 + sum(p[1] for p in pairs) / len(pairs)
+    assert summary["anchors"] == 9 and summary["prompts"] == 3 and summary["gain"] == pytest.approx(adapted / base - 1)
+    itself = _law_summary([{"pairs": [(b, b) for b, _ in row["pairs"]]} for row in per_prompt])
+    assert itself["gain"] == 0 and itself["se"] == 0 and itself["prompts_won"] == 0
+    text = format_paired_coverage({"budget": 4, "stride": 2, "max_new_tokens": 8, "prompts": 3, "laws": {"T = 0.7, top-p 0.9": {"summary": summary}}})
+    assert "| T = 0.7, top-p 0.9 | 9 |" in text

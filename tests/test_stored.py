@@ -25,6 +25,7 @@ RESULTS = [
     ("docs/workload*/*-prompts.json", None), ("docs/workload*.json", "workload"), ("docs/*/e2e-*.json", "e2e"), ("docs/e2e/page-speed-*.json", "page-speed"),
     ("docs/row-cost/page-speed-*.json", "page-speed"), ("docs/e2e/*.json", "e2e"), ("docs/loadtest/*.json", "loadtest"), ("docs/report/report.json", "report"),
     ("docs/row-cost/row-cost-*.json", "row-cost"), ("docs/drafter-reach/reach-*.json", "reach"), ("docs/drafter-reach/oracle-reach*.json", "oracle-reach"),
+    ("docs/adapted-coverage/*.json", "adapted-coverage"),
     ("docs/page-load/*.json", "page-load"),
     ("docs/bf16-divergence.json", "measurement"), ("docs/sampling-defaults.json", "measurement"), ("docs/exittrain-diagnosis.json", "measurement"),
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tev.bench import ablation, data_writer, drafter_tau, e2e, oracle_reach, reach, report, row_cost, verifiers_bench, workload_table
+from tev.bench import ablation, adapted_coverage, data_writer, drafter_tau, e2e, oracle_reach, reach, report, row_cost, verifiers_bench, workload_table
 from tev.core.verify import VERIFIERS
 from tev.drive import gpu_check, loadtest, page_load, page_speed, screenshot, workload_path
 from tev.engine.generate_command import generate_command
@@ -36,6 +36,7 @@ BENCH = {
     "report": (report, "check the paper's claims on a model pair; writes report.md/json and plots"),
     "reach": (reach, "how deep drafts are accepted, depth by depth: teacher-forced top-1 accuracy and top-1 chain depth, accepted depths while decoding"),
     "oracle-reach": (oracle_reach, "the oracle bound: the target's own best-first tree of B nodes beside each drafter's, 1 + C per law and budget"),
+    "adapted-coverage": (adapted_coverage, "an adapted drafter against its base on the same contexts: 1 + C on the target's own answers to held-out workload prompts, per law, paired"),
     "drafter-tau": (drafter_tau, "tau of block drafters on the held-out chat prompts, as train-drafter measures it"),
     "workload-table": (workload_table, "the workload ablation tables from result files; --install writes the model card's table"),
     "row-cost": (row_cost, "what a row of the target costs per forward and precision, and which operations keep a row's bits"),

@@ -35,12 +35,14 @@ __all__ = ["anchor_coverages", "oracle_report", "format_oracle_report", "plot_or
 
 
 def anchor_coverages(bundle, drafters: dict, prompt_ids: list[int], answer: list[int], anchors: list[int], law: SamplingLaw,
-                     budgets: list[int], horizon: int) -> list[dict]:
+                     budgets: list[int], horizon: int, with_oracle: bool = True) -> list[dict]:
     """Per anchor ``k`` (the context is the prompt and the answer's first ``k`` tokens): the oracle's coverage at
-    each budget and its reach by depth at the largest, and each drafter's coverage at each budget."""
+    each budget and its reach by depth at the largest (unless not ``with_oracle``), and each drafter's coverage at
+    each budget."""
     target = bundle.target
-    oracle_session = CausalLMSession(target)
-    oracle_session.extend(prompt_ids[:-1])
+    oracle_session = CausalLMSession(target) if with_oracle else None
+    if with_oracle:
+        oracle_session.extend(prompt_ids[:-1])
     sessions = {}
     for name, drafter in drafters.items():
         session, state = CausalLMSession(target, feature_layers=tuple(drafter.feature_layers)), drafter.new_state()
@@ -51,14 +53,17 @@ def anchor_coverages(bundle, drafters: dict, prompt_ids: list[int], answer: list
         context = prompt_ids + answer[:k]
         new = context[held - 1:-1]  # committed since the last anchor, the old root first
         if new:
-            oracle_session.extend(new)
+            if with_oracle:
+                oracle_session.extend(new)
             for session, state in sessions.values():
                 state.add_features(session.extend(new).features)
         held = len(context)
-        tree = oracle_tree(oracle_session, context, law, max(budgets), horizon)
-        reach = tree.path_logprob.exp()
-        row = {"anchor": k, "oracle": {str(b): float(reach[1:b + 1].sum()) for b in budgets},
-               "oracle_reach_by_depth": [float(reach[tree.depths == d].sum()) for d in range(1, horizon + 1)], "drafters": {}}
+        row = {"anchor": k, "drafters": {}}
+        if with_oracle:
+            tree = oracle_tree(oracle_session, context, law, max(budgets), horizon)
+            reach = tree.path_logprob.exp()
+            row.update(oracle={str(b): float(reach[1:b + 1].sum()) for b in budgets},
+                       oracle_reach_by_depth=[float(reach[tree.depths == d].sum()) for d in range(1, horizon + 1)])
         for name, drafter in drafters.items():
             session, state = sessions[name]
             covered = {}

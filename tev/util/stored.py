@@ -39,6 +39,7 @@ VERSIONS = {
     "report": 1,  # bench report: report.json
     "reach": 1,  # bench reach --json
     "oracle-reach": 1,  # bench oracle-reach --json
+    "adapted-coverage": 1,  # bench adapted-coverage --json
     "row-cost": 1,  # bench row-cost --json
     "data-writer": 1,  # bench data-writer --json
     "page-speed": 1,  # bench page-speed --json
