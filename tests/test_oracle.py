@@ -116,3 +116,23 @@ def test_paired_coverage_scores_both_drafters_on_the_same_anchors_without_the_or
     assert itself["gain"] == 0 and itself["se"] == 0 and itself["prompts_won"] == 0
     text = format_paired_coverage({"budget": 4, "stride": 2, "max_new_tokens": 8, "prompts": 3, "laws": {"T = 0.7, top-p 0.9": {"summary": summary}}})
     assert "| T = 0.7, top-p 0.9 | 9 |" in text
+
+
+def test_at_t0_the_coverage_at_each_position_counts_the_rounds_greedy_speculation_takes(target):
+    """At T = 0 a tree's coverage at a position is the tokens it accepts there, so walking the greedy answer block by
+    block (``greedy_rounds``) gives the rounds greedy speculation takes over it: the bench's tau on the same text."""
+    from types import SimpleNamespace
+
+    from tests.tiny import tiny_block_drafter
+    from tev.bench.adapted_coverage import greedy_rounds
+    from tev.bench.oracle_reach import anchor_coverages
+    from tev.engine.decode import Request, run_to_end, speculative_generate
+
+    assert greedy_rounds([2, 0, 0, 1, 0]) == 2 and greedy_rounds([0, 0, 0]) == 3 and greedy_rounds([]) == 0
+    drafter = tiny_block_drafter(target, conditioning="path")
+    config = DecodeConfig(budget=6, temperature=0.0, max_new_tokens=12, stop_at_eos=False)
+    answer = autoregressive_generate(target, CONTEXT, config).token_ids
+    rows = anchor_coverages(SimpleNamespace(target=target), {"d": drafter}, CONTEXT, answer, list(range(len(answer))), SamplingLaw(0.0), [6], horizon=4,
+                            with_oracle=False)
+    records, summary = run_to_end(speculative_generate(Request(target, drafter, CONTEXT, config)))
+    assert summary.token_ids == answer and greedy_rounds([row["drafters"]["d"]["6"] for row in rows]) == len(records)

@@ -30,7 +30,7 @@ from tev.pipelines.workload import adapted_kind
 from tev.pipelines.workload_data import load_workload, split_workload
 from tev.util.stored import check_result, write_result
 
-__all__ = ["paired_coverage", "format_paired_coverage", "add_arguments", "run"]
+__all__ = ["greedy_rounds", "paired_coverage", "format_paired_coverage", "add_arguments", "run"]
 
 
 def _served(bundle, folder: Path):
@@ -39,17 +39,35 @@ def _served(bundle, folder: Path):
     return tree_drafter_of(model.served())
 
 
+def greedy_rounds(accepted: list[float]) -> int:
+    """Rounds greedy speculation takes over a greedy answer of ``len(accepted)`` positions, ``accepted[k]`` the tokens
+    a tree rooted at position ``k`` accepts (at T = 0 its coverage: the target's law is one token, so ``C`` counts
+    the tree's nodes on the answer's path): a round at ``k`` emits ``1 + accepted[k]`` and the next starts there."""
+    rounds, k = 0, 0
+    while k < len(accepted):
+        rounds, k = rounds + 1, k + 1 + round(accepted[k])
+    return rounds
+
+
 def _law_summary(per_prompt: list[dict]) -> dict:
     """Mean ``1 + C`` of both drafters over every anchor, the relative change and its standard error over prompts
-    (each prompt's mean paired difference), and how many prompts the adapted drafter won."""
+    (each prompt's mean paired difference), and how many prompts the adapted drafter won. Where every position of
+    greedy answers is an anchor (``rounds`` given), also tau as greedy speculation would reach it on the same text:
+    the mean over positions weighs each token once, where decoding's rounds start after each block (so a drafter
+    that carries easy stretches meets the hard positions more often), and the two can differ."""
     pairs = [pair for row in per_prompt for pair in row["pairs"]]
     if not pairs:
         return {}
     base, adapted = 1 + statistics.fmean(p[0] for p in pairs), 1 + statistics.fmean(p[1] for p in pairs)
     differences = [statistics.fmean(p[1] - p[0] for p in row["pairs"]) for row in per_prompt if row["pairs"]]
     se = statistics.stdev(differences) / len(differences) ** 0.5 / base if len(differences) > 1 else float("nan")
-    return {"anchors": len(pairs), "prompts": len(differences), "base": base, "adapted": adapted, "gain": adapted / base - 1, "se": se,
-            "prompts_won": sum(d > 0 for d in differences)}
+    found = {"anchors": len(pairs), "prompts": len(differences), "base": base, "adapted": adapted, "gain": adapted / base - 1, "se": se,
+             "prompts_won": sum(d > 0 for d in differences)}
+    if all("rounds" in row for row in per_prompt):
+        tokens = sum(len(row["pairs"]) for row in per_prompt)
+        tau = [tokens / sum(row["rounds"][i] for row in per_prompt) for i in (0, 1)]
+        found["greedy_tau"] = {"base": tau[0], "adapted": tau[1], "gain": tau[1] / tau[0] - 1}
+    return found
 
 
 def paired_coverage(bundle, base, adapted, prompts: list[str], budget: int, max_new_tokens: int, stride: int, seed: int, laws=LAWS) -> dict:
@@ -66,10 +84,14 @@ def paired_coverage(bundle, base, adapted, prompts: list[str], budget: int, max_
                 ids = fit_prompt(bundle.tokenizer, {"text": text, "chat": True}, 1024)
                 config = DecodeConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed + i)
                 answer = autoregressive_generate(bundle.target, ids, config, bundle.tokenizer).token_ids
-                anchors = list(range(0, max(0, len(answer) - 1), stride))
+                every = temperature == 0  # greedy: every position, so the rounds of greedy speculation can be counted on the same text
+                anchors = list(range(0, len(answer), 1 if every else stride))
                 rows = anchor_coverages(bundle, drafters, ids, answer, anchors, law, [budget], horizon, with_oracle=False)
-                per_prompt.append({"prompt": i, "answer_tokens": len(answer),
-                                   "pairs": [(row["drafters"]["base"][str(budget)], row["drafters"]["adapted"][str(budget)]) for row in rows]})
+                pairs = [(row["drafters"]["base"][str(budget)], row["drafters"]["adapted"][str(budget)]) for row in rows]
+                row = {"prompt": i, "answer_tokens": len(answer), "pairs": pairs}
+                if every:
+                    row["rounds"] = [greedy_rounds([pair[j] for pair in pairs]) for j in (0, 1)]
+                per_prompt.append(row)
                 bar.update(1)
             report["laws"][label] = {"temperature": temperature, "top_p": top_p, "per_prompt": per_prompt, "summary": _law_summary(per_prompt)}
     return report
@@ -85,6 +107,9 @@ def format_paired_coverage(report: dict) -> str:
         if s:
             lines.append(f"| {label} | {s['anchors']} | {s['base']:.3f} | {s['adapted']:.3f} | {s['gain']:+.1%} +- {s['se']:.1%} | "
                          f"{s['prompts_won']} of {s['prompts']} |")
+            if "greedy_tau" in s:
+                g = s["greedy_tau"]
+                lines.append(f"| {label}: tau of greedy speculation on the same text | | {g['base']:.3f} | {g['adapted']:.3f} | {g['gain']:+.1%} | |")
     return "\n".join(lines)
 
 
@@ -94,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base", default=None, help="the base drafter's folder (default: the one adapt starts from)")
     parser.add_argument("--budget", type=int, default=16, help="tree size B (adapt's held-out decoding uses 16)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="length of the target's answers the anchors lie on")
-    parser.add_argument("--stride", type=int, default=4, help="tokens between anchors")
+    parser.add_argument("--stride", type=int, default=4, help="tokens between anchors at T > 0 (at T = 0 every position is one)")
     parser.add_argument("--seed", type=int, default=0, help="the split's seed (adapt's --seed) and the answers' first seed")
     parser.add_argument("--json", default=None, help="write the report as JSON here")
     parser.add_argument("--from-json", default=None, help="print a report written by --json instead of measuring")
