@@ -4,6 +4,8 @@ covers more. ``p`` is the target."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -96,7 +98,7 @@ def test_paired_coverage_scores_both_drafters_on_the_same_anchors_without_the_or
     from types import SimpleNamespace
 
     from tests.tiny import tiny_block_drafter
-    from tev.bench.adapted_coverage import _law_summary, format_paired_coverage
+    from tev.bench.adapted_coverage import _law_summary, format_paired_coverage, rounds_on_text
     from tev.bench.oracle_reach import anchor_coverages
 
     drafters = {"base": tiny_block_drafter(target), "adapted": tiny_block_drafter(target, conditioning="path")}
@@ -107,32 +109,47 @@ def test_paired_coverage_scores_both_drafters_on_the_same_anchors_without_the_or
         alone = anchor_coverages(bundle, drafters, CONTEXT, answer, [0, 2, 4], law, [4], horizon=4, with_oracle=False)
         beside = anchor_coverages(bundle, drafters, CONTEXT, answer, [0, 2, 4], law, [4], horizon=4)
         assert all("oracle" not in row for row in alone) and [row["drafters"] for row in alone] == [row["drafters"] for row in beside]
-        per_prompt.append({"pairs": [(row["drafters"]["base"]["4"], row["drafters"]["adapted"]["4"]) for row in alone]})
+        per_prompt.append({"answer_tokens": 8, "pairs": [(row["drafters"]["base"]["4"], row["drafters"]["adapted"]["4"]) for row in alone],
+                           "rounds": [rounds_on_text([row["matched"][name]["4"] for row in alone]) for name in ("base", "adapted")]})
     summary = _law_summary(per_prompt)
     pairs = [pair for row in per_prompt for pair in row["pairs"]]
     base, adapted = 1 + sum(p[0] for p in pairs) / len(pairs), 1 + sum(p[1] for p in pairs) / len(pairs)
-    assert summary["anchors"] == 9 and summary["prompts"] == 3 and summary["gain"] == pytest.approx(adapted / base - 1)
-    itself = _law_summary([{"pairs": [(b, b) for b, _ in row["pairs"]]} for row in per_prompt])
-    assert itself["gain"] == 0 and itself["se"] == 0 and itself["prompts_won"] == 0
-    text = format_paired_coverage({"budget": 4, "stride": 2, "max_new_tokens": 8, "prompts": 3, "laws": {"T = 0.7, top-p 0.9": {"summary": summary}}})
-    assert "| T = 0.7, top-p 0.9 | 9 |" in text
+    assert summary["anchors"] == 9 and summary["prompts"] == 3 and summary["mean_1_plus_c"]["gain"] == pytest.approx(adapted / base - 1)
+    rounds = [sum(row["rounds"][i] for row in per_prompt) for i in (0, 1)]
+    assert summary["tau"]["gain"] == pytest.approx(rounds[0] / rounds[1] - 1)
+    itself = _law_summary([{**row, "pairs": [(b, b) for b, _ in row["pairs"]], "rounds": [row["rounds"][0]] * 2} for row in per_prompt])
+    assert itself["tau"]["gain"] == 0 and itself["tau"]["se"] == 0 and itself["prompts_won"] == 0
+    text = format_paired_coverage({"budget": 4, "max_new_tokens": 8, "prompts": 3, "laws": {"T = 0.7, top-p 0.9": {"summary": summary}}})
+    assert "| T = 0.7, top-p 0.9 |" in text
 
 
-def test_at_t0_the_coverage_at_each_position_counts_the_rounds_greedy_speculation_takes(target):
-    """At T = 0 a tree's coverage at a position is the tokens it accepts there, so walking the greedy answer block by
-    block (``greedy_rounds``) gives the rounds greedy speculation takes over it: the bench's tau on the same text."""
+def test_the_rounds_counted_on_a_text_are_the_rounds_speculation_takes_to_emit_it(target):
+    """At T = 0 the tokens a tree accepts along the greedy answer are its coverage there, and walking the answer block by
+    block (``rounds_on_text``) gives the rounds greedy speculation takes; at T = 1 the same walk over a sampled text
+    gives, on average over texts, the tokens per round that TEV's decoding reaches."""
     from types import SimpleNamespace
 
     from tests.tiny import tiny_block_drafter
-    from tev.bench.adapted_coverage import greedy_rounds
-    from tev.bench.oracle_reach import anchor_coverages
+    from tev.bench.adapted_coverage import rounds_on_text
+    from tev.bench.oracle_reach import anchor_coverages, matched_depth
     from tev.engine.decode import Request, run_to_end, speculative_generate
 
-    assert greedy_rounds([2, 0, 0, 1, 0]) == 2 and greedy_rounds([0, 0, 0]) == 3 and greedy_rounds([]) == 0
-    drafter = tiny_block_drafter(target, conditioning="path")
+    assert rounds_on_text([2, 0, 0, 1, 0]) == 2 and rounds_on_text([0, 0, 0]) == 3 and rounds_on_text([]) == 0
+    tree = DraftTree(tokens=[0, 5, 6, 7], parents=[-1, 0, 1, 0], depths=[0, 1, 2, 1], draft_logprob=[0.0, -1.0, -1.0, -1.0])
+    assert matched_depth(tree, [5, 6, 9]) == 2 and matched_depth(tree, [7, 5]) == 1 and matched_depth(tree, [8]) == 0
+    drafter, bundle = tiny_block_drafter(target, conditioning="path"), SimpleNamespace(target=target)
     config = DecodeConfig(budget=6, temperature=0.0, max_new_tokens=12, stop_at_eos=False)
     answer = autoregressive_generate(target, CONTEXT, config).token_ids
-    rows = anchor_coverages(SimpleNamespace(target=target), {"d": drafter}, CONTEXT, answer, list(range(len(answer))), SamplingLaw(0.0), [6], horizon=4,
-                            with_oracle=False)
+    rows = anchor_coverages(bundle, {"d": drafter}, CONTEXT, answer, list(range(len(answer))), SamplingLaw(0.0), [6], horizon=4, with_oracle=False)
+    assert [row["matched"]["d"]["6"] for row in rows] == [round(row["drafters"]["d"]["6"]) for row in rows]
     records, summary = run_to_end(speculative_generate(Request(target, drafter, CONTEXT, config)))
-    assert summary.token_ids == answer and greedy_rounds([row["drafters"]["d"]["6"] for row in rows]) == len(records)
+    assert summary.token_ids == answer and rounds_on_text([row["matched"]["d"]["6"] for row in rows]) == len(records)
+    # T = 1: rounds on the target's own samples against TEV decoding's, over 80 seeds each
+    sampled = DecodeConfig(budget=6, temperature=1.0, max_new_tokens=10, stop_at_eos=False)
+    on_text = decoded = 0
+    for seed in range(80):
+        text = autoregressive_generate(target, CONTEXT, dataclasses.replace(sampled, seed=1000 + seed)).token_ids
+        walked = anchor_coverages(bundle, {"d": drafter}, CONTEXT, text, list(range(len(text))), SamplingLaw(1.0), [6], horizon=4, with_oracle=False)
+        on_text += rounds_on_text([row["matched"]["d"]["6"] for row in walked])
+        decoded += len(run_to_end(speculative_generate(Request(target, drafter, CONTEXT, dataclasses.replace(sampled, seed=seed))))[0])
+    assert on_text < 80 * 10 and abs(on_text - decoded) <= 0.1 * decoded, (on_text, decoded)  # fewer rounds than tokens: trees accept

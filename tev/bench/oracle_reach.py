@@ -31,7 +31,7 @@ from tev.engine.session import CausalLMSession
 from tev.util.precision import figure_precision
 from tev.util.stored import check_result, write_result
 
-__all__ = ["anchor_coverages", "oracle_report", "format_oracle_report", "plot_oracle_report", "add_arguments", "run"]
+__all__ = ["anchor_coverages", "matched_depth", "oracle_report", "format_oracle_report", "plot_oracle_report", "add_arguments", "run"]
 
 
 def anchor_coverages(bundle, drafters: dict, prompt_ids: list[int], answer: list[int], anchors: list[int], law: SamplingLaw,
@@ -64,16 +64,33 @@ def anchor_coverages(bundle, drafters: dict, prompt_ids: list[int], answer: list
             reach = tree.path_logprob.exp()
             row.update(oracle={str(b): float(reach[1:b + 1].sum()) for b in budgets},
                        oracle_reach_by_depth=[float(reach[tree.depths == d].sum()) for d in range(1, horizon + 1)])
+        row["matched"] = {}
         for name, drafter in drafters.items():
             session, state = sessions[name]
-            covered = {}
+            covered, matched = {}, {}
             for budget in budgets:
                 drafted, output = draft_and_forward(session, drafter, context, budget, state)
                 covered[str(budget)] = output.rows(law).flow(drafted).coverage
+                matched[str(budget)] = matched_depth(drafted, answer[k:])
                 session.rollback(session.length)  # the tree stays provisional until a commit: drop it
-            row["drafters"][name] = covered
+            row["drafters"][name], row["matched"][name] = covered, matched
         rows.append(row)
     return rows
+
+
+def matched_depth(tree, continuation: list[int]) -> int:
+    """How many of ``continuation``'s first tokens lie on one path of ``tree`` from its root: the tokens an exact
+    saturated verifier (TEV, predraw-and-follow) accepts in a round whose draw from the target is that text."""
+    children: dict[tuple[int, int], int] = {}
+    for node in range(1, int(tree.tokens.numel())):
+        children.setdefault((int(tree.parents[node]), int(tree.tokens[node])), node)
+    node, depth = 0, 0
+    for token in continuation:
+        node = children.get((node, token))
+        if node is None:
+            break
+        depth += 1
+    return depth
 
 
 def oracle_report(bundle, drafters: dict, prompts: list[dict], budgets: list[int], max_new_tokens: int, stride: int, seed: int, laws=LAWS) -> dict:
