@@ -81,12 +81,9 @@ def anchor_coverages(bundle, drafters: dict, prompt_ids: list[int], answer: list
 def matched_depth(tree, continuation: list[int]) -> int:
     """How many of ``continuation``'s first tokens lie on one path of ``tree`` from its root: the tokens an exact
     saturated verifier (TEV, predraw-and-follow) accepts in a round whose draw from the target is that text."""
-    children: dict[tuple[int, int], int] = {}
-    for node in range(1, int(tree.tokens.numel())):
-        children.setdefault((int(tree.parents[node]), int(tree.tokens[node])), node)
     node, depth = 0, 0
     for token in continuation:
-        node = children.get((node, token))
+        node = tree.child_by_token[node].get(token)
         if node is None:
             break
         depth += 1
