@@ -46,16 +46,24 @@ def set_number(page, label: str, value) -> None:
     box.press("Enter")
 
 
-# the hidden JSON output holds an object only once a run has finished (a streaming run clears it); the JSON
-# component shows the value as spaced JSON text
+# the hidden JSON output holds an object only once a run has finished; the JSON component shows the value as spaced
+# JSON text, and it redraws after the stats beside it (about half a second later on a quiet machine, when the same
+# page ran before: meanwhile it still shows the previous run's summary, then nothing): so the summary counts once it
+# describes the run the stats describe (the same rounds and tokens, a timing when they say the answer was timed again)
 _SUMMARY_SHOWN = """() => {
-    try { const value = JSON.parse(document.querySelector('#live-summary').innerText); return value !== null && typeof value === 'object'; }
-    catch (error) { return false; }
+    const stats = document.querySelector('#live-stats').innerText;
+    const counted = stats.match(/rounds (\\d+) · tokens (\\d+)/);
+    let value;
+    try { value = JSON.parse(document.querySelector('#live-summary').innerText); } catch (error) { return false; }
+    if (value === null || typeof value !== 'object' || !counted) return false;
+    if (value.rounds !== Number(counted[1]) || value.tokens !== Number(counted[2])) return false;
+    const timed = stats.includes('timed again while') || stats.includes('timed again with');
+    return !timed || (value.timing !== null && typeof value.timing === 'object' && 'speedup' in value.timing);
 }"""
 
 
 def live_summary(page, timeout_ms: int = 120_000) -> dict:
-    """The Live tab's summary of its last finished run (its hidden JSON output, ``#live-summary``),
+    """The Live tab's summary of the finished run its stats describe (its hidden JSON output, ``#live-summary``),
     once the page shows it."""
     page.wait_for_function(_SUMMARY_SHOWN, timeout=timeout_ms)
     return json.loads(page.inner_text("#live-summary"))
