@@ -9,7 +9,8 @@ from gradio_client import Client
 
 from ui.exittrain import ExitTrainView
 from ui.lab import LabView
-from ui.live import LiveView, RoundView
+from ui.live import LiveView
+from ui.live_rounds import RoundView
 from tev.engine.run_speed import MIN_TIMED_TOKENS
 
 SHORT_PROMPT = "def add(a, b):\n    "

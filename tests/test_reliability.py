@@ -32,7 +32,7 @@ from tev.engine.decode import DecodeConfig, run_to_end, Request, speculative_gen
 from tev.engine.models import ModelLoadError, load_bundle
 from tev.engine.prompt_text import encode_prompt
 from tev.util.memory import limit_malloc_arenas
-from ui.live import RoundView
+from ui.live_rounds import RoundView
 
 live_request, run_one, new_client = loadtest.live_request, loadtest.run_one, loadtest.new_client
 

@@ -9,27 +9,20 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
-from tev.core.verify import VERIFIERS
-from tev.engine.decode import DecodeConfig, GenerationSummary
-from tev.engine.models import DRAFTERS
+from tev.engine.decode import DecodeConfig
 from tev.service.adapted import ADAPTED_PREFIX, KEY_MARK, is_adapted
 from tev.service.live_runs import WAITING, Asked, Finished, Round, TimingAgain, continuation
 from tev.service.live_settings import LiveInput, LiveSettings
-from tev.service.service import DEFAULT_SAMPLING, LIMITS, UserInputError, as_text, records_to_json
+from tev.service.service import LIMITS, UserInputError, as_text
 from ui import gpu, shared
-from ui.components import KEEP_TYPED, checked_event, once_per_click, refusal_line, settings_handler
-from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only, refuse
+from ui.components import checked_event, once_per_click, refusal_line, settings_handler
+from ui.live_controls import settings_column
+from ui.live_rounds import RoundView, browse_round, check_browse, export_run, records_of, round_figures
+from ui.shared import COMPUTE, RUN_STATE_SECONDS, _user_error, only
 from ui.workload import remember_asked
-from visual import mass_by_depth_figure, note_figure, text_view_html, timeline_figure, tree_figure
-from visual.budget_view import budget_figure
+from visual import note_figure, text_view_html, timeline_figure
 from visual.live_words import RETIMING, STOPPED, opened_at, round_info, run_summary, said_at_end, sharing_note, stats_markdown, teaching_round
 
-# Budget auto at the page's opening: measured at least as fast as B = 16 at the opening law (T = 0.7, top-p 0.9) on each
-# of 9 chat prompts, interleaved prompt by prompt (docs/benchmarks.md, budget "auto").
-AUTO_DEFAULT = True
-# Long enough for most default-prompt answers to end on their own: on the default pair (T = 0.7, top-p 0.9, the 8
-# example prompts, seeds 0 and 1) 11 of 16 answers ended within 224 tokens (median 190), 2 of 16 within 96.
-DEFAULT_NEW_TOKENS = 224
 # While a run streams the page redraws its text at most this often and its figures (plotly, costly in the browser)
 # far less: at 4 redraws a second of both a 48 s run kept the browser's main thread busy 12 s.
 # On the default pair each redraw of the three figures kept the browser's main thread busy about 300 ms (at one a
@@ -52,25 +45,6 @@ class LiveView(NamedTuple):
     said: Any  # under the buttons: what answers the press (how the run stopped, the re-timing, the speed), in view where the user pressed
     more: Any  # the Continue button: shown when the answer stopped at the length limit
     info: Any  # the round browser's sentence on the round the figures show
-
-
-class RoundView(NamedTuple):
-    """The round browser's outputs."""
-
-    rounds: Any  # its slider
-    tree: Any
-    mass: Any
-    info: Any
-    budget: Any  # budget auto's choice for that round
-
-
-def _round_figures(records, index: int):
-    """The round's tree, its mass by depth, and budget auto's choice (a hidden plot at a fixed budget)."""
-    record = records[index]
-    text = shared.SERVICE.token_text
-    title = f"round {record.index + 1} of {len(records)} · drafter {record.drafter} · verifier {record.verifier}"
-    chosen = gr.update(value=budget_figure(record), visible=True) if record.choice is not None else gr.update(value=None, visible=False)
-    return tree_figure(record.tree, record.flow, record.verdict, token_text=text, title=title), mass_by_depth_figure(record.flow), chosen
 
 
 def arm_stop(request: gr.Request):
@@ -138,7 +112,7 @@ run_live = settings_handler(LiveSettings, _run, more=("memory",), name="run_live
 def check_continue(state, memory=None) -> tuple:
     """The run a Continue goes on from: (its rounds, what it was asked with); raises ``ValueError`` saying why
     there is nothing to continue."""
-    records, summary, asked = _records(state), (state or {}).get("summary"), (state or {}).get("asked")
+    records, summary, asked = records_of(state), (state or {}).get("summary"), (state or {}).get("asked")
     if not records or asked is None:
         raise UserInputError("nothing to continue yet: press Generate first")
     if summary.stop_reason != "max_new_tokens":
@@ -219,7 +193,7 @@ def _drawn(event: Round, prompt: str, first: bool, figures: bool) -> LiveView:
              "said": _said(None) if first else gr.skip(), "more": gr.update(visible=False) if first else gr.skip(), "info": "" if first else gr.skip(),
              "stats": stats_markdown(records, None) + sharing_note(event.active, event.background), "state": {"records": records, "summary": None}}
     if figures:
-        words["tree"], words["mass"], words["budget"] = _round_figures(records, len(records) - 1)
+        words["tree"], words["mass"], words["budget"] = round_figures(records, len(records) - 1)
     return only(LiveView, **words)
 
 
@@ -234,7 +208,7 @@ def _finished(event: Finished, config: DecodeConfig, prompt: str) -> LiveView:
         return LiveView("", None, None, None, message, None, gr.update(minimum=1, maximum=2, value=1, interactive=False), gr.update(value=None, visible=False), state, said,
                         gr.update(visible=False), "")
     shown = teaching_round(records)
-    tree, mass, chosen = _round_figures(records, shown)
+    tree, mass, chosen = round_figures(records, shown)
     return LiveView(
         text=text_view_html(records, token_text=shared.SERVICE.token_text, prompt_text=prompt),
         tree=tree,
@@ -249,59 +223,6 @@ def _finished(event: Finished, config: DecodeConfig, prompt: str) -> LiveView:
         more=gr.update(visible=summary.stop_reason == "max_new_tokens"),
         info=round_info(records[shown]),
     )
-
-
-def _records(state) -> list:
-    return (state or {}).get("records") or []
-
-
-def check_browse(round_number, state, delta=0):
-    """Refuses browsing before a generation; any round number is taken to the nearest round."""
-    if not _records(state):
-        raise UserInputError("generate first: there are no rounds to browse yet")
-
-
-def browse_round(round_number, state, delta=0) -> RoundView:
-    """Round ``round_number + delta`` (clamped to the run's rounds): its tree, mass and numbers."""
-    try:
-        check_browse(round_number, state)
-    except ValueError as error:  # the validator refuses this first; an API call that skips it lands here
-        raise _user_error(error) from None
-    records = _records(state)
-    index = min(max(int(round_number or 1) + int(delta) - 1, 0), len(records) - 1)
-    tree, mass, chosen = _round_figures(records, index)
-    return RoundView(gr.update(value=index + 1) if delta else gr.skip(), tree, mass, round_info(records[index]), chosen)
-
-
-def export_run(state):
-    records = _records(state)
-    if not records:
-        return refuse("generate first: there is no run to export yet")
-    return records_to_json(records, state.get("summary"), state.get("settings", {}), token_text=shared.SERVICE.token_text)
-
-
-def _settings_column() -> dict:
-    """The Live tab's settings column (beside the prompt): its inputs by :class:`LiveSettings` field, but the prompt and chat."""
-    with gr.Column(scale=2, elem_classes=KEEP_TYPED):  # a number typed out of a slider's range is refused under Generate, not clamped
-        kinds = shared.SERVICE.drafter_kinds()
-        drafter = gr.Radio(kinds, value=shared.SERVICE.default_drafter_kind(), label="drafter q", info=" · ".join(f"{kind}: {DRAFTERS[kind].label}" for kind in kinds)
-                           + " · adapted: yours, from a workload run in the ExitTrain tab", elem_id="live-drafter")
-        verifier = gr.Radio(list(VERIFIERS), value="tev", label="verifier (greedy needs T = 0; at T = 0 every verifier is greedy)")
-        with gr.Row():
-            budget = gr.Slider(0, LIMITS.max_budget, value=16, step=1, scale=3,
-                                label="budget B (draft nodes per round; 0 drafts nothing: plain decoding); with budget auto, the most a round may keep")
-            auto = gr.Checkbox(value=AUTO_DEFAULT, scale=1, label="budget auto: each round keeps the drafter's best nodes this machine pays for",
-                               info="the sizes follow this machine's timing, so a seed repeats the text only at a fixed budget or T = 0")
-        temperature = gr.Slider(0.0, LIMITS.max_temperature, value=DEFAULT_SAMPLING.temperature, step=0.05, label="temperature T (0: greedy)")
-        with gr.Row():
-            top_p = gr.Slider(LIMITS.min_top_p, 1.0, value=DEFAULT_SAMPLING.top_p, step=0.01, label="top-p (1: off)")
-            top_k = gr.Slider(0, LIMITS.max_top_k, value=DEFAULT_SAMPLING.top_k, step=1, label="top-k (0: off)")
-        max_new_tokens = gr.Slider(1, LIMITS.max_new_tokens, value=DEFAULT_NEW_TOKENS, step=1, label="max new tokens")
-        with gr.Row():
-            seed = gr.Number(value=0, precision=0, minimum=0, maximum=LIMITS.max_seed, label="seed", elem_id="live-seed")
-            compare_ar = gr.Checkbox(value=True, label="also time an autoregressive run (speedup)")
-    return {"drafter": drafter, "verifier": verifier, "budget": budget, "auto": auto, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-            "max_new_tokens": max_new_tokens, "seed": seed, "compare_ar": compare_ar}
 
 
 def tab(examples: list[str]) -> gr.Radio:
@@ -329,7 +250,7 @@ def tab(examples: list[str]) -> gr.Radio:
                 examples=[[e] for e in examples], inputs=[prompt],
                 label="held-out chat prompts: dialogue, code, math" if shared.CHAT_DEFAULT else "held-out stdlib functions and HumanEval prompts",
             )
-        fields = {"prompt": prompt, "chat": chat, **_settings_column()}
+        fields = {"prompt": prompt, "chat": chat, **settings_column()}
     with gr.Row():
         # a note, not an empty frame, until the first round; drawing it at page load also loads plotly then, not in the first run
         tree_plot = gr.Plot(note_figure("Press Generate: each round's draft tree is drawn here, coloured by the target's reach", height=240),

@@ -13,7 +13,6 @@ import time
 from tev.engine.decode import DecodeConfig, GenerationSummary
 from tev.engine.run_speed import MIN_TIMED_TOKENS, Machine, Speed
 from tev.util.compute_thread import BACKGROUND_SHARE
-from tev.util.cpus import threads_words
 
 __all__ = ["STAGE_LABELS", "STOPPED", "RETIMING", "UNMEASURED", "stats_markdown", "speed_line",
            "speed_verdict", "not_retimed", "run_summary", "sharing_note", "said_at_end", "teaching_round", "opened_at", "round_info"]

@@ -16,7 +16,6 @@ and their ratio per pass.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 

@@ -34,7 +34,6 @@ from tev.core.tree import DraftTree
 from tev.core.visibility import tree_visibility
 from tev.engine.default_target import ensure_default_target
 from tev.engine.models import load_causal_lm
-from tev.engine.row_invariant import RowInvariantForward
 from tev.engine.row_products import RowProducts, invariance_failures, packed_products_available
 from tev.engine.session import CausalLMSession
 from tev.engine.target_precision import choose_target_forward, forced_target_forward

@@ -13,7 +13,7 @@ on-policy (redrawn from the current drafter every step: ExitTrain).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Generator, Iterator
+from typing import Generator
 
 import torch
 
