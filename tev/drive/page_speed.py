@@ -12,8 +12,8 @@ half). Compare with the "vs own AR" column of
     python -m tev bench e2e --prompts chat --num-prompts 6 --budgets 16 --temperatures 0 0.7 --top-p 0.9 --skip-memory
 
 run with the same threads (``TEV_THREADS``, default 2 here, and torch's default of 2 there).
-``--threads auto`` leaves ``TEV_THREADS`` unset: the server's own count (one core fewer than the container's);
-each row records the threads its rerun ran with.
+``--threads auto`` leaves ``TEV_THREADS`` unset: the server's own policy (a visitor's steps at every core the container
+may use, one fewer while another process holds a core); each row records the threads its rerun ran with.
 
     python -m tev bench page-speed --prompts 6 --json runs/page-speed.json
 """
