@@ -201,3 +201,19 @@ def test_a_rounds_state_keeps_only_the_window_it_reads_and_drafts_the_same_tree(
     context = DraftContext([1, 2, 5], max_depth=6)
     kept, full = drafter.propose(context, 8, state), drafter.propose(context, 8, whole)
     assert torch.equal(kept.tokens, full.tokens) and torch.equal(kept.parents, full.parents)
+
+
+def test_a_path_drafter_whose_step_reads_int8_rows_is_served_in_float32(monkeypatch):
+    """Its products then never run in the drafter's dtype: bfloat16 would only add conversions around the norms and
+    attention. Without int8 rows it takes the precision measured on its step's product size, as every drafter."""
+    import tev.engine.path_drafter as path_module
+    from tev.engine.block_drafter import DrafterBody
+    from tev.util.precision import low_precision
+
+    monkeypatch.setattr(path_module, "use_int8_head", lambda device="cpu": True)
+    monkeypatch.setattr(DrafterBody, "serving_dtype", classmethod(lambda cls, device: torch.bfloat16))  # as measured on a bfloat16 CPU
+    assert path_module.PathDrafter.serving_dtype("cpu") == torch.float32
+    monkeypatch.setattr(path_module, "use_int8_head", lambda device="cpu": False)
+    assert path_module.PathDrafter.serving_dtype("cpu") == torch.bfloat16
+    monkeypatch.undo()
+    assert DrafterBody.serving_dtype("cpu") == low_precision("cpu", DrafterBody.PRECISION_SHAPE)

@@ -252,10 +252,16 @@ class DrafterBody(nn.Module):
         return window, valid
 
     # ------------------------------------------------------------------ persistence
+    @classmethod
+    def serving_dtype(cls, device) -> torch.dtype:
+        """The precision this kind of drafter is served in on ``device``: :func:`~tev.util.precision.low_precision`,
+        measured on the size of its products (:attr:`PRECISION_SHAPE`)."""
+        return low_precision(device, cls.PRECISION_SHAPE)
+
     def served(self) -> "DrafterBody":
-        """This drafter (changed in place) in eval mode and the precision drafters are served in:
-        :func:`~tev.util.precision.low_precision` of its device, as :meth:`from_pretrained` loads one."""
-        return self.eval().to(low_precision(next(self.parameters()).device, self.PRECISION_SHAPE))
+        """This drafter (changed in place) in eval mode and the precision drafters are served in
+        (:meth:`serving_dtype` of its device), as :meth:`from_pretrained` loads one."""
+        return self.eval().to(self.serving_dtype(next(self.parameters()).device))
 
     def save_pretrained(self, folder: str | Path) -> None:
         """Write ``drafter_config.json`` and ``drafter.safetensors`` (own parameters only)."""
@@ -272,7 +278,7 @@ class DrafterBody(nn.Module):
     def from_pretrained(cls, folder: str | Path, target, dtype: torch.dtype | None = None) -> "DrafterBody":
         """Load a drafter saved by :meth:`save_pretrained` and bind it to ``target``.
 
-        ``dtype`` defaults to :func:`~tev.util.precision.low_precision` of the target's device:
+        ``dtype`` defaults to :meth:`serving_dtype` of the target's device:
         bfloat16 (the precision it is stored in; its weights and its copy of the head read at
         half the bytes) where that is measured faster, float32 elsewhere (a CPU without bfloat16
         instructions emulates it, about 100x slower). Pass float32 to train it.
@@ -290,7 +296,7 @@ class DrafterBody(nn.Module):
         except RuntimeError as error:
             raise ValueError(f"{weights_path} does not match the block drafter architecture: {str(error).splitlines()[-1].strip()}") from error
         device = next(target.parameters()).device
-        return drafter.to(device=device, dtype=dtype or low_precision(device, cls.PRECISION_SHAPE)).eval()
+        return drafter.to(device=device, dtype=dtype or cls.serving_dtype(device)).eval()
 
     @classmethod
     def for_target(cls, config: BlockDrafterConfig, target) -> "DrafterBody":
