@@ -559,7 +559,9 @@ def test_a_streaming_run_leaves_the_page_light(app_server, browser):
               f"longest {runs[-1]['longest']:.0f} ms; heap after the run {heaps[-1]:.1f} MB, {nodes} DOM nodes")
     for run in runs[1:]:  # the first run loads plotly
         assert run["redraws"] <= 2 + run["seconds"], runs  # the first round's, then at most one a second
-    assert sum(run["busy"] for run in runs[1:]) < BUSY_SHARE * sum(run["seconds"] for run in runs[1:]), runs
+    # the first round's figures are drawn in every run however short it is (a fast CPU streams the quick pair's answer in
+    # about a second, and one draw of the three figures keeps the thread busy 0.2-0.45 s): allowed once a run
+    assert sum(run["busy"] for run in runs[1:]) < BUSY_SHARE * sum(run["seconds"] for run in runs[1:]) + FIRST_DRAW_S * len(runs[1:]), runs
     assert (heaps[-1] - heaps[2]) / (RUNS - 3) < HEAP_PER_RUN_MB, heaps  # flat after the third run
     page.close()
 
@@ -570,6 +572,7 @@ RUNS = 8
 # 1.3-1.5 MB a run (3,500 DOM nodes) while the plot component's replaced figures stayed alive; with them purged
 # (ui.components.PURGE_DETACHED_PLOTS_JS) about 0.15 MB a run.
 BUSY_SHARE = 0.6  # of the streaming time of the last five runs together
+FIRST_DRAW_S = 0.4  # the first round's figures, drawn once a run
 HEAP_PER_RUN_MB = 1.0  # the heap after collection, per run after the third
 
 

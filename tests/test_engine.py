@@ -56,6 +56,29 @@ def test_tree_attention_matches_sequential_forwards(arch):
     assert (continued - fresh).abs().max().item() < 1e-4
 
 
+
+def test_commit_keeps_the_context_and_the_path_in_order_for_every_path_of_a_tree():
+    """Commit moves only the path's entries to the places after the context: the cache it leaves equals the context
+    and the path's entries gathered whole, for a path that is the tree's first nodes (nothing moves) and for paths
+    whose nodes lie further on (each entry moves back), and decoding goes on from it as from a fresh forward."""
+    target = tiny_target(VOCAB)
+    context = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(1))
+    tree = DraftTree.from_paths(int(context[-1]), [[1, 2, 3, 4], [1, 2, 5], [1, 6], [7, 8], [9]])
+    for v in range(tree.num_nodes):
+        session = CausalLMSession(target)
+        session.extend(context[:-1])
+        session.forward_tree(tree)
+        path = tree.path_to(v)
+        keep = torch.cat([torch.arange(session.length), session.length + torch.tensor(path)])
+        expected = [(layer.keys.index_select(-2, keep), layer.values.index_select(-2, keep)) for layer in session.cache.layers]
+        session.commit(path)
+        assert session.length == context.numel() - 1 + len(path) == session.cache.get_seq_length()
+        for layer, (keys, values) in zip(session.cache.layers, expected):
+            assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
+        continued = session.extend([11]).logits
+        sequence = torch.cat([context, torch.tensor(tree.path_tokens(v) + [11], dtype=torch.long)])
+        assert (continued[-1] - target(input_ids=sequence[None]).logits[0, -1]).abs().max().item() < 1e-4
+
 # ------------------------------------------------------------------ greedy equivalence
 def greedy_reference(target, prompt, max_new_tokens, eos=True):
     config = DecodeConfig(temperature=0.0, max_new_tokens=max_new_tokens, stop_at_eos=eos)

@@ -289,11 +289,20 @@ class CausalLMSession:
     def commit(self, path: list[int]) -> None:
         """After :meth:`forward_tree`: keep the cached context plus the tree nodes on ``path``
         (node indices, root first) and drop the other tree entries."""
-        keep = torch.cat([torch.arange(self.length), self.length + torch.as_tensor(path, dtype=torch.long)]).to(self.device, non_blocking=True)
+        # only the path's entries move, to the places after the context (the context stays where it is: copying the
+        # whole cache a round cost more than the round's verdict); a path that is the tree's first nodes moves nothing
+        start, count = self.length, len(path)
+        moved = [i for i, node in enumerate(path) if node != i]
+        if moved:
+            source = start + torch.as_tensor([path[i] for i in moved], dtype=torch.long, device=self.device)
+            target = start + torch.as_tensor(moved, dtype=torch.long, device=self.device)
         for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(-2, keep)
-            layer.values = layer.values.index_select(-2, keep)
-        self.length += len(path)
+            keys, values = layer.keys, layer.values
+            if moved:  # sources lie at or after their targets (node indices grow along a path): gathered before written
+                keys.index_copy_(-2, target, keys.index_select(-2, source))
+                values.index_copy_(-2, target, values.index_select(-2, source))
+            layer.keys, layer.values = keys[..., : start + count, :], values[..., : start + count, :]
+        self.length += count
 
     def rollback(self, length: int) -> None:
         """Shrink the cache to its first ``length`` tokens (drops a provisional tree too)."""
