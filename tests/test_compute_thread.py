@@ -145,6 +145,33 @@ def test_an_interactive_request_steps_ahead_of_a_background_one():
     assert training.held_seconds == 9.0 and rounds.held_seconds == 0.0  # every round ran while the run was ready to step
 
 
+
+@pytest.mark.parametrize("background", [False, True])
+def test_call_at_computes_a_function_as_background_work_when_asked(background):
+    """One call (the start's warm-up, a drafter's check, the cost curve) submitted before a user's rounds: as
+    interactive work it goes first; as background work the rounds go first and it takes its turn when owed."""
+    clock, log = _StepClock(), []
+    compute, free, blocker = _blocked_thread(background_share=0.2, clock=clock)
+
+    def warm() -> int:
+        clock.now += 1.0
+        log.append("warm")
+        return 3
+
+    answer = {}
+    caller = threading.Thread(target=lambda: answer.setdefault("value", compute.call_at(1, warm, background=background)))
+    caller.start()
+    for _ in range(500):  # until the call waits in line behind the blocker
+        if len(compute._turns) == 1:
+            break
+        threading.Event().wait(0.01)
+    rounds = compute.steps(clock.steps("a", 3, 1.0, log))
+    free.set()
+    assert list(rounds) == [0, 1, 2] and list(blocker) == [None]
+    caller.join(5)
+    assert answer == {"value": 3}
+    assert log == (["a0", "warm", "a1", "a2"] if background else ["warm", "a0", "a1", "a2"])
+
 def test_a_background_request_still_gets_its_share_under_endless_interactive_work():
     """Rounds that never stop (0.5 s each) beside a run of 3 s steps: the run finishes, having had
     about the default share of the thread's time, and knows how long the rounds held it back."""

@@ -30,7 +30,7 @@ from tev.engine.models import DRAFTER_KINDS, ModelBundle, Pair, default_kind, de
 from tev.pipelines.workload import adapted_kind
 from tev.service.adapted import AdaptedDrafters, is_adapted
 from tev.service.live_settings import LiveInput, LiveSettings
-from tev.util.compute_thread import ComputeThread, one_step, result_of as _result
+from tev.util.compute_thread import ComputeThread, result_of as _result
 from tev.util.cpus import threads_words
 from tev.engine.prompt_text import encode_chat, encode_prompt
 
@@ -406,7 +406,7 @@ class ModelService:
                 if hasattr(drafter, "warm"):
                     drafter.warm()
 
-        _result(self.compute.steps(one_step(warm), background=True))
+        self.compute.call_at(None, warm, background=True)
         threads = self.compute.threads
         if threads is None or not threads.switches:
             return
@@ -414,8 +414,7 @@ class ModelService:
         for drafter in self.bundle().drafters.values():
             if id(drafter) not in self._thread_free:
                 counts = (threads.reduced, threads.full)
-                check = self.compute.steps(one_step(agree_here, target, drafter, counts), background=True, threads=threads.full)
-                self._thread_free[id(drafter)] = _result(check)
+                self._thread_free[id(drafter)] = self.compute.call_at(threads.full, agree_here, target, drafter, counts, background=True)
 
     def warm_in_background(self) -> None:
         """Measure the machine's cost curve for budget auto and prepare the drafters' inference weights from a
@@ -454,8 +453,7 @@ class ModelService:
         key = (id(self.bundle().target), self.threads())
         with self._curve_lock:
             if key not in self._cost_curves:
-                measure = one_step(machine_cost_curve, self.bundle().target)
-                self._cost_curves[key] = _result(self.compute.steps(measure, background=background, threads=self.threads()))
+                self._cost_curves[key] = self.compute.call_at(self.threads(), machine_cost_curve, self.bundle().target, background=background)
         return self._cost_curves[key]
 
     @contextlib.contextmanager

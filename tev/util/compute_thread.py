@@ -157,9 +157,10 @@ class ComputeThread:
         """``function(*args, **kwargs)`` computed in the compute thread as one step."""
         return result_of(self.steps(one_step(function, *args, **kwargs)))
 
-    def call_at(self, threads: int | None, function: Callable[..., T], *args, **kwargs) -> T:
-        """:meth:`call` with ``threads`` torch threads whatever else runs (None: the count the policy gives it)."""
-        return result_of(self.steps(one_step(function, *args, **kwargs), threads=threads))
+    def call_at(self, threads: int | None, function: Callable[..., T], *args, background: bool = False, **kwargs) -> T:
+        """:meth:`call` with ``threads`` torch threads whatever else runs (None: the count the policy gives it);
+        ``background``: as :meth:`steps` takes it (work nobody waits on step by step goes after a visitor's)."""
+        return result_of(self.steps(one_step(function, *args, **kwargs), background=background, threads=threads))
 
     def use_threads(self, threads, set_threads: Callable[[int], None], others_busy: Callable[[], bool] | None = None) -> None:
         """Run each step with the count ``threads`` (a :class:`~tev.util.cpus.ServerThreads`) gives it, set with
