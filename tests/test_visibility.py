@@ -3,7 +3,7 @@
 import torch
 
 from tev.core.tree import DraftTree
-from tev.core.visibility import slot_visibility, tree_visibility
+from tev.core.visibility import attention_bias, slot_visibility, tree_visibility, window_visibility
 
 
 def test_a_tree_after_the_cache_sees_the_cache_and_its_own_path():
@@ -28,3 +28,15 @@ def test_a_depth_of_a_growing_tree_sees_the_prefix_its_ancestors_slots_and_itsel
     assert visible.shape == (3, 8)
     assert visible.tolist() == [[True, True, True, False, False, True, False, False], [True, True, True, False, True, False, True, False],
                                 [True, True, False, False, False, False, False, True]]
+
+
+def test_a_drafters_slots_see_their_windows_valid_entries_and_the_slots_it_lets_them():
+    valid = torch.tensor([[False, True, True], [True, True, True]])  # the first window's history was one entry short
+    causal = window_visibility(valid, torch.ones(2, 2, dtype=torch.bool).tril())  # the path drafter: the slots above
+    assert causal.shape == (2, 2, 5)
+    assert causal[0].tolist() == [[False, True, True, True, False], [False, True, True, True, True]]
+    assert causal[1, :, :3].all() and causal[1, :, 3:].tolist() == [[True, False], [True, True]]
+    every = window_visibility(valid, torch.ones(1, 3, dtype=torch.bool))  # the block drafter: one row for every slot
+    assert every.shape == (2, 1, 6) and every[0, 0].tolist() == [False, True, True, True, True, True]
+    bias = attention_bias(causal, torch.float32)
+    assert (bias[causal] == 0).all() and (bias[~causal] == torch.finfo(torch.float32).min).all()

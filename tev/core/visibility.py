@@ -9,13 +9,17 @@ ancestors and itself. Two shapes of that rule occur:
   the new block is their ancestor matrix;
 - :func:`slot_visibility`: the new rows extend a tree grown depth by depth, whose earlier nodes
   already sit in the cache as slots after the prefix: each row sees its ancestors' slots and itself.
+
+A drafter's slots read a window of the target's features instead of a cache: :func:`window_visibility` gives
+each slot the window's valid entries (a short history is left-padded) and the slots the drafter lets it see
+(all of them for the block drafter's one pass, those above it for the path drafter's).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["tree_visibility", "slot_visibility"]
+__all__ = ["tree_visibility", "slot_visibility", "window_visibility", "attention_bias"]
 
 
 def tree_visibility(held: int, ancestors: torch.Tensor, prefix: int | torch.Tensor | None = None) -> torch.Tensor:
@@ -47,3 +51,16 @@ def slot_visibility(prefix: int, held: int, ancestor_slots: list[list[int]]) -> 
         visible[row, [prefix + s for s in slots]] = True
         visible[row, prefix + held + row] = True
     return visible
+
+
+def window_visibility(valid: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """`BoolTensor[B, S', W + S]`: slot row ``i`` of each of ``B`` windows sees that window's valid entries
+    (``valid``: `BoolTensor[B, W]`) and the slots ``slots[i]`` marks (`BoolTensor[S', S]`; one row when every slot
+    sees the same)."""
+    rows = slots.shape[0]
+    return torch.cat([valid[:, None, :].expand(-1, rows, -1), slots.to(valid.device).expand(valid.shape[0], -1, -1)], dim=2)
+
+
+def attention_bias(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``visible`` as an additive attention bias of ``dtype``: 0 where a row may look, the dtype's lowest value elsewhere."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from tev.core.visibility import attention_bias, window_visibility
 from tev.util.int8_head import Int8Head, use_int8_head
 from tev.util.precision import low_precision
 
@@ -351,9 +352,8 @@ class BlockDrafter(DrafterBody):
             ],
             dim=1,
         ) + self.position_embed[width:]
-        visible = torch.cat([valid, torch.ones(batch, 1 + horizon, dtype=torch.bool, device=valid.device)], dim=1)
-        key_bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
-        key_bias = key_bias[:, None, None, :]  # (B, 1, 1, W + 1 + K): the same for every query and head
+        visible = window_visibility(valid, torch.ones(1, 1 + horizon, dtype=torch.bool))  # every slot sees every slot
+        key_bias = attention_bias(visible, dtype)[:, None]  # (B, 1, 1, W + 1 + K): the same for every query and head
         for block in self.blocks:
             slots = block(slots, context, key_bias)
         return self._read_out(slots[:, 1:])  # the K mask slots, (B, K, Vd)

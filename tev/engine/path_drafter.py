@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from tev.core.tree import DraftTree
-from tev.core.visibility import slot_visibility
+from tev.core.visibility import attention_bias, slot_visibility, window_visibility
 from tev.engine.block_drafter import DrafterBody
 from tev.engine.drafters import DraftContext, DraftState, _check_shape
 from tev.engine.tree_growth import GrowingTree, Step, frontier_width, grow_tree
@@ -83,9 +83,8 @@ class PathDrafter(DrafterBody):
         depths = torch.arange(slots_count, device=tokens.device).expand(batch, -1)
         slots = self._slot_inputs(tokens, depths, dtype)
         context = self._context(features, dtype)
-        causal = torch.ones(slots_count, slots_count, dtype=torch.bool, device=valid.device).tril()
-        visible = torch.cat([valid[:, None, :].expand(-1, slots_count, -1), causal.expand(batch, -1, -1)], dim=2)  # [B, S, W + S]
-        key_bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)[:, None]
+        visible = window_visibility(valid, torch.ones(slots_count, slots_count, dtype=torch.bool).tril())  # [B, S, W + S]: each slot the ones above it
+        key_bias = attention_bias(visible, dtype)[:, None]
         for block in self.blocks:
             slots = block(slots, context, key_bias)
         return self._read_out(slots)

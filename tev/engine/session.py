@@ -27,7 +27,7 @@ from tev.core.head_screen import HeadScreen
 from tev.core.sampling import SamplingLaw, as_law
 from tev.core.tree import DraftTree
 from tev.core.verify import LogitRows, TargetRows
-from tev.core.visibility import tree_visibility
+from tev.core.visibility import attention_bias, tree_visibility
 from tev.engine.row_invariant import RowInvariantForward
 from tev.engine.row_products import MAX_ROWS
 from tev.engine.target_precision import target_forward
@@ -268,8 +268,7 @@ class CausalLMSession:
         if self.invariant is not None:
             out = self._forward_invariant(ids, positions, visible)
         else:
-            mask = torch.zeros(visible.shape, dtype=self.dtype)
-            mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+            mask = attention_bias(visible, self.dtype)
             out = self._forward(ids, positions, mask.to(self.device, non_blocking=True)[None, None])
         self.length += ids.numel()
         return out
