@@ -172,7 +172,7 @@ terms in the same order alone, in a tree, or in a long prompt. Which precision r
 (the header says which, and why, at the threads the server's runs get): the row-invariant precision whose tree is cheapest,
 where its one-token step costs at most 25% more than transformers' and its 9-token tree less (float32 where bfloat16
 is emulated, on AVX2-only CPUs: there, at two threads, its step cost 0.82-0.85x transformers' and a 9-token tree
-0.60x; bfloat16 on an AVX512_BF16 EPYC, whose step cost 0.41x transformers' and a 9-token tree 0.33x, at 17 and 21 ms),
+0.60x; bfloat16 on an AVX512_BF16 EPYC, whose step cost 0.41x transformers' and a 9-token tree 0.32x, at 17 and 21 ms),
 transformers' own float32 forward where none qualifies (its rows then agree with one-token steps to the last
 bits only where no near-tie flips). The same kernels give a row the same bits at one thread and at two, so the server
 gives visitors' rounds every core and drops to one fewer while another process holds a core without changing an
