@@ -145,7 +145,6 @@ def test_an_interactive_request_steps_ahead_of_a_background_one():
     assert training.held_seconds == 9.0 and rounds.held_seconds == 0.0  # every round ran while the run was ready to step
 
 
-
 @pytest.mark.parametrize("background", [False, True])
 def test_call_at_computes_a_function_as_background_work_when_asked(background):
     """One call (the start's warm-up, a drafter's check, the cost curve) submitted before a user's rounds: as
@@ -171,6 +170,7 @@ def test_call_at_computes_a_function_as_background_work_when_asked(background):
     caller.join(5)
     assert answer == {"value": 3}
     assert log == (["a0", "warm", "a1", "a2"] if background else ["warm", "a0", "a1", "a2"])
+
 
 def test_a_background_request_still_gets_its_share_under_endless_interactive_work():
     """Rounds that never stop (0.5 s each) beside a run of 3 s steps: the run finishes, having had

@@ -56,7 +56,6 @@ def test_tree_attention_matches_sequential_forwards(arch):
     assert (continued - fresh).abs().max().item() < 1e-4
 
 
-
 def test_commit_keeps_the_context_and_the_path_in_order_for_every_path_of_a_tree():
     """Commit moves only the path's entries to the places after the context: the cache it leaves equals the context
     and the path's entries gathered whole, for a path that is the tree's first nodes (nothing moves) and for paths
@@ -78,6 +77,7 @@ def test_commit_keeps_the_context_and_the_path_in_order_for_every_path_of_a_tree
         continued = session.extend([11]).logits
         sequence = torch.cat([context, torch.tensor(tree.path_tokens(v) + [11], dtype=torch.long)])
         assert (continued[-1] - target(input_ids=sequence[None]).logits[0, -1]).abs().max().item() < 1e-4
+
 
 # ------------------------------------------------------------------ greedy equivalence
 def greedy_reference(target, prompt, max_new_tokens, eos=True):

@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from tev.core.tree import DraftTree
-from tev.core.visibility import tree_visibility
+from tev.core.visibility import attention_bias, tree_visibility
 from tev.engine.default_target import ensure_default_target
 from tev.engine.models import load_causal_lm
 from tev.engine.row_products import RowProducts, invariance_failures, packed_products_available
@@ -162,7 +162,7 @@ def operation_invariance(model, seed: int = 0) -> dict:
         for i in range(1, n):
             ancestors[i] |= ancestors[(i - 1) // 2]  # a binary tree
         visible = tree_visibility(cached, ancestors)
-        mask = torch.zeros(n, cached + n, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+        mask = attention_bias(visible, dtype)
         batched = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask[None, None])[0].transpose(0, 1)
         alone = []
         for i in range(n):
