@@ -121,12 +121,15 @@ class _StepClock:
 def _blocked_thread(**settings):
     """A thread busy with a one-step request until the returned event is set, so the requests
     submitted meanwhile all wait in line when it is free."""
-    compute, free = ComputeThread(lookahead=1000, **settings), threading.Event()
-    blocker = compute.steps(_waits_for(free))
+    compute, free, started = ComputeThread(lookahead=1000, **settings), threading.Event(), threading.Event()
+    blocker = compute.steps(_waits_for(free, started))
+    assert started.wait(5)  # out of the line and stepping: whatever is submitted now waits behind it
     return compute, free, blocker
 
 
-def _waits_for(event: threading.Event):
+def _waits_for(event: threading.Event, started: threading.Event | None = None):
+    if started is not None:
+        started.set()
     assert event.wait(5)
     yield None
 
