@@ -146,6 +146,26 @@ def test_the_truncation_matches_hugging_face_warpers_on_large_rows():
     assert kept == reference and reference[0] == 3000 and reference[1] == 10 and 256 < reference[2] < 3000
 
 
+def test_a_law_cut_read_at_a_few_tokens_gives_the_law_s_own_numbers():
+    """A tree's parent rows are kept as a LawCut (top-p's mask over the vocabulary left undone): read at
+    tokens, or whole, it gives bit for bit what SamplingLaw.log_probs gives, for rows cut inside the top
+    256 (deferred) and beyond it (sorted whole), and for top-k and min-p beside top-p."""
+    generator = torch.Generator().manual_seed(5)
+    peaked = torch.randn(5, 4000, generator=generator) * 6  # their 0.9 lies in the largest 256 entries
+    flat = torch.randn(2, 4000, generator=generator) * 0.1  # theirs beyond
+    laws = (SamplingLaw(0.7, top_p=0.9), SamplingLaw(1.0, top_k=50, top_p=0.8), SamplingLaw(1.2, top_p=0.95, min_p=0.02), SamplingLaw(0.9, top_k=7))
+    for law in laws:
+        for logits in (peaked, flat, torch.cat([peaked, flat])):
+            cut, expected = law.cut(logits), law.log_probs(logits)
+            rows = torch.arange(logits.shape[0]).repeat_interleave(30)
+            tokens = torch.cat([torch.cat([expected[r].topk(20).indices, torch.randint(0, 4000, (10,), generator=generator)])
+                                for r in range(logits.shape[0])])  # each row's 20 likeliest (kept and cut) and 10 anywhere
+            assert torch.equal(cut.log_probs_at(rows, tokens), expected[rows, tokens]), law.describe()
+            assert torch.equal(cut.log_probs(), expected) and torch.equal(cut.log_probs(torch.tensor([1, 0])), expected[[1, 0]])
+    assert SamplingLaw(0.7, top_p=0.9).cut(peaked).floor is not None  # deferred where the rows allow it
+    assert SamplingLaw(0.7, top_p=0.9).cut(flat).floor is None
+
+
 def test_a_bad_sampling_law_is_refused():
     for bad in (dict(top_k=-1), dict(top_k=1.5), dict(top_p=0.0), dict(top_p=1.5), dict(min_p=1.0), dict(min_p=-0.1), dict(temperature=float("nan"))):
         with pytest.raises(ValueError):

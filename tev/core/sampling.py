@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["sample_rows", "probs_from_logits", "SamplingLaw", "as_law"]
+__all__ = ["sample_rows", "probs_from_logits", "SamplingLaw", "LawCut", "as_law"]
 
 # Top-p looks for its cut among the largest entries first (a top-k, far cheaper than sorting a
 # 49k-token row); only a row whose largest entries hold less than top_p is sorted whole.
@@ -119,17 +119,23 @@ class SamplingLaw:
         scaled, log_norm = self._cut(logits)
         return scaled - log_norm
 
+    def cut(self, logits: torch.Tensor) -> "LawCut":
+        """The law's rows of ``logits`` `[k, V]` as a :class:`LawCut`: top-p's mask over the whole
+        vocabulary is left undone where a reader needs only a few entries of each row."""
+        return LawCut(*self._cut(logits, defer_top_p=True))
+
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """`Tensor[k, V]` float32 rows of the law (zeros where a token was removed)."""
         return torch.exp(self.log_probs(logits))
 
-    def _cut(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cut(self, logits: torch.Tensor, defer_top_p: bool = False):
         """(``logits / T`` with removed tokens at ``-inf``, `Tensor[..., 1]` the log normaliser
         of what is kept). Each cut is a floor on the scaled logit (ties at it all kept), found
         among the row's largest entries: top-k from a top-k, top-p from the top 256 with the
         row's one logsumexp (a row whose top 256 hold less than ``top_p`` is sorted whole),
         min-p from the row's largest probability. The normaliser is summed over the kept entries alone
-        when they all lie in that prefix."""
+        when they all lie in that prefix. ``defer_top_p``: a third item, top-p's floor `Tensor[..., 1]`,
+        with that floor's mask not yet applied where every row's kept entries lie in the prefix (else None)."""
         if self.greedy:
             raise ValueError("temperature 0 is greedy: there is no law to sample from, only the argmax")
         scaled = logits.float() / self.temperature
@@ -145,18 +151,61 @@ class SamplingLaw:
             if prefix is None:
                 prefix = scaled.topk(min(_TOP_P_PREFIX, vocab), dim=-1).values
             floor = _top_p_floor(scaled, prefix, log_norm, self.top_p)
-            scaled = scaled.masked_fill(scaled < floor, float("-inf"))
             prefix = prefix.masked_fill(prefix < floor, float("-inf"))
-            if self.min_p == 0 and prefix.shape[-1] < vocab:  # every kept entry is in the prefix unless the cut reached its end
-                inside = prefix[..., -1:] == float("-inf")
-                log_norm = torch.where(inside, torch.logsumexp(prefix, dim=-1, keepdim=True), torch.logsumexp(scaled, dim=-1, keepdim=True))
+            inside = prefix[..., -1:] == float("-inf")  # every kept entry is in the prefix unless the cut reached its end
+            if self.min_p == 0 and prefix.shape[-1] < vocab and bool(inside.all()):
+                log_norm = torch.logsumexp(prefix, dim=-1, keepdim=True)
+                if defer_top_p:
+                    return scaled, log_norm, floor
+                scaled = scaled.masked_fill(scaled < floor, float("-inf"))
             else:
-                log_norm = torch.logsumexp(scaled, dim=-1, keepdim=True)
+                scaled = scaled.masked_fill(scaled < floor, float("-inf"))
+                if self.min_p == 0 and prefix.shape[-1] < vocab:
+                    log_norm = torch.where(inside, torch.logsumexp(prefix, dim=-1, keepdim=True), torch.logsumexp(scaled, dim=-1, keepdim=True))
+                else:
+                    log_norm = torch.logsumexp(scaled, dim=-1, keepdim=True)
         if self.min_p > 0:  # keep p >= min_p * max p (a whole softmax: min-p is rarely on)
             probs = torch.softmax(scaled, dim=-1)
             scaled = scaled.masked_fill(probs < self.min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
             log_norm = torch.logsumexp(scaled, dim=-1, keepdim=True)
-        return scaled, log_norm
+        return (scaled, log_norm, None) if defer_top_p else (scaled, log_norm)
+
+
+@dataclass(frozen=True)
+class LawCut:
+    """Rows of a :class:`SamplingLaw` whose last mask may not be applied yet: a tree's parent rows are
+    read at their children's tokens only, so masking and normalising every entry of every row (most of
+    the head stage's law work at a few rows of a 49k vocabulary) is left to the rows read whole.
+
+    Attributes:
+        scaled: `Tensor[k, V]` float32 ``logits / T``, removed tokens at ``-inf`` except those below ``floor``.
+        log_norm: `Tensor[k, 1]` each row's log normaliser over the kept entries.
+        floor: `Tensor[k, 1]` the least kept scaled logit (entries below it are removed), or None (nothing deferred).
+    """
+
+    scaled: torch.Tensor
+    log_norm: torch.Tensor
+    floor: torch.Tensor | None
+
+    def log_probs_at(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """`Tensor[m]` log p of ``tokens[i]`` in row ``rows[i]`` (both `LongTensor[m]`): the same numbers
+        :meth:`log_probs` holds there."""
+        picked = self.scaled[rows, tokens]
+        if self.floor is not None:
+            picked = picked.masked_fill(picked < self.floor[rows, 0], float("-inf"))
+        return picked - self.log_norm[rows, 0]
+
+    def log_probs(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`Tensor[m, V]` whole rows ``rows`` (`LongTensor[m]`; None: all) of log-probabilities, as
+        :meth:`SamplingLaw.log_probs` gives them."""
+        scaled, log_norm = self.scaled, self.log_norm
+        floor = self.floor
+        if rows is not None:
+            scaled, log_norm = scaled.index_select(0, rows), log_norm.index_select(0, rows)
+            floor = None if floor is None else floor.index_select(0, rows)
+        if floor is not None:
+            scaled = scaled.masked_fill(scaled < floor, float("-inf"))
+        return scaled - log_norm
 
 
 def _top_p_floor(scaled: torch.Tensor, prefix: torch.Tensor, log_norm: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from tev.core.flow import TargetFlow, check_probs, flow_from_edge_prob
-from tev.core.sampling import SamplingLaw, as_law, sample_rows
+from tev.core.sampling import LawCut, SamplingLaw, as_law, sample_rows
 from tev.core.tree import DraftTree
 
 __all__ = ["SAMPLING_VERIFIERS", "VERIFIERS", "Verdict", "ParentRows", "TargetRows", "ProbRows", "LogitRows", "target_rows", "verify", "verify_rows", "walk_tree", "exit_residual"]
@@ -64,15 +64,16 @@ class ParentRows:
         tree: the tree they belong to.
         internal: `LongTensor[k]` the internal nodes, sorted.
         slot: `LongTensor[N - 1]` each non-root node's parent's index in ``internal``.
-        values: `Tensor[k, V]` their log-probabilities (logit rows), probabilities (probability
-            rows), or None (greedy logit rows: only argmaxes are defined).
+        values: their probabilities `Tensor[k, V]` (probability rows), their law's
+            :class:`~tev.core.sampling.LawCut` (logit rows), or None (greedy logit rows: only
+            argmaxes are defined).
         argmax: `LongTensor[k]` each internal row's argmax, once asked for.
     """
 
     tree: DraftTree
     internal: torch.Tensor
     slot: torch.Tensor
-    values: torch.Tensor | None
+    values: torch.Tensor | LawCut | None
     argmax: torch.Tensor | None = None
 
 
@@ -130,8 +131,12 @@ class TargetRows:
         """The rows of the internal nodes ``internal`` as :class:`ParentRows` keeps them."""
         raise NotImplementedError
 
-    def _edge_values(self, picked: torch.Tensor) -> torch.Tensor:
-        """Edge probabilities from the parents' values at the children's tokens."""
+    def _edge_values(self, parents: ParentRows, tokens: torch.Tensor) -> torch.Tensor:
+        """`Tensor[N - 1]` edge probabilities: each non-root node's token (``tokens``) in its parent's row."""
+        raise NotImplementedError
+
+    def _argmax_of(self, values) -> torch.Tensor:
+        """`LongTensor[k]` each parent row's argmax from the ``values`` :class:`ParentRows` keeps."""
         raise NotImplementedError
 
     def parent_rows(self, tree: DraftTree) -> ParentRows:
@@ -147,7 +152,7 @@ class TargetRows:
         """(``internal``, ``slot``, `LongTensor[k]` the argmax of each internal node's row)."""
         parents = self.parent_rows(tree)
         if parents.argmax is None:
-            parents.argmax = parents.values.argmax(dim=-1) if parents.values is not None else self.argmax_at(parents.internal)
+            parents.argmax = self._argmax_of(parents.values) if parents.values is not None else self.argmax_at(parents.internal)
         return parents.internal, parents.slot, parents.argmax
 
     def edge_prob(self, tree: DraftTree) -> torch.Tensor:
@@ -165,7 +170,7 @@ class TargetRows:
             edge[1:] = (best[slot] == tokens).float()
             return edge
         parents = self.parent_rows(tree)
-        edge[1:] = self._edge_values(parents.values[parents.slot, tokens])
+        edge[1:] = self._edge_values(parents, tokens)
         return edge
 
     def flow(self, tree: DraftTree) -> TargetFlow:
@@ -200,8 +205,11 @@ class ProbRows(TargetRows):
     def _parent_values(self, internal: torch.Tensor) -> torch.Tensor:
         return self.probs.index_select(0, internal)
 
-    def _edge_values(self, picked: torch.Tensor) -> torch.Tensor:
-        return picked
+    def _edge_values(self, parents: ParentRows, tokens: torch.Tensor) -> torch.Tensor:
+        return parents.values[parents.slot, tokens]
+
+    def _argmax_of(self, values: torch.Tensor) -> torch.Tensor:
+        return values.argmax(dim=-1)
 
 
 class LogitRows(TargetRows):
@@ -248,19 +256,22 @@ class LogitRows(TargetRows):
         if parents is not None and parents.values is not None and nodes.numel() == 1 and self.device.type == "cpu":
             where = (parents.internal == nodes).nonzero()  # TEV's exit row, when an internal node's (no device sync on a CPU)
             if where.numel():
-                return torch.exp(parents.values.index_select(0, where[0]))
+                return torch.exp(parents.values.log_probs(where[0]))
         return self.law.probs(self.logits_at(nodes))
 
     def all_rows(self) -> torch.Tensor:
         return self.law.probs(self.all_logits())
 
-    def _parent_values(self, internal: torch.Tensor) -> torch.Tensor | None:
+    def _parent_values(self, internal: torch.Tensor) -> LawCut | None:
         if self.greedy_only:
             return None  # only argmaxes are defined
-        return self.law.log_probs(self.logits_at(internal))  # [k, V]: the cut and the normaliser, once
+        return self.law.cut(self.logits_at(internal))  # [k, V]: the cut and the normaliser, once
 
-    def _edge_values(self, picked: torch.Tensor) -> torch.Tensor:
-        return torch.exp(picked)
+    def _edge_values(self, parents: ParentRows, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.exp(parents.values.log_probs_at(parents.slot, tokens))
+
+    def _argmax_of(self, values: LawCut) -> torch.Tensor:
+        return values.log_probs().argmax(dim=-1)
 
 
 def target_rows(probs: torch.Tensor | None = None, *, logits: torch.Tensor | None = None, temperature: float = 1.0,
