@@ -73,8 +73,8 @@ def _workload_result(base: float, adapted: float, control: float) -> dict:
 
 
 def _written_before(result: dict) -> dict:
-    """A result measured before tau counted tokens per forward (as migrated): its cells hold only the mean block length."""
-    old = lambda cells: {name: {"mean_block_length": c["tau"], "mean_block_length_se": c["se"]} for name, c in cells.items()}  # noqa: E731
+    """A result measured before tau counted tokens per forward (as migrated): its cells hold only the mean block length, and name it."""
+    old = lambda cells: {name: {"mean_block_length": c["tau"], "mean_block_length_se": c["se"], "figure": "mean_block_length"} for name, c in cells.items()}  # noqa: E731
     return {**result, **{t: old(result[t]) for t in ("T0", "T0.7", "T1")}}
 
 
@@ -210,7 +210,7 @@ def test_claim_5_reads_the_pooled_rows_and_shows_domains_errors_and_the_exit_mas
     assert "plots/exittrain_mass.png" in lines and (tmp_path / "plots" / "exittrain_mass.png").is_file()
     assert "| B | T | tau base |" in lines
     # rows measured before tau counted tokens per forward hold only the mean block length: named so
-    old = [{("mean_block_length" + key[3:] if key.startswith("tau") else key): value for key, value in row.items()} for row in rows]
+    old = [{**{("mean_block_length" + key[3:] if key.startswith("tau") else key): value for key, value in row.items()}, "figure": "mean_block_length"} for row in rows]
     old_lines = "\n".join(exittrain_section({"measurements": {"exittrain": exittrain_from_results({"rows": old})}, "plots": {}}))
     assert "| B | T | mean block length base |" in old_lines and "2.100 +- 0.050" in old_lines and "Mean mean block length gain" not in old_lines
 

@@ -391,7 +391,7 @@ def test_the_tab_states_a_verdict_in_words():
     assert "the exit-term control gained as much (within two standard errors)" in table  # T = 0
     assert "the tree term costs 22.0% +- 4.2% against the token loss alone" in table  # T = 0.7
     # a result measured before tau counted tokens per forward: its cells hold only the mean block length (+- over rounds)
-    length = lambda x: {"mean_block_length": x, "mean_block_length_se": 0.05}  # noqa: E731
+    length = lambda x: {"mean_block_length": x, "mean_block_length_se": 0.05, "figure": "mean_block_length"}  # noqa: E731
     old = {**result, **{key: {"base": length(1.6), "adapted": length(2.9)} for key in laws}, "gain": {key: {"adapted": gain(0.81)} for key in laws}}
     table = result_table(old)
     assert "| law | drafter | mean block length | change against the base |" in table and "+- one standard error over rounds" in table
@@ -434,9 +434,9 @@ def test_the_model_card_shows_each_packs_measured_adaptation():
     from tev.pipelines.workload_report import card_rows
 
     cell = lambda tau: {"tau": tau, "se": 0.04}  # noqa: E731
-    length = lambda x: {"mean_block_length": x, "mean_block_length_se": 0.04}  # noqa: E731
+    length = lambda x: {"mean_block_length": x, "mean_block_length_se": 0.04, "figure": "mean_block_length"}  # noqa: E731
     gain = lambda g: {"gain": g, "se": 0.08}  # noqa: E731
-    # measured before tau counted tokens per forward: the cells hold only the mean block length
+    # measured before tau counted tokens per forward: the cells hold only the mean block length, and say so
     result = {"T0": {"base": length(1.5), "adapted": length(2.5), "token_only": length(2.5), "next-depth": length(2.6)},
               "T1": {"base": length(1.4), "adapted": length(1.5), "token_only": length(1.4), "next-depth": length(1.5)},
               "gain": {"T0": {"adapted": gain(0.667), "token_only": gain(0.66), "next-depth": gain(0.7)},

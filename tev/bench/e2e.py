@@ -29,7 +29,7 @@ from tev.pipelines.arguments import add_budget_cap_argument, add_folder_argument
 from tev.pipelines.exittrain import invoked_command
 from tev.util.stats import spread
 from tev.util.precision import figure_precision, precision_summary
-from tev.util.stored import write_result
+from tev.util.stored import TAU, row_figure, write_result
 from tev.util.timing import machine_info, machine_summary
 from tev.util.weight_read import weight_read_reference
 
@@ -376,8 +376,8 @@ def _speculative(method: str) -> bool:
 
 def _tau_cells(row: dict) -> str:
     """``tau | mean L | 1 + C`` of a speculative row; a row measured before ``tau`` counted tokens
-    per forward holds only the mean block length: its tau is shown as not known."""
-    if "tau" not in row:
+    per forward holds only the mean block length (and names it): its tau is shown as not known."""
+    if row_figure(row) != TAU:
         return f"- | {row['mean_block_length']:.2f} | {row['tau_bound']:.2f}"
     return f"{row['tau']:.2f} | {row['mean_block_length']:.2f} | {row['tau_bound']:.2f}"
 

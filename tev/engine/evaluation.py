@@ -14,6 +14,7 @@ from tev.engine.prompt_text import encode_chat, encode_prompt
 from tev.engine.session import max_positions
 from tev.util.compute_thread import result_of
 from tev.util.stats import quantile, ratio_standard_error
+from tev.util.stored import TAU, row_figure
 
 __all__ = ["fit_prompt", "decode_rounds", "evaluation_rounds", "evaluate_drafter", "format_tau_table"]
 
@@ -112,10 +113,10 @@ def evaluate_drafter(target, tokenizer, drafter, prompts: list[dict], budgets=(8
 def format_tau_table(rows: list[dict]) -> str:
     """The rows of :func:`evaluate_drafter` as a markdown table. A row measured before ``tau``
     counted tokens per forward holds only ``mean_block_length`` (with its error over rounds,
-    ``mean_block_length_se``): its tau column says "not measured"."""
+    ``mean_block_length_se``) and names it (:func:`~tev.util.stored.row_figure`): its tau column says "not measured"."""
     lines = ["| T | B | tau (+- s.e. over prompts) | mean block length | mean 1 + C | per-prompt tau q25-q75 | rounds |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        if "tau" in r:
+        if row_figure(r) == TAU:
             tau, length, spread = f"{r['tau']:.3f} +- {r['tau_se']:.3f}", f"{r['mean_block_length']:.3f}", f"{r['prompt_tau_q25']:.2f}-{r['prompt_tau_q75']:.2f}"
         else:
             tau, length, spread = "not measured", f"{r['mean_block_length']:.3f} +- {r['mean_block_length_se']:.3f} (s.e. over rounds)", "-"

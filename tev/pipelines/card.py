@@ -14,7 +14,7 @@ from tev.engine.evaluation import format_tau_table
 from tev.engine.models import DEFAULT_PAIR
 from tev.pipelines.workload_report import CARD_NAMES, card_rows
 from tev.util.files import write_text_atomic
-from tev.util.stored import read_result
+from tev.util.stored import TAU, read_result, row_figure, rows_figure
 
 __all__ = ["render_card", "refresh_card"]
 
@@ -22,14 +22,16 @@ _ENVIRONMENT = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).
                                   keep_trailing_newline=True, undefined=jinja2.StrictUndefined, autoescape=False)
 _ENVIRONMENT.filters["f"] = format  # {{ x|f('.3f') }}
 _ENVIRONMENT.filters["tau_table"] = format_tau_table
+_ENVIRONMENT.filters["figure"] = row_figure  # {% if row|figure == "tau" %}: what a stored row measured
 
 
 def _exittrain(entry: dict, data: str) -> dict:
     """The ExitTrain section's values; ``data`` names what a training sequence is. Rows measured
-    before ``tau`` counted tokens per forward hold only the mean block length (``measure``)."""
+    before ``tau`` counted tokens per forward hold only the mean block length (``measure``;
+    :func:`tev.util.stored.rows_figure`)."""
     gains = {}
     rows = entry.get("domain_rows", []) + [r for part in entry.get("tau", {}).values() for r in part]
-    figure = "tau" if all("tau" in r for r in rows) else "mean_block_length"
+    figure = rows_figure(rows)
     taus = {(r["drafter"], r["domain"], r["budget"], r["temperature"]): r[figure] for r in entry.get("domain_rows", [])}
     for (drafter, domain, budget, temperature), tau in taus.items():
         if drafter != "base" and ("base", domain, budget, temperature) in taus:
@@ -41,8 +43,8 @@ def _exittrain(entry: dict, data: str) -> dict:
     depths = 1 + max((d for t in trees.values() for d in range(len(t["internal"])) if t["internal"][d] + t["leaf"][d] >= 5e-4), default=-1)
     return {"command": entry["command"], "s": entry["settings"], "data": data, "steps_done": entry["steps_done"], "seconds": entry["seconds"],
             "before": entry["heldout_tau_bound_before"], "after": entry["heldout_tau_bound_after"], "ablation": entry.get("ablation"),
-            "measure": "`tau`" if figure == "tau" else "mean block length", "tau": entry.get("tau", {}), "domain_gains": domain_gains, "trees": trees, "depths": depths,
-            "base_note": entry.get("base_note")}  # which base it was fine-tuned from, when not the shipped one
+            "measure": "`tau`" if figure == TAU else "mean block length", "tau": entry.get("tau", {}), "domain_gains": domain_gains, "trees": trees, "depths": depths,
+            "base_note": entry.get("base_note")}  # written by hand, by no command: which base it was fine-tuned from, when not the shipped one
 
 
 def _after_best(best: dict, checks: list[dict], data: dict) -> str:
@@ -60,10 +62,10 @@ def _after_best(best: dict, checks: list[dict], data: dict) -> str:
 
 def _resumed(entry: dict) -> str:
     """What the run that installed the drafter read from its work folder rather than did itself, as a clause
-    (empty when it did everything). Reports written before runs said so guess from the stage's time."""
-    resumed = entry.get("resumed")
+    (empty when it did everything, or when the report does not know: ``resumed`` null, written before runs said)."""
+    resumed = entry["resumed"]
     if resumed is None:
-        return "; the conversations came from the work folder's cache of earlier runs with the same data recipe" if entry["timings_s"]["conversations_s"] < 60 else ""
+        return ""
     shards = entry["recipe"]["shards"]
     read = [f"{resumed['shards_read']} of its {shards} shards" if resumed["shards_read"] else "",
             f"{resumed['feature_parts_read']} of its {resumed['feature_parts']} feature parts" if resumed["feature_parts_read"] else ""]
@@ -78,10 +80,12 @@ def _resumed(entry: dict) -> str:
 
 def _read_whole(entry: dict) -> set[str]:
     """The stages (``timings_s`` keys) the installing run read whole from its work folder: their time says nothing."""
-    resumed = entry.get("resumed") or {}
-    read = {"conversations_s": resumed.get("shards_read") == entry["recipe"]["shards"],
-            "features_s": resumed.get("feature_parts") and resumed.get("feature_parts_read") == resumed.get("feature_parts"),
-            "training_s": resumed.get("from_step", 0) >= entry["recipe"]["train"]["steps"]}
+    resumed = entry["resumed"]
+    if resumed is None:  # the report does not say what the run read
+        return set()
+    read = {"conversations_s": resumed["shards_read"] == entry["recipe"]["shards"],
+            "features_s": resumed["feature_parts"] and resumed["feature_parts_read"] == resumed["feature_parts"],
+            "training_s": resumed["from_step"] >= entry["recipe"]["train"]["steps"]}
     return {name for name, whole in read.items() if whole}
 
 

@@ -24,7 +24,13 @@ Versioned files, one step a version (:data:`_UPGRADES`), after the steps above f
   (workload adaptation's own command);
 - ``workload-table`` 1 -> 2: each pack's recorded command likewise;
 - ``workload-path`` 1 -> 2: ``minutes_budget`` is ``minutes_allowed``;
-- ``gpu-check`` 1 -> 2: ``budget_seconds`` is ``seconds_allowed``.
+- ``gpu-check`` 1 -> 2: ``budget_seconds`` is ``seconds_allowed``;
+- ``build``, ``training``, ``exittrain``, ``ablation``, ``e2e``, ``report``, ``measurement`` 1 -> 2 and
+  ``workload``, ``workload-table`` 2 -> 3: a row or cell measured before ``tau`` counted tokens per
+  forward (``mean_block_length`` and no ``tau``, at any depth) names its figure,
+  ``"figure": "mean_block_length"``, so readers no longer tell it by the keys it lacks;
+- ``training`` 1 -> 2 also: a report written before runs said what they read from their work folder
+  gets ``"resumed": null`` (not known), where it once was guessed from how long a stage took.
 
 Files that are no results (prompts, model and tokenizer configs, workload packs) are left alone,
 except a drafter's ``drafter_config.json``, whose ``notes.exittrain`` settings get today's names.
@@ -36,7 +42,7 @@ import json
 from pathlib import Path
 
 from tev.util.files import write_text_atomic
-from tev.util.stored import SCHEMA_KEY, VERSIONS, stamped
+from tev.util.stored import BLOCK_LENGTH, FIGURE_KEY, SCHEMA_KEY, TAU, VERSIONS, stamped
 
 __all__ = ["detect_kind", "migrate_data", "upgrade_data", "migrate_file", "migrate_command"]
 
@@ -220,12 +226,42 @@ def _workload_table_2(table: dict) -> dict:
     return table
 
 
+def _figures_named(value):
+    """``value`` with every row measured before tau counted tokens per forward (``mean_block_length``,
+    a number or null, and no ``tau``, at any depth) naming its figure (the last key)."""
+    if isinstance(value, list):
+        return [_figures_named(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out = {key: _figures_named(item) for key, item in value.items()}
+    if BLOCK_LENGTH in out and not isinstance(out[BLOCK_LENGTH], (dict, list)) and TAU not in out:
+        out[FIGURE_KEY] = BLOCK_LENGTH
+    return out
+
+
+def _training_2(data: dict) -> dict:
+    """Rows name their figure; ``resumed`` is said, null where the run did not record what it read (after ``timings_s``)."""
+    data = _figures_named(data)
+    if "resumed" in data:
+        return data
+    out = {}
+    for key, value in data.items():
+        out[key] = value
+        if key == "timings_s":
+            out["resumed"] = None
+    return out if "resumed" in out else {**out, "resumed": None}
+
+
 # (kind, version) -> the step that rewrites that version of a result as the next version
 _UPGRADES = {
     ("workload", 1): _workload_2,
     ("workload-table", 1): _workload_table_2,
     ("workload-path", 1): lambda result: _renamed(result, "minutes_budget", "minutes_allowed"),
     ("gpu-check", 1): lambda result: _renamed(result, "budget_seconds", "seconds_allowed"),
+    ("training", 1): _training_2,
+    **{(kind, 1): _figures_named for kind in ("build", "exittrain", "ablation", "e2e", "report", "measurement")},
+    ("workload", 2): _figures_named,
+    ("workload-table", 2): _figures_named,
 }
 
 

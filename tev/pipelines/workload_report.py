@@ -10,7 +10,8 @@ target forward and ``se`` its standard error over prompts; cells of newer result
 ``per_prompt`` (each prompt's tokens and forwards), and their gains are paired over prompts (the
 same prompts and seeds for every drafter). Cells measured before ``tau`` counted tokens per
 forward hold no ``tau``: only ``mean_block_length`` with its error over rounds,
-``mean_block_length_se`` (:func:`measured` says which a result holds, :func:`figure` reads it).
+``mean_block_length_se``, and name it (``"figure": "mean_block_length"``; :func:`tev.util.stored.row_figure`):
+:func:`measured` says which a result holds, :func:`figure` reads it.
 A result file is read by :func:`tev.util.stored.read_result` (kind ``workload``).
 """
 
@@ -21,6 +22,7 @@ import math
 from tev.core.sampling import SamplingLaw
 from tev.util.progress import Phase, Progress
 from tev.util.stats import change_in_words
+from tev.util.stored import TAU, row_figure, rows_figure
 
 __all__ = ["LAWS", "PAGE_LAW", "MIN_VERDICT_PROMPTS", "has_verdict", "gain_in_words", "NO_VERDICT", "progress_sentence", "LAW_TITLES", "LAW_COLUMNS", "CARD_NAMES", "measured", "figure", "model_label", "verdict_lines", "summary_lines",
            "result_table", "card_rows", "packs_section"]
@@ -44,13 +46,14 @@ def measured(result: dict) -> tuple[str, str]:
     """(what a result's cells measure, what their ``+-`` is over): ``("tau", "prompts")``, or for
     cells measured before tau counted tokens per forward ``("mean block length", "rounds")``."""
     cells = [cell for key in LAWS for cell in (result.get(key) or {}).values()]
-    return ("tau", "prompts") if cells and all("tau" in cell for cell in cells) else ("mean block length", "rounds")
+    return ("tau", "prompts") if cells and rows_figure(cells) == TAU else ("mean block length", "rounds")
 
 
 def figure(cell: dict) -> tuple[float, float]:
     """(a cell's figure, its standard error): ``tau`` and ``se``, or the mean block length and its
     error over rounds in a cell measured before tau counted tokens per forward."""
-    return (cell["tau"], cell["se"]) if "tau" in cell else (cell["mean_block_length"], cell["mean_block_length_se"])
+    key = row_figure(cell)
+    return (cell[key], cell["se" if key == TAU else f"{key}_se"])
 
 
 def _cell(cell: dict) -> str:

@@ -2,12 +2,15 @@
 read back by one reader that refuses any other.
 
 A stored result is a JSON object whose first key is ``"schema": "<kind>/<version>"`` (e.g.
-``"e2e/1"``). In every kind, ``tau`` is tokens emitted per target forward (the bonus included)
+``"e2e/2"``). In every kind, ``tau`` is tokens emitted per target forward (the bonus included)
 and ``tau_se`` (``se`` in a workload cell) its standard error over prompts; the mean block
 length (accepted draft tokens + the bonus, tokens past a stop included) is
 ``mean_block_length``, and ``tau_bound`` is mean ``1 + C``, which bounds the mean block length.
 A row measured before ``tau`` counted tokens per forward holds no ``tau``: only
-``mean_block_length`` with its error over rounds, ``mean_block_length_se``.
+``mean_block_length`` with its error over rounds, ``mean_block_length_se``, and it says so:
+``"figure": "mean_block_length"``. A row that names no figure measured ``tau``. Readers ask
+:func:`row_figure` (one row) or :func:`rows_figure` (a table) which figure to show, never which
+keys a row happens to hold.
 
 Files written before results carried a schema, or under an older version of their kind's, are
 rewritten once by ``python -m tev migrate PATH ...`` (:mod:`tev.pipelines.migrate`), which alone
@@ -21,22 +24,24 @@ from pathlib import Path
 
 from tev.util.files import write_text_atomic
 
-__all__ = ["SCHEMA_KEY", "VERSIONS", "MIGRATE_COMMAND", "StoredResultError", "schema_of", "stamped", "result_text", "write_result",
-           "check_result", "read_result"]
+__all__ = ["SCHEMA_KEY", "VERSIONS", "MIGRATE_COMMAND", "FIGURE_KEY", "TAU", "BLOCK_LENGTH", "StoredResultError", "schema_of", "stamped",
+           "result_text", "write_result", "check_result", "read_result", "row_figure", "rows_figure"]
 
 SCHEMA_KEY = "schema"
 MIGRATE_COMMAND = "python -m tev migrate"
 # kind -> its current schema version; a reader accepts that version only (a version bump comes
 # with its step in tev.pipelines.migrate)
 VERSIONS = {
-    "build": 1,  # build-assets: assets/models/build.json (the tiny pair)
-    "training": 1,  # train-drafter: a drafter's training.json
-    "exittrain": 1,  # exittrain --install / bench exittrain --install: a drafter's exittrain.json (and exittrain's report.json)
-    "ablation": 1,  # bench exittrain: exittrain-eval.json
-    "workload": 2,  # adapt --json: one pack's adaptation (2: minutes_allowed, the command is adapt)
-    "workload-table": 2,  # bench workload-table --install: models/<pair>/workload-results.json (2: the commands are adapt)
-    "e2e": 1,  # bench e2e --json
-    "report": 1,  # bench report: report.json
+    # (n: ...) says what version n changed; "rows name their figure": a row measured before tau counted tokens per
+    # forward carries "figure": "mean_block_length" (FIGURE_KEY)
+    "build": 2,  # build-assets: assets/models/build.json (the tiny pair) (2: rows name their figure)
+    "training": 2,  # train-drafter: a drafter's training.json (2: rows name their figure; "resumed" always, null when the run did not say)
+    "exittrain": 2,  # exittrain --install / bench exittrain --install: a drafter's exittrain.json (and exittrain's report.json) (2: rows name their figure)
+    "ablation": 2,  # bench exittrain: exittrain-eval.json (2: rows name their figure)
+    "workload": 3,  # adapt --json: one pack's adaptation (2: minutes_allowed, the command is adapt; 3: cells name their figure)
+    "workload-table": 3,  # bench workload-table --install: models/<pair>/workload-results.json (2: the commands are adapt; 3: cells name their figure)
+    "e2e": 2,  # bench e2e --json (2: rows name their figure)
+    "report": 2,  # bench report: report.json (2: rows and cells name their figure)
     "reach": 1,  # bench reach --json
     "oracle-reach": 1,  # bench oracle-reach --json
     "adapted-coverage": 1,  # bench adapted-coverage --json
@@ -50,8 +55,10 @@ VERSIONS = {
     "workload-path": 2,  # bench workload-path --json (2: minutes_allowed)
     "verifiers": 1,  # bench verifiers --json
     "live-exittrain": 1,  # the ExitTrain tab's live mode: exittrain-live.json
-    "measurement": 1,  # a documented measurement whose script is gone (docs/bf16-divergence.json, ...)
+    "measurement": 2,  # a documented measurement whose script is gone (docs/bf16-divergence.json, ...) (2: rows name their figure)
 }
+# what a row measured: its figure's key, named under FIGURE_KEY where it is not TAU
+FIGURE_KEY, TAU, BLOCK_LENGTH = "figure", "tau", "mean_block_length"
 
 
 class StoredResultError(ValueError):
@@ -106,3 +113,20 @@ def read_result(path: str | Path, kind: str) -> dict:
     except json.JSONDecodeError as error:
         raise StoredResultError(f"{path}: not JSON ({error})") from error
     return check_result(data, kind, str(path))
+
+
+def row_figure(row: dict) -> str:
+    """The key of the figure a stored row (or workload cell) measured: :data:`TAU`, or the figure it
+    names under :data:`FIGURE_KEY` (:data:`BLOCK_LENGTH` in a row measured before tau counted tokens
+    per forward). A row that lacks the figure it measured is refused."""
+    figure = row.get(FIGURE_KEY, TAU)
+    if figure not in row:
+        raise StoredResultError(f"a stored row measured {figure!r} but holds no such key (keys: {', '.join(row)}); "
+                                f"a row of an older result is rewritten once with `{MIGRATE_COMMAND} PATH`")
+    return figure
+
+
+def rows_figure(rows) -> str:
+    """The figure a table of stored rows is shown in: :data:`TAU` when every row measured it, else
+    :data:`BLOCK_LENGTH`, which every row holds."""
+    return TAU if all(row_figure(row) == TAU for row in rows) else BLOCK_LENGTH

@@ -10,6 +10,7 @@ Table: ``tau`` per drafter and the gain, per setting.
 from __future__ import annotations
 
 from tev.bench.report.common import claim, finite, image, pct, rows_of
+from tev.util.stored import TAU, rows_figure
 
 __all__ = ["PAPER_EXITTRAIN_GAIN", "ABLATION", "exittrain_from_results", "exittrain_from_sweep", "exittrain_data", "check_exittrain", "exittrain_section"]
 
@@ -21,11 +22,11 @@ NAME = "ExitTrain gain and ablation order, on the base drafter's own data (Table
 def exittrain_from_results(results: dict) -> dict:
     """Per (budget, T): tau per ablation drafter, the exit-vs-base gain, and the mean order;
     ``measure`` names the figure: rows measured before tau counted tokens per forward hold only
-    the mean block length (``mean_block_length``, its error ``mean_block_length_se``)."""
+    the mean block length (``mean_block_length``, its error ``mean_block_length_se``) and name it
+    (:func:`tev.util.stored.rows_figure`)."""
     settings: dict[tuple, dict] = {}
     errors: dict[tuple, dict] = {}
-    current = all("tau" in row for row in results.get("rows", []))
-    key = "tau" if current else "mean_block_length"
+    key = rows_figure(results.get("rows", []))
     for row in results.get("rows", []):
         if row.get("drafter") in ABLATION and finite(row.get(key)) and "domain" not in row:  # pooled rows; per-domain rows below
             settings.setdefault((row["budget"], row["temperature"]), {})[row["drafter"]] = row[key]
@@ -42,7 +43,7 @@ def exittrain_from_results(results: dict) -> dict:
     for (drafter, budget, temperature, domain), tau in by_key.items():
         if drafter == "exit" and ("base", budget, temperature, domain) in by_key:
             domains.setdefault(domain, []).append(tau / by_key[("base", budget, temperature, domain)] - 1)
-    return {"source": "--exittrain-results", "measure": "tau" if current else "mean block length", "settings": table, "mean_gain": sum(gains) / len(gains) if gains else float("nan"), "mean_tau": means,
+    return {"source": "--exittrain-results", "measure": "tau" if key == TAU else "mean block length", "settings": table, "mean_gain": sum(gains) / len(gains) if gains else float("nan"), "mean_tau": means,
             "domain_gains": {d: sum(v) / len(v) for d, v in domains.items()}, "heldout_trees": results.get("heldout_trees", {}), "command": results.get("command")}
 
 

@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 
 from tev.bench.report.common import rows_of
 from tev.bench.e2e import stage_names
+from tev.util.stored import TAU, rows_figure
 
 __all__ = ["write_plots", "plot_exit_depths", "plot_mass_by_depth", "plot_exittrain_mass", "plot_budget_sweep", "plot_tau_by_method", "plot_stage_times"]
 
@@ -76,8 +77,8 @@ def plot_tau_by_method(e2e: dict, plots_dir: Path) -> str:
     """Bars: tau per method, grouped by temperature."""
     temps = sorted({r["temperature"] for r in e2e["rows"]})
     methods = list(dict.fromkeys(r["method"] for r in e2e["rows"]))
-    current = all("tau" in r for r in e2e["rows"])  # rows measured before tau counted tokens per forward hold only the mean block length
-    key = "tau" if current else "mean_block_length"
+    key = rows_figure(e2e["rows"])  # rows measured before tau counted tokens per forward hold only the mean block length
+    current = key == TAU
     tau = {(r["temperature"], r["method"]): r[key] for r in e2e["rows"]}
     fig = Figure(figsize=(8, 4))
     ax = fig.subplots()
