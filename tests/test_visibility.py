@@ -3,7 +3,7 @@
 import torch
 
 from tev.core.tree import DraftTree
-from tev.core.visibility import attention_bias, slot_visibility, tree_visibility, window_visibility
+from tev.core.visibility import attention_bias, chain_ancestors, slot_visibility, tree_visibility, window_visibility
 
 
 def test_a_tree_after_the_cache_sees_the_cache_and_its_own_path():
@@ -11,12 +11,12 @@ def test_a_tree_after_the_cache_sees_the_cache_and_its_own_path():
     visible = tree_visibility(3, tree.ancestors)
     assert visible.shape == (4, 7) and visible[:, :3].all()
     assert visible[:, 3:].tolist() == [[True, False, False, False], [True, True, False, False], [True, False, True, False], [True, True, False, True]]
-    chain = tree_visibility(2, torch.ones(3, 3, dtype=torch.bool).tril())
+    chain = tree_visibility(2, chain_ancestors(3))
     assert chain.tolist() == [[True, True, True, False, False], [True, True, True, True, False], [True, True, True, True, True]]
 
 
 def test_trees_side_by_side_each_see_the_text_up_to_their_own_root_and_not_each_other():
-    block = torch.block_diag(torch.ones(2, 2, dtype=torch.bool).tril(), torch.ones(1, 1, dtype=torch.bool))
+    block = torch.block_diag(chain_ancestors(2), chain_ancestors(1))
     visible = tree_visibility(4, block, torch.tensor([2, 2, 4]))
     assert visible.tolist() == [[True, True, False, False, True, False, False], [True, True, False, False, True, True, False],
                                 [True, True, True, True, False, False, True]]
@@ -25,7 +25,7 @@ def test_trees_side_by_side_each_see_the_text_up_to_their_own_root_and_not_each_
 
 def test_a_depth_of_a_growing_tree_sees_the_prefix_its_ancestors_slots_and_itself():
     visible = slot_visibility(2, 3, [[0], [0, 2], []])
-    assert visible.shape == (3, 8)
+    assert visible.shape == (3, 8) and slot_visibility(1, 0, []).shape == (0, 1)  # no new rows: an empty mask of the right width
     assert visible.tolist() == [[True, True, True, False, False, True, False, False], [True, True, True, False, True, False, True, False],
                                 [True, True, False, False, False, False, False, True]]
 

@@ -5,8 +5,8 @@ A forward of ``n`` new rows after ``held`` entries already in a cache gives each
 the cache (the committed context) and, of the rows after it, only those on its own path: its
 ancestors and itself. Two shapes of that rule occur:
 
-- :func:`tree_visibility`: the new rows are a tree (or a chain, or several trees side by side):
-  the new block is their ancestor matrix;
+- :func:`tree_visibility`: the new rows are a tree (or a chain, :func:`chain_ancestors`, or several
+  trees side by side): the new block is their ancestor matrix;
 - :func:`slot_visibility`: the new rows extend a tree grown depth by depth, whose earlier nodes
   already sit in the cache as slots after the prefix: each row sees its ancestors' slots and itself.
 
@@ -19,7 +19,12 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["tree_visibility", "slot_visibility", "window_visibility", "attention_bias"]
+__all__ = ["chain_ancestors", "tree_visibility", "slot_visibility", "window_visibility", "attention_bias"]
+
+
+def chain_ancestors(count: int) -> torch.Tensor:
+    """`BoolTensor[count, count]`, the ancestor matrix of a chain: row ``i`` sees rows ``0..i`` (causal attention)."""
+    return torch.ones(count, count, dtype=torch.bool).tril()
 
 
 def tree_visibility(held: int, ancestors: torch.Tensor, prefix: int | torch.Tensor | None = None) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from tev.core.tree import DraftTree
-from tev.core.visibility import attention_bias, slot_visibility, window_visibility
+from tev.core.visibility import attention_bias, chain_ancestors, slot_visibility, window_visibility
 from tev.engine.block_drafter import DrafterBody
 from tev.engine.drafters import DraftContext, DraftState, _check_shape
 from tev.engine.tree_growth import GrowingTree, Step, frontier_width, grow_tree
@@ -83,7 +83,7 @@ class PathDrafter(DrafterBody):
         depths = torch.arange(slots_count, device=tokens.device).expand(batch, -1)
         slots = self._slot_inputs(tokens, depths, dtype)
         context = self._context(features, dtype)
-        visible = window_visibility(valid, torch.ones(slots_count, slots_count, dtype=torch.bool).tril())  # [B, S, W + S]: each slot the ones above it
+        visible = window_visibility(valid, chain_ancestors(slots_count))  # [B, S, W + S]: each slot the ones above it
         key_bias = attention_bias(visible, dtype)[:, None]
         for block in self.blocks:
             slots = block(slots, context, key_bias)

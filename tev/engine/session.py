@@ -27,7 +27,7 @@ from tev.core.head_screen import HeadScreen
 from tev.core.sampling import SamplingLaw, as_law
 from tev.core.tree import DraftTree
 from tev.core.verify import LogitRows, TargetRows
-from tev.core.visibility import attention_bias, tree_visibility
+from tev.core.visibility import attention_bias, chain_ancestors, tree_visibility
 from tev.engine.row_invariant import RowInvariantForward
 from tev.engine.row_products import MAX_ROWS
 from tev.engine.target_precision import target_forward
@@ -250,7 +250,7 @@ class CausalLMSession:
             pieces = [self.extend(piece) for piece in ids.split(MAX_ROWS)]
             features = None if pieces[0].features is None else torch.cat([piece.features for piece in pieces])
             return ForwardOutput(torch.cat([piece.hidden for piece in pieces]), self.head, features, project=self.invariant.project)
-        visible = tree_visibility(self.length, torch.ones(count, count, dtype=torch.bool).tril())  # a chain
+        visible = tree_visibility(self.length, chain_ancestors(count))
         return self.forward_masked(ids, torch.arange(self.length, self.length + count), visible)
 
     def forward_masked(self, token_ids, positions, visible: torch.Tensor) -> ForwardOutput:

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import DynamicCache
 
+from tev.core.visibility import attention_bias, chain_ancestors, tree_visibility
 from tev.engine.row_invariant import BLOCK, RowInvariantForward, unsupported_reason
 from tev.engine.row_products import MAX_ROWS, invariance_failures, packed_products_available
 from tev.util.machine_cache import model_shape, recall, remember
@@ -124,10 +125,6 @@ def _random_tree(size: int, generator: torch.Generator) -> tuple[torch.Tensor, t
     return depths, ancestors
 
 
-def _chain(count: int) -> torch.Tensor:
-    return torch.ones(count, count, dtype=torch.bool).tril()
-
-
 def tree_rows_differ(forward: RowInvariantForward, config, context: int = BLOCK + 6, size: int = 12, seed: int = 0) -> int:
     """How many nodes of a random ``size``-node tree, after ``context`` random tokens, are not bit
     for bit the row computed alone by one-token steps along the node's path (hidden state and
@@ -140,7 +137,7 @@ def tree_rows_differ(forward: RowInvariantForward, config, context: int = BLOCK 
     depths, ancestors = _random_tree(size, generator)
     tokens = torch.randint(0, vocab, (size,), generator=generator)
     cache = DynamicCache(config=config)
-    forward.forward(prompt, torch.arange(context), _chain(context), cache, 0)
+    forward.forward(prompt, torch.arange(context), chain_ancestors(context), cache, 0)
     tree_hidden, _ = forward.forward(tokens, context + depths, ancestors, cache, context)
     tree_logits = forward.project(tree_hidden)
     cache.crop(-size)
@@ -153,7 +150,7 @@ def tree_rows_differ(forward: RowInvariantForward, config, context: int = BLOCK 
         depth = int(depths[node])
         if cache.get_seq_length() > context + depth:
             cache.crop(context + depth - cache.get_seq_length())
-        hidden, _ = forward.forward(tokens[node:node + 1], torch.tensor([context + depth]), _chain(1), cache, context + depth)
+        hidden, _ = forward.forward(tokens[node:node + 1], torch.tensor([context + depth]), chain_ancestors(1), cache, context + depth)
         differ += not (torch.equal(hidden[0], tree_hidden[node]) and torch.equal(forward.project(hidden)[0], tree_logits[node]))
         stack.extend(reversed(children[node]))
     return differ
@@ -203,7 +200,7 @@ def rows_agree_across_threads(forward: RowInvariantForward, config, counts: tupl
         for count in counts:
             torch.set_num_threads(count)
             cache = DynamicCache(config=config)
-            forward.forward(prompt, torch.arange(context), _chain(context), cache, 0)
+            forward.forward(prompt, torch.arange(context), chain_ancestors(context), cache, 0)
             hidden, _ = forward.forward(tokens, context + depths, ancestors, cache, context)
             results.append(forward.project(hidden))
     finally:
@@ -254,12 +251,11 @@ def _step_seconds(model, forward: RowInvariantForward | None, count: int, cache:
     start = time.perf_counter()
     with torch.no_grad():
         if forward is None:
-            mask = torch.zeros(1, 1, count, cached + count)
-            mask[..., cached:] = torch.full((count, count), torch.finfo(torch.float32).min).triu(1)
+            mask = attention_bias(tree_visibility(cached, chain_ancestors(count)), torch.float32)[None, None]
             hidden = model.model(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask, cache=cache, use_cache=True).last_hidden_state[0]
             torch.nn.functional.linear(hidden, model.get_output_embeddings().weight)
         else:
-            hidden, _ = forward.forward(tokens, positions, _chain(count), cache, cached)
+            hidden, _ = forward.forward(tokens, positions, chain_ancestors(count), cache, cached)
             forward.project(hidden)
     seconds = time.perf_counter() - start
     cache.crop(-count)
@@ -280,7 +276,7 @@ def _measure(model, candidates: dict[str, RowInvariantForward | None], passes: i
             if forward is None:
                 model.model(input_ids=context[None], cache=caches[name], use_cache=True)
             else:
-                forward.forward(context, torch.arange(length), _chain(length), caches[name], 0)
+                forward.forward(context, torch.arange(length), chain_ancestors(length), caches[name], 0)
     cells = [(name, count) for name in candidates for count in _TIMED_SIZES]
     times: dict[tuple[str, int], list[float]] = {cell: [] for cell in cells}
     order = random.Random(0)
