@@ -257,15 +257,15 @@ def exported(client) -> dict:
 def test_budget_auto_shows_each_rounds_choice(client):
     final = generate_auto(client)
     assert "budget auto" in final["stats"] and "cap 8" in final["stats"]
-    assert "chosen" in traces(final["budget"]) and "tree size k (auto)" in traces(final["timeline"])
+    assert "chosen" in traces(final["choice"]) and "tree size k (auto)" in traces(final["timeline"])
     browsed = named(RoundView._fields, client.predict(1, api_name="/browse_round"))
-    assert "budget auto chose" in browsed["info"] and "chosen" in traces(browsed["budget"])
+    assert "budget auto chose" in browsed["info"] and "chosen" in traces(browsed["choice"])
     payload = exported(client)
     assert payload["settings"]["budget"] == "auto" and payload["settings"]["budget_cap"] == 8
     for r in payload["rounds"]:
         assert r["auto_budget"]["size"] == r["budget"] <= 8
     assert payload["summary"]["tree_sizes"] == [r["budget"] for r in payload["rounds"]]
-    assert traces(generate(client)["budget"]) == []  # a fixed budget made no choice: no budget figure
+    assert traces(generate(client)["choice"]) == []  # a fixed budget made no choice: no budget figure
 
 
 def test_budget_auto_learns_within_a_browser_session_only(app_server):
@@ -286,7 +286,7 @@ def test_budget_auto_learns_within_a_browser_session_only(app_server):
 
 def test_budget_auto_with_a_cap_of_zero_decodes_plainly(client):
     final = generate_auto(client, cap=0, max_new=6)
-    assert "**tau** 1.00 · **mean block length** 1.00" in final["stats"] and "budget auto" not in final["stats"] and traces(final["budget"]) == []
+    assert "**tau** 1.00 · **mean block length** 1.00" in final["stats"] and "budget auto" not in final["stats"] and traces(final["choice"]) == []
 
 
 def test_a_slower_run_at_budget_auto_says_why_in_the_machines_terms():
@@ -299,9 +299,9 @@ def test_a_slower_run_at_budget_auto_says_why_in_the_machines_terms():
 
     spec = summary(64, 4.0, 40, {"draft": 0.4, "build": 0.04, "forward": 3.0, "head": 0.4, "verify": 0.16}, [2] * 24 + [1] * 16)
     plain = summary(64, 3.2, 64)
-    auto = speed_verdict(spec, plain, DecodeConfig(budget="auto", budget_cap=16, temperature=0.7, top_p=0.9))
-    assert "**0.80x**" in auto and "Speculation did not pay on this prompt, on this machine" in auto
-    assert "fixed work (the drafter's pass and the decision, 25 ms here)" in auto and "tau 1.60" in auto
+    verdict = speed_verdict(spec, plain, DecodeConfig(budget="auto", budget_cap=16, temperature=0.7, top_p=0.9))
+    assert "**0.80x**" in verdict and "Speculation did not pay on this prompt, on this machine" in verdict
+    assert "fixed work (the drafter's pass and the decision, 25 ms here)" in verdict and "tau 1.60" in verdict
     fixed = speed_verdict(spec, plain, DecodeConfig(budget=16, temperature=0.7, top_p=0.9))
     assert "a smaller budget" in fixed and "did not pay on this prompt" not in fixed
     assert "did not pay" not in speed_verdict(plain, spec, DecodeConfig(budget="auto", budget_cap=16))  # faster: no excuse
@@ -440,7 +440,7 @@ def test_a_finished_run_opens_at_a_round_that_teaches_not_its_last():
 
     def round_of(budget, coverage, exits=(0.5, 0.5)):
         flow = types.SimpleNamespace(coverage=coverage, exit_weight=torch.tensor(exits))
-        return types.SimpleNamespace(tree=types.SimpleNamespace(budget=budget), flow=flow)
+        return types.SimpleNamespace(tree=types.SimpleNamespace(size=budget), flow=flow)
 
     records = [round_of(8, 0.9), round_of(16, 0.4), round_of(16, 4.0, (0.0, 1.0)), round_of(11, 1.2), round_of(16, 1.2), round_of(2, 0.0, (1.0,))]
     assert teaching_round(records) == 4  # C = 1.2 spread over two nodes, the fuller of two; not the degenerate C = 4.000
@@ -547,10 +547,10 @@ def test_the_speed_verdict_names_the_re_timings_tau_beside_the_answers():
     def summary(tokens, seconds, rounds):
         return GenerationSummary([1], list(range(tokens)), "", rounds, [2] * rounds, [1.0] * rounds, seconds, 0.0, 0.01, "eos", stage_seconds={"forward": seconds})
 
-    spec, plain, auto = summary(58, 3.0, 40), summary(64, 4.0, 64), DecodeConfig(budget="auto", budget_cap=16, temperature=0.7, top_p=0.9)
-    differs = speed_verdict(spec, plain, auto, own=(1.68, False)).split("\n\n")[0]
+    spec, plain, at_auto = summary(58, 3.0, 40), summary(64, 4.0, 64), DecodeConfig(budget="auto", budget_cap=16, temperature=0.7, top_p=0.9)
+    differs = speed_verdict(spec, plain, at_auto, own=(1.68, False)).split("\n\n")[0]
     assert "gave **tau 1.45** tokens (the answer's rounds above gave tau 1.68: budget auto sized the re-timing's trees" in differs
-    assert "(as this Continue's rounds)" in speed_verdict(spec, plain, auto, own=(1.45, True))
+    assert "(as this Continue's rounds)" in speed_verdict(spec, plain, at_auto, own=(1.45, True))
 
 
 def test_the_round_browser_names_a_round_that_teaches_little(client):
@@ -567,7 +567,7 @@ def test_the_round_browser_names_a_round_that_teaches_little(client):
     assert opened and result["info"].startswith(f"round {opened.group(1)}:")
 
     def record(parents, exits):
-        tree = types.SimpleNamespace(budget=len(parents) - 1, depths=torch.tensor([0] + [1 + (p > 0) for p in parents[1:]]))
+        tree = types.SimpleNamespace(size=len(parents) - 1, depths=torch.tensor([0] + [1 + (p > 0) for p in parents[1:]]))
         flow = types.SimpleNamespace(coverage=1.0, tau_bound=2.0, exit_weight=torch.tensor(exits))
         verdict = types.SimpleNamespace(exit_node=1, block_length=2, accepted_tokens=lambda tree: [5])
         return types.SimpleNamespace(index=0, tree=tree, flow=flow, verdict=verdict, block_length=2, accepted_tokens=[5], choice=None)

@@ -64,7 +64,7 @@ def test_page_generates_and_draws_the_tree(app_server, browser, tmp_path):
 AUTO_LABEL = "budget auto: each round keeps the drafter's best nodes this machine pays for"
 
 
-def _open(app_server, browser, auto: bool = False):
+def _open(app_server, browser, budget_is_auto: bool = False):
     """The page, with budget auto as asked: off by default, so every round drafts the slider's
     16 nodes (at auto the tiny pair often keeps none on a CPU, and a round of the root alone draws no edges)."""
     page = browser.new_page(viewport={"width": 1400, "height": 2200})
@@ -74,9 +74,9 @@ def _open(app_server, browser, auto: bool = False):
     # model line, filled by the page's load event, says the page is live
     page.wait_for_function("!document.querySelector('#device-info').innerText.includes('loading models')", timeout=120_000)
     box = page.get_by_label(AUTO_LABEL)
-    box.set_checked(auto)
+    box.set_checked(budget_is_auto)
     page.wait_for_timeout(300)
-    assert box.is_checked() == auto
+    assert box.is_checked() == budget_is_auto
     return page
 
 
@@ -155,7 +155,7 @@ def _refused_once(page, message: str, line: str | None = None) -> None:
 
 
 def test_a_refused_input_says_why_once_and_leaves_the_figures(app_server, browser):
-    page = _open(app_server, browser, auto=True)  # the page's opening settings
+    page = _open(app_server, browser, budget_is_auto=True)  # the page's opening settings
     box = page.get_by_label("prompt (Python code to continue)")
     box.fill("def add(a, b):\n    ")
     page.click("#generate-button")

@@ -136,7 +136,7 @@ def test_best_first_prefixes_of_any_tree_keep_parents_first():
     assert order == [2, 4, 5, 1, 3, 6]
     for k in range(len(order) + 1):
         kept = tree.keep(order[:k])  # validated on construction: parents precede children
-        assert kept.budget == k
+        assert kept.size == k
         assert kept.draft_coverage == pytest.approx(float(tree.path_logprob[order[:k]].exp().sum()))
         assert kept.path_tokens(kept.num_nodes - 1) == tree.path_tokens(([0] + order)[k])
 
@@ -235,8 +235,8 @@ def test_the_choice_never_reads_the_rounds_target_rows(monkeypatch):
         session = CausalLMSession(target, feature_layers=drafter.feature_layers)
         state = drafter.new_state()
         prefill(session, prompt, state)
-        auto = AutoBudget(CostCurve(STEP, frozen=True), cap=16)
-        step = speculation_round(session, drafter, prompt, 0, "tev", as_law(1.0), torch.Generator().manual_seed(0), state, StageTimer(), auto)
+        sizing = AutoBudget(CostCurve(STEP, frozen=True), cap=16)
+        step = speculation_round(session, drafter, prompt, 0, "tev", as_law(1.0), torch.Generator().manual_seed(0), state, StageTimer(), sizing)
         chosen.append((step.choice.size, step.tree.tokens.tolist(), step.tree.parents.tolist()))
         verdicts.append((tuple(step.verdict.path), step.verdict.bonus_token, round(step.flow.coverage, 4)))
     assert 0 < chosen[0][0] < 16  # an interior choice: the rule had something to decide
@@ -260,11 +260,11 @@ def test_sampling_at_auto_is_lossless(small_target, verifier):
     # prior of 3 keeps 4 nodes (0.75 calibrated path probability each pays for 2.4x), the learned ~1.3 keeps none,
     # and the plain-decoding rounds decay back towards the prior
     calibration = Calibration(prior=3.0, strength=0.3, weight=0.3)
-    auto = AutoBudget(CostCurve({1: 1.0, 2: 1.4, 5: 2.4, 7: 2.8}, frozen=True), cap=6, calibration=calibration)
+    sizing = AutoBudget(CostCurve({1: 1.0, 2: 1.4, 5: 2.4, 7: 2.8}, frozen=True), cap=6, calibration=calibration)
     samples, sizes = [], []
     for seed in range(2500):
         config = DecodeConfig(budget="auto", budget_cap=6, temperature=1.0, verifier=verifier, max_new_tokens=3, seed=seed, stop_at_eos=False)
-        records, summary = run_to_end(speculative_generate(Request(small_target, drafter, prompt, config), sizing=auto))
+        records, summary = run_to_end(speculative_generate(Request(small_target, drafter, prompt, config), sizing=sizing))
         sizes += summary.tree_sizes
         samples.append(tuple(summary.token_ids))
     assert min(sizes.count(0), sizes.count(4)) > len(sizes) / 10, "the rule must often choose both plain decoding and a tree here"
@@ -282,10 +282,10 @@ def test_greedy_speculation_at_auto_equals_greedy_decoding(kind):
         prompt = torch.randint(1, VOCAB, (5 + seed,), generator=torch.Generator().manual_seed(seed)).tolist()
         reference = greedy_reference(target, prompt, 40, eos=False)
         config = DecodeConfig(budget="auto", budget_cap=16, temperature=0.0, max_new_tokens=40, stop_at_eos=False)
-        auto = AutoBudget(CostCurve(curve, frozen=True), cap=16) if curve else None
-        records, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config), sizing=auto))
+        sizing = AutoBudget(CostCurve(curve, frozen=True), cap=16) if curve else None
+        records, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config), sizing=sizing))
         assert summary.token_ids == reference.token_ids, (kind, seed)
-        assert all(r.choice is not None and r.tree.budget == r.choice.size for r in records)
+        assert all(r.choice is not None and r.tree.size == r.choice.size for r in records)
         sizes |= set(summary.tree_sizes)
     assert len(sizes) > 1
 
@@ -337,9 +337,9 @@ def test_budget_figure_reads_the_rounds_choice():
     line, going, chosen = fig.data
     assert list(line.y) == pytest.approx(record.choice.rate.tolist())
     assert list(going.y) == pytest.approx([record.choice.going_rate] * 2)
-    assert list(chosen.x) == [record.choice.size] == [record.tree.budget]
+    assert list(chosen.x) == [record.choice.size] == [record.tree.size]
     sized = [t for t in timeline_figure(records).data if t.name == "tree size k (auto)"]
-    assert len(sized) == 1 and list(sized[0].y) == [r.tree.budget for r in records]  # the rounds chart shows each round's choice
+    assert len(sized) == 1 and list(sized[0].y) == [r.tree.size for r in records]  # the rounds chart shows each round's choice
     fixed = RoundRecord(**{**record.__dict__, "choice": None})
     assert "tree size k (auto)" not in [t.name for t in timeline_figure([fixed]).data]
     with pytest.raises(ValueError, match="fixed budget"):
@@ -427,8 +427,8 @@ def test_auto_drafts_twice_the_largest_recent_kept_tree_and_grows_when_a_round_k
     propose = drafter.propose
     drafter.propose = lambda context, budget, state, timer=None: drafted.append(budget) or propose(context, budget, state, timer)
     config = DecodeConfig(budget="auto", budget_cap=32, temperature=1.0, max_new_tokens=40, seed=3, stop_at_eos=False)
-    auto = AutoBudget(CostCurve(STEP, frozen=True), cap=32)
-    records, summary = run_to_end(speculative_generate(Request(target, drafter, [3, 9, 27], config), sizing=auto))
+    sizing = AutoBudget(CostCurve(STEP, frozen=True), cap=32)
+    records, summary = run_to_end(speculative_generate(Request(target, drafter, [3, 9, 27], config), sizing=sizing))
     kept = summary.tree_sizes
     assert drafted[0] == 32  # nothing kept yet: the cap
     expected = [min(32, max(MIN_DRAFTED, 2 * max(kept[max(0, i - KEPT_MEMORY):i]))) for i in range(1, len(kept))]

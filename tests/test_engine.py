@@ -21,6 +21,7 @@ from tev.service.service import UserInputError, check_settings
 from tev.util.timing import StageTimer
 from tev.core.tree import DraftTree
 from tev.bench.exactness import ALPHA, chi_square_against
+from tev.util.stored import StoredResultError
 from tests.helpers import truncated_law
 from tests.tiny import OracleDrafter, save_pair, tiny_ar_drafter, tiny_block_drafter, tiny_target
 
@@ -270,10 +271,12 @@ def test_evaluation_rows_give_tau_per_forward_with_its_error_over_prompts():
     lengths = [x for s in summaries for x in s.block_lengths]
     assert row["mean_block_length"] == pytest.approx(sum(lengths) / len(lengths))
     assert "| 0 | 8 | " + f"{row['tau']:.3f} +- {row['tau_se']:.3f} | {row['mean_block_length']:.3f} |" in format_tau_table([row])
-    # a row measured before tau counted tokens per forward holds only the mean block length, shown as such
+    # a row measured before tau counted tokens per forward holds only the mean block length, names it, and is shown as such
     old = {"temperature": 0.0, "budget": 16, "mean_block_length": 2.254, "mean_block_length_se": 0.038, "tau_bound": 2.254,
-           "prompt_mean_block_length_q25": 1.9, "prompt_mean_block_length_q75": 2.6, "rounds": 680}
+           "prompt_mean_block_length_q25": 1.9, "prompt_mean_block_length_q75": 2.6, "rounds": 680, "figure": "mean_block_length"}
     assert "| 0 | 16 | not measured | 2.254 +- 0.038 (s.e. over rounds) | 2.254 | - | 680 |" in format_tau_table([old])
+    with pytest.raises(StoredResultError, match="migrate"):  # one that does not name it is refused, not guessed at
+        format_tau_table([{key: value for key, value in old.items() if key != "figure"}])
 
 
 def test_ratio_standard_error_is_the_spread_over_units():

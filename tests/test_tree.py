@@ -31,7 +31,7 @@ def test_ddtree_equals_brute_force_top_prefixes(horizon, vocab, budget):
     logq = torch.log_softmax(2 * torch.randn(horizon, vocab, generator=generator), dim=-1)
     tree = DraftTree.from_marginals(logq, budget, root_token=7)
     expected = brute_force_top_prefixes(logq, budget)
-    assert tree.budget == len(expected) == min(budget, sum(vocab**d for d in range(1, horizon + 1)))
+    assert tree.size == len(expected) == min(budget, sum(vocab**d for d in range(1, horizon + 1)))
     assert tree_prefixes(tree) == expected
     assert tree.root_token == 7
     assert int(tree.depths.max()) <= horizon
@@ -42,8 +42,8 @@ def test_ddtree_equals_brute_force_top_prefixes(horizon, vocab, budget):
 
 def test_ddtree_budget_larger_than_possible_and_zero_budget():
     logq = torch.log_softmax(torch.randn(2, 3), dim=-1)
-    assert DraftTree.from_marginals(logq, 1000).budget == 3 + 9  # every prefix, no more
-    assert DraftTree.from_marginals(logq, 0).budget == 0  # root only
+    assert DraftTree.from_marginals(logq, 1000).size == 3 + 9  # every prefix, no more
+    assert DraftTree.from_marginals(logq, 0).size == 0  # root only
 
 
 def test_ddtree_skips_zero_probability_prefixes():

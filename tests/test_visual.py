@@ -108,7 +108,7 @@ def test_tidy_layout_separates_same_depth_nodes():
 def test_tree_graph_is_the_draft_tree():
     tree = random_tree(torch.Generator().manual_seed(4), vocab=5, budget=30, horizon=4)
     graph = tree_graph(tree.parents_list)
-    assert graph.number_of_nodes() == tree.num_nodes and graph.number_of_edges() == tree.budget
+    assert graph.number_of_nodes() == tree.num_nodes and graph.number_of_edges() == tree.size
     assert [list(graph.successors(v)) for v in range(tree.num_nodes)] == [tree.children(v) for v in range(tree.num_nodes)]
     with pytest.raises(ValueError, match="must precede its child"):
         tree_graph([-1, 2, 0])
@@ -275,7 +275,7 @@ def assert_no_label_overlap(fig):
 
 def test_budget_64_is_readable():
     tree, flow, verdict = ddtree(64, seed=7)
-    assert tree.budget == 64
+    assert tree.size == 64
     fig = tree_figure(tree, flow, verdict, token_text=token_text)
     leaves = int(tree.is_leaf.sum())
     assert fig.layout.height >= 20 * leaves  # height follows the number of leaves
@@ -287,7 +287,7 @@ def test_budget_64_is_readable():
 
 def test_budget_256_renders_and_keeps_path_labels():
     tree, flow, verdict = ddtree(256, seed=11, vocab=60, horizon=6)
-    assert tree.budget == 256
+    assert tree.size == 256
     fig = tree_figure(tree, flow, verdict, token_text=token_text)
     sent = {t["name"]: t for t in json.loads(fig.to_json())["data"]}  # what the browser receives
     assert set(sent) == {"edges", "accepted path", "nodes", "exit node", "bonus edge", "bonus token"}
@@ -377,12 +377,12 @@ def test_timeline_at_auto_leaves_room_for_the_nodes_kept_axis(records):
     """At budget auto the round panel's right axis ("nodes kept") and the histogram's axis overlapped:
     the panels stand further apart and the histogram's count is named in its subplot title."""
     fixed = timeline_figure(records)
-    auto = timeline_figure([dataclasses.replace(r, choice=object()) for r in records])  # timeline_figure reads only whether a choice was made
-    assert trace(auto, "tree size k (auto)") and auto.layout.yaxis2.title.text == "nodes kept"
-    histogram_axis = auto.layout[trace(auto, "exit depth").yaxis.replace("y", "yaxis")]
-    assert not histogram_axis.title.text and "rounds by exit depth" in str(auto.layout.annotations)
+    at_auto = timeline_figure([dataclasses.replace(r, choice=object()) for r in records])  # timeline_figure reads only whether a choice was made
+    assert trace(at_auto, "tree size k (auto)") and at_auto.layout.yaxis2.title.text == "nodes kept"
+    histogram_axis = at_auto.layout[trace(at_auto, "exit depth").yaxis.replace("y", "yaxis")]
+    assert not histogram_axis.title.text and "rounds by exit depth" in str(at_auto.layout.annotations)
     gap = lambda fig: fig.layout[trace(fig, "exit depth").xaxis.replace("x", "xaxis")].domain[0] - fig.layout.xaxis.domain[1]  # noqa: E731
-    assert gap(auto) >= 0.18 > gap(fixed)
+    assert gap(at_auto) >= 0.18 > gap(fixed)
 
 
 def test_budget_figure_margins_hold_its_axis_titles():

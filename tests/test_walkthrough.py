@@ -200,7 +200,7 @@ def test_every_step_flags_a_round_at_t_0_and_a_one_deep_fan():
     from ui.walkthrough import round_note
 
     def round_(depths, law):
-        tree = types.SimpleNamespace(budget=len(depths), depths=torch.tensor([0, *depths]))
+        tree = types.SimpleNamespace(size=len(depths), depths=torch.tensor([0, *depths]))
         flow = types.SimpleNamespace(exit_weight=torch.tensor([0.1] * (len(depths) + 1)), tau_bound=1.5, coverage=0.5)
         return types.SimpleNamespace(tree=tree, flow=flow, law=law)
 

@@ -57,7 +57,7 @@ def run_verifier_lab(source, prompt, drafter, budget, temperature, draws, seed, 
     result = shared.SERVICE.compute.call(run_lab, lab, verifiers, draws=draws, seed=seed,
                                          on_verifier=lambda name, i: progress(0.05 + 0.9 * i / len(verifiers), desc=f"{name}: {draws} draws ({i + 1} of {len(verifiers)})"))
     figure = verifier_lab_figure(lab.tree, lab.flow, result.frequencies, result.mean_lengths, token_text=token_text)
-    tree = tree_figure(lab.tree, lab.flow, None, token_text=token_text, title=f"the fixed tree ({lab.source}), budget {lab.tree.budget}")
+    tree = tree_figure(lab.tree, lab.flow, None, token_text=token_text, title=f"the fixed tree ({lab.source}), budget {lab.tree.size}")
     rows = [
         "| verifier | mean block length (± s.e.) | 1 + C | median decision time (full rows) |",
         "|---|---|---|---|",

@@ -40,7 +40,7 @@ class LiveView(NamedTuple):
     stats: Any
     summary: Any  # the finished run in numbers (JSON beside the stats' sentences: tools read this, never the prose); cleared while a run streams
     rounds: Any  # the round browser's slider
-    budget: Any  # budget auto's choice for the shown round (hidden at a fixed budget)
+    choice: Any  # budget auto's choice for the shown round (hidden at a fixed budget)
     state: Any
     said: Any  # under the buttons: what answers the press (how the run stopped, the re-timing, the speed), in view where the user pressed
     more: Any  # the Continue button: shown when the answer stopped at the length limit
@@ -193,7 +193,7 @@ def _drawn(event: Round, prompt: str, first: bool, figures: bool) -> LiveView:
              "said": _said(None) if first else gr.skip(), "more": gr.update(visible=False) if first else gr.skip(), "info": "" if first else gr.skip(),
              "stats": stats_markdown(records, None) + sharing_note(event.active, event.background), "state": {"records": records, "summary": None}}
     if figures:
-        words["tree"], words["mass"], words["budget"] = round_figures(records, len(records) - 1)
+        words["tree"], words["mass"], words["choice"] = round_figures(records, len(records) - 1)
     return only(LiveView, **words)
 
 
@@ -217,7 +217,7 @@ def _finished(event: Finished, config: DecodeConfig, prompt: str) -> LiveView:
         stats=stats_markdown(records, summary, config, speed, machine) + opened_at(records, shown, config.temperature == 0),
         summary=run_summary(records, summary, speed, machine),
         rounds=gr.update(minimum=1, maximum=max(2, len(records)), value=shown + 1, step=1, interactive=len(records) > 1),  # a slider needs min < max
-        budget=chosen,
+        choice=chosen,
         state=state,
         said=said,
         more=gr.update(visible=summary.stop_reason == "max_new_tokens"),

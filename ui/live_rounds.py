@@ -22,7 +22,7 @@ class RoundView(NamedTuple):
     tree: Any
     mass: Any
     info: Any
-    budget: Any  # budget auto's choice for that round
+    choice: Any  # budget auto's choice for that round
 
 
 def round_figures(records, index: int):

@@ -49,7 +49,7 @@ def _view(state: dict, replay_cleared: bool = True) -> WalkView:
     trace = state["traces"][state["round"]]
     step = walkthrough_step(trace, state["step"], shared.SERVICE.token_text)
     where = (f"**round {trace.round_index + 1} · step {state['step'] + 1} of {len(STEP_TITLES)}** · {trace.law.describe()} · "
-             f"verifier {trace.verifier} · B = {trace.tree.budget} · seed {state['seed']}")
+             f"verifier {trace.verifier} · B = {trace.tree.size} · seed {state['seed']}")
     note = round_note(trace)  # every step of such a round says so, with how to get a richer one
     where += f"\n\n{note}" if note else ""
     cleared = dict(replay_plot=None, replay_table="") if replay_cleared else {}
@@ -75,12 +75,12 @@ def round_note(trace) -> str:
     (:func:`degenerate_note`), a round at T = 0 (reach 1 or 0 everywhere: C(T) a whole number), a one-deep fan."""
     tree = trace.tree
     notes = [degenerate_note(trace)]
-    if trace.law.greedy and tree.budget > 0:
+    if trace.law.greedy and tree.size > 0:
         notes.append(f"**At T = 0** the target puts all its mass on its most likely token: each reach is 1 or 0, the walk leaves the tree at "
                      f"one node, and C(T) = {trace.flow.coverage:.3f} counts the drafted tokens it agrees with along one path. To see the "
                      "mass spread over nodes, run a round at T > 0.")
-    if tree.budget > 1 and int(tree.depths.max()) == 1:
-        notes.append(f"**A one-deep fan:** all {tree.budget} nodes guess the next token and none goes past it (the drafter was unsure of "
+    if tree.size > 1 and int(tree.depths.max()) == 1:
+        notes.append(f"**A one-deep fan:** all {tree.size} nodes guess the next token and none goes past it (the drafter was unsure of "
                      "it, so best-first growth spent the whole budget there): this round can accept at most one draft token, L <= 2.")
     return "\n\n".join(note for note in notes if note)
 
@@ -126,7 +126,7 @@ def step_walkthrough(delta, state, request: gr.Request = None) -> WalkView:
             bundle = shared.SERVICE.bundle()
             try:
                 chosen = shared.SERVICE.chosen_drafter(state["drafter"], shared.session_of(request))
-                trace = shared.SERVICE.call_with(chosen, trace_round, bundle.target, chosen, last.next_context, last.law, last.verifier, last.tree.budget,
+                trace = shared.SERVICE.call_with(chosen, trace_round, bundle.target, chosen, last.next_context, last.law, last.verifier, last.tree.size,
                                                  state["seed"], round_index=last.round_index + 1)
             except ValueError as error:  # the context is full: say so
                 raise _user_error(error) from None

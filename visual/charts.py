@@ -141,11 +141,11 @@ def timeline_figure(records) -> go.Figure:
     records = list(records)
     if not records:
         return note_figure("Timeline: no rounds yet")
-    auto = any(r.choice is not None for r in records)
-    # at auto the right axis ("nodes kept") needs room before the histogram, whose count the subplot title names
+    budget_is_auto = any(r.choice is not None for r in records)
+    # at budget auto the right axis ("nodes kept") needs room before the histogram, whose count the subplot title names
     # (an axis title of its own overlapped "nodes kept")
     fig = make_subplots(
-        rows=2, cols=2, column_widths=[0.7, 0.3], vertical_spacing=0.2, horizontal_spacing=0.2 if auto else 0.08,
+        rows=2, cols=2, column_widths=[0.7, 0.3], vertical_spacing=0.2, horizontal_spacing=0.2 if budget_is_auto else 0.08,
         specs=[[{"secondary_y": True}, {}], [{"colspan": 2}, None]],
         subplot_titles=("block length L per round vs 1 + C(T)", "rounds by exit depth d(V)", "stage time per round (ms)"),
     )
@@ -156,8 +156,8 @@ def timeline_figure(records) -> go.Figure:
     fig.add_trace(go.Scatter(x=rounds, y=lengths, name="L (realised)", mode="lines+markers", line=dict(color="#3b7dd8")), row=1, col=1)
     fig.add_trace(go.Scatter(x=rounds, y=bounds, name="1 + C(T)", mode="lines+markers", line=dict(color="#2ca02c", dash="dot")), row=1, col=1)
     fig.add_trace(go.Scatter(x=rounds, y=running, name="running tau", mode="lines", line=dict(color=PATH_COLOUR, width=3)), row=1, col=1)
-    if auto:
-        sizes = [r.tree.budget for r in records]
+    if budget_is_auto:
+        sizes = [r.tree.size for r in records]
         fig.add_trace(go.Scatter(x=rounds, y=sizes, name="tree size k (auto)", mode="markers", marker=dict(color="#999999", symbol="diamond-open", size=7),
                                  hovertemplate="round %{x}: budget auto kept %{y} nodes<extra></extra>"), row=1, col=1, secondary_y=True)
     exit_depths = [int(r.tree.depths[r.verdict.exit_node]) for r in records]
@@ -179,7 +179,7 @@ def timeline_figure(records) -> go.Figure:
     fig.update_xaxes(title_text="depth", dtick=1, row=1, col=2)
     fig.update_xaxes(title_text="round", row=2, col=1)
     fig.update_yaxes(title_text="tokens", rangemode="tozero", row=1, col=1, secondary_y=False)
-    fig.update_yaxes(title_text="nodes kept", rangemode="tozero", showgrid=False, visible=auto, row=1, col=1, secondary_y=True,
+    fig.update_yaxes(title_text="nodes kept", rangemode="tozero", showgrid=False, visible=budget_is_auto, row=1, col=1, secondary_y=True,
                      color="#999999")  # the grey of its diamonds: it reads as theirs, not the histogram's
     fig.update_yaxes(title_text="ms", row=2, col=1)
     return fig

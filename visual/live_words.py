@@ -147,7 +147,7 @@ def run_summary(records, summary: GenerationSummary | None, speed: Speed | None 
 
 def _auto_line(records) -> str:
     """How budget auto sized this run's trees, and the cost curve it weighed them against."""
-    sizes = [r.tree.budget for r in records]
+    sizes = [r.tree.size for r in records]
     choice = records[-1].choice
     cost = choice.cost  # seconds of a round whose forward holds n = 1 .. M + 1 tokens
     steps = " · ".join(f"{n} tokens {float(cost[n - 1] / cost[0]):.2f}" for n in (2, 5, 9, 17, 33) if n <= len(cost))
@@ -193,7 +193,7 @@ def _load_note(load: tuple[float, int] | None, threads: int) -> str:
     return f" The machine's load average was {average:.1f} on {cpus} CPUs as it began."
 
 
-def _tau_named(tau: float, own: tuple[float, bool] | None, auto: bool) -> str:
+def _tau_named(tau: float, own: tuple[float, bool] | None, budget_is_auto: bool) -> str:
     """The re-timing's tau, named as its own, beside the answer's (``own``: its tau and whether it was a Continue's part)."""
     said = f"**tau {tau:.2f}** tokens"
     if own is None:
@@ -202,7 +202,7 @@ def _tau_named(tau: float, own: tuple[float, bool] | None, auto: bool) -> str:
     whose = "this Continue's rounds" if continued else "the answer's rounds"
     if abs(own_tau - tau) < 0.005:
         return said + f" (as {whose})"
-    why = ": budget auto sized the re-timing's trees by that moment's clock" if auto else ""
+    why = ": budget auto sized the re-timing's trees by that moment's clock" if budget_is_auto else ""
     return said + f" ({whose} above gave tau {own_tau:.2f}{why})"
 
 
@@ -256,7 +256,7 @@ def said_at_end(summary: GenerationSummary, config: DecodeConfig, speed: Speed, 
 
 def _spread(record) -> bool:
     """Whether a round's target mass leaves its tree at more than one node (its exit law is not all on one node)."""
-    return record.tree.budget > 0 and float(record.flow.exit_weight.max()) < 1 - 1e-3
+    return record.tree.size > 0 and float(record.flow.exit_weight.max()) < 1 - 1e-3
 
 
 def teaching_round(records) -> int:
@@ -265,16 +265,16 @@ def teaching_round(records) -> int:
     to see in the colours), the one whose tree holds the most target mass (largest C(T)), then the fullest tree; when
     no round spreads its mass, the most mass. The last round, shown before, was often a stub (B = 1-2, C = 0) as the
     answer ran out; ties go to the earliest."""
-    return max(range(len(records)), key=lambda i: (_spread(records[i]), records[i].flow.coverage, records[i].tree.budget, -i))
+    return max(range(len(records)), key=lambda i: (_spread(records[i]), records[i].flow.coverage, records[i].tree.size, -i))
 
 
 def opened_at(records, shown: int, greedy: bool = False) -> str:
     """Which round the figures open at, and why (nothing when no round drafted a node: every round is the root alone);
     ``greedy``: the run decoded at T = 0 (where every round's mass leaves at one node)."""
     record = records[shown]
-    if record.tree.budget == 0:
+    if record.tree.size == 0:
         return ""
-    where = f"\n\nThe tree above is round {shown + 1} of {len(records)} (B = {record.tree.budget}, C(T) = {record.flow.coverage:.3f})"
+    where = f"\n\nThe tree above is round {shown + 1} of {len(records)} (B = {record.tree.size}, C(T) = {record.flow.coverage:.3f})"
     if _spread(record):
         spread = sum(_spread(r) for r in records)
         return (f"{where}, chosen to teach: the most target mass among the {spread} round{'s' * (spread != 1)} whose mass leaves the tree at "
@@ -288,15 +288,15 @@ def round_info(record) -> str:
     """The round browser's sentence on one round: its numbers, what kind of tree it is when it teaches little (its mass
     on one path, a one-deep fan), and budget auto's choice."""
     info = (
-        f"round {record.index + 1}: budget {record.tree.budget}, coverage C = {record.flow.coverage:.3f}, 1 + C = {record.flow.tau_bound:.3f}, "
+        f"round {record.index + 1}: budget {record.tree.size}, coverage C = {record.flow.coverage:.3f}, 1 + C = {record.flow.tau_bound:.3f}, "
         f"block length L = {record.block_length} (accepted {len(record.accepted_tokens)} + bonus), exit node {record.verdict.exit_node} "
         f"at depth {int(record.tree.depths[record.verdict.exit_node])}"
     )
-    if record.tree.budget > 0 and not _spread(record):
+    if record.tree.size > 0 and not _spread(record):
         info += (" · **its mass on one path**: the target was sure of each drafted token along one path and of none beside it (at T = 0 "
                  "it always is), so all its mass leaves the tree at one node and each reach is 1 or 0")
-    elif record.tree.budget > 1 and int(record.tree.depths.max()) == 1:
-        info += f" · **a one-deep fan**: all {record.tree.budget} nodes are guesses of the next token alone, none drafted past it"
+    elif record.tree.size > 1 and int(record.tree.depths.max()) == 1:
+        info += f" · **a one-deep fan**: all {record.tree.size} nodes are guesses of the next token alone, none drafted past it"
     if record.choice is not None:
         info += "\n\n" + _choice_sentence(record)
     return info

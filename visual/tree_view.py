@@ -111,7 +111,7 @@ def _node_hovertemplate(draft_logprob: bool) -> str:
 
 
 def _tree_title(tree, flow, verdict, title: str | None) -> str:
-    numbers = f"B = {tree.budget}, C(T) = {flow.coverage:.3f}, 1 + C = {flow.tau_bound:.3f}"
+    numbers = f"B = {tree.size}, C(T) = {flow.coverage:.3f}, 1 + C = {flow.tau_bound:.3f}"
     if verdict is not None:
         numbers += f", this round L = {verdict.block_length} ({verdict.verifier})"
     key = "colour = reach P(v) (log scale) · marker size grows with missing mass w(v)"

@@ -144,11 +144,11 @@ def _builder(trace, token_text, word):
     last = tree.num_nodes - 1
     how = {
         "tree": (f"DDTree's builder keeps a heap of prefixes scored by the product of their $q$'s and takes the best one each time, "
-                 f"adding it as a node (its parent is always already in the tree), until the budget **B = {tree.budget}** is spent. "),
-        "chain": (f"The chain drafter keeps only the top guess of each depth: one path of at most B = {tree.budget} nodes, however "
+                 f"adding it as a node (its parent is always already in the tree), until the budget **B = {tree.size}** is spent. "),
+        "chain": (f"The chain drafter keeps only the top guess of each depth: one path of at most B = {tree.size} nodes, however "
                   "sure or unsure each guess is (a tree would spend the same budget on second guesses where $q$ is spread). "),
         "dynamic": (f"The drafter grew the tree depth by depth, expanding the best frontier nodes by path score, and kept the "
-                    f"B = {tree.budget} best nodes overall (a child never outscores its parent, so they form a tree). "),
+                    f"B = {tree.size} best nodes overall (a child never outscores its parent, so they form a tree). "),
     }[trace.shape]
     text = how + (f"It took {word(tree.tokens_list[1])} first (path score {scores[1]:.3f}) and {word(tree.tokens_list[last])} last "
                   f"({scores[last]:.4f}); the tree is {tree.max_depth} deep." if last else "With B = 0 there is no node: this round is one plain step.")
@@ -307,7 +307,7 @@ def _oracle(trace, token_text, word):
     """The drafter's tree beside the oracle's (the target drafting for itself, same root, law and B)."""
     tree, flow, best, best_flow = trace.tree, trace.flow, trace.oracle, trace.oracle_flow
     if best is None:
-        text = ("This round drafted no tree (B = 0), so there is nothing to set beside the best tree of its size." if tree.budget == 0 else
+        text = ("This round drafted no tree (B = 0), so there is nothing to set beside the best tree of its size." if tree.size == 0 else
                 "The oracle tree was not traced for this round.")
         return text, tree_figure(tree, flow, trace.verdict, token_text=token_text, title=f"Round {trace.round_index + 1}")
     ours = tree_figure(tree, flow, trace.verdict, token_text=token_text, title="drafter")
@@ -329,7 +329,7 @@ def _oracle(trace, token_text, word):
     text = (f"**How far this drafter stands from the best any drafter could do on this round.** Right: the **oracle tree**, the "
             f"{best.num_nodes - 1} nodes of largest reach under the same root at the same law, grown best first from the target's own "
             f"rows (one target forward per node: a measurement, not a drafter). As reach only falls along a path, no tree of "
-            f"B = {tree.budget} nodes covers more: its $1 + C$ = **{best_flow.tau_bound:.3f}** bounds what any drafter's tree of this size "
+            f"B = {tree.size} nodes covers more: its $1 + C$ = **{best_flow.tau_bound:.3f}** bounds what any drafter's tree of this size "
             f"gives TEV here. Left: this round's tree, $1 + C$ = **{flow.tau_bound:.3f}**, **{share:.0%}** of the oracle's{missing}. "
             f"Where the drafter's tree loses mass: {_leaves(tree, flow, word)}. {law_words}")
     return text, fig
@@ -419,7 +419,7 @@ def walkthrough_html(traces, token_text: TokenText = str, title: str = "TEV Expl
              "</head><body>", f"<h1>{html.escape(title)}</h1>"]
     first = True
     for trace in traces:
-        parts.append(f"<h2>Round {trace.round_index + 1}: {html.escape(trace.law.describe())}, verifier {html.escape(trace.verifier)}, B = {trace.tree.budget}</h2>")
+        parts.append(f"<h2>Round {trace.round_index + 1}: {html.escape(trace.law.describe())}, verifier {html.escape(trace.verifier)}, B = {trace.tree.size}</h2>")
         for step in walkthrough_steps(trace, token_text):
             figure = step.figure.to_html(full_html=False, include_plotlyjs=True if first else False)
             first = False

@@ -192,8 +192,8 @@ class DraftTree:
         return self.tokens.numel()
 
     @property
-    def budget(self) -> int:
-        """``B``: non-root nodes."""
+    def size(self) -> int:
+        """``B``: non-root nodes (what a round drafted; ``num_nodes`` counts the root too)."""
         return self.tokens.numel() - 1
 
     @property
@@ -305,4 +305,4 @@ class DraftTree:
         return mask
 
     def __repr__(self) -> str:
-        return f"DraftTree(budget={self.budget}, max_depth={self.max_depth}, root_token={self.root_token})"
+        return f"DraftTree(size={self.size}, max_depth={self.max_depth}, root_token={self.root_token})"

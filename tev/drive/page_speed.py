@@ -52,15 +52,15 @@ def run(args: argparse.Namespace) -> int:
     env = {"TEV_PAIR": DEFAULT_PAIR.name, "TEV_THREADS": "" if args.threads == "auto" else str(args.threads)}  # empty: unset
     if args.omp_wait_policy:
         env["OMP_WAIT_POLICY"] = args.omp_wait_policy
-    auto = args.budget == "auto"
-    budget = 16 if auto else int(args.budget)
+    budget_is_auto = args.budget == "auto"
+    budget = 16 if budget_is_auto else int(args.budget)  # at budget auto the slider holds its cap
     server = AppServer(assets_dir(), Path(tempfile.mkdtemp()) / "app.log", extra_env=env)
     try:
         print(f"app ready in {server.wait_ready():.1f}s", flush=True)
         if args.api:
-            rows = api_rows(server.url, prompts, args.temperatures, budget, auto, args.drafters)
+            rows = api_rows(server.url, prompts, args.temperatures, budget, budget_is_auto, args.drafters)
         else:
-            rows = browser_rows(server.url, prompts, args.temperatures, budget, auto)
+            rows = browser_rows(server.url, prompts, args.temperatures, budget, budget_is_auto)
     finally:
         server.stop()
     for temperature in args.temperatures:
@@ -90,7 +90,7 @@ def row(summary: dict, temperature: float, prompt: dict) -> dict:
             "tokens_per_second_live": live, "tokens_per_second_quiet": quiet, "threads": timing.get("threads"), "others": timing.get("others")}
 
 
-def api_rows(url: str, prompts: list[dict], temperatures, budget: int, auto: bool, drafters: list[str]) -> list[dict]:
+def api_rows(url: str, prompts: list[dict], temperatures, budget: int, budget_is_auto: bool, drafters: list[str]) -> list[dict]:
     """Each prompt with each drafter in turn (the order alternating prompt by prompt), through ``/generate``."""
     client = new_client(url)
     summary_at = generate_outputs(client)["summary"]
@@ -98,18 +98,18 @@ def api_rows(url: str, prompts: list[dict], temperatures, budget: int, auto: boo
     for temperature in temperatures:
         for index, prompt in enumerate(prompts):
             for drafter in drafters if index % 2 == 0 else drafters[::-1]:
-                settings = live_request(prompt["text"], drafter, "tev", budget, temperature, 64, 0, compare_ar=True, chat=True, top_p=0.9, auto=auto)
+                settings = live_request(prompt["text"], drafter, "tev", budget, temperature, 64, 0, compare_ar=True, chat=True, top_p=0.9, auto=budget_is_auto)
                 outputs = submit(settings, client).result()
                 rows.append(row(outputs[summary_at], temperature, prompt))
     return rows
 
 
-def browser_rows(url: str, prompts: list[dict], temperatures, budget: int, auto: bool) -> list[dict]:
+def browser_rows(url: str, prompts: list[dict], temperatures, budget: int, budget_is_auto: bool) -> list[dict]:
     rows = []
     with open_page(url) as page:
         set_number(page, "max new tokens", 64)
         box = page.get_by_label(AUTO_LABEL)
-        if box.is_checked() != auto:
+        if box.is_checked() != budget_is_auto:
             box.click()
         set_number(page, BUDGET_LABEL, budget)
         for temperature in temperatures:

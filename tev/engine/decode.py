@@ -294,7 +294,7 @@ def speculative_generate(
             first_token_at = time.perf_counter() - start
         block_lengths.append(record.block_length)
         tau_bounds.append(record.flow.tau_bound)
-        tree_sizes.append(record.tree.budget)
+        tree_sizes.append(record.tree.size)
         draft_coverages.append(record.tree.draft_coverage)
         for stage, seconds in record.timings.items():
             totals[stage] = totals.get(stage, 0.0) + seconds

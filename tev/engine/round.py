@@ -99,7 +99,7 @@ class RoundRecord:
             "position": self.position,
             "drafter": self.drafter,
             "verifier": self.verifier,
-            "budget": self.tree.budget,
+            "budget": self.tree.size,
             "tree": tree,
             "reach": rounded(self.flow.reach),
             "rho": rounded(self.flow.rho),
@@ -189,7 +189,7 @@ def speculation_round(
     predraw; greedy adds one when it exits at a leaf). ``timer`` may add its own syncs
     (:class:`StageTimer` on a CUDA device synchronises around each stage).
 
-    With ``auto`` (``budget`` is then ``"auto"``) the round's size is chosen by the cost-aware rule
+    With ``sizing`` (``budget`` is then ``"auto"``) the round's size is chosen by the cost-aware rule
     and the round's coverage and stage times feed ``sizing`` for the rounds after it."""
     position = session.length
     tree, choice = draft_tree(session, drafter, committed, budget, state, timer, sizing)

@@ -161,11 +161,11 @@ def check_number(name: str, value, low, high, integer: bool = False, field: str 
     return number
 
 
-def check_settings(verifier: str, budget, temperature, max_new_tokens, seed, top_p=1.0, top_k=0, auto: bool = False) -> DecodeConfig:
+def check_settings(verifier: str, budget, temperature, max_new_tokens, seed, top_p=1.0, top_k=0, budget_is_auto: bool = False) -> DecodeConfig:
     """The page's settings within its ranges (:data:`LIMITS`), as a :class:`DecodeConfig` (whose
     making checks the verifier, the temperature floor and greedy at T > 0); raises
     :class:`UserInputError` saying what to change. ``top_p`` 1 and ``top_k`` 0 leave the
-    target's rows untruncated. With ``auto`` the budget is "auto" and ``budget`` its cap; a
+    target's rows untruncated. With ``budget_is_auto`` the budget is "auto" and ``budget`` its cap; a
     budget of 0 drafts nothing either way (plain decoding)."""
     budget = check_number("budget", budget, 0, min(LIMITS.max_budget, MAX_BUDGET), integer=True, field="budget")
     temperature = check_number("temperature", temperature, 0.0, LIMITS.max_temperature, field="temperature")
@@ -174,8 +174,8 @@ def check_settings(verifier: str, budget, temperature, max_new_tokens, seed, top
     top_p = check_number("top-p", top_p, LIMITS.min_top_p, 1.0, field="top_p")
     top_k = check_number("top-k", top_k, 0, LIMITS.max_top_k, integer=True, field="top_k")
     try:
-        sizing = {"budget": "auto", "budget_cap": budget} if auto and budget > 0 else {"budget": budget}
-        return DecodeConfig(**sizing, temperature=temperature, top_k=top_k, top_p=top_p, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed)
+        budget_fields = {"budget": "auto", "budget_cap": budget} if budget_is_auto and budget > 0 else {"budget": budget}
+        return DecodeConfig(**budget_fields, temperature=temperature, top_k=top_k, top_p=top_p, verifier=verifier, max_new_tokens=max_new_tokens, seed=seed)
     except ValueError as error:
         raise UserInputError(str(error)) from None
 
@@ -337,7 +337,7 @@ class ModelService:
         except UserInputError as error:
             raise UserInputError(str(error), "prompt") from None
         config = check_settings(settings.verifier, settings.budget, settings.temperature, settings.max_new_tokens, settings.seed,
-                                top_p=settings.top_p, top_k=settings.top_k, auto=bool(settings.auto))
+                                top_p=settings.top_p, top_k=settings.top_k, budget_is_auto=bool(settings.auto))
         self.check_drafter_choice(settings.drafter)
         return LiveInput(prompt_ids, config)
 
