@@ -20,6 +20,7 @@ from tev.engine.decode import DecodeConfig, Request, run_to_end, speculative_gen
 from tev.engine.round import RoundRecord, prefill, speculation_round
 from tev.engine.session import CausalLMSession
 from tev.util.timing import StageTimer
+from tev.engine.target import Target
 from visual import timeline_figure
 from visual.budget_view import budget_figure
 
@@ -203,7 +204,7 @@ def test_a_size_the_machine_runs_faster_keeps_its_measured_cost():
 
 def test_forward_costs_are_measured_for_the_sizes_that_fit():
     target = tiny_target(VOCAB, context=40)
-    measured = measure_forward_costs(target, sizes=(1, 3, 17, 33), passes=1)
+    measured = measure_forward_costs(Target(target), sizes=(1, 3, 17, 33), passes=1)
     assert set(measured) == {1, 3, 17, 33} and all(t > 0 for t in measured.values())
 
 
@@ -232,7 +233,7 @@ def test_the_choice_never_reads_the_rounds_target_rows(monkeypatch):
     chosen, verdicts = [], []
     for scale in (0.0, 3.0, 30.0):
         noise["scale"] = scale
-        session = CausalLMSession(target, feature_layers=drafter.feature_layers)
+        session = CausalLMSession(Target(target), feature_layers=drafter.feature_layers)
         state = drafter.new_state()
         prefill(session, prompt, state)
         sizing = AutoBudget(CostCurve(STEP, frozen=True), cap=16)
@@ -264,7 +265,7 @@ def test_sampling_at_auto_is_lossless(small_target, verifier):
     samples, sizes = [], []
     for seed in range(2500):
         config = DecodeConfig(budget="auto", budget_cap=6, temperature=1.0, verifier=verifier, max_new_tokens=3, seed=seed, stop_at_eos=False)
-        records, summary = run_to_end(speculative_generate(Request(small_target, drafter, prompt, config), sizing=sizing))
+        records, summary = run_to_end(speculative_generate(Request(Target(small_target), drafter, prompt, config), sizing=sizing))
         sizes += summary.tree_sizes
         samples.append(tuple(summary.token_ids))
     assert min(sizes.count(0), sizes.count(4)) > len(sizes) / 10, "the rule must often choose both plain decoding and a tree here"
@@ -280,10 +281,10 @@ def test_greedy_speculation_at_auto_equals_greedy_decoding(kind):
     sizes = set()
     for seed, curve in enumerate((STEP, CURVE, {1: 1.0, 2: 1.6, 3: 3.0, 33: 40.0}, None)):  # None: this machine's measured curve
         prompt = torch.randint(1, VOCAB, (5 + seed,), generator=torch.Generator().manual_seed(seed)).tolist()
-        reference = greedy_reference(target, prompt, 40, eos=False)
+        reference = greedy_reference(Target(target), prompt, 40, eos=False)
         config = DecodeConfig(budget="auto", budget_cap=16, temperature=0.0, max_new_tokens=40, stop_at_eos=False)
         sizing = AutoBudget(CostCurve(curve, frozen=True), cap=16) if curve else None
-        records, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config), sizing=sizing))
+        records, summary = run_to_end(speculative_generate(Request(Target(target), drafter, prompt, config), sizing=sizing))
         assert summary.token_ids == reference.token_ids, (kind, seed)
         assert all(r.choice is not None and r.tree.size == r.choice.size for r in records)
         sizes |= set(summary.tree_sizes)
@@ -294,14 +295,14 @@ def test_a_seeded_run_on_a_frozen_curve_repeats_exactly():
     target = tiny_target(VOCAB, scale=2.0)
     drafter = tiny_block_drafter(target)
     config = DecodeConfig(budget="auto", budget_cap=16, temperature=1.0, max_new_tokens=20, seed=5, stop_at_eos=False)
-    runs = [run_to_end(speculative_generate(Request(target, drafter, [3, 9, 27], config), sizing=AutoBudget(CostCurve(STEP, frozen=True), cap=16)))[1] for _ in range(2)]
+    runs = [run_to_end(speculative_generate(Request(Target(target), drafter, [3, 9, 27], config), sizing=AutoBudget(CostCurve(STEP, frozen=True), cap=16)))[1] for _ in range(2)]
     assert runs[0].token_ids == runs[1].token_ids and runs[0].tree_sizes == runs[1].tree_sizes
 
 
 def test_an_auto_budget_needs_budget_auto():
     target = tiny_target(VOCAB)
     with pytest.raises(ValueError, match="auto"):
-        run_to_end(speculative_generate(Request(target, tiny_block_drafter(target), [1, 2], DecodeConfig(budget=4)), sizing=AutoBudget(CostCurve(CURVE))))
+        run_to_end(speculative_generate(Request(Target(target), tiny_block_drafter(target), [1, 2], DecodeConfig(budget=4)), sizing=AutoBudget(CostCurve(CURVE))))
     with pytest.raises(ValueError, match="auto"):
         DecodeConfig(budget="big")
     with pytest.raises(ValueError, match="budget_cap"):
@@ -331,7 +332,7 @@ def test_generate_command_line_at_auto_records_each_choice(tmp_path, capsys):
 def test_budget_figure_reads_the_rounds_choice():
     target = tiny_target(VOCAB, scale=2.0)
     config = DecodeConfig(budget="auto", budget_cap=16, temperature=1.0, max_new_tokens=12, stop_at_eos=False)
-    records, _ = run_to_end(speculative_generate(Request(target, tiny_block_drafter(target), [3, 9, 27], config), sizing=AutoBudget(CostCurve(CURVE, frozen=True), cap=16)))
+    records, _ = run_to_end(speculative_generate(Request(Target(target), tiny_block_drafter(target), [3, 9, 27], config), sizing=AutoBudget(CostCurve(CURVE, frozen=True), cap=16)))
     record = records[-1]
     fig = budget_figure(record)
     line, going, chosen = fig.data
@@ -365,11 +366,10 @@ def test_bench_e2e_interleaves_auto_with_each_fixed_budget(tmp_path):
 def test_bench_e2e_runs_each_method_in_each_forward_beside_both_generate_peers(tmp_path):
     from tev.bench.e2e import bench_e2e, format_e2e_table
     from tev.engine.models import load_bundle
-    from tev.engine.target_precision import target_precision
 
     paths = save_pair(tmp_path)
     bundle = load_bundle(paths["target"], paths["block"], device="cpu")
-    chosen = target_precision(bundle.target)
+    chosen = bundle.runner.precision
     prompts = [{"ids": [1, 5, 9, 13]}, {"ids": [2, 4, 8, 16, 3]}]
     result = bench_e2e(bundle, prompts, budgets=("auto",), temperatures=(0.0,), methods=(("block", "tev"),), max_new_tokens=6,
                        peers=("hf-generate", "hf-generate-bf16"), forwards=("transformers", "float32"), progress=False)
@@ -378,7 +378,7 @@ def test_bench_e2e_runs_each_method_in_each_forward_beside_both_generate_peers(t
                          "block+greedy@transformers", "block+greedy@float32"}
     # greedy: the same tokens in every forward, and each speculative row is over its own forward's loop
     assert all(r["runs"] == 2 for r in rows.values()) and rows["block+greedy@float32"]["speedup_vs_hf_bf16"] > 0
-    assert result["forwards"] == ["transformers", "float32"] and target_precision(bundle.target) is chosen  # the choice comes back
+    assert result["forwards"] == ["transformers", "float32"] and bundle.runner.precision is chosen  # the choice comes back
     assert "vs HF generate bf16" in format_e2e_table(result)
 
 
@@ -428,7 +428,7 @@ def test_auto_drafts_twice_the_largest_recent_kept_tree_and_grows_when_a_round_k
     drafter.propose = lambda context, budget, state, timer=None: drafted.append(budget) or propose(context, budget, state, timer)
     config = DecodeConfig(budget="auto", budget_cap=32, temperature=1.0, max_new_tokens=40, seed=3, stop_at_eos=False)
     sizing = AutoBudget(CostCurve(STEP, frozen=True), cap=32)
-    records, summary = run_to_end(speculative_generate(Request(target, drafter, [3, 9, 27], config), sizing=sizing))
+    records, summary = run_to_end(speculative_generate(Request(Target(target), drafter, [3, 9, 27], config), sizing=sizing))
     kept = summary.tree_sizes
     assert drafted[0] == 32  # nothing kept yet: the cap
     expected = [min(32, max(MIN_DRAFTED, 2 * max(kept[max(0, i - KEPT_MEMORY):i]))) for i in range(1, len(kept))]
@@ -444,7 +444,7 @@ def test_auto_gives_the_drafter_half_the_least_probable_kept_nodes_path_probabil
     propose = drafter.propose
     drafter.propose = lambda context, budget, state, timer=None: floors.append(context.min_path_prob) or propose(context, budget, state, timer)
     config = DecodeConfig(budget="auto", budget_cap=16, temperature=1.0, max_new_tokens=40, seed=3, stop_at_eos=False)
-    records, _ = run_to_end(speculative_generate(Request(target, drafter, [3, 9, 27], config), sizing=AutoBudget(CostCurve(STEP, frozen=True), cap=16)))
+    records, _ = run_to_end(speculative_generate(Request(Target(target), drafter, [3, 9, 27], config), sizing=AutoBudget(CostCurve(STEP, frozen=True), cap=16)))
     least = [float(r.tree.path_logprob[1:].exp().min()) if r.tree.num_nodes > 1 else None for r in records]
     assert floors[0] == 0.0  # nothing kept yet
     for i in range(1, len(records)):

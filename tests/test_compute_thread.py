@@ -11,6 +11,7 @@ import pytest
 
 from tev.engine.decode import DecodeConfig, Request, speculative_generate
 from tev.util.compute_thread import BACKGROUND_SHARE, ComputeThread, mapped, result_of
+from tev.engine.target import Target
 from tests.tiny import tiny_block_drafter, tiny_target
 
 
@@ -42,7 +43,7 @@ def test_cancelling_one_request_leaves_the_other_as_it_runs_alone():
     config = DecodeConfig(budget=6, temperature=1.0, max_new_tokens=24, seed=11)
 
     def request(prompt):
-        return speculative_generate(Request(target, drafter, prompt, config))
+        return speculative_generate(Request(Target(target), drafter, prompt, config))
 
     alone = _tokens(request([3, 9, 27]))
     compute = ComputeThread(lookahead=1)

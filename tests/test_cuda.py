@@ -25,6 +25,7 @@ from tev.pipelines.exittrain import EXITTRAIN_SETTINGS
 from tev.train.teacher import regenerate_sequences
 from tev.util.timing import StageTimer
 from tev.bench.exactness import ALPHA, chi_square_against, count_host_syncs, draws_for_power, exact_block_law, first_difference, greedy_margins, rounding_tie
+from tev.engine.target import Target
 from tests.helpers import random_tree
 from tests.tiny import tiny_block_drafter, tiny_target
 
@@ -67,10 +68,10 @@ def greedy_runs(target, drafter) -> dict:
     """{(prompt index, budget): (speculative tokens, autoregressive tokens)} at T = 0."""
     runs = {}
     for i, prompt in enumerate(prompts()):
-        reference = autoregressive_generate(target, prompt, DecodeConfig(temperature=0.0, max_new_tokens=NEW_TOKENS, stop_at_eos=False))
+        reference = autoregressive_generate(Target(target), prompt, DecodeConfig(temperature=0.0, max_new_tokens=NEW_TOKENS, stop_at_eos=False))
         for budget in BUDGETS:
             config = DecodeConfig(budget=budget, temperature=0.0, max_new_tokens=NEW_TOKENS, stop_at_eos=False)
-            _, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config)))
+            _, summary = run_to_end(speculative_generate(Request(Target(target), drafter, prompt, config)))
             runs[i, budget] = (summary.token_ids, reference.token_ids)
     return runs
 
@@ -119,7 +120,7 @@ def cuda_case(tmp_path_factory):
     tiny_target(4, scale=0.5, eos_token_id=11).save_pretrained(folder)
     target = load_causal_lm(folder, device="cuda", dtype=torch.bfloat16)
     tree = random_tree(torch.Generator().manual_seed(5), vocab=4, budget=12, horizon=3, root_token=2)
-    session = CausalLMSession(target)
+    session = CausalLMSession(Target(target))
     session.extend([1, 3, 0])
     rows = session.forward_tree(tree).rows(0.7)
     assert rows.device.type == "cuda" and rows.hidden.dtype == torch.bfloat16
@@ -164,7 +165,7 @@ def tree_forward(target, drafter):
     """(tree, forward output): a block-drafter tree on a fresh session and the target's forward
     over it; ``output.rows(T)`` gives a new ``TargetRows`` each time (nothing cached)."""
     prompt = prompts()[0]
-    session = CausalLMSession(target, feature_layers=drafter.feature_layers)
+    session = CausalLMSession(Target(target), feature_layers=drafter.feature_layers)
     state = drafter.new_state()
     prefill(session, prompt, state)
     tree = drafter.propose(DraftContext(prompt, max_depth=8), 16, state)
@@ -190,7 +191,7 @@ def test_a_speculation_round_crosses_to_the_host_as_documented(bf16_pair, verifi
     (tev/engine/round.py); the stage timer is the non-syncing one, so only the engine counts."""
     target, drafter = bf16_pair
     prompt = prompts()[1]
-    session = CausalLMSession(target, feature_layers=drafter.feature_layers)
+    session = CausalLMSession(Target(target), feature_layers=drafter.feature_layers)
     committed, state = list(prompt), drafter.new_state()
     prefill(session, prompt, state)
     generator = torch.Generator(device="cuda").manual_seed(1)
@@ -236,7 +237,7 @@ def test_tree_attention_matches_sequential_forwards_on_cuda(folders, arch):
     target = load_causal_lm(folders["target" if arch == "llama" else "ar"], device="cuda", dtype=torch.float32)
     context = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(0))
     tree = DraftTree.from_paths(int(context[-1]), [[1, 2, 3, 4], [1, 2, 5], [1, 6], [7, 8], [9]])
-    session = CausalLMSession(target)
+    session = CausalLMSession(Target(target))
     session.extend(context[:-1])
     tree_logits = session.forward_tree(tree).logits
     with torch.no_grad():

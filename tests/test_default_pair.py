@@ -32,6 +32,7 @@ from tev.engine.row_products import packed_products_available
 from tev.engine.target_precision import forced_target_forward
 from tests.helpers import random_tree
 from tev.pipelines.train_drafter import QUICK_RECIPE, train_drafter_pipeline
+from tev.engine.target import Target
 
 CHAT_PROMPTS = ("What is the capital of France?", "Write a Python function that reverses a string.", "What is 12 times 7?")
 
@@ -100,7 +101,7 @@ def test_draft_vocabulary_limits_what_the_drafter_proposes(tmp_path):
 def test_greedy_speculation_with_a_draft_vocabulary_equals_greedy_decoding():
     target = tiny_target(300, scale=3.0)
     drafter = BlockTreeDrafter(tiny_vocab_drafter(target, list(range(0, 300, 3))))
-    spec, plain = _greedy_equal(target, None, drafter, [1, 2, 3, 4], 24)
+    spec, plain = _greedy_equal(Target(target), None, drafter, [1, 2, 3, 4], 24)
     assert spec.token_ids == plain.token_ids
 
 
@@ -124,7 +125,7 @@ def test_train_drafter_pipeline_on_a_tiny_chat_model(chat_folder, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(chat_folder)
     drafter = load_block_drafter(out, target)
     ids = encode_chat(tokenizer, "write python code to add two number")
-    spec, plain = _greedy_equal(target, tokenizer, drafter, ids, 24)
+    spec, plain = _greedy_equal(Target(target), tokenizer, drafter, ids, 24)
     assert spec.token_ids == plain.token_ids
     # a second run resumes from the cached stages and the final checkpoint: the same drafter
     first = load_file(out / "drafter.safetensors")
@@ -155,7 +156,7 @@ def test_hf_peers_decode_like_the_target(method):
     target = tiny_target(300, scale=3.0)
     config = DecodeConfig(temperature=0.0, max_new_tokens=20)
     peer = hf_generate(target, [1, 2, 3, 1, 2], config, None, method=method)
-    plain = autoregressive_generate(target, [1, 2, 3, 1, 2], config, None)
+    plain = autoregressive_generate(Target(target), [1, 2, 3, 1, 2], config, None)
     assert peer.token_ids == plain.token_ids and peer.method == method
     with pytest.raises(ValueError, match="method"):
         hf_generate(target, [1, 2], config, None, method="beam")
@@ -265,7 +266,7 @@ def test_default_pair_is_smollm2_with_a_chat_template(smollm2):
 
 def test_chat_answer_stops_at_end_of_turn(smollm2):
     ids = encode_chat(smollm2.tokenizer, CHAT_PROMPTS[0])
-    summary = autoregressive_generate(smollm2.target, ids, DecodeConfig(temperature=0.0, max_new_tokens=40), smollm2.tokenizer)
+    summary = autoregressive_generate(smollm2.runner, ids, DecodeConfig(temperature=0.0, max_new_tokens=40), smollm2.tokenizer)
     assert "Paris" in summary.text
     # the answer ends at the end-of-turn token (the tokenizer's EOS), which the output leaves out
     assert smollm2.tokenizer.eos_token_id == smollm2.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -282,10 +283,10 @@ def test_greedy_speculation_equals_greedy_decoding_on_chat_prompts(smollm2, draf
     if drafter not in bundle.drafters:
         pytest.skip(f"the default pair ships no {drafter} drafter yet")
     _skip_a_precision_this_cpu_refuses(forward)
-    with contextlib.nullcontext() if forward is None else forced_target_forward(bundle.target, forward):
+    with contextlib.nullcontext() if forward is None else forced_target_forward(bundle.runner, forward):
         for prompt in CHAT_PROMPTS:
             ids = encode_chat(bundle.tokenizer, prompt)
-            spec, plain = _greedy_equal(bundle.target, bundle.tokenizer, bundle.drafter(drafter), ids, 32)
+            spec, plain = _greedy_equal(bundle.runner, bundle.tokenizer, bundle.drafter(drafter), ids, 32)
             assert spec.token_ids == plain.token_ids, prompt
 
 
@@ -309,15 +310,15 @@ def test_every_tree_row_equals_the_row_alone_on_held_out_chat_prompts(smollm2, f
     _skip_a_precision_this_cpu_refuses(forward)
     generator = torch.Generator().manual_seed(7)
     prompts = spread_evenly(load_prompt_set("chat"), 3)  # dialogue, code, math
-    with forced_target_forward(bundle.target, forward) as precision:
+    with forced_target_forward(bundle.runner, forward) as precision:
         assert precision.invariant, precision.refused
         for size, prompt in zip((9, 17, 33), prompts):
             ids = encode_chat(bundle.tokenizer, prompt["text"])
             tree = random_tree(generator, 49152, budget=size - 1, horizon=8, root_token=ids[-1])
-            session = CausalLMSession(bundle.target)
+            session = CausalLMSession(bundle.runner)
             session.extend(ids[:-1])
             tree_logits = session.forward_tree(tree).rows(1.0).all_logits()
-            alone = CausalLMSession(bundle.target)
+            alone = CausalLMSession(bundle.runner)
             alone.extend(ids[:-1])
             differing = []
             for node in _depth_first(tree):

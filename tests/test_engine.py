@@ -22,6 +22,7 @@ from tev.util.timing import StageTimer
 from tev.core.tree import DraftTree
 from tev.bench.exactness import ALPHA, chi_square_against
 from tev.util.stored import StoredResultError
+from tev.engine.target import Target
 from tests.helpers import truncated_law
 from tests.tiny import OracleDrafter, save_pair, tiny_ar_drafter, tiny_block_drafter, tiny_target
 
@@ -39,7 +40,7 @@ def test_tree_attention_matches_sequential_forwards(arch):
     target = tiny_target(VOCAB, arch=arch)
     context = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(0))
     tree = DraftTree.from_paths(int(context[-1]), [[1, 2, 3, 4], [1, 2, 5], [1, 6], [7, 8], [9]])
-    session = CausalLMSession(target)
+    session = CausalLMSession(Target(target))
     session.extend(context[:-1])
     tree_logits = session.forward_tree(tree).logits
     worst = 0.0
@@ -65,7 +66,7 @@ def test_commit_keeps_the_context_and_the_path_in_order_for_every_path_of_a_tree
     context = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(1))
     tree = DraftTree.from_paths(int(context[-1]), [[1, 2, 3, 4], [1, 2, 5], [1, 6], [7, 8], [9]])
     for v in range(tree.num_nodes):
-        session = CausalLMSession(target)
+        session = CausalLMSession(Target(target))
         session.extend(context[:-1])
         session.forward_tree(tree)
         path = tree.path_to(v)
@@ -81,7 +82,7 @@ def test_commit_keeps_the_context_and_the_path_in_order_for_every_path_of_a_tree
 
 
 # ------------------------------------------------------------------ greedy equivalence
-def greedy_reference(target, prompt, max_new_tokens, eos=True):
+def greedy_reference(target: Target, prompt, max_new_tokens, eos=True):
     config = DecodeConfig(temperature=0.0, max_new_tokens=max_new_tokens, stop_at_eos=eos)
     return autoregressive_generate(target, prompt, config)
 
@@ -103,9 +104,9 @@ def test_greedy_speculation_equals_greedy_decoding(kind, budget, monkeypatch):
     drafter = drafters[kind]()
     for seed in range(3):
         prompt = torch.randint(1, VOCAB, (5 + seed,), generator=torch.Generator().manual_seed(seed)).tolist()
-        reference = greedy_reference(target, prompt, 40, eos=False)
+        reference = greedy_reference(Target(target), prompt, 40, eos=False)
         config = DecodeConfig(budget=budget, temperature=0.0, max_new_tokens=40, stop_at_eos=False)
-        records, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config)))
+        records, summary = run_to_end(speculative_generate(Request(Target(target), drafter, prompt, config)))
         assert summary.token_ids == reference.token_ids, (kind, budget, seed)
         assert sum(len(r.emitted) for r in records) == 40 and summary.stop_reason == "max_new_tokens"
 
@@ -113,13 +114,13 @@ def test_greedy_speculation_equals_greedy_decoding(kind, budget, monkeypatch):
 def test_eos_in_the_middle_of_a_block_stops_exactly_like_greedy_decoding():
     target = tiny_target(VOCAB, scale=3.0)
     prompt = [5, 17, 3, 22]
-    free_run = greedy_reference(target, prompt, 30, eos=False).token_ids
+    free_run = greedy_reference(Target(target), prompt, 30, eos=False).token_ids
     eos = free_run[9]  # a token greedy decoding meets at step 10
     target.config.eos_token_id = eos
-    reference = greedy_reference(target, prompt, 30)
+    reference = greedy_reference(Target(target), prompt, 30)
     assert reference.stop_reason == "eos" and reference.token_ids == free_run[: free_run.index(eos)]
     oracle = OracleDrafter(prompt + free_run, len(prompt), VOCAB, depth=6)
-    records, summary = run_to_end(speculative_generate(Request(target, oracle, prompt, DecodeConfig(budget=16, temperature=0.0, max_new_tokens=30))))
+    records, summary = run_to_end(speculative_generate(Request(Target(target), oracle, prompt, DecodeConfig(budget=16, temperature=0.0, max_new_tokens=30))))
     assert summary.token_ids == reference.token_ids and summary.stop_reason == "eos"
     last = records[-1]
     assert eos in last.verdict.block_tokens(last.tree)[:-1] or last.bonus_token == eos
@@ -134,10 +135,10 @@ def test_eos_in_the_middle_of_a_block_stops_exactly_like_greedy_decoding():
 def test_max_new_tokens_is_never_overshot():
     target = tiny_target(VOCAB, scale=3.0)
     prompt = [4, 9, 13]
-    free_run = greedy_reference(target, prompt, 20, eos=False).token_ids
+    free_run = greedy_reference(Target(target), prompt, 20, eos=False).token_ids
     oracle = OracleDrafter(prompt + free_run + [0] * 10, len(prompt), VOCAB, depth=6)
     for limit in (1, 2, 5, 7, 13):
-        _, summary = run_to_end(speculative_generate(Request(target, oracle, prompt, DecodeConfig(budget=16, temperature=0.0, max_new_tokens=limit, stop_at_eos=False))))
+        _, summary = run_to_end(speculative_generate(Request(Target(target), oracle, prompt, DecodeConfig(budget=16, temperature=0.0, max_new_tokens=limit, stop_at_eos=False))))
         assert summary.token_ids == free_run[:limit]
         assert summary.tau == pytest.approx(limit / summary.rounds) and summary.tau <= summary.mean_block_length  # the length limit cuts tau too
 
@@ -203,9 +204,9 @@ def test_sampling_is_lossless(small_target, method, monkeypatch):
         budget = 6 if method in drafters else 20  # a partial tree for the trained-shape drafters
         config = DecodeConfig(budget=budget, temperature=1.0, verifier=verifier, max_new_tokens=3, seed=seed, stop_at_eos=False)
         if method == "ar-baseline":
-            summary = autoregressive_generate(small_target, prompt, config)
+            summary = autoregressive_generate(Target(small_target), prompt, config)
         else:
-            records, summary = run_to_end(speculative_generate(Request(small_target, drafter, prompt, config)))
+            records, summary = run_to_end(speculative_generate(Request(Target(small_target), drafter, prompt, config)))
             lengths += [r.block_length for r in records[:1]]
             bounds += [r.flow.tau_bound for r in records[:1]]
         samples.append(tuple(summary.token_ids))
@@ -229,9 +230,9 @@ def test_sampling_with_top_k_and_top_p_is_lossless(small_target, method):
     for seed in range(2500):
         settings = DecodeConfig(budget=20, verifier="tev" if method == "ar-baseline" else method, max_new_tokens=3, seed=seed, stop_at_eos=False, **config)
         if method == "ar-baseline":
-            summary = autoregressive_generate(small_target, [1, 2, 0], settings)
+            summary = autoregressive_generate(Target(small_target), [1, 2, 0], settings)
         else:
-            summary = run_to_end(speculative_generate(Request(small_target, FullTreeDrafter(), [1, 2, 0], settings)))[1]
+            summary = run_to_end(speculative_generate(Request(Target(small_target), FullTreeDrafter(), [1, 2, 0], settings)))[1]
         samples.append(tuple(summary.token_ids))
     statistic, p_value, dof = chi_square_against(law, samples)
     print(f"{method} with top-k 3, top-p 0.85: chi2={statistic:.1f} dof={dof} p={p_value:.3f}")
@@ -245,7 +246,7 @@ def test_mean_block_length_matches_mean_coverage_bound_over_many_rounds():
     for seed in range(30):
         prompt = torch.randint(1, VOCAB, (6,), generator=torch.Generator().manual_seed(100 + seed)).tolist()
         config = DecodeConfig(budget=32, temperature=1.0, max_new_tokens=40, seed=seed, stop_at_eos=False)
-        records, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config)))
+        records, summary = run_to_end(speculative_generate(Request(Target(target), drafter, prompt, config)))
         lengths += summary.block_lengths  # raw blocks: 1 + C bounds them, not the tokens emitted (tau)
         bounds += summary.tau_bounds
     n = len(lengths)
@@ -262,8 +263,8 @@ def test_evaluation_rows_give_tau_per_forward_with_its_error_over_prompts():
     target = tiny_target(VOCAB, scale=3.0)
     drafter = tiny_block_drafter(target)
     prompts = [{"ids": [1 + i, 5, 9 + 2 * i]} for i in range(4)]
-    row, = evaluate_drafter(target, None, drafter, prompts, budgets=(8,), temperatures=(0.0,), max_new_tokens=12, progress=False)
-    summaries = [run_to_end(speculative_generate(Request(target, drafter, p["ids"], DecodeConfig(budget=8, temperature=0.0, max_new_tokens=12, seed=i))))[1]
+    row, = evaluate_drafter(Target(target), None, drafter, prompts, budgets=(8,), temperatures=(0.0,), max_new_tokens=12, progress=False)
+    summaries = [run_to_end(speculative_generate(Request(Target(target), drafter, p["ids"], DecodeConfig(budget=8, temperature=0.0, max_new_tokens=12, seed=i))))[1]
                  for i, p in enumerate(prompts)]
     tokens, rounds = [len(s.token_ids) for s in summaries], [s.rounds for s in summaries]
     assert row["tau"] == pytest.approx(sum(tokens) / sum(rounds)) and row["tokens"] == sum(tokens) and row["prompts"] == 4
@@ -312,11 +313,11 @@ def test_prompt_near_the_context_limit_stops_cleanly():
     drafter = tiny_block_drafter(target)
     for length in (28, 31, 32):
         prompt = [1 + (i % 40) for i in range(length)]
-        records, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, DecodeConfig(budget=16, temperature=0.0, max_new_tokens=50, stop_at_eos=False))))
+        records, summary = run_to_end(speculative_generate(Request(Target(target), drafter, prompt, DecodeConfig(budget=16, temperature=0.0, max_new_tokens=50, stop_at_eos=False))))
         assert summary.stop_reason == "context_limit"
         assert len(prompt) + len(summary.token_ids) == 33  # positions 0..31 processed, plus the last prediction
         assert all(r.position + r.tree.max_depth <= 31 for r in records)
-        reference = greedy_reference(target, prompt, 50, eos=False)
+        reference = greedy_reference(Target(target), prompt, 50, eos=False)
         assert summary.token_ids == reference.token_ids and reference.stop_reason == "context_limit"
 
 
@@ -324,9 +325,9 @@ def test_bad_input_is_refused_clearly(pair_folders):
     target = tiny_target(VOCAB, context=32)
     drafter = tiny_block_drafter(target)
     with pytest.raises(ValueError, match="prompt is empty"):
-        next(speculative_generate(Request(target, drafter, [])))
+        next(speculative_generate(Request(Target(target), drafter, [])))
     with pytest.raises(ValueError, match="context is 32"):
-        next(speculative_generate(Request(target, drafter, list(range(1, 40)))))
+        next(speculative_generate(Request(Target(target), drafter, list(range(1, 40)))))
     with pytest.raises(ValueError, match="budget must be"):
         DecodeConfig(budget=-1)
     with pytest.raises(ValueError, match="temperature must be"):
@@ -360,7 +361,7 @@ def test_bundle_loads_every_drafter_kind(pair_folders):
     prompt = encode_prompt(bundle.tokenizer, "def add(a, b):", bundle.context_length)
     assert prompt[0] == bundle.tokenizer.bos_token_id
     for b, kind in ((bundle, "block"), (bundle, "chain"), (ar_bundle, "ar"), (ar_bundle, "chain")):
-        records, summary = run_to_end(speculative_generate(Request(b.target, b.drafter(kind), prompt, DecodeConfig(budget=8, max_new_tokens=12, seed=1)), b.tokenizer))
+        records, summary = run_to_end(speculative_generate(Request(b.runner, b.drafter(kind), prompt, DecodeConfig(budget=8, max_new_tokens=12, seed=1)), b.tokenizer))
         assert summary.text == b.tokenizer.decode(summary.token_ids) or summary.stop_reason == "eos"
         assert records and all(set(r.timings) == set(STAGES) for r in records)
 
@@ -371,7 +372,7 @@ def test_the_stages_sum_to_the_round_s_time(pair_folders, verifier, law):
     bundle = load_bundle(pair_folders["target"], pair_folders["block"])
     drafter = bundle.drafter("block")
     prompt = encode_prompt(bundle.tokenizer, "def add(a, b):", bundle.context_length)
-    session = CausalLMSession(bundle.target, feature_layers=drafter.feature_layers)
+    session = CausalLMSession(bundle.runner, feature_layers=drafter.feature_layers)
     state = drafter.new_state()
     prefill(session, prompt, state)
     generator = torch.Generator().manual_seed(0)
@@ -396,7 +397,7 @@ def test_bfloat16_paths_are_taken_only_where_this_cpu_runs_them_faster(pair_fold
     monkeypatch.setenv("TEV_CPU_BF16", forced)
     bundle = load_bundle(pair_folders["target"], pair_folders["block"])
     assert next(bundle.drafter("block").model.parameters()).dtype == dtype
-    screen = CausalLMSession(bundle.target).screen
+    screen = CausalLMSession(bundle.runner).screen
     if dtype == torch.float32:
         assert screen is None
     else:

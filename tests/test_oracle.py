@@ -16,6 +16,7 @@ from tev.core.tree import DraftTree
 from tev.engine.decode import DecodeConfig, autoregressive_generate
 from tev.engine.oracle_tree import oracle_tree, target_row
 from tev.engine.session import CausalLMSession
+from tev.engine.target import Target
 
 VOCAB = 40
 CONTEXT = [3, 17, 5, 9]
@@ -27,7 +28,7 @@ def target():
 
 
 def _session(target, context: list[int]) -> CausalLMSession:
-    session = CausalLMSession(target)
+    session = CausalLMSession(Target(target))
     session.extend(context[:-1])
     return session
 
@@ -39,7 +40,7 @@ def _coverage(target, context: list[int], tree, law: SamplingLaw) -> float:
 
 
 def test_at_t0_the_oracle_tree_is_the_greedy_path(target):
-    greedy = autoregressive_generate(target, CONTEXT, DecodeConfig(temperature=0.0, max_new_tokens=5, stop_at_eos=False)).token_ids
+    greedy = autoregressive_generate(Target(target), CONTEXT, DecodeConfig(temperature=0.0, max_new_tokens=5, stop_at_eos=False)).token_ids
     session = _session(target, CONTEXT)
     tree = oracle_tree(session, CONTEXT, SamplingLaw(0.0), budget=8, horizon=5)
     assert tree.parents.tolist() == [-1, 0, 1, 2, 3, 4]  # a chain: every sibling has reach 0 under the argmax law
@@ -78,8 +79,8 @@ def test_the_bench_scores_each_drafters_tree_under_the_oracles_bound(target):
 
     drafters = {"path": tiny_block_drafter(target, conditioning="path"), "block": tiny_block_drafter(target)}
     law = SamplingLaw(1.0)
-    answer = autoregressive_generate(target, CONTEXT, DecodeConfig(temperature=1.0, max_new_tokens=8, seed=3, stop_at_eos=False)).token_ids
-    rows = anchor_coverages(SimpleNamespace(target=target), drafters, CONTEXT, answer, [0, 3, 6], law, [2, 6], horizon=4)
+    answer = autoregressive_generate(Target(target), CONTEXT, DecodeConfig(temperature=1.0, max_new_tokens=8, seed=3, stop_at_eos=False)).token_ids
+    rows = anchor_coverages(SimpleNamespace(runner=Target(target)), drafters, CONTEXT, answer, [0, 3, 6], law, [2, 6], horizon=4)
     assert [row["anchor"] for row in rows] == [0, 3, 6]
     for row in rows:
         assert sum(row["oracle_reach_by_depth"]) == pytest.approx(row["oracle"]["6"], rel=1e-5)
@@ -102,10 +103,10 @@ def test_paired_coverage_scores_both_drafters_on_the_same_anchors_without_the_or
     from tev.bench.oracle_reach import anchor_coverages
 
     drafters = {"base": tiny_block_drafter(target), "adapted": tiny_block_drafter(target, conditioning="path")}
-    law, bundle = SamplingLaw(0.7, top_p=0.9), SimpleNamespace(target=target)
+    law, bundle = SamplingLaw(0.7, top_p=0.9), SimpleNamespace(runner=Target(target))
     per_prompt = []
     for seed in (1, 2, 3):
-        answer = autoregressive_generate(target, CONTEXT, DecodeConfig(temperature=0.7, top_p=0.9, max_new_tokens=8, seed=seed, stop_at_eos=False)).token_ids
+        answer = autoregressive_generate(Target(target), CONTEXT, DecodeConfig(temperature=0.7, top_p=0.9, max_new_tokens=8, seed=seed, stop_at_eos=False)).token_ids
         alone = anchor_coverages(bundle, drafters, CONTEXT, answer, [0, 2, 4], law, [4], horizon=4, with_oracle=False)
         beside = anchor_coverages(bundle, drafters, CONTEXT, answer, [0, 2, 4], law, [4], horizon=4)
         assert all("oracle" not in row for row in alone) and [row["drafters"] for row in alone] == [row["drafters"] for row in beside]
@@ -137,19 +138,19 @@ def test_the_rounds_counted_on_a_text_are_the_rounds_speculation_takes_to_emit_i
     assert rounds_on_text([2, 0, 0, 1, 0]) == 2 and rounds_on_text([0, 0, 0]) == 3 and rounds_on_text([]) == 0
     tree = DraftTree(tokens=[0, 5, 6, 7], parents=[-1, 0, 1, 0], depths=[0, 1, 2, 1], draft_logprob=[0.0, -1.0, -1.0, -1.0])
     assert matched_depth(tree, [5, 6, 9]) == 2 and matched_depth(tree, [7, 5]) == 1 and matched_depth(tree, [8]) == 0
-    drafter, bundle = tiny_block_drafter(target, conditioning="path"), SimpleNamespace(target=target)
+    drafter, bundle = tiny_block_drafter(target, conditioning="path"), SimpleNamespace(runner=Target(target))
     config = DecodeConfig(budget=6, temperature=0.0, max_new_tokens=12, stop_at_eos=False)
-    answer = autoregressive_generate(target, CONTEXT, config).token_ids
+    answer = autoregressive_generate(Target(target), CONTEXT, config).token_ids
     rows = anchor_coverages(bundle, {"d": drafter}, CONTEXT, answer, list(range(len(answer))), SamplingLaw(0.0), [6], horizon=4, with_oracle=False)
     assert [row["matched"]["d"]["6"] for row in rows] == [round(row["drafters"]["d"]["6"]) for row in rows]
-    records, summary = run_to_end(speculative_generate(Request(target, drafter, CONTEXT, config)))
+    records, summary = run_to_end(speculative_generate(Request(Target(target), drafter, CONTEXT, config)))
     assert summary.token_ids == answer and rounds_on_text([row["matched"]["d"]["6"] for row in rows]) == len(records)
     # T = 1: rounds on the target's own samples against TEV decoding's, over 80 seeds each
     sampled = DecodeConfig(budget=6, temperature=1.0, max_new_tokens=10, stop_at_eos=False)
     on_text = decoded = 0
     for seed in range(80):
-        text = autoregressive_generate(target, CONTEXT, dataclasses.replace(sampled, seed=1000 + seed)).token_ids
+        text = autoregressive_generate(Target(target), CONTEXT, dataclasses.replace(sampled, seed=1000 + seed)).token_ids
         walked = anchor_coverages(bundle, {"d": drafter}, CONTEXT, text, list(range(len(text))), SamplingLaw(1.0), [6], horizon=4, with_oracle=False)
         on_text += rounds_on_text([row["matched"]["d"]["6"] for row in walked])
-        decoded += len(run_to_end(speculative_generate(Request(target, drafter, CONTEXT, dataclasses.replace(sampled, seed=seed))))[0])
+        decoded += len(run_to_end(speculative_generate(Request(Target(target), drafter, CONTEXT, dataclasses.replace(sampled, seed=seed))))[0])
     assert on_text < 80 * 10 and abs(on_text - decoded) <= 0.1 * decoded, (on_text, decoded)  # fewer rounds than tokens: trees accept

@@ -771,7 +771,7 @@ def test_served_models_keep_no_autograd_graph(quick_assets_dir, monkeypatch):
     bundle = load_bundle()
     assert not any(p.requires_grad for p in bundle.target.parameters())
     assert not any(p.requires_grad for p in bundle.drafter("block").model.parameters())
-    records, _ = run_to_end(speculative_generate(Request(bundle.target, bundle.drafter("block"), encode_prompt(bundle.tokenizer, PROMPT), DecodeConfig(budget=8, max_new_tokens=8)), bundle.tokenizer))
+    records, _ = run_to_end(speculative_generate(Request(bundle.runner, bundle.drafter("block"), encode_prompt(bundle.tokenizer, PROMPT), DecodeConfig(budget=8, max_new_tokens=8)), bundle.tokenizer))
     assert not records[0].flow.reach.requires_grad and not records[0].tree.draft_logprob.requires_grad
 
 

@@ -21,8 +21,9 @@ from tev.engine.decode import DecodeConfig, Request, autoregressive_generate, ru
 from tev.engine.row_invariant import BLOCK, RowInvariantForward
 from tev.engine.row_products import RowProducts, invariance_failures, packed_products_available
 from tev.engine.session import CausalLMSession
-from tev.engine.target_precision import (FORWARD_ENV, _decide, choose_target_forward, forced_target_forward, rows_agree_across_threads, target_forward,
-                                        target_precision, thread_counts, tree_rows_differ)
+from tev.engine.target import Target
+from tev.engine.target_precision import (FORWARD_ENV, _decide, choose_target_forward, forced_target_forward, rows_agree_across_threads, thread_counts,
+                                        tree_rows_differ)
 
 DTYPES = [pytest.param(torch.float32, id="float32"), pytest.param(torch.bfloat16, id="bfloat16")]
 
@@ -32,9 +33,9 @@ def _skip_without(dtype):
         pytest.skip(f"oneDNN's prepacked {dtype} products do not run on this CPU")
 
 
-def running(model, precision: str):
-    """``model``'s sessions run the row-invariant forward in ``precision`` while inside."""
-    return forced_target_forward(model, precision)
+def running(target: Target, precision: str):
+    """``target``'s sessions run the row-invariant forward in ``precision`` while inside."""
+    return forced_target_forward(target, precision)
 
 
 def rows_alone(session_of, context: list[int], tree) -> list[torch.Tensor]:
@@ -54,16 +55,16 @@ def rows_alone(session_of, context: list[int], tree) -> list[torch.Tensor]:
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_every_tree_row_equals_the_row_computed_alone(arch, dtype):
     _skip_without(dtype)
-    target = tiny_target(VOCAB, arch=arch, context=256)
+    runner = Target(tiny_target(VOCAB, arch=arch, context=256))
     generator = torch.Generator().manual_seed(0)
-    with running(target, str(dtype).removeprefix("torch.")):
+    with running(runner, str(dtype).removeprefix("torch.")):
         for context_length in (3, BLOCK - 2, BLOCK + 5, 3 * BLOCK + 1):  # the committed block ends at 0, 0/32, 32, 96/128
             context = torch.randint(0, VOCAB, (context_length,), generator=generator).tolist()
             tree = random_tree(generator, VOCAB, budget=12, horizon=6, root_token=context[-1])
-            session = CausalLMSession(target)
+            session = CausalLMSession(runner)
             session.extend(context[:-1])
             tree_logits = session.forward_tree(tree).rows(1.0).all_logits()
-            alone = rows_alone(lambda: CausalLMSession(target), context, tree)
+            alone = rows_alone(lambda: CausalLMSession(runner), context, tree)
             differing = [v for v in range(tree.num_nodes) if not torch.equal(alone[v], tree_logits[v])]
             assert not differing, (context_length, differing)
 
@@ -73,8 +74,9 @@ def test_the_forward_computes_the_model(dtype):
     _skip_without(dtype)
     target = tiny_target(VOCAB, context=256)
     ids = torch.randint(0, VOCAB, (80,), generator=torch.Generator().manual_seed(1))
-    with running(target, str(dtype).removeprefix("torch.")):
-        ours = CausalLMSession(target).extend(ids).logits
+    runner = Target(target)
+    with running(runner, str(dtype).removeprefix("torch.")):
+        ours = CausalLMSession(runner).extend(ids).logits
     with torch.no_grad():
         theirs = target(input_ids=ids[None]).logits[0]
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2  # bfloat16 products: about 3 significant digits
@@ -85,9 +87,10 @@ def test_a_long_prompt_goes_through_in_pieces_with_the_same_rows():
     _skip_without(torch.bfloat16)
     target = tiny_target(VOCAB, context=256)
     ids = torch.randint(0, VOCAB, (150,), generator=torch.Generator().manual_seed(2)).tolist()
-    with running(target, "bfloat16"):
-        whole = CausalLMSession(target).extend(ids).logits  # 64 + 64 + 22 rows
-        stepped = CausalLMSession(target)
+    runner = Target(target)
+    with running(runner, "bfloat16"):
+        whole = CausalLMSession(runner).extend(ids).logits  # 64 + 64 + 22 rows
+        stepped = CausalLMSession(runner)
         last = [stepped.extend([token]).last_logits() for token in ids]
     assert torch.equal(whole, torch.stack(last))
 
@@ -116,12 +119,13 @@ def test_greedy_speculation_equals_greedy_decoding_through_the_row_invariant_for
     drafters = {"block": lambda: tiny_block_drafter(target), "path": lambda: tiny_block_drafter(target, conditioning="path"),
                 "chain": lambda: BlockTreeDrafter(tiny_block_drafter(target).model, shape="chain"), "ar": lambda: tiny_ar_drafter(VOCAB)}
     drafter = drafters[kind]()
-    with running(target, str(dtype).removeprefix("torch.")):
+    runner = Target(target)
+    with running(runner, str(dtype).removeprefix("torch.")):
         for seed, budget in ((0, 4), (1, 16), (2, 32)):
             prompt = torch.randint(1, VOCAB, (30 + 7 * seed,), generator=torch.Generator().manual_seed(seed)).tolist()  # crosses a block
-            reference = greedy_reference(target, prompt, 48, eos=False)
+            reference = greedy_reference(runner, prompt, 48, eos=False)
             config = DecodeConfig(budget=budget, temperature=0.0, max_new_tokens=48, stop_at_eos=False)
-            _, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config)))
+            _, summary = run_to_end(speculative_generate(Request(runner, drafter, prompt, config)))
             assert summary.token_ids == reference.token_ids, (kind, budget, seed)
 
 
@@ -131,33 +135,37 @@ def test_sampling_through_the_bfloat16_row_invariant_forward_is_lossless(method)
     torch.manual_seed(0)
     target = tiny_target(SMALL_VOCAB, scale=0.5, eos_token_id=SMALL_VOCAB + 7)
     prompt = [1, 2, 0]
-    with running(target, "bfloat16"):
-        law = exact_first_tokens_law(target, prompt, logits_of=lambda ids: CausalLMSession(target).extend(ids).logits)  # the forward's own rows
+    runner = Target(target)
+    with running(runner, "bfloat16"):
+        law = exact_first_tokens_law(target, prompt, logits_of=lambda ids: CausalLMSession(runner).extend(ids).logits)  # the forward's own rows
         samples = []
         for seed in range(2000):
             config = DecodeConfig(budget=20, temperature=1.0, verifier="tev" if method == "ar-baseline" else method, max_new_tokens=3, seed=seed, stop_at_eos=False)
             if method == "ar-baseline":
-                summary = autoregressive_generate(target, prompt, config)
+                summary = autoregressive_generate(runner, prompt, config)
             else:
-                _, summary = run_to_end(speculative_generate(Request(target, FullTreeDrafter(), prompt, config)))
+                _, summary = run_to_end(speculative_generate(Request(runner, FullTreeDrafter(), prompt, config)))
             samples.append(tuple(summary.token_ids))
     statistic, p_value, dof = chi_square_against(law, samples)
     assert p_value > ALPHA, (method, statistic, dof)
 
 
 def test_the_choice_is_checked_timed_and_recorded(monkeypatch):
-    target = tiny_target(VOCAB, context=256)
+    target = Target(tiny_target(VOCAB, context=256))
+    assert target.precision is None and target.forward is None and target.label == "transformers"  # nothing chosen: transformers' forward
     precision = choose_target_forward(target)
     assert precision.forward in ("row-invariant", "transformers") and precision.reason
     assert set(precision.step_ms) >= {"transformers float32"} and all(set(ms) == {"1", "9"} for ms in precision.step_ms.values())
-    assert target_precision(target) is precision
-    assert (target_forward(target) is not None) == precision.invariant
-    assert CausalLMSession(target).invariant is target_forward(target)
+    assert target.precision is precision and target.label == precision.label
+    assert (target.forward is not None) == precision.invariant
+    assert CausalLMSession(target).invariant is target.forward
     monkeypatch.setenv(FORWARD_ENV, "transformers")
-    assert choose_target_forward(target).label == "transformers float32" and target_forward(target) is None
+    assert choose_target_forward(target).label == "transformers float32" and target.forward is None
     monkeypatch.setenv(FORWARD_ENV, "float16")
     with pytest.raises(ValueError, match="TEV_TARGET_FORWARD"):
         choose_target_forward(target)
+    with pytest.raises(TypeError, match="Target"):  # a bare model would drop the choice without a word
+        CausalLMSession(target.model)
 
 
 def test_the_choice_prefers_the_row_invariant_forward_within_its_margins():
@@ -193,9 +201,9 @@ def test_rows_are_checked_equal_at_every_thread_count_a_server_runs():
 
 
 def test_a_model_it_cannot_run_keeps_transformers_forward_and_says_why():
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
-    precision = choose_target_forward(model)
-    assert precision.forward == "transformers" and target_forward(model) is None
+    target = Target(GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval())
+    precision = choose_target_forward(target)
+    assert precision.forward == "transformers" and target.forward is None
     assert "gpt2" in precision.refused["row-invariant float32"] and "gpt2" in precision.reason
 
 
@@ -206,34 +214,36 @@ def test_a_forward_that_fails_while_checked_is_refused_and_the_load_goes_on(monk
         raise RuntimeError("no kernel for this shape\nmore detail")
 
     monkeypatch.setattr("tev.engine.target_precision.tree_rows_differ", broken)
-    precision = choose_target_forward(target)
-    assert precision.label == "transformers float32" and target_forward(target) is None
+    runner = Target(target)
+    precision = choose_target_forward(runner)
+    assert precision.label == "transformers float32" and runner.forward is None
     assert precision.refused["row-invariant float32"] == "it failed on this model: no kernel for this shape"  # (bfloat16's: the same, or emulated)
 
 
 def test_a_mask_that_hides_part_of_the_cache_is_refused_by_the_row_invariant_session():
     _skip_without(torch.float32)
     target = tiny_target(VOCAB, context=256)
-    with running(target, "float32"):
-        session = CausalLMSession(target)
+    runner = Target(target)
+    with running(runner, "float32"):
+        session = CausalLMSession(runner)
         session.extend([1, 2, 3, 4])
         visible = torch.ones(2, 6, dtype=torch.bool)
         visible[:, 0] = False
         with pytest.raises(ValueError, match="whole cache"):
             session.forward_masked([5, 6], [4, 5], visible)
-        assert CausalLMSession(target, row_invariant=False).invariant is None  # training's masks take transformers' forward
+        assert CausalLMSession(runner, row_invariant=False).invariant is None  # training's masks take transformers' forward
 
 
 def test_the_row_cost_tool_times_every_forward_and_finds_which_rows_move():
-    target = tiny_target(VOCAB, context=256)
-    models = {"float32": target, "bfloat16": tiny_target(VOCAB, context=256).to(torch.bfloat16)}
+    target = Target(tiny_target(VOCAB, context=256))
+    models = {"float32": target, "bfloat16": Target(tiny_target(VOCAB, context=256).to(torch.bfloat16))}
     names = ["transformers float32", "row-invariant float32"]
     timing = time_forwards(models, names, sizes=[1, 3], passes=1, progress=False)
     assert set(timing) == set(names) and all(cells[n]["min_ms"] > 0 for cells in timing.values() for n in ("1", "3"))
     assert forward_rows_differ(target, "float32", size=9, context=40) == 0  # by construction
-    checks = operation_invariance(target)
+    checks = operation_invariance(target.model)
     assert checks["prepacked, 2-64 rows, head"] == [] and isinstance(checks["attention over a cache plus a masked tree (SDPA)"], bool)
-    assert target_forward(target) is None  # the tool's switches leave no forward behind
+    assert target.forward is None and target.precision is None  # the tool's switches leave no forward behind
 
 
 def _skip_unless_rows_agree_across_threads(target):
@@ -255,13 +265,14 @@ def test_a_drafter_that_passes_the_start_check_gives_the_same_rounds_over_a_whol
     prompt = torch.randint(1, VOCAB, (37,), generator=torch.Generator().manual_seed(5)).tolist()
     config = DecodeConfig(budget=16, temperature=0.7, top_p=0.9, max_new_tokens=40, seed=3, stop_at_eos=False)
     before, runs = torch.get_num_threads(), []
-    with running(target, "float32"):
-        if not proposals_agree_across_threads(target, drafter, (1, 2)):
+    runner = Target(target)
+    with running(runner, "float32"):
+        if not proposals_agree_across_threads(runner, drafter, (1, 2)):
             pytest.skip(f"the tiny {kind} drafter's products round differently at 1 and 2 threads on this CPU: the server runs it at one count")
         try:
             for count in (1, 2, 1):
                 torch.set_num_threads(count)
-                records, summary = run_to_end(speculative_generate(Request(target, drafter, prompt, config)))
+                records, summary = run_to_end(speculative_generate(Request(runner, drafter, prompt, config)))
                 runs.append((summary.token_ids, [(r.tree.tokens.tolist(), float(r.flow.coverage), r.verdict.exit_node) for r in records]))
         finally:
             torch.set_num_threads(before)
@@ -285,10 +296,11 @@ def test_a_drafter_is_checked_for_its_rounds_at_both_thread_counts():
         tree = steady(*args, **kwargs)
         return dataclasses.replace(tree, draft_logprob=tree.draft_logprob * (1 + 1e-6 * torch.get_num_threads()))
 
-    with running(target, "float32"):
+    runner = Target(target)
+    with running(runner, "float32"):
         drafter.propose = steady
-        assert proposals_agree_across_threads(target, drafter, (1, 2))
+        assert proposals_agree_across_threads(runner, drafter, (1, 2))
         drafter.propose = shifty
         before = torch.get_num_threads()
-        assert not proposals_agree_across_threads(target, drafter, (1, 2))
+        assert not proposals_agree_across_threads(runner, drafter, (1, 2))
         assert torch.get_num_threads() == before  # the caller's count as it was

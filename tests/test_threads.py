@@ -176,7 +176,7 @@ def test_a_drafters_runs_take_the_full_count_only_once_its_rounds_are_checked_th
 
     invariant = type("Precision", (), {"invariant": True})()
     steady, shifty, adapted = object(), object(), object()
-    bundle = type("Bundle", (), {"precision": invariant, "target": object(), "drafters": {"path": steady, "block": shifty}})()
+    bundle = type("Bundle", (), {"precision": invariant, "runner": object(), "drafters": {"path": steady, "block": shifty}})()
     monkeypatch.setattr(service_module, "load_bundle", lambda *args, **kwargs: bundle)
     checked = []
 

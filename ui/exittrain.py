@@ -230,7 +230,7 @@ def compare_shipped(progress=gr.Progress()):
 def _compare(bundle, drafters: dict, prompts: list[dict], max_new_tokens: int):
     rows, lines = [], ["| drafter | T | tau | mean block length | 1 + C | per-prompt tau q25-q75 |", "|---|---|---|---|---|---|"]
     for name, drafter in drafters.items():
-        events = evaluation_rounds(bundle.target, bundle.tokenizer, drafter, prompts, budgets=(32,), temperatures=(0.0, 1.0), max_new_tokens=max_new_tokens, progress=False)
+        events = evaluation_rounds(bundle.runner, bundle.tokenizer, drafter, prompts, budgets=(32,), temperatures=(0.0, 1.0), max_new_tokens=max_new_tokens, progress=False)
         measured = result_of(shared.SERVICE.compute.steps(events, background=True))  # a step per round; users' rounds go first
         for row in measured:
             rows.append({"drafter": name, "temperature": row["temperature"], "tau": row["tau"], "tau_se": row["tau_se"], "tau_q25": row["prompt_tau_q25"], "tau_q75": row["prompt_tau_q75"]})
@@ -243,7 +243,7 @@ def side_by_side(bundle, drafters: dict, prompt: dict, budget: int = 32) -> list
     ids = fit_prompt(bundle.tokenizer, prompt, bundle.context_length - 8)
     figures = []
     for name, drafter in drafters.items():
-        lab = shared.EXITTRAIN_SERVICE.call_with(drafter, tree_from_prompt, bundle.target, drafter, ids, budget, 1.0)
+        lab = shared.EXITTRAIN_SERVICE.call_with(drafter, tree_from_prompt, bundle.runner, drafter, ids, budget, 1.0)
         figures.append(tree_figure(lab.tree, lab.flow, None, token_text=shared.EXITTRAIN_SERVICE.token_text,
                                    title=name))  # the figure adds B, C(T) and 1 + C: a longer title was cut off in half the page's width
     return figures

@@ -48,7 +48,7 @@ def run_verifier_lab(source, prompt, drafter, budget, temperature, draws, seed, 
         else:
             bundle = shared.SERVICE.bundle()
             chosen = bundle.drafter(drafter)
-            lab = shared.SERVICE.call_with(chosen, tree_from_prompt, bundle.target, chosen, ids, budget, temperature)
+            lab = shared.SERVICE.call_with(chosen, tree_from_prompt, bundle.runner, chosen, ids, budget, temperature)
             token_text = shared.SERVICE.token_text
     except ValueError as error:  # the validator refuses bad settings first; an API call that skips it lands here
         raise _user_error(error) from None

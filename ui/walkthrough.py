@@ -101,7 +101,7 @@ def run_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed,
         config, context = check_walkthrough(prompt, drafter, verifier, budget, temperature, top_p, seed)
         bundle = shared.SERVICE.bundle()
         chosen = shared.SERVICE.chosen_drafter(drafter, shared.session_of(request))
-        trace = shared.SERVICE.call_with(chosen, trace_round, bundle.target, chosen, context, config.law, config.verifier, config.budget, config.seed)
+        trace = shared.SERVICE.call_with(chosen, trace_round, bundle.runner, chosen, context, config.law, config.verifier, config.budget, config.seed)
     except ValueError as error:  # the validator refuses bad settings first; an API call that skips it lands here
         raise _user_error(error) from None
     return _view({"traces": [trace], "round": 0, "step": 0, "seed": config.seed, "drafter": drafter, "prompt": as_text(prompt)})
@@ -126,7 +126,7 @@ def step_walkthrough(delta, state, request: gr.Request = None) -> WalkView:
             bundle = shared.SERVICE.bundle()
             try:
                 chosen = shared.SERVICE.chosen_drafter(state["drafter"], shared.session_of(request))
-                trace = shared.SERVICE.call_with(chosen, trace_round, bundle.target, chosen, last.next_context, last.law, last.verifier, last.tree.size,
+                trace = shared.SERVICE.call_with(chosen, trace_round, bundle.runner, chosen, last.next_context, last.law, last.verifier, last.tree.size,
                                                  state["seed"], round_index=last.round_index + 1)
             except ValueError as error:  # the context is full: say so
                 raise _user_error(error) from None

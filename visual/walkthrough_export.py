@@ -43,7 +43,7 @@ def main(argv=None) -> None:
     context = (encode_chat if bundle.is_chat else encode_prompt)(bundle.tokenizer, args.prompt, bundle.context_length)
     traces = []
     for index in tqdm(range(args.rounds), desc="rounds", unit="round"):
-        trace = trace_round(bundle.target, bundle.drafter(args.drafter), context, config.law, config.verifier, config.budget, config.seed, round_index=index)
+        trace = trace_round(bundle.runner, bundle.drafter(args.drafter), context, config.law, config.verifier, config.budget, config.seed, round_index=index)
         traces.append(trace)
         context = trace.next_context
     token_text = lambda token: bundle.tokenizer.decode([token], clean_up_tokenization_spaces=False)  # noqa: E731

@@ -60,11 +60,11 @@ def _measure(bundle, name: str, drafter, prompts: list[dict], budgets, temperatu
     tree_drafter = BlockTreeDrafter(drafter, name=name)
     domains = list(dict.fromkeys(p["domain"] for p in prompts)) if all("domain" in p for p in prompts) else []
     if len(domains) < 2:
-        rows = evaluate_drafter(bundle.target, bundle.tokenizer, tree_drafter, prompts, budgets=budgets, temperatures=temperatures, max_new_tokens=max_new_tokens, desc=f"tau [{name}]", progress=progress)
+        rows = evaluate_drafter(bundle.runner, bundle.tokenizer, tree_drafter, prompts, budgets=budgets, temperatures=temperatures, max_new_tokens=max_new_tokens, desc=f"tau [{name}]", progress=progress)
         return [{"drafter": name, **row} for row in rows]
     parts = []
     for domain in domains:
-        rows = evaluate_drafter(bundle.target, bundle.tokenizer, tree_drafter, [p for p in prompts if p["domain"] == domain], budgets=budgets,
+        rows = evaluate_drafter(bundle.runner, bundle.tokenizer, tree_drafter, [p for p in prompts if p["domain"] == domain], budgets=budgets,
                                 temperatures=temperatures, max_new_tokens=max_new_tokens, desc=f"tau [{name}, {domain}]", progress=progress)
         parts.append([{"drafter": name, **row, "domain": domain} for row in rows])
     return [row for part in parts for row in part] + pooled_rows(parts)
@@ -194,7 +194,7 @@ def run_live_check(bundle, seeds=(0, 1, 2), prompts: list[dict] | None = None, b
     settings = live_settings(bundle.has_domains)
     data = live_data(bundle, domain)
     base = BlockTreeDrafter(BlockDrafter.from_pretrained(bundle.shipped_folder("block"), bundle.target), name="base")
-    reference = evaluate_drafter(bundle.target, bundle.tokenizer, base, prompts, budgets=(budget,), max_new_tokens=max_new_tokens, desc="tau [base]", progress=progress)
+    reference = evaluate_drafter(bundle.runner, bundle.tokenizer, base, prompts, budgets=(budget,), max_new_tokens=max_new_tokens, desc="tau [base]", progress=progress)
     runs = []
     for seed in seeds:
         experiment = live_experiment(bundle, dataclasses.replace(settings, seed=seed), data)
@@ -202,7 +202,7 @@ def run_live_check(bundle, seeds=(0, 1, 2), prompts: list[dict] | None = None, b
         heldout = experiment.run()
         seconds = time.time() - start
         trained = BlockTreeDrafter(experiment.drafter.served(), name=f"live-{seed}")
-        rows = evaluate_drafter(bundle.target, bundle.tokenizer, trained, prompts, budgets=(budget,), max_new_tokens=max_new_tokens, desc=f"tau [live seed {seed}]", progress=progress)
+        rows = evaluate_drafter(bundle.runner, bundle.tokenizer, trained, prompts, budgets=(budget,), max_new_tokens=max_new_tokens, desc=f"tau [live seed {seed}]", progress=progress)
         runs.append({"seed": seed, "seconds": seconds, "heldout_change": heldout, "rows": rows})
     changes = {}
     for i, base_row in enumerate(reference):

@@ -85,7 +85,7 @@ def paired_coverage(bundle, base, adapted, prompts: list[str], budget: int, max_
             for i, text in enumerate(prompts):
                 ids = fit_prompt(bundle.tokenizer, {"text": text, "chat": True}, 1024)
                 config = DecodeConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed + i)
-                answer = autoregressive_generate(bundle.target, ids, config, bundle.tokenizer).token_ids
+                answer = autoregressive_generate(bundle.runner, ids, config, bundle.tokenizer).token_ids
                 rows = anchor_coverages(bundle, drafters, ids, answer, list(range(len(answer))), law, [budget], horizon, with_oracle=False)
                 pairs = [(row["drafters"]["base"][str(budget)], row["drafters"]["adapted"][str(budget)]) for row in rows]
                 accepted = [[row["matched"][name][str(budget)] for row in rows] for name in drafters]

@@ -157,8 +157,8 @@ def _runs_at(plan: _Plan, temperature: float, names: list, order_rng: random.Ran
             paired = {}
             for name, drafter, verifier, budget in order:
                 forward = next((f for f, suffix in suffixes.items() if suffix and name.endswith(suffix)), plan.forwards[0])
-                with contextlib.nullcontext() if forward is None else forced_target_forward(plan.bundle.target, forward):
-                    sizing = AutoBudget.for_target(plan.bundle.target, plan.budget_cap, *memory[name]) if budget == "auto" else None  # the curve of the forward in force
+                with contextlib.nullcontext() if forward is None else forced_target_forward(plan.bundle.runner, forward):
+                    sizing = AutoBudget.for_target(plan.bundle.runner, plan.budget_cap, *memory[name]) if budget == "auto" else None  # the curve of the forward in force
                     paired[(name, budget)] = _one_run(plan.bundle, name.split("@")[0], drafter, verifier, budget, ids, config, sizing, plan.peer_models)
                 bar.update(1)
             for (name, budget), summary in paired.items():
@@ -193,11 +193,11 @@ def _peer_models(bundle, peers) -> dict:
 def _one_run(bundle, name: str, drafter, verifier, budget, ids, config: DecodeConfig, sizing, peer_models: dict):
     """One generation's summary: the project's autoregressive loop, a peer, or a speculative method."""
     if name == "autoregressive":
-        return autoregressive_generate(bundle.target, ids, config, bundle.tokenizer)
+        return autoregressive_generate(bundle.runner, ids, config, bundle.tokenizer)
     if name in peer_models:
         return hf_generate(peer_models[name], ids, config, bundle.tokenizer, method=name)
     run_config = replace(config, verifier=verifier, budget=budget)
-    return run_to_end(speculative_generate(Request(bundle.target, bundle.drafter(drafter), ids, run_config), bundle.tokenizer, sizing=sizing))[1]
+    return run_to_end(speculative_generate(Request(bundle.runner, bundle.drafter(drafter), ids, run_config), bundle.tokenizer, sizing=sizing))[1]
 
 
 def _run_record(summary, paired: dict, domain: str, own_loop: str = "autoregressive") -> dict:

@@ -39,7 +39,7 @@ def anchor_coverages(bundle, drafters: dict, prompt_ids: list[int], answer: list
     """Per anchor ``k`` (the context is the prompt and the answer's first ``k`` tokens): the oracle's coverage at
     each budget and its reach by depth at the largest (unless not ``with_oracle``), and each drafter's coverage at
     each budget."""
-    target = bundle.target
+    target = bundle.runner
     oracle_session = CausalLMSession(target) if with_oracle else None
     if with_oracle:
         oracle_session.extend(prompt_ids[:-1])
@@ -102,7 +102,7 @@ def oracle_report(bundle, drafters: dict, prompts: list[dict], budgets: list[int
             for i, prompt in enumerate(prompts):
                 ids = fit_prompt(bundle.tokenizer, {**prompt, "chat": True}, 1024)
                 config = DecodeConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed + i)
-                answer = autoregressive_generate(bundle.target, ids, config, bundle.tokenizer).token_ids
+                answer = autoregressive_generate(bundle.runner, ids, config, bundle.tokenizer).token_ids
                 anchors = list(range(0, max(0, len(answer) - 1), stride))
                 for row in anchor_coverages(bundle, drafters, ids, answer, anchors, law, budgets, horizon):
                     anchors_of_law.append({"prompt": prompt["id"], **row})

@@ -31,6 +31,7 @@ from tev.data.prompts import evaluation_prompts
 from tev.engine.evaluation import fit_prompt
 from tev.engine.models import PAIRS, load_block_drafter, load_bundle
 from tev.engine.prompt_text import ChatTemplate
+from tev.engine.target import Target
 from tev.pipelines.arguments import add_folder_argument, named_folders
 from tev.train.data import TrainData
 from tev.train.loop import heldout_loss
@@ -59,7 +60,7 @@ def teacher_forced(drafter_model, data: TrainData) -> dict:
     return {"top1_by_depth": measured["top1_by_depth"], "chain_reach_by_depth": measured["chain_reach_by_depth"], "anchors": measured["anchors"]}
 
 
-def decoding_depths(target, tokenizer, drafter, prompts: list[dict], budget, temperature: float, top_p: float, max_new_tokens: int, seed: int) -> dict:
+def decoding_depths(target: Target, tokenizer, drafter, prompts: list[dict], budget, temperature: float, top_p: float, max_new_tokens: int, seed: int) -> dict:
     """One drafter at one law and budget over ``prompts``: accepted-depth shares, kept nodes, tau, draft time."""
     horizon = 16
     accepted_at_least = [0] * (horizon + 1)
@@ -104,7 +105,7 @@ def depth_report(bundle, drafters: dict, prompts: list[dict], budgets: list, max
     with tqdm(total=len(settings) * len(drafters), desc="decoding", unit="setting") as bar:
         for (label, temperature, top_p), budget in settings:
             for kind, drafter in drafters.items():  # interleaved: every drafter at one setting before the next
-                row = decoding_depths(target, tokenizer, drafter, prompts, budget, temperature, top_p, max_new_tokens, seed)
+                row = decoding_depths(bundle.runner, tokenizer, drafter, prompts, budget, temperature, top_p, max_new_tokens, seed)
                 report["decoding"].setdefault(kind, []).append({"law": label, **row})
                 bar.update(1)
     return report

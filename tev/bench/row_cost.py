@@ -36,6 +36,7 @@ from tev.engine.default_target import ensure_default_target
 from tev.engine.models import load_causal_lm
 from tev.engine.row_products import RowProducts, invariance_failures, packed_products_available
 from tev.engine.session import CausalLMSession
+from tev.engine.target import Target
 from tev.engine.target_precision import choose_target_forward, forced_target_forward
 from tev.util.precision import cpu_capability
 from tev.util.stored import write_result
@@ -62,19 +63,20 @@ def _chain(n: int, vocab: int, generator: torch.Generator) -> DraftTree:
     return DraftTree.chain(tokens[0], tokens[1:])
 
 
-def _sessions(models: dict, forward_name: str):
-    """``(model, force)`` for a forward's name: which loaded model and which forward it runs."""
+def _sessions(models: dict, forward_name: str) -> tuple[Target, str]:
+    """``(target, force)`` for a forward's name: which loaded target and which forward it runs."""
     kind, dtype = forward_name.split()
     if kind == "transformers":
         return models[dtype], "transformers"
     return models["float32"], dtype
 
 
-def time_forwards(models: dict, names: list[str], sizes: list[int], passes: int, seed: int = 0, progress: bool = True) -> dict:
+def time_forwards(models: dict[str, Target], names: list[str], sizes: list[int], passes: int, seed: int = 0, progress: bool = True) -> dict:
     """``{name: {n: {"min_ms", "median_ms"}}}``: a forward of ``n`` new tokens (a chain) after
-    :data:`CONTEXT` cached ones, and the head over its rows, every cell interleaved."""
+    :data:`CONTEXT` cached ones, and the head over its rows, every cell interleaved. ``models``:
+    the target loaded in each dtype (``"float32"``, ``"bfloat16"``)."""
     generator = torch.Generator().manual_seed(seed)
-    vocab = models["float32"].get_output_embeddings().weight.shape[0]
+    vocab = models["float32"].model.get_output_embeddings().weight.shape[0]
     context = torch.randint(0, vocab, (CONTEXT,), generator=generator).tolist()
     cells = [(name, n) for name in names for n in sizes]
     times = {cell: [] for cell in cells}
@@ -82,9 +84,9 @@ def time_forwards(models: dict, names: list[str], sizes: list[int], passes: int,
     bar = tqdm(total=(passes + 1) * len(cells), desc="row cost", disable=not progress)
     for repeat in range(passes + 1):
         for name, n in order.sample(cells, len(cells)):
-            model, force = _sessions(models, name)
-            with forced_target_forward(model, force):
-                session = CausalLMSession(model)
+            target, force = _sessions(models, name)
+            with forced_target_forward(target, force):
+                session = CausalLMSession(target)
                 session.extend(context)
                 tree = _chain(n, vocab, generator)
                 start = time.perf_counter()
@@ -98,11 +100,11 @@ def time_forwards(models: dict, names: list[str], sizes: list[int], passes: int,
                    for n in sizes} for name in names}
 
 
-def forward_rows_differ(model, force: str, size: int = 17, context: int = 70, seed: int = 0) -> int:
+def forward_rows_differ(target: Target, force: str, size: int = 17, context: int = 70, seed: int = 0) -> int:
     """Nodes of a random ``size``-node tree (8 deep at most) after ``context`` tokens whose logits
     differ, in any bit, from one-token steps along their path, through the forward ``force`` names."""
     generator = torch.Generator().manual_seed(seed)
-    vocab = model.get_output_embeddings().weight.shape[0]
+    vocab = target.model.get_output_embeddings().weight.shape[0]
     prompt = torch.randint(0, vocab, (context,), generator=generator).tolist()
     parents, depths = [-1], [0]
     while len(parents) < size:
@@ -111,11 +113,11 @@ def forward_rows_differ(model, force: str, size: int = 17, context: int = 70, se
             parents.append(parent)
             depths.append(depths[parent] + 1)
     tree = DraftTree.from_parents([prompt[-1]] + torch.randint(0, vocab, (size - 1,), generator=generator).tolist(), parents)
-    with forced_target_forward(model, force):
-        session = CausalLMSession(model)
+    with forced_target_forward(target, force):
+        session = CausalLMSession(target)
         session.extend(prompt[:-1])
         rows = session.forward_tree(tree).rows(1.0).all_logits()
-        alone = CausalLMSession(model)
+        alone = CausalLMSession(target)
         alone.extend(prompt[:-1])
         differ = 0
         for node in range(tree.num_nodes):
@@ -190,7 +192,7 @@ def format_cost_table(result: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     source = args.target or str(ensure_default_target())
-    models = {dtype: load_causal_lm(source, device="cpu", dtype=dtype).eval() for dtype in ("float32", "bfloat16")}
+    models = {dtype: Target(load_causal_lm(source, device="cpu", dtype=dtype).eval()) for dtype in ("float32", "bfloat16")}
     result = {"machine": machine_info("cpu"), "cpu_capability": cpu_capability(), "isa_env": {k: os.environ[k] for k in ISA_ENV if k in os.environ},
               "context": CONTEXT, "passes": args.passes, "timing": {}, "rows_differ_in_a_17_node_tree": {}, "operations": {}}
     available = [name for name in args.forwards if not name.startswith("row-invariant") or packed_products_available(getattr(torch, name.split()[1]))]
@@ -199,10 +201,10 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads)
         result["timing"][str(threads)] = time_forwards(models, available, args.sizes, args.passes)
     for name in available:
-        model, force = _sessions(models, name)
-        result["rows_differ_in_a_17_node_tree"][name] = forward_rows_differ(model, force)
-    for dtype, model in models.items():
-        result["operations"][dtype] = operation_invariance(model)
+        target, force = _sessions(models, name)
+        result["rows_differ_in_a_17_node_tree"][name] = forward_rows_differ(target, force)
+    for dtype, target in models.items():
+        result["operations"][dtype] = operation_invariance(target.model)
     result["chosen_here"] = choose_target_forward(models["float32"]).to_dict()
     print(format_cost_table(result))
     print("rows of a 17-node tree that differ from one-token steps:", json.dumps(result["rows_differ_in_a_17_node_tree"]))

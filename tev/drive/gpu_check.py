@@ -64,6 +64,7 @@ from tev.engine.evaluation import fit_prompt
 from tev.engine.models import load_bundle, load_causal_lm
 from tev.engine.round import prefill, room_left, speculation_round
 from tev.engine.session import CausalLMSession
+from tev.engine.target import Target
 from tev.util.stats import spread
 from tev.util.paths import REPO_ROOT as REPO
 from tev.util.stored import write_result
@@ -131,10 +132,10 @@ def _greedy_pair_runs(bundle, drafters, budgets, prompts, new_tokens) -> dict:
     speculative, reference = {}, {}
     for i, ids in enumerate(prompts):
         config = DecodeConfig(temperature=0.0, max_new_tokens=new_tokens, stop_at_eos=False)
-        reference[i] = autoregressive_generate(bundle.target, ids, config).token_ids
+        reference[i] = autoregressive_generate(bundle.runner, ids, config).token_ids
         for name in drafters:
             for budget in budgets:
-                _, summary = run_to_end(speculative_generate(Request(bundle.target, bundle.drafter(name), ids, replace(config, budget=budget))))
+                _, summary = run_to_end(speculative_generate(Request(bundle.runner, bundle.drafter(name), ids, replace(config, budget=budget))))
                 speculative[name, budget, i] = summary.token_ids
     return {"speculative": speculative, "reference": reference}
 
@@ -189,7 +190,7 @@ def _real_tree(options: Options, budget: int, temperature: float):
     bundle = load_bundle(pair="tiny", device=options.device, dtype="auto")
     drafter = bundle.drafter("block")
     ids = fit_prompt(bundle.tokenizer, load_prompt_set("heldout")[0], 200)
-    session = CausalLMSession(bundle.target, feature_layers=drafter.feature_layers)
+    session = CausalLMSession(bundle.runner, feature_layers=drafter.feature_layers)
     state = drafter.new_state()
     prefill(session, ids, state)
     tree = drafter.propose(DraftContext(ids, max_depth=room_left(session)), budget, state)
@@ -241,7 +242,7 @@ def _count_round_syncs(bundle, drafter_name: str, verifier: str, temperature: fl
     """Host syncs of ``rounds`` speculation rounds (after one warm-up), with a non-syncing timer."""
     drafter = bundle.drafter(drafter_name)
     ids = fit_prompt(bundle.tokenizer, load_prompt_set("heldout")[1], 200)
-    session = CausalLMSession(bundle.target, feature_layers=drafter.feature_layers)
+    session = CausalLMSession(bundle.runner, feature_layers=drafter.feature_layers)
     committed, state = list(ids), drafter.new_state()
     prefill(session, ids, state)
     generator = torch.Generator(device=session.device).manual_seed(0)
@@ -273,7 +274,7 @@ def step_host_syncs(options: Options) -> dict:
     # the decode loop as users run it (its StageTimer synchronises around each stage on CUDA)
     ids = fit_prompt(bundle.tokenizer, load_prompt_set("heldout")[2], 200)
     with count_host_syncs() as syncs:
-        _, summary = run_to_end(speculative_generate(Request(bundle.target, bundle.drafter("block"), ids, DecodeConfig(budget=32, temperature=1.0, max_new_tokens=48, stop_at_eos=False))))
+        _, summary = run_to_end(speculative_generate(Request(bundle.runner, bundle.drafter("block"), ids, DecodeConfig(budget=32, temperature=1.0, max_new_tokens=48, stop_at_eos=False))))
     loop = {"rounds": summary.rounds, "syncs": len(syncs), "per_round": len(syncs) / max(1, summary.rounds), "sites": dict(Counter(syncs).most_common())}
     problems = [f"{r['drafter']}+{r['verifier']}: {item}; sites {r['sites']}" for r in results for item in r["over_limit"]]
     summary_line = "; ".join(f"{r['drafter']}+{r['verifier']} max {max(r['per_round'])}/round" for r in results) + f"; decode loop {loop['per_round']:.1f}/round"
@@ -353,7 +354,7 @@ def step_smollm2_shape(options: Options) -> dict:
     generator = torch.Generator(device=options.device).manual_seed(0)
     trees = {size: synthetic_case(size, config.vocab_size, seed=size)[0] for size in sizes}
     for context in contexts:
-        session = CausalLMSession(model)
+        session = CausalLMSession(Target(model))  # transformers' forward on the device
         ids = torch.randint(3, config.vocab_size, (context,), generator=torch.Generator().manual_seed(context)).tolist()
         session.extend(ids[:-1])
         base = session.length

@@ -16,6 +16,7 @@ from collections import deque
 from tev.core.budget import BudgetChoice, Calibration, RoundRate, choose_prefix
 from tev.core.tree import DraftTree
 from tev.engine.cost_curve import CostCurve, machine_cost_curve
+from tev.engine.target import Target
 
 __all__ = ["AutoBudget", "AUTO_CAP"]
 
@@ -65,8 +66,8 @@ class AutoBudget:
         return 0.5 * min(self.kept_floors) if self.kept_floors else 0.0
 
     @classmethod
-    def for_target(cls, target, cap: int = AUTO_CAP, calibration: Calibration | None = None, rate: RoundRate | None = None) -> "AutoBudget":
-        """With the process's cost curve for ``target`` (measured on first use)."""
+    def for_target(cls, target: Target, cap: int = AUTO_CAP, calibration: Calibration | None = None, rate: RoundRate | None = None) -> "AutoBudget":
+        """With ``target``'s cost curve in the forward it runs (measured on first use, then kept on it)."""
         return cls(machine_cost_curve(target), cap, calibration, rate)
 
     def choose(self, tree: DraftTree) -> tuple[DraftTree, BudgetChoice]:

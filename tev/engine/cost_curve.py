@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import random
 import statistics
-import weakref
 from collections import deque
 
 import torch
 
 from tev.core.tree import DraftTree
 from tev.engine.session import CausalLMSession
-from tev.engine.target_precision import target_precision
+from tev.engine.target import Target
 from tev.util.machine_cache import model_shape, recall, remember
 from tev.util.timing import time_once
 
@@ -119,7 +118,7 @@ class CostCurve:
         }
 
 
-def measure_forward_costs(target, sizes=MEASURED_SIZES, passes: int = 3, context: int = MEASURE_CONTEXT, seed: int = 0) -> dict[int, float]:
+def measure_forward_costs(target: Target, sizes=MEASURED_SIZES, passes: int = 3, context: int = MEASURE_CONTEXT, seed: int = 0) -> dict[int, float]:
     """The fastest of ``passes`` timings of one target forward of ``n`` new tokens (a chain: the
     tree attention of any shape costs the same here), for each ``n`` in ``sizes``, after
     ``context`` cached tokens. Each pass takes the sizes in a fresh shuffled order, so a busy
@@ -128,7 +127,7 @@ def measure_forward_costs(target, sizes=MEASURED_SIZES, passes: int = 3, context
     sampling law, and the rounds' own times scale it in (``drift``). Sizes that do not fit the
     target's context are left out."""
     session = CausalLMSession(target)
-    vocab = int(target.get_output_embeddings().weight.shape[0])
+    vocab = int(target.model.get_output_embeddings().weight.shape[0])
     room = session.max_positions - max(sizes) - 1
     cached = max(1, min(context, room))
     session.extend([i % vocab for i in range(cached)])
@@ -145,27 +144,21 @@ def measure_forward_costs(target, sizes=MEASURED_SIZES, passes: int = 3, context
     return {n: min(t) for n, t in times.items()}
 
 
-_CURVES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+def machine_cost_curve(target: Target) -> CostCurve:
+    """``target``'s cost curve at torch's current thread count and in the forward its sessions run
+    (``target.label``: a bfloat16 row costs another price than a float32 one): measured on the first
+    call (a few seconds) and kept in ``target.curves``, then the same object, which the rounds keep up to date."""
+    key = (torch.get_num_threads(), target.label)
+    if key not in target.curves:
+        target.curves[key] = CostCurve(_forward_costs_here(target, key[1]))
+    return target.curves[key]
 
 
-def machine_cost_curve(target) -> CostCurve:
-    """The process's cost curve for ``target`` at torch's current thread count and in the forward
-    its sessions run (:func:`~tev.engine.target_precision.target_precision`: a bfloat16 row costs
-    another price than a float32 one): measured on the first call (a few seconds), then the same
-    object, which the rounds keep up to date."""
-    curves = _CURVES.setdefault(target, {})
-    precision = target_precision(target)
-    key = (torch.get_num_threads(), precision.label if precision is not None else "transformers")
-    if key not in curves:
-        curves[key] = CostCurve(_forward_costs_here(target, key[1]))
-    return curves[key]
-
-
-def _forward_costs_here(target, forward: str) -> dict[int, float]:
+def _forward_costs_here(target: Target, forward: str) -> dict[int, float]:
     """:func:`measure_forward_costs` on this machine, from an earlier start's measurement where one
     was kept (:mod:`tev.util.machine_cache`; about 6 s of a start at one thread on a 2-core AVX2
     EPYC): the rounds' own times then scale it to the moment (``drift``)."""
-    parts = {"model": model_shape(target), "forward": forward, "sizes": MEASURED_SIZES, "context": MEASURE_CONTEXT}
+    parts = {"model": model_shape(target.model), "forward": forward, "sizes": MEASURED_SIZES, "context": MEASURE_CONTEXT}
     kept = recall("cost-curve", parts)
     if kept is not None and isinstance(kept.get("seconds"), dict):
         try:

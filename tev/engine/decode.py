@@ -22,6 +22,7 @@ from tev.engine.drafters import Drafter
 from tev.engine.prompt_text import check_prompt_ids
 from tev.engine.round import STAGES, RoundRecord, prefill, room_left, speculation_round
 from tev.engine.session import CausalLMSession, max_positions
+from tev.engine.target import Target
 from tev.util.compute_thread import result_of
 from tev.util.timing import StageTimer
 
@@ -94,14 +95,14 @@ class Request:
     """One speculative generation; making it checks every input, so the loop checks none again.
 
     Attributes:
-        target: the transformers causal LM (``p``).
+        target: the :class:`~tev.engine.target.Target` (``p``): its model and the forward chosen for it.
         drafter: the :class:`~tev.engine.drafters.Drafter` that proposes the trees (``q``).
         prompt_ids: the prompt's token ids (BOS included where the model expects it): at least
             one, and no more than the target's context (checked; kept as a tuple).
         config: the settings (checked as a :class:`DecodeConfig` is made).
     """
 
-    target: object
+    target: Target
     drafter: Drafter
     prompt_ids: tuple[int, ...]
     config: DecodeConfig = DecodeConfig()
@@ -109,7 +110,9 @@ class Request:
     def __post_init__(self):
         if not isinstance(self.config, DecodeConfig):
             raise TypeError(f"config must be a DecodeConfig, got {type(self.config).__name__}")
-        context = max_positions(self.target)
+        if not isinstance(self.target, Target):  # a bare model would silently drop the forward chosen for it
+            raise TypeError(f"the target must be a Target (tev.engine.target), got {type(self.target).__name__}; wrap a model never chosen as Target(model)")
+        context = max_positions(self.target.model)
         object.__setattr__(self, "prompt_ids", tuple(check_prompt_ids(self.prompt_ids, context)))
 
 
@@ -249,8 +252,8 @@ def speculative_generate(
         request: the target, the drafter, the prompt and the settings (checked as it was made).
         tokenizer: for text and EOS (optional; without it only token ids are produced).
         should_stop: polled between rounds; returning True ends the generation ("cancelled").
-        sizing: with ``config.budget == "auto"``, the rule's state (default: the process's cost
-            curve for ``target``, measured before the clock starts on first use, and a fresh
+        sizing: with ``config.budget == "auto"``, the rule's state (default: the target's cost
+            curve, measured before the clock starts on first use, and a fresh
             calibration); a caller may pass one to share it across generations.
         first_round: the first round's ``index`` (a continuation's rounds follow the answer's).
     """
@@ -266,7 +269,7 @@ def speculative_generate(
     verifier = config.effective_verifier
     device = session.device
     generator = torch.Generator(device=device).manual_seed(config.seed)
-    eos_id = eos_token_id(target, tokenizer)
+    eos_id = eos_token_id(target.model, tokenizer)
     output = _Output(tokenizer, config, eos_id)
     state = drafter.new_state()
     committed = list(prompt)  # the root is committed[-1]
@@ -322,18 +325,19 @@ def speculative_generate(
 
 
 def autoregressive_generate(
-    target,
+    target: Target,
     prompt_ids,
     config: DecodeConfig = DecodeConfig(),
     tokenizer=None,
     should_stop: Callable[[], bool] | None = None,
 ) -> GenerationSummary:
-    """Plain one-token-per-forward decoding with the same sampling and stop rules."""
+    """Plain one-token-per-forward decoding of ``target`` (in the forward chosen for it) with the
+    same sampling and stop rules."""
     start = time.perf_counter()
     session = CausalLMSession(target)
     prompt = check_prompt_ids(prompt_ids, session.max_positions)
     generator = torch.Generator(device=session.device).manual_seed(config.seed)
-    eos_id = eos_token_id(target, tokenizer)
+    eos_id = eos_token_id(target.model, tokenizer)
     output = _Output(tokenizer, config, eos_id)
     law = config.law
     logits = session.extend(prompt).last_logits()

@@ -13,23 +13,24 @@ from __future__ import annotations
 import torch
 
 from tev.engine.decode import DecodeConfig, Request, run_to_end, speculative_generate
+from tev.engine.target import Target
 from tev.util.machine_cache import model_shape, recall, remember
 
 __all__ = ["proposals_agree_across_threads", "agree_here"]
 
 
-def proposals_agree_across_threads(target, drafter, counts: tuple[int, ...], new_tokens: int = 3, seed: int = 1) -> bool:
+def proposals_agree_across_threads(target: Target, drafter, counts: tuple[int, ...], new_tokens: int = 3, seed: int = 1) -> bool:
     """Whether a short seeded run (budget 16, T = 1) through ``drafter`` gives the same trees, draft probabilities
     and tokens bit for bit at every torch thread count of ``counts``; the caller's count is left as it was.
 
     Args:
-        target: the target model (its forward as the server runs it).
+        target: the target (its forward as the server runs it).
         drafter: the drafter to check.
         counts: the thread counts a server would run its rounds with.
         new_tokens: the run's length (a few rounds).
         seed: the prompt's and the run's seed.
     """
-    vocab = int(target.config.vocab_size)
+    vocab = int(target.model.config.vocab_size)
     prompt = torch.randint(1, vocab, (24,), generator=torch.Generator().manual_seed(seed)).tolist()
     config = DecodeConfig(budget=16, temperature=1.0, max_new_tokens=new_tokens, seed=seed, stop_at_eos=False)
     before, runs = torch.get_num_threads(), []
@@ -46,13 +47,13 @@ def proposals_agree_across_threads(target, drafter, counts: tuple[int, ...], new
                for tokens, rounds in runs[1:])
 
 
-def agree_here(target, drafter, counts: tuple[int, ...]) -> bool:
+def agree_here(target: Target, drafter, counts: tuple[int, ...]) -> bool:
     """:func:`proposals_agree_across_threads` on this machine, from an earlier start's check where one was kept
     (:mod:`tev.util.machine_cache`: the same CPU, torch, shapes and precisions run the same kernels, whose order of
     summing is what the check finds out)."""
     model = getattr(drafter, "model", None)
     shapes = sorted((name, list(weight.shape), str(weight.dtype)) for name, weight in model.named_parameters()) if isinstance(model, torch.nn.Module) else None
-    parts = {"target": model_shape(target), "drafter": type(drafter).__name__, "name": getattr(drafter, "name", ""), "weights": shapes,
+    parts = {"target": model_shape(target.model), "drafter": type(drafter).__name__, "name": getattr(drafter, "name", ""), "weights": shapes,
              "counts": list(counts), "check": "a seeded 3-token run, budget 16, T = 1"}
     kept = recall("drafter-threads", parts)
     if kept is not None and isinstance(kept.get("agree"), bool):

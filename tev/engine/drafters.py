@@ -29,6 +29,7 @@ from tev.core.tree import DraftTree
 from tev.core.visibility import slot_visibility
 from tev.engine.block_drafter import BlockDrafter
 from tev.engine.session import CausalLMSession
+from tev.engine.target import Target
 from tev.engine.tree_growth import GrowingTree, Step, frontier_width, grow_tree
 from tev.util.timing import StageTimer
 
@@ -154,6 +155,7 @@ class ARTreeDrafter:
     def __init__(self, model, horizon: int = 8, shape: str = "tree", name: str | None = None, min_path_prob: float = 0.0):
         _check_shape(shape)
         self.model = model
+        self.runner = Target(model)  # its sessions: transformers' forward, one head screen for all of them
         self.horizon = horizon
         self.shape = shape
         self.name = name or ("ar" if shape == "tree" else "ar-chain")
@@ -161,7 +163,7 @@ class ARTreeDrafter:
         self.min_path_prob = min_path_prob
 
     def new_state(self) -> DraftState:
-        return DraftState(cache=CausalLMSession(self.model))
+        return DraftState(cache=CausalLMSession(self.runner))
 
     def marginals(self, context: DraftContext, state: DraftState) -> None:
         return None  # the tree grows depth by depth: each node's q is conditional on its path

@@ -12,6 +12,7 @@ from tqdm import tqdm
 from tev.engine.decode import DecodeConfig, Request, speculative_generate
 from tev.engine.prompt_text import encode_chat, encode_prompt
 from tev.engine.session import max_positions
+from tev.engine.target import Target
 from tev.util.compute_thread import result_of
 from tev.util.stats import quantile, ratio_standard_error
 from tev.util.stored import TAU, row_figure
@@ -35,7 +36,7 @@ def fit_prompt(tokenizer, prompt: dict, limit: int) -> list[int]:
     return ids[len(ids) - limit :]
 
 
-def decode_rounds(target, tokenizer, drafter, ids: list[int], config: DecodeConfig, should_stop=None):
+def decode_rounds(target: Target, tokenizer, drafter, ids: list[int], config: DecodeConfig, should_stop=None):
     """One prompt decoded with tree speculation: yields each round's record and returns the
     :class:`GenerationSummary`, or None when ``should_stop`` ended the decoding first (a part of a
     prompt is not a measurement)."""
@@ -44,7 +45,7 @@ def decode_rounds(target, tokenizer, drafter, ids: list[int], config: DecodeConf
 
 
 def evaluation_rounds(
-    target,
+    target: Target,
     tokenizer,
     drafter,
     prompts: list[dict],
@@ -58,7 +59,7 @@ def evaluation_rounds(
 ):
     """:func:`evaluate_drafter` as a generator: yields every speculation round's record (a caller
     takes turns with other work between rounds, or stops) and returns the list of rows (PEP 380)."""
-    context = max_positions(target)
+    context = max_positions(target.model)
     encoded = [fit_prompt(tokenizer, p, context - max_new_tokens) for p in prompts]
     rows = []
     settings = [(b, t) for t in temperatures for b in budgets]
@@ -96,7 +97,7 @@ def evaluation_rounds(
     return rows
 
 
-def evaluate_drafter(target, tokenizer, drafter, prompts: list[dict], budgets=(8, 16, 32, 64), temperatures=(0.0, 1.0), max_new_tokens: int = 64,
+def evaluate_drafter(target: Target, tokenizer, drafter, prompts: list[dict], budgets=(8, 16, 32, 64), temperatures=(0.0, 1.0), max_new_tokens: int = 64,
                      seed: int = 0, verifier: str = "tev", progress: bool = True, desc: str = "evaluate") -> list[dict]:
     """Measured ``tau`` and mean block length against mean ``1 + C`` per setting (a server steps
     :func:`evaluation_rounds` instead, taking turns with its other users).

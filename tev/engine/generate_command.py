@@ -38,7 +38,7 @@ def generate_command(args) -> None:
         raise ValueError("--chat needs a target with a chat template; this one has none (use --raw)")
     prompt_ids = (encode_chat if chat else encode_prompt)(bundle.tokenizer, args.prompt, bundle.context_length)
     if args.ar:
-        summary = autoregressive_generate(bundle.target, prompt_ids, config, bundle.tokenizer)
+        summary = autoregressive_generate(bundle.runner, prompt_ids, config, bundle.tokenizer)
         records = []
     else:
         drafter = bundle.drafter(kind)
@@ -49,7 +49,7 @@ def generate_command(args) -> None:
             if not args.json:
                 print(record.text, end="", flush=True)
 
-        records, summary = run_to_end(speculative_generate(Request(bundle.target, drafter, prompt_ids, config), bundle.tokenizer), shown)
+        records, summary = run_to_end(speculative_generate(Request(bundle.runner, drafter, prompt_ids, config), bundle.tokenizer), shown)
         bar.close()
     if args.json:
         payload = summary.to_dict()

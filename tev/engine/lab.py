@@ -17,6 +17,7 @@ from tev.core.tree import DraftTree
 from tev.core.verify import SAMPLING_VERIFIERS, ProbRows as TargetRows, verify_rows  # the rows it builds are probabilities
 from tev.engine.round import draft_and_forward, prefill, room_left
 from tev.engine.session import CausalLMSession
+from tev.engine.target import Target
 from tev.util.stats import median, standard_error
 
 __all__ = ["LabTree", "LabResult", "tree_from_prompt", "synthetic_tree", "SYNTHETIC_WORDS", "folded", "run_lab"]
@@ -44,7 +45,7 @@ class LabResult:
     draws: int
 
 
-def tree_from_prompt(target, drafter, prompt_ids: list[int], budget: int, temperature: float) -> LabTree:
+def tree_from_prompt(target: Target, drafter, prompt_ids: list[int], budget: int, temperature: float) -> LabTree:
     """The first speculation round's tree for a prompt, with the target's rows on it."""
     if temperature <= 0:
         raise ValueError("the verifier lab samples: use a temperature > 0")

@@ -23,7 +23,8 @@ from tev.engine.path_drafter import PathDrafter, PathTreeDrafter
 from tev.engine.default_target import DefaultTargetError, ensure_default_target
 from tev.engine.prompt_text import has_chat_template
 from tev.engine.session import max_positions
-from tev.engine.target_precision import TargetPrecision, choose_target_forward
+from tev.engine.target import Target, TargetPrecision
+from tev.engine.target_precision import choose_target_forward
 from tev.util.paths import models_dir
 
 __all__ = [
@@ -403,18 +404,29 @@ def offered_kinds(pair: Pair) -> list[str]:
 class ModelBundle:
     """A target, its tokenizer and the drafters that can pair with it.
 
+    ``runner`` is the :class:`~tev.engine.target.Target` every session, generation and cost curve on
+    the target takes: its model with the forward chosen for it at load; ``target`` is its model.
     ``pair`` names the shipped pair it came from (None for a target given by folder or id);
     ``default_drafter`` the kind a session starts with (the drafter given by path, else the
     pair's default where it ships it, else ``block``).
     """
 
-    target: object
+    runner: Target
     tokenizer: object
     drafters: dict
     target_source: str
     pair: str | None = None
     default_drafter: str = "block"
-    precision: TargetPrecision | None = None  # the target's forward and precision here, and why
+
+    @property
+    def target(self):
+        """The target's transformers model (``runner.model``)."""
+        return self.runner.model
+
+    @property
+    def precision(self) -> TargetPrecision | None:
+        """The target's forward and precision here, and why (``runner.precision``)."""
+        return self.runner.precision
 
     @property
     def context_length(self) -> int:
@@ -475,7 +487,8 @@ def load_bundle(
     target_source = str(target)
     tokenizer = load_tokenizer(target_source, allow_download)
     model = load_causal_lm(target_source, device=device, dtype=dtype, device_map=device_map, allow_download=allow_download)
-    precision = choose_target_forward(model)  # checked and timed here: every session on the target runs the choice
+    runner = Target(model)
+    choose_target_forward(runner)  # checked and timed here: every session on the target runs the choice
     loading = Loading(model, tokenizer, shipped, device, dtype, {})
     for kind, entry in DRAFTERS.items():
         if not entry.derived and (drafter := entry.load(loading)) is not None:
@@ -489,4 +502,4 @@ def load_bundle(
             loading.drafters[kind] = drafter
     drafters = {kind: loading.drafters[kind] for kind in DRAFTERS if kind in loading.drafters}  # the registry's order
     preferred = (extra.name,) if draft is not None else ((shipped.default_drafter,) if shipped else ())
-    return ModelBundle(model, tokenizer, drafters, target_source, shipped.name if shipped else None, _starting_kind(preferred, drafters), precision)
+    return ModelBundle(runner, tokenizer, drafters, target_source, shipped.name if shipped else None, _starting_kind(preferred, drafters))

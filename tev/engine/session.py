@@ -14,7 +14,6 @@ it (a pageable host tensor is staged before the call returns, so this is safe).
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,8 +29,7 @@ from tev.core.verify import LogitRows, TargetRows
 from tev.core.visibility import attention_bias, chain_ancestors, tree_visibility
 from tev.engine.row_invariant import RowInvariantForward
 from tev.engine.row_products import MAX_ROWS
-from tev.engine.target_precision import target_forward
-from tev.util.precision import low_precision
+from tev.engine.target import Target
 
 __all__ = ["CausalLMSession", "ForwardOutput", "HeadRows", "ALL_ROWS_AT_ONCE", "MIN_TRANSFORMERS", "check_transformers", "max_positions"]
 
@@ -60,21 +58,6 @@ def check_transformers(version: str | None = None) -> None:
 
 def _linear_logits(hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(hidden, head).float()
-
-
-# One head screen per model (its bfloat16 head copy is shared by every session on the model).
-_SCREENS: "weakref.WeakKeyDictionary[torch.nn.Module, HeadScreen]" = weakref.WeakKeyDictionary()
-
-
-def _head_screen(model, head: torch.Tensor | None) -> HeadScreen | None:
-    """The model's :class:`HeadScreen` for greedy argmaxes (float32 heads on a CPU where a
-    bfloat16 product is measured faster and accumulates in float32), else None."""
-    if head is None or head.dtype != torch.float32 or head.device.type != "cpu" or low_precision(head.device) != torch.bfloat16:
-        return None
-    screen = _SCREENS.get(model)
-    if screen is None or screen.head.data_ptr() != head.data_ptr() or screen.head.shape != head.shape:
-        screen = _SCREENS[model] = HeadScreen(head)
-    return screen if screen.enabled else None
 
 
 # Up to this many nodes, a tree's rows are projected through the head all at once when the first
@@ -186,18 +169,22 @@ class CausalLMSession:
     """One sequence's state in a causal LM: its cache and how many tokens it holds.
 
     Args:
-        model: a transformers causal LM (any architecture that accepts a 4-D float
-            ``attention_mask`` with ``position_ids`` and a ``DynamicCache``).
+        target: the :class:`~tev.engine.target.Target` whose model runs here (a transformers causal
+            LM: any architecture that accepts a 4-D float ``attention_mask`` with ``position_ids``
+            and a ``DynamicCache``), with the forward chosen for it and its head's screen.
         feature_layers: indices into ``hidden_states`` to return as features (concatenated),
             e.g. ``(-1,)`` for the last layer; empty for none.
-        row_invariant: run the model through the row-invariant forward chosen for it at load
-            (:func:`~tev.engine.target_precision.target_forward`), where there is one: a row then
-            comes out the same in a tree as alone. False for the transformers forward (training's
-            masks, where rows see part of the cache).
+        row_invariant: run the model through the target's row-invariant forward (``target.forward``),
+            where there is one: a row then comes out the same in a tree as alone. False for the
+            transformers forward (training's masks, where rows see part of the cache).
     """
 
-    def __init__(self, model, feature_layers: tuple[int, ...] = (), row_invariant: bool = True):
+    def __init__(self, target: Target, feature_layers: tuple[int, ...] = (), row_invariant: bool = True):
         check_transformers()
+        if not isinstance(target, Target):  # a bare model would silently drop the forward chosen for it
+            raise TypeError(f"a session runs a Target (tev.engine.target), got {type(target).__name__}; wrap a model never chosen as Target(model)")
+        model = target.model
+        self.target = target
         self.model = model
         self.feature_layers = tuple(feature_layers)
         self.device = next(model.parameters()).device
@@ -209,8 +196,8 @@ class CausalLMSession:
         self.lazy_head = getattr(model.config, "model_type", None) in _PLAIN_HEAD and head is not None and getattr(head, "bias", None) is None
         self.head = head.weight.detach() if self.lazy_head else None  # inference only: projections keep no graph
         # the row-invariant forward is a CPU one (a ZeroGPU Space moves the model to CUDA per call)
-        self.invariant: RowInvariantForward | None = target_forward(model) if row_invariant and self.device.type == "cpu" else None
-        self.screen = _head_screen(model, self.head) if self.invariant is None else None
+        self.invariant: RowInvariantForward | None = target.forward if row_invariant and self.device.type == "cpu" else None
+        self.screen = target.head_screen(self.head) if self.invariant is None else None
 
     def _forward_invariant(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor) -> ForwardOutput:
         if not bool(visible[:, : self.length].all()):

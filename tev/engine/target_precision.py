@@ -28,7 +28,8 @@ spending about 10 s on them; the reason then says when they were measured.
 
 Where bfloat16 is emulated (:func:`~tev.util.precision.bf16_speedup` measures it far below float32's
 speed: AVX2-only CPUs) the bfloat16 candidate is not built at all. ``TEV_TARGET_FORWARD`` forces a candidate: ``bfloat16`` or ``float32`` (row-invariant, still
-checked), or ``transformers``. On CUDA the target runs through transformers as loaded.
+checked), or ``transformers``. On CUDA the target runs through transformers as loaded. The choice is
+set on the :class:`~tev.engine.target.Target` (its ``precision`` and ``forward``), which every session on it reads.
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ import os
 import random
 import statistics
 import time
-import weakref
-from dataclasses import asdict, dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -47,10 +46,11 @@ from transformers import DynamicCache
 from tev.core.visibility import attention_bias, chain_ancestors, tree_visibility
 from tev.engine.row_invariant import BLOCK, RowInvariantForward, unsupported_reason
 from tev.engine.row_products import MAX_ROWS, invariance_failures, packed_products_available
+from tev.engine.target import Target, TargetPrecision
 from tev.util.machine_cache import model_shape, recall, remember
 from tev.util.precision import bf16_speedup
 
-__all__ = ["TargetPrecision", "choose_target_forward", "forced_target_forward", "target_forward", "target_precision", "tree_rows_differ",
+__all__ = ["TargetPrecision", "choose_target_forward", "forced_target_forward", "tree_rows_differ",
            "rows_agree_across_threads", "thread_counts", "FORWARD_ENV"]
 
 FORWARD_ENV = "TEV_TARGET_FORWARD"
@@ -66,52 +66,6 @@ _TIMED_SIZES = (1, 9)
 _CONTEXT = 128
 _HEAD_ROWS = 33  # a tree's rows are projected at most this many at once (session.ALL_ROWS_AT_ONCE)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class TargetPrecision:
-    """The target's forward on this machine, and why.
-
-    Attributes:
-        forward: ``"row-invariant"`` or ``"transformers"``.
-        dtype: the precision of its matrix products (``"float32"`` or ``"bfloat16"``).
-        reason: one sentence: why this one.
-        step_ms: measured milliseconds of a forward and its head, per candidate
-            (``"row-invariant bfloat16"``, ...), per new-token count (``"1"``, ``"9"``).
-        refused: candidates left out, with why.
-    """
-
-    forward: str
-    dtype: str
-    reason: str
-    step_ms: dict = field(default_factory=dict)
-    refused: dict = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return f"{self.forward} {self.dtype}"
-
-    @property
-    def invariant(self) -> bool:
-        return self.forward == "row-invariant"
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "label": self.label}
-
-
-_CHOSEN: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[TargetPrecision, RowInvariantForward | None]]" = weakref.WeakKeyDictionary()
-
-
-def target_forward(model) -> RowInvariantForward | None:
-    """The row-invariant forward chosen for ``model`` (None: transformers' forward, or never chosen)."""
-    chosen = _CHOSEN.get(model)
-    return None if chosen is None else chosen[1]
-
-
-def target_precision(model) -> TargetPrecision | None:
-    """What :func:`choose_target_forward` chose for ``model`` (None before)."""
-    chosen = _CHOSEN.get(model)
-    return None if chosen is None else chosen[0]
 
 
 def _random_tree(size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,13 +164,10 @@ def rows_agree_across_threads(forward: RowInvariantForward, config, counts: tupl
 
 _PRODUCTS_CHECKED: dict[tuple, list[int]] = {}  # a product shape's failing row counts, once per process
 
-_CHECKED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, tuple[RowInvariantForward | None, str | None]]]" = weakref.WeakKeyDictionary()
-
-
-def _checked(model, dtype: str) -> tuple[RowInvariantForward | None, str | None]:
-    """``model``'s row-invariant forward in ``dtype`` and why it may not run (None: it may), built
-    and checked once per model and precision (a comparison switches forwards many times)."""
-    built = _CHECKED.setdefault(model, {})
+def _checked(target: Target, dtype: str) -> tuple[RowInvariantForward | None, str | None]:
+    """``target``'s row-invariant forward in ``dtype`` and why it may not run (None: it may), built
+    and checked once per target and precision (a comparison switches forwards many times)."""
+    model, built = target.model, target.built
     if dtype not in built:
         if not packed_products_available(_DTYPES[dtype]):
             built[dtype] = (None, "oneDNN's prepacked products do not run in it here")
@@ -325,11 +276,12 @@ def _decide(step_ms: dict) -> tuple[str, str]:
                                     f"loses to transformers' float32 one ({plain['1']:.0f} and {plain['9']:.0f} ms) on this machine: {slower}")
 
 
-def choose_target_forward(model, force: str | None = None, measure: bool = True) -> TargetPrecision:
-    """Check, time and choose the forward of ``model`` (see the module note); remembered for the
-    model, so every session on it runs the choice (:func:`target_forward`).
+def choose_target_forward(target: Target, force: str | None = None, measure: bool = True) -> TargetPrecision:
+    """Check, time and choose the forward of ``target`` (see the module note) and set it there
+    (:meth:`Target.run`), so every session made on it runs the choice; returns what was chosen.
 
     Args:
+        target: the target (its model, and the forwards built for it before).
         force: ``"bfloat16"``, ``"float32"``, ``"transformers"`` or None (``TEV_TARGET_FORWARD``,
             else measured).
         measure: time the candidates (False: take the first that passes, bfloat16 first; for tests).
@@ -337,12 +289,13 @@ def choose_target_forward(model, force: str | None = None, measure: bool = True)
     force = force or os.environ.get(FORWARD_ENV, "").strip().lower() or None
     if force not in (None, "auto", "transformers", *_DTYPES):
         raise ValueError(f"{FORWARD_ENV}={force!r}: choose auto, bfloat16, float32 or transformers")
+    model = target.model
     device = next(model.parameters()).device
     own = str(next(model.parameters()).dtype).removeprefix("torch.")
     refused: dict[str, str] = {}
     if device.type != "cpu" or force == "transformers":
         why = "forced (TEV_TARGET_FORWARD or a comparison)" if force == "transformers" else f"on {device.type} the products of a tree cost about one token's"
-        return _remember(model, TargetPrecision("transformers", own, why), None)
+        return target.run(TargetPrecision("transformers", own, why), None)
     unsupported = unsupported_reason(model)
     wanted = [force] if force in _DTYPES else ["bfloat16", "float32"]
     emulated = force != "bfloat16" and bf16_speedup() < _EMULATED  # bfloat16 without the instructions: far slower
@@ -353,49 +306,41 @@ def choose_target_forward(model, force: str | None = None, measure: bool = True)
         elif unsupported:
             refused[f"row-invariant {name}"] = unsupported
         else:
-            forward, problem = _checked(model, name)
+            forward, problem = _checked(target, name)
             if problem:
                 refused[f"row-invariant {name}"] = problem
             else:
                 candidates[f"row-invariant {name}"] = forward
     if force in _DTYPES and candidates:
         name = next(iter(candidates))
-        return _remember(model, TargetPrecision("row-invariant", force, "forced (TEV_TARGET_FORWARD or a comparison); rows checked equal alone"), candidates[name])
+        return target.run(TargetPrecision("row-invariant", force, "forced (TEV_TARGET_FORWARD or a comparison); rows checked equal alone"), candidates[name])
     if not candidates:
         why = "no row-invariant forward runs here: " + "; ".join(f"{n}: {why}" for n, why in refused.items())
-        return _remember(model, TargetPrecision("transformers", own, why, refused=refused), None)
+        return target.run(TargetPrecision("transformers", own, why, refused=refused), None)
     if not measure:
         name = next(iter(candidates))
-        return _remember(model, TargetPrecision("row-invariant", name.split()[-1], "the first candidate whose rows equal alone (not timed)",
+        return target.run(TargetPrecision("row-invariant", name.split()[-1], "the first candidate whose rows equal alone (not timed)",
                                                 refused=refused), candidates[name])
     if own != "float32":
-        return _remember(model, TargetPrecision("transformers", own, f"the target was loaded in {own} (TEV_DTYPE)", refused=refused), None)
+        return target.run(TargetPrecision("transformers", own, f"the target was loaded in {own} (TEV_DTYPE)", refused=refused), None)
     step_ms, measured_at = _measured_here(model, {**candidates, "transformers float32": None})
     name, why = _decide(step_ms)
     threads = torch.get_num_threads()
     when = f", measured at a start on {measured_at}" if measured_at else ""
     why += f" (medians of {_PASSES} interleaved passes at {threads} torch thread{'s' if threads != 1 else ''}{when})"
     forward, dtype = name.split()
-    for other in [d for d in _CHECKED.get(model, {}) if f"row-invariant {d}" != name]:  # the losers' packed weights go (rebuilt if forced)
-        del _CHECKED[model][other]
-    return _remember(model, TargetPrecision(forward, dtype, why, step_ms, refused), candidates.get(name))
+    for other in [d for d in target.built if f"row-invariant {d}" != name]:  # the losers' packed weights go (rebuilt if forced)
+        del target.built[other]
+    return target.run(TargetPrecision(forward, dtype, why, step_ms, refused), candidates.get(name))
 
 
 @contextlib.contextmanager
-def forced_target_forward(model, force: str):
-    """Inside, ``model``'s sessions run the forward ``force`` names (``"bfloat16"``, ``"float32"``:
-    row-invariant and checked; ``"transformers"``); the earlier choice comes back after. Yields
-    the :class:`TargetPrecision` in force (row-invariant where the check passed, else transformers')."""
-    before = _CHOSEN.get(model)
+def forced_target_forward(target: Target, force: str):
+    """Inside, the sessions made on ``target`` run the forward ``force`` names (``"bfloat16"``,
+    ``"float32"``: row-invariant and checked; ``"transformers"``); the earlier choice comes back
+    after. Yields the :class:`TargetPrecision` in force (row-invariant where the check passed, else transformers')."""
+    before = target.precision, target.forward
     try:
-        yield choose_target_forward(model, force=force, measure=False)
+        yield choose_target_forward(target, force=force, measure=False)
     finally:
-        if before is None:
-            _CHOSEN.pop(model, None)
-        else:
-            _CHOSEN[model] = before
-
-
-def _remember(model, precision: TargetPrecision, forward: RowInvariantForward | None) -> TargetPrecision:
-    _CHOSEN[model] = (precision, forward)
-    return precision
+        target.run(*before)

@@ -24,6 +24,7 @@ from tev.engine.drafters import DraftContext, Drafter
 from tev.engine.oracle_tree import oracle_tree
 from tev.engine.round import draft_and_forward, prefill, room_left
 from tev.engine.session import CausalLMSession
+from tev.engine.target import Target
 
 __all__ = ["RoundTrace", "trace_round", "TOP_TOKENS"]
 
@@ -85,7 +86,7 @@ class RoundTrace:
         return self.context + self.block
 
 
-def trace_round(target, drafter: Drafter, context: list[int], law: SamplingLaw, verifier: str, budget: int, seed: int, round_index: int = 0,
+def trace_round(target: Target, drafter: Drafter, context: list[int], law: SamplingLaw, verifier: str, budget: int, seed: int, round_index: int = 0,
                 oracle: bool = True) -> RoundTrace:
     """Run one round after ``context`` (prompt and tokens committed so far) and keep every step.
 
@@ -123,7 +124,7 @@ def trace_round(target, drafter: Drafter, context: list[int], law: SamplingLaw, 
                       seconds, best, best_flow)
 
 
-def _oracle(target, context: list[int], law: SamplingLaw, budget: int, horizon: int) -> tuple[DraftTree, TargetFlow]:
+def _oracle(target: Target, context: list[int], law: SamplingLaw, budget: int, horizon: int) -> tuple[DraftTree, TargetFlow]:
     """The oracle tree of ``budget`` nodes under ``context[-1]`` at ``law`` and its flow (each node's edge
     probability is its recorded ``p``: the oracle grew it from the target's own rows)."""
     session = CausalLMSession(target)

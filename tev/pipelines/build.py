@@ -35,6 +35,7 @@ from tev.engine.decode import DecodeConfig, autoregressive_generate
 from tev.engine.drafters import BlockTreeDrafter
 from tev.engine.evaluation import evaluate_drafter, fit_prompt
 from tev.engine.models import DEFAULT_PAIR, load_block_drafter
+from tev.engine.target import Target
 from tev.pipelines.card import refresh_card
 from tev.train.data import TrainData, save_train_data
 from tev.train.loop import TrainSettings, drafter_shape, fit_to_target, schedule_for, train, with_progress
@@ -357,6 +358,7 @@ def build_live_data(work: Path, config: BuildConfig, log=print) -> Path:
 def evaluate_assets(work: Path, config: BuildConfig, quick: bool, log=print) -> dict:
     """Measure what the model card reports, on the built files (never on training data)."""
     tokenizer, target = _built_target(work)
+    runner = Target(target)  # transformers' forward: none is chosen for a model being built
     drafter = load_block_drafter(work / "drafter", target, name="block")
     heldout = json.loads((work / "prompts" / "heldout.json").read_text())["prompts"]
     count, new_tokens = (2, 12) if quick else (24, 64)
@@ -365,21 +367,21 @@ def evaluate_assets(work: Path, config: BuildConfig, quick: bool, log=print) -> 
     samples = []
     for prompt in heldout[1:: max(1, len(heldout) // 3)][:3]:
         ids = fit_prompt(tokenizer, prompt, config.context_length - new_tokens)
-        summary = autoregressive_generate(target, ids, DecodeConfig(temperature=0.0, max_new_tokens=new_tokens), tokenizer)
+        summary = autoregressive_generate(runner, ids, DecodeConfig(temperature=0.0, max_new_tokens=new_tokens), tokenizer)
         samples.append({"id": prompt["id"], "prompt": prompt["text"], "continuation": summary.text})
     budgets = (8,) if quick else (8, 16, 32, 64)
-    tau_rows = evaluate_drafter(target, tokenizer, drafter, prompts, budgets=budgets, temperatures=(0.0, 1.0), max_new_tokens=new_tokens, desc="card: tau")
+    tau_rows = evaluate_drafter(runner, tokenizer, drafter, prompts, budgets=budgets, temperatures=(0.0, 1.0), max_new_tokens=new_tokens, desc="card: tau")
     horizons = []
     for horizon in [drafter.horizon] if quick else sorted({drafter.horizon // 2, (3 * drafter.horizon) // 4, drafter.horizon}):
         capped = BlockTreeDrafter(drafter.model, name="block", horizon=horizon)
-        row = evaluate_drafter(target, tokenizer, capped, prompts, budgets=(16,), temperatures=(0.0,), max_new_tokens=new_tokens, desc=f"card: horizon {horizon}", progress=False)[0]
+        row = evaluate_drafter(runner, tokenizer, capped, prompts, budgets=(16,), temperatures=(0.0,), max_new_tokens=new_tokens, desc=f"card: horizon {horizon}", progress=False)[0]
         horizons.append({"horizon": horizon, **row})
     humaneval_rows = []
     humaneval_path = work / "prompts" / "humaneval.json"
     if humaneval_path.is_file():
         humaneval = json.loads(humaneval_path.read_text())["prompts"]
         subset = humaneval[:: max(1, len(humaneval) // count)][:count]
-        humaneval_rows = evaluate_drafter(target, tokenizer, drafter, subset, budgets=(8,) if quick else (16, 32), temperatures=(1.0,) if quick else (0.0, 1.0), max_new_tokens=new_tokens, desc="card: humaneval")
+        humaneval_rows = evaluate_drafter(runner, tokenizer, drafter, subset, budgets=(8,) if quick else (16, 32), temperatures=(1.0,) if quick else (0.0, 1.0), max_new_tokens=new_tokens, desc="card: humaneval")
     result = {
         "samples": samples,
         "tau": tau_rows,

@@ -122,7 +122,7 @@ def exittrain_command(args) -> None:
         original = BlockDrafter.from_pretrained(base, bundle.target)
         rows = {}
         for name, model in (("before", original), ("after", trained.served())):
-            rows[name] = evaluate_drafter(bundle.target, bundle.tokenizer, BlockTreeDrafter(model, name=name), prompts, budgets=(32,), temperatures=(0.0, 1.0), desc=f"tau {name}")
+            rows[name] = evaluate_drafter(bundle.runner, bundle.tokenizer, BlockTreeDrafter(model, name=name), prompts, budgets=(32,), temperatures=(0.0, 1.0), desc=f"tau {name}")
             print(f"{name}:\n" + format_tau_table(rows[name]))
         report["tau"] = rows
     write_result(out / "report.json", "exittrain", report)

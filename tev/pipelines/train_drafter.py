@@ -36,6 +36,7 @@ from tev.engine.default_target import DEFAULT_TARGET_NAME, ensure_default_target
 from tev.engine.evaluation import evaluate_drafter
 from tev.engine.models import drafter_model_class, load_causal_lm, load_tokenizer, tree_drafter_of
 from tev.engine.prompt_text import ChatTemplate
+from tev.engine.target import Target
 from tev.pipelines.card import refresh_card
 from tev.train.data import TrainData
 from tev.train.loop import TrainSettings, checkpoint_history, drafter_shape, fit_to_target, heldout_loss, install_drafter, train, with_progress
@@ -193,9 +194,10 @@ def cached_conversations(work: Path) -> tuple[TrainData, DrafterRecipe]:
 
 def chat_prompt_tau(target, tokenizer, drafter: BlockDrafter, prompts: list[dict], recipe: DrafterRecipe, progress: bool = True) -> list[dict]:
     """``tau`` of ``drafter`` (run in bfloat16, as shipped) on ``prompts`` at the recipe's budgets,
-    T = 0 (greedy) and T = 1 (TEV), its new tokens and seed: rows of :func:`evaluate_drafter`."""
+    T = 0 (greedy) and T = 1 (TEV), its new tokens and seed: rows of :func:`evaluate_drafter`. The target
+    (a model) runs transformers' forward: no forward was chosen for it."""
     tree_drafter = tree_drafter_of(drafter.served())
-    return evaluate_drafter(target, tokenizer, tree_drafter, prompts, budgets=recipe.eval_budgets(), temperatures=(0.0, 1.0),
+    return evaluate_drafter(Target(target), tokenizer, tree_drafter, prompts, budgets=recipe.eval_budgets(), temperatures=(0.0, 1.0),
                             max_new_tokens=recipe.eval_new_tokens, seed=recipe.seed, progress=progress, desc="tau on held-out chat prompts")
 
 

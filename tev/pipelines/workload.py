@@ -198,7 +198,7 @@ def _decode_prompt(bundle, drafter, ids: list[int], seed: int, stop_by: float, c
     out = {}
     for key, law in LAWS.items():
         config = DecodeConfig(budget=EVAL_BUDGET, temperature=law.temperature, top_k=law.top_k, top_p=law.top_p, max_new_tokens=EVAL_NEW_TOKENS, seed=seed)
-        summary = yield from decode_rounds(bundle.target, bundle.tokenizer, drafter, ids, config, should_stop=lambda: clock() > stop_by)
+        summary = yield from decode_rounds(bundle.runner, bundle.tokenizer, drafter, ids, config, should_stop=lambda: clock() > stop_by)
         if summary is None:
             return None
         out[key] = {"tokens": len(summary.token_ids), "rounds": summary.rounds, "lengths": summary.block_lengths, "bounds": summary.tau_bounds}

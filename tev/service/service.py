@@ -202,7 +202,7 @@ class ModelService:
         self._runs_lock = threading.Lock()
         self._curve_lock = threading.Lock()  # one cost curve measurement at a time (the start's and a first request's)
         self._thread_free: dict[int, bool] = {}  # per drafter (its id): whether its rounds are the same at both thread counts
-        self._cost_curves: dict[tuple, CostCurve] = {}  # per target and torch thread count, as machine_cost_curve keeps them
+        self._cost_curves: dict[tuple, CostCurve] = {}  # per target and torch thread count, read from the target's own (machine_cost_curve)
         # each browser session's adapted drafters for this target (set by the app where its workload runs adapt this
         # target's drafter); None: this service serves no adapted drafter
         self.adapted: AdaptedDrafters | None = None
@@ -345,7 +345,7 @@ class ModelService:
         """The checked :class:`Request` for ``drafter`` (a drafter of :meth:`drafter`, or a
         session's adapted one); raises :class:`UserInputError` saying what to change."""
         try:
-            return Request(self.bundle().target, drafter, prompt_ids, config)
+            return Request(self.bundle().runner, drafter, prompt_ids, config)
         except ValueError as error:
             raise UserInputError(str(error)) from None
 
@@ -410,7 +410,7 @@ class ModelService:
         threads = self.compute.threads
         if threads is None or not threads.switches:
             return
-        target = self.bundle().target
+        target = self.bundle().runner
         for drafter in self.bundle().drafters.values():
             if id(drafter) not in self._thread_free:
                 counts = (threads.reduced, threads.full)
@@ -453,7 +453,7 @@ class ModelService:
         key = (id(self.bundle().target), self.threads())
         with self._curve_lock:
             if key not in self._cost_curves:
-                self._cost_curves[key] = self.compute.call_at(self.threads(), machine_cost_curve, self.bundle().target, background=background)
+                self._cost_curves[key] = self.compute.call_at(self.threads(), machine_cost_curve, self.bundle().runner, background=background)
         return self._cost_curves[key]
 
     @contextlib.contextmanager
@@ -480,7 +480,7 @@ class ModelService:
         """The autoregressive baseline; ``should_stop`` is polled after every token; ``threads``: run it at this count
         (a re-timing's, as its speculative run had; None: the server's policy)."""
         bundle = self.bundle()  # the whole run is one step: nothing else runs while it is timed
-        return self.compute.call_at(threads, autoregressive_generate, bundle.target, prompt_ids, config, bundle.tokenizer, should_stop=should_stop)
+        return self.compute.call_at(threads, autoregressive_generate, bundle.runner, prompt_ids, config, bundle.tokenizer, should_stop=should_stop)
 
     def retime(self, request: Request, should_stop, sizing: AutoBudget | None = None) -> Retiming:
         """``request`` decoded again by speculation, then by plain decoding of the same prompt, both

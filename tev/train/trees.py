@@ -22,6 +22,7 @@ from tev.core.tree import DraftTree
 from tev.core.verify import LogitRows
 from tev.core.visibility import tree_visibility
 from tev.engine.session import CausalLMSession, max_positions
+from tev.engine.target import Target
 from tev.train.data import SoftLabels, TrainData
 from tev.train.teacher import top_law
 from tev.util.precision import low_precision
@@ -107,8 +108,9 @@ class TargetPass:
 
 @torch.no_grad()
 def target_pass(target, tokens: torch.Tensor, feature_layers=()) -> TargetPass:
-    """The causal forward of ``tokens`` (`LongTensor[L]`) through a new session."""
-    session = CausalLMSession(target, tuple(feature_layers), row_invariant=False)  # its trees see part of the cache
+    """The causal forward of ``tokens`` (`LongTensor[L]`) through a new session on ``target`` (a model), in
+    transformers' forward: its trees see part of the cache, which a row-invariant forward refuses."""
+    session = CausalLMSession(Target(target), tuple(feature_layers), row_invariant=False)
     out = session.extend(tokens)
     return TargetPass(session, out.logits, out.features)
 

@@ -21,6 +21,7 @@ from tev.core.tree import DraftTree
 from tev.core.verify import TargetRows, verify_rows
 from tev.engine.round import draft_and_forward, prefill
 from tev.engine.session import CausalLMSession
+from tev.engine.target import Target
 from tev.util.stats import spread
 from tev.util.timing import time_once
 
@@ -47,7 +48,7 @@ class CommitCase:
         self.session.length = self.length
 
 
-def commit_case(target, drafter, ids: list[int], budget: int, temperature: float) -> CommitCase:
+def commit_case(target: Target, drafter, ids: list[int], budget: int, temperature: float) -> CommitCase:
     """Prefill ``ids`` minus its last token, draft a ``budget`` tree, run the tree forward."""
     session = CausalLMSession(target, feature_layers=drafter.feature_layers)
     state = drafter.new_state()
@@ -76,7 +77,7 @@ def bench_verifier_stage(bundle, drafter, encoded, settings: ReportSettings, see
     rows = []
     prompts = [ids for _, ids in encoded[: settings.latency_prompts]]
     for budget in tqdm(settings.latency_budgets, desc="verifier stage", disable=not progress):
-        cases = [commit_case(bundle.target, drafter, ids, budget, settings.latency_temperature) for ids in prompts]
+        cases = [commit_case(bundle.runner, drafter, ids, budget, settings.latency_temperature) for ids in prompts]
         generator = torch.Generator(device=device).manual_seed(seed)
         times = {n: {"decision": [], "commit": [], "total": []} for n in names}
         for case in cases:  # warm-up

@@ -29,7 +29,7 @@ def real_trees(bundle, drafter, encoded: list[tuple[str, list[int]]], settings: 
     jobs = [(pid, ids[:k]) for pid, ids in encoded for k in prompt_cuts(ids, settings.cuts)]
     trees = []
     for pid, ids in tqdm(jobs, desc="real trees", disable=not progress):
-        lab = tree_from_prompt(bundle.target, drafter, ids, settings.tree_budget, settings.tree_temperature)
+        lab = tree_from_prompt(bundle.runner, drafter, ids, settings.tree_budget, settings.tree_temperature)
         trees.append({"prompt": pid, "length": len(ids), "lab": lab})
     return trees
 
