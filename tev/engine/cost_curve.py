@@ -30,7 +30,7 @@ from tev.engine.target import Target
 from tev.util.machine_cache import model_shape, recall, remember
 from tev.util.timing import time_once
 
-__all__ = ["CostCurve", "measure_forward_costs", "machine_cost_curve", "MEASURED_SIZES"]
+__all__ = ["CostCurve", "measure_forward_costs", "machine_cost_curve", "kept_cost_curve", "MEASURED_SIZES"]
 
 MEASURED_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 17, 25, 33)  # n = k + 1: every small tree, then a few larger
 MEASURE_CONTEXT = 128  # cached tokens before the timed forwards (a short chat prompt)
@@ -148,10 +148,20 @@ def machine_cost_curve(target: Target) -> CostCurve:
     """``target``'s cost curve at torch's current thread count and in the forward its sessions run
     (``target.label``: a bfloat16 row costs another price than a float32 one): measured on the first
     call (a few seconds) and kept in ``target.curves``, then the same object, which the rounds keep up to date."""
-    key = (torch.get_num_threads(), target.label)
+    key = _curve_key(target, torch.get_num_threads())
     if key not in target.curves:
-        target.curves[key] = CostCurve(_forward_costs_here(target, key[1]))
+        target.curves[key] = CostCurve(_forward_costs_here(target, target.label))
     return target.curves[key]
+
+
+def kept_cost_curve(target: Target, threads: int) -> CostCurve | None:
+    """The curve :func:`machine_cost_curve` measured on ``target`` at ``threads`` torch threads in the forward it
+    runs now, or None before (read without running anything)."""
+    return target.curves.get(_curve_key(target, threads))
+
+
+def _curve_key(target: Target, threads: int) -> tuple[int, str]:
+    return threads, target.label
 
 
 def _forward_costs_here(target: Target, forward: str) -> dict[int, float]:

@@ -150,12 +150,15 @@ class ARTreeDrafter:
     ``width`` most likely children; finally the ``budget`` best nodes overall are kept.
     ``width`` grows with the budget (at most 16). Depths stop once no frontier node has a path
     probability of at least ``min_path_prob`` or the context's floor (budget auto's).
+    ``model``: the drafter's causal LM, or a :class:`~tev.engine.target.Target` of it (shared with its sessions).
     """
 
     def __init__(self, model, horizon: int = 8, shape: str = "tree", name: str | None = None, min_path_prob: float = 0.0):
         _check_shape(shape)
-        self.model = model
-        self.runner = Target(model)  # its sessions: transformers' forward, one head screen for all of them
+        # its sessions run transformers' forward, with one head screen for all of them (a Target given is shared:
+        # the chain derived from the AR drafter reads the same screen)
+        self.runner = model if isinstance(model, Target) else Target(model)
+        self.model = self.runner.model
         self.horizon = horizon
         self.shape = shape
         self.name = name or ("ar" if shape == "tree" else "ar-chain")

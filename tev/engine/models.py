@@ -365,7 +365,7 @@ def _chain(loading: Loading) -> Drafter | None:
     if "block" in loading.drafters:
         return BlockTreeDrafter(loading.drafters["block"].model, shape="chain", name="chain")
     if "ar" in loading.drafters:
-        return ARTreeDrafter(loading.drafters["ar"].model, shape="chain", name="chain")
+        return ARTreeDrafter(loading.drafters["ar"].runner, shape="chain", name="chain")
     return None
 
 

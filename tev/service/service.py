@@ -21,7 +21,7 @@ import torch
 from tev.core.budget import Calibration, RoundRate
 from tev.core.sampling import SamplingLaw
 from tev.engine.auto_budget import AutoBudget
-from tev.engine.cost_curve import CostCurve, machine_cost_curve
+from tev.engine.cost_curve import CostCurve, kept_cost_curve, machine_cost_curve
 from tev.engine.drafter_threads import agree_here
 from tev.engine.decode import MAX_BUDGET, MIN_TEMPERATURE, DecodeConfig, GenerationSummary, autoregressive_generate, Request, speculative_generate
 from tev.engine.round import RoundRecord
@@ -202,7 +202,6 @@ class ModelService:
         self._runs_lock = threading.Lock()
         self._curve_lock = threading.Lock()  # one cost curve measurement at a time (the start's and a first request's)
         self._thread_free: dict[int, bool] = {}  # per drafter (its id): whether its rounds are the same at both thread counts
-        self._cost_curves: dict[tuple, CostCurve] = {}  # per target and torch thread count, read from the target's own (machine_cost_curve)
         # each browser session's adapted drafters for this target (set by the app where its workload runs adapt this
         # target's drafter); None: this service serves no adapted drafter
         self.adapted: AdaptedDrafters | None = None
@@ -450,11 +449,12 @@ class ModelService:
         run ending meanwhile does not count as a run in the app's line); once measured it is read here, without a
         turn of the compute thread. Runs at the reduced count are priced with it too. A first request that comes
         while the start measures waits for that measurement rather than taking another."""
-        key = (id(self.bundle().target), self.threads())
+        runner, threads = self.bundle().runner, self.threads()
         with self._curve_lock:
-            if key not in self._cost_curves:
-                self._cost_curves[key] = self.compute.call_at(self.threads(), machine_cost_curve, self.bundle().runner, background=background)
-        return self._cost_curves[key]
+            curve = kept_cost_curve(runner, threads)  # the target keeps what it measured (its curves)
+            if curve is None:
+                curve = self.compute.call_at(threads, machine_cost_curve, runner, background=background)
+        return curve
 
     @contextlib.contextmanager
     def serving(self):
