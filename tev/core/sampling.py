@@ -153,17 +153,16 @@ class SamplingLaw:
             floor = _top_p_floor(scaled, prefix, log_norm, self.top_p)
             prefix = prefix.masked_fill(prefix < floor, float("-inf"))
             inside = prefix[..., -1:] == float("-inf")  # every kept entry is in the prefix unless the cut reached its end
-            if self.min_p == 0 and prefix.shape[-1] < vocab and bool(inside.all()):
+            in_prefix = self.min_p == 0 and prefix.shape[-1] < vocab  # then a row's normaliser may be summed over its prefix
+            all_inside = in_prefix and bool(inside.all())
+            if all_inside:
                 log_norm = torch.logsumexp(prefix, dim=-1, keepdim=True)
                 if defer_top_p:
                     return scaled, log_norm, floor
-                scaled = scaled.masked_fill(scaled < floor, float("-inf"))
-            else:
-                scaled = scaled.masked_fill(scaled < floor, float("-inf"))
-                if self.min_p == 0 and prefix.shape[-1] < vocab:
-                    log_norm = torch.where(inside, torch.logsumexp(prefix, dim=-1, keepdim=True), torch.logsumexp(scaled, dim=-1, keepdim=True))
-                else:
-                    log_norm = torch.logsumexp(scaled, dim=-1, keepdim=True)
+            scaled = scaled.masked_fill(scaled < floor, float("-inf"))
+            if not all_inside:
+                whole = torch.logsumexp(scaled, dim=-1, keepdim=True)
+                log_norm = torch.where(inside, torch.logsumexp(prefix, dim=-1, keepdim=True), whole) if in_prefix else whole
         if self.min_p > 0:  # keep p >= min_p * max p (a whole softmax: min-p is rarely on)
             probs = torch.softmax(scaled, dim=-1)
             scaled = scaled.masked_fill(probs < self.min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))

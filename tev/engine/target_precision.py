@@ -320,7 +320,7 @@ def choose_target_forward(target: Target, force: str | None = None, measure: boo
     if not measure:
         name = next(iter(candidates))
         return target.run(TargetPrecision("row-invariant", name.split()[-1], "the first candidate whose rows equal alone (not timed)",
-                                                refused=refused), candidates[name])
+                                          refused=refused), candidates[name])
     if own != "float32":
         return target.run(TargetPrecision("transformers", own, f"the target was loaded in {own} (TEV_DTYPE)", refused=refused), None)
     step_ms, measured_at = _measured_here(model, {**candidates, "transformers float32": None})
